@@ -1,0 +1,65 @@
+// The contract between the attention FFI handlers and their kernels (CPU, CUDA, Metal).
+//
+// One struct describes the three layouts:
+//   q:   dense  [batch, seqlen_q, num_heads, head_dim]          (cu_seqlens_q == nullptr)
+//        varlen [total_q, num_heads, head_dim] + cu_seqlens_q [batch + 1]
+//   k/v: dense  [batch, seqlen_k, num_kv_heads, head_dim(_v)]   (kv_layout == kDense)
+//        varlen [total_k, num_kv_heads, head_dim(_v)] + cu_seqlens_k [batch + 1]
+//        paged  [num_pages, page_size, num_kv_heads, head_dim(_v)] + page_table [batch, max_pages]
+//               (a token pool [num_slots, Hkv, D] is the page_size == 1 case)
+//   out: q's layout with head_dim_v; lse float32 dense [batch, num_heads, seqlen_q] or
+//        varlen [num_heads, total_q].
+// Index arrays come from user data: kernels clamp every range to the buffers they were given and
+// treat page-table entries outside [0, num_pages) as masked keys, so they never read out of bounds.
+#pragma once
+
+#include <cstdint>
+
+#include "ffi/common/rope_pool_params.h"  // DType
+
+namespace jax_sgl {
+
+enum class KvLayout : int { kDense = 0, kVarlen = 1, kPaged = 2 };
+
+struct AttentionParams {
+  const void* q;
+  const void* k;
+  const void* v;
+  void* out;
+  float* lse;
+
+  const int32_t* cu_seqlens_q;  // [batch + 1] or nullptr (dense q)
+  const int32_t* cu_seqlens_k;  // [batch + 1], kv_layout == kVarlen
+  const int32_t* seqused_k;     // [batch] or nullptr: keys actually used per sequence
+  const int32_t* page_table;    // [batch, max_pages], kv_layout == kPaged
+  const float* q_descale;       // [batch, num_kv_heads] or nullptr (fp8 only)
+  const float* k_descale;       // [batch, num_kv_heads] or nullptr
+  const float* v_descale;       // [batch, num_kv_heads] or nullptr
+
+  KvLayout kv_layout;
+  int batch;
+  int seqlen_q;   // dense q: rows per sequence; varlen: max rows per sequence (a bound, clamped)
+  int seqlen_k;   // dense k: keys per sequence
+  int64_t total_q;  // rows of q in the buffer (batch * seqlen_q when dense)
+  int64_t total_k;  // rows of k/v in the buffer (dense: batch * seqlen_k; paged: num_pages * page_size)
+  int num_heads;
+  int num_kv_heads;
+  int head_dim;
+  int head_dim_v;
+  int page_size;   // paged only
+  int num_pages;   // paged only
+  int max_pages;   // paged only: page_table row length
+
+  float softmax_scale;
+  float softcap;     // 0: off; else s = softcap * tanh(s / softcap) on scaled scores
+  bool causal;       // bottom-right aligned
+  int window_left;   // -1: unbounded
+  int window_right;  // -1: unbounded (causal forces 0)
+
+  DType q_type;
+  DType k_type;
+  DType v_type;
+  DType out_type;
+};
+
+}  // namespace jax_sgl

@@ -1,0 +1,37 @@
+// Helpers shared by every FFI handler (CPU and CUDA): element-type mapping and error returns.
+// Handlers report bad runtime input as ffi::Error; they never throw, abort or synchronize.
+#pragma once
+
+#include <string>
+#include <utility>
+
+#include "ffi/common/dispatch.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace jax_sgl {
+
+namespace ffi = xla::ffi;
+
+inline bool ToDType(xla::ffi::DataType t, DType* out) {
+  switch (t) {
+    case xla::ffi::DataType::F32: *out = DType::kF32; return true;
+    case xla::ffi::DataType::F16: *out = DType::kF16; return true;
+    case xla::ffi::DataType::BF16: *out = DType::kBF16; return true;
+    case xla::ffi::DataType::F8E4M3FN: *out = DType::kF8E4M3; return true;
+    case xla::ffi::DataType::F8E5M2: *out = DType::kF8E5M2; return true;
+    default: return false;
+  }
+}
+
+// The product of a buffer's dimensions from `first` on (row stride of dimension first - 1).
+inline int64_t TrailingSize(ffi::AnyBuffer::Dimensions dims, size_t first) {
+  int64_t n = 1;
+  for (size_t i = first; i < dims.size(); ++i) n *= dims[i];
+  return n;
+}
+
+inline ffi::Error InvalidArgument(const std::string& what) {
+  return ffi::Error::InvalidArgument(what);
+}
+
+}  // namespace jax_sgl

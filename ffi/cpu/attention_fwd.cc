@@ -1,0 +1,206 @@
+// CPU flash attention forward: for each (sequence, kv head, block of query rows), the q rows of every
+// q head sharing that kv head stream over the visible keys in blocks; each K/V block is converted to
+// float32 once and used by all of them (GQA/MQA share the load). Online softmax in float32, so
+// memory is O(block) whatever the sequence length. Fully masked rows give 0 and lse = -inf.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "ffi/common/attention_ffi.h"
+#include "ffi/common/attention_seq.h"
+#include "ffi/common/dispatch.h"
+#include "ffi/cpu/parallel.h"
+
+namespace jax_sgl::cpu {
+namespace {
+
+// Query rows per task: large enough to reuse each converted K/V block, small enough that a short
+// batch still spreads over every thread.
+constexpr int kBlockM = 32;
+// Keys per block: 64 rows of K and V (up to 256 features each) stay in L2.
+constexpr int kBlockN = 64;
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+inline float Dot(const float* a, const float* b, int n) {
+  float s = 0.f;
+#pragma omp simd reduction(+ : s)
+  for (int i = 0; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+template <typename T>
+void LoadRow(const T* src, float* dst, int n, float scale) {
+  for (int i = 0; i < n; ++i) dst[i] = ToFloat(src[i]) * scale;
+}
+
+// One task: sequence b, kv head kh, query rows [m0, m0 + rows).
+template <typename TQ, typename TK, typename TV, typename TO>
+void AttendBlock(const AttentionParams& p, int b, int kh, const SeqBounds& s, int m0, int rows) {
+  const int group = p.num_heads / p.num_kv_heads;
+  const int d = p.head_dim, dv = p.head_dim_v;
+  const int64_t q_row_stride = int64_t(p.num_heads) * d;
+  const int64_t o_row_stride = int64_t(p.num_heads) * dv;
+  const int64_t k_row_stride = int64_t(p.num_kv_heads) * d;
+  const int64_t v_row_stride = int64_t(p.num_kv_heads) * dv;
+  const auto* q = static_cast<const TQ*>(p.q);
+  const auto* k = static_cast<const TK*>(p.k);
+  const auto* v = static_cast<const TV*>(p.v);
+  auto* out = static_cast<TO*>(p.out);
+
+  // Scores come out scaled: fold softmax_scale and the fp8 descales into q once.
+  const float q_scale =
+      p.softmax_scale * Descale(p.q_descale, p, b, kh) * Descale(p.k_descale, p, b, kh);
+  const float v_scale = Descale(p.v_descale, p, b, kh);
+  const int nq = rows * group;  // (row, head) pairs of this task, row-major in row
+  std::vector<float> qf(size_t(nq) * d), acc(size_t(nq) * dv, 0.f), m(nq, kNegInf), l(nq, 0.f);
+  std::vector<int> lo(rows), hi(rows);
+  for (int r = 0; r < rows; ++r) {
+    KeyRange(p, s, m0 + r, &lo[r], &hi[r]);
+    for (int g = 0; g < group; ++g) {
+      const int h = kh * group + g;
+      LoadRow(q + (s.q_row0 + m0 + r) * q_row_stride + int64_t(h) * d,
+              &qf[size_t(r * group + g) * d], d, q_scale);
+    }
+  }
+  const int key_begin = *std::min_element(lo.begin(), lo.end());
+  const int key_end = *std::max_element(hi.begin(), hi.end());
+
+  std::vector<float> kf(size_t(kBlockN) * d), vf(size_t(kBlockN) * dv), sc(kBlockN);
+  std::vector<char> valid(kBlockN);
+  for (int n0 = key_begin; n0 < key_end; n0 += kBlockN) {
+    const int cols = std::min(kBlockN, key_end - n0);
+    for (int c = 0; c < cols; ++c) {
+      const int64_t row = KeyRow(p, b, s, n0 + c);
+      valid[c] = row >= 0;
+      if (row < 0) continue;
+      LoadRow(k + row * k_row_stride + int64_t(kh) * d, &kf[size_t(c) * d], d, 1.f);
+      LoadRow(v + row * v_row_stride + int64_t(kh) * dv, &vf[size_t(c) * dv], dv, 1.f);
+    }
+    for (int r = 0; r < rows; ++r) {
+      const int c_lo = std::max(lo[r] - n0, 0), c_hi = std::min(hi[r] - n0, cols);
+      if (c_lo >= c_hi) continue;
+      for (int g = 0; g < group; ++g) {
+        const int i = r * group + g;
+        const float* qi = &qf[size_t(i) * d];
+        float block_max = kNegInf;
+        for (int c = c_lo; c < c_hi; ++c) {
+          float x = kNegInf;
+          if (valid[c]) {
+            x = Dot(qi, &kf[size_t(c) * d], d);
+            if (p.softcap > 0.f) x = p.softcap * std::tanh(x / p.softcap);
+          }
+          sc[c] = x;
+          block_max = std::max(block_max, x);
+        }
+        if (block_max == kNegInf) continue;
+        const float m_new = std::max(m[i], block_max);
+        const float corr = std::exp(m[i] - m_new);  // 0 when m[i] is -inf
+        float* ai = &acc[size_t(i) * dv];
+        float row_sum = 0.f;
+        for (int e = 0; e < dv; ++e) ai[e] *= corr;
+        for (int c = c_lo; c < c_hi; ++c) {
+          if (sc[c] == kNegInf) continue;
+          const float pc = std::exp(sc[c] - m_new);
+          row_sum += pc;
+          const float* vc = &vf[size_t(c) * dv];
+#pragma omp simd
+          for (int e = 0; e < dv; ++e) ai[e] += pc * vc[e];
+        }
+        l[i] = l[i] * corr + row_sum;
+        m[i] = m_new;
+      }
+    }
+  }
+
+  for (int r = 0; r < rows; ++r) {
+    for (int g = 0; g < group; ++g) {
+      const int i = r * group + g;
+      const int h = kh * group + g;
+      const int64_t row = s.q_row0 + m0 + r;
+      const float inv = l[i] > 0.f ? v_scale / l[i] : 0.f;
+      TO* o = out + row * o_row_stride + int64_t(h) * dv;
+      for (int e = 0; e < dv; ++e) o[e] = FromFloat<TO>(acc[size_t(i) * dv + e] * inv);
+      const int64_t lse_idx = p.cu_seqlens_q
+                                  ? int64_t(h) * p.total_q + s.lse_row0 + m0 + r
+                                  : (int64_t(b) * p.num_heads + h) * p.seqlen_q + m0 + r;
+      p.lse[lse_idx] = l[i] > 0.f ? m[i] + std::log(l[i]) : kNegInf;
+    }
+  }
+}
+
+// Rows of out/lse that no sequence covers (varlen padding past cu_seqlens_q[batch], or rows left
+// out by inconsistent cu_seqlens) are defined as 0 / -inf rather than left uninitialized.
+template <typename TO>
+void ClearUncoveredRows(const AttentionParams& p) {
+  if (!p.cu_seqlens_q) return;
+  std::vector<char> covered(p.total_q, 0);
+  for (int b = 0; b < p.batch; ++b) {
+    const SeqBounds s = GetSeqBounds(p, b);
+    std::fill_n(covered.begin() + s.q_row0, s.q_len, 1);
+  }
+  auto* out = static_cast<TO*>(p.out);
+  const int64_t o_row = int64_t(p.num_heads) * p.head_dim_v;
+  for (int64_t r = 0; r < p.total_q; ++r) {
+    if (covered[r]) continue;
+    std::fill_n(out + r * o_row, o_row, FromFloat<TO>(0.f));
+    for (int h = 0; h < p.num_heads; ++h) p.lse[int64_t(h) * p.total_q + r] = kNegInf;
+  }
+}
+
+template <typename TO>
+void RunAttention(ffi::ThreadPool& pool, const AttentionParams& p) {
+  ClearUncoveredRows<TO>(p);
+  struct Task {
+    int b, kh, m0, rows;
+  };
+  std::vector<Task> tasks;
+  std::vector<SeqBounds> bounds(p.batch);
+  for (int b = 0; b < p.batch; ++b) {
+    bounds[b] = GetSeqBounds(p, b);
+    for (int kh = 0; kh < p.num_kv_heads; ++kh)
+      for (int m0 = 0; m0 < bounds[b].q_len; m0 += kBlockM)
+        tasks.push_back({b, kh, m0, std::min(kBlockM, bounds[b].q_len - m0)});
+  }
+  DispatchInput(p.q_type, [&](auto tq) {
+    DispatchInput(p.v_type, [&](auto tv) {
+      using TQ = typename decltype(tq)::type;
+      using TV = typename decltype(tv)::type;
+      ParallelFor(pool, int64_t(tasks.size()), [&](int64_t t) {
+        const Task& task = tasks[t];
+        AttendBlock<TQ, TQ, TV, TO>(p, task.b, task.kh, bounds[task.b], task.m0, task.rows);
+      });
+    });
+  });
+}
+
+ffi::Error AttentionFwdImpl(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffer k,
+                            ffi::AnyBuffer v, ffi::Buffer<ffi::S32> cu_seqlens_q,
+                            ffi::Buffer<ffi::S32> cu_seqlens_k, ffi::Buffer<ffi::S32> seqused_k,
+                            ffi::Buffer<ffi::S32> page_table, ffi::Buffer<ffi::F32> q_descale,
+                            ffi::Buffer<ffi::F32> k_descale, ffi::Buffer<ffi::F32> v_descale,
+                            ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::Buffer<ffi::F32>> lse,
+                            int64_t kv_layout, bool varlen_q, int64_t batch, int64_t max_seqlen_q,
+                            float softmax_scale, float softcap, bool causal, int64_t window_left,
+                            int64_t window_right) {
+  AttentionParams p;
+  if (auto err = MakeAttentionParams(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, page_table,
+                                     q_descale, k_descale, v_descale, out, lse, kv_layout,
+                                     varlen_q, batch, max_seqlen_q, softmax_scale, softcap, causal,
+                                     window_left, window_right, &p);
+      err.failure())
+    return err;
+  if (p.k_type != p.q_type)
+    return InvalidArgument(std::string("Type mismatch: ") + DTypeName(p.q_type) +
+                           " != " + DTypeName(p.k_type));
+  DispatchFloat(p.out_type, [&](auto to) { RunAttention<typename decltype(to)::type>(pool, p); });
+  return ffi::Error::Success();
+}
+
+}  // namespace
+}  // namespace jax_sgl::cpu
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxSglAttentionFwdCpu, jax_sgl::cpu::AttentionFwdImpl,
+                              jax_sgl::BindAttentionFwd(
+                                  xla::ffi::Ffi::Bind().Ctx<xla::ffi::ThreadPool>()));

@@ -1,0 +1,111 @@
+// CPU rope_pool_fused: rotates q and k of each token (NeoX or interleaved pairs, the first
+// rotary_dim features) and writes rotated k and plain v into the pools at the token's slot.
+// Tokens are split into chunks over XLA's intra-op pool. Padding slots (< 0) and slots past the
+// pool are skipped, so a bad slot can never write outside the pool.
+#include <cstdint>
+#include <vector>
+
+#include "ffi/common/dispatch.h"
+#include "ffi/common/rope_math.h"
+#include "ffi/common/rope_pool_ffi.h"
+#include "ffi/cpu/parallel.h"
+
+namespace jax_sgl::cpu {
+namespace {
+
+template <typename T>
+void RotateRow(const T* x, T* out, int head_dim, int rotary_dim, bool is_neox, const float* cos,
+               const float* sin) {
+  const int half = rotary_dim / 2;
+  for (int i = 0; i < half; ++i) {
+    int a, b;
+    RopePair(i, rotary_dim, is_neox, &a, &b);
+    const float xa = ToFloat(x[a]);
+    const float xb = ToFloat(x[b]);
+    out[a] = FromFloat<T>(xa * cos[i] - xb * sin[i]);
+    out[b] = FromFloat<T>(xb * cos[i] + xa * sin[i]);
+  }
+  for (int i = rotary_dim; i < head_dim; ++i) out[i] = x[i];
+}
+
+template <typename T, typename I>
+void RopePoolTokens(const RopePoolParams& p, int64_t begin, int64_t end) {
+  const int half = p.rotary_dim / 2;
+  std::vector<float> inv_freq(half), cos(half), sin(half);
+  for (int i = 0; i < half; ++i) inv_freq[i] = RopeInvFreq(i, p.rotary_dim, p.log2_base);
+  const int64_t q_row = int64_t(p.num_qo_heads) * p.head_dim;
+  const int64_t kv_row = int64_t(p.num_kv_heads) * p.head_dim;
+  const auto* q = static_cast<const T*>(p.q);
+  const auto* k = static_cast<const T*>(p.k);
+  const auto* v = static_cast<const T*>(p.v);
+  auto* q_rot = static_cast<T*>(p.q_rot);
+  auto* k_rot = static_cast<T*>(p.k_rot);
+  auto* k_pool = static_cast<T*>(p.k_pool);
+  auto* v_pool = static_cast<T*>(p.v_pool);
+  const auto* positions = static_cast<const I*>(p.positions);
+  const auto* slots = static_cast<const I*>(p.slots);
+
+  for (int64_t t = begin; t < end; ++t) {
+    const float pos = float(positions[t]);
+    for (int i = 0; i < half; ++i) {
+      const float angle = pos * inv_freq[i];
+      cos[i] = std::cos(angle);
+      sin[i] = std::sin(angle);
+    }
+    for (int h = 0; h < p.num_qo_heads; ++h) {
+      const int64_t off = t * q_row + int64_t(h) * p.head_dim;
+      RotateRow(q + off, q_rot + off, p.head_dim, p.rotary_dim, p.is_neox, cos.data(), sin.data());
+    }
+    for (int h = 0; h < p.num_kv_heads; ++h) {
+      const int64_t off = t * kv_row + int64_t(h) * p.head_dim;
+      RotateRow(k + off, k_rot + off, p.head_dim, p.rotary_dim, p.is_neox, cos.data(), sin.data());
+    }
+    const int64_t slot = int64_t(slots[t]);
+    if (slot < 0 || slot >= p.num_slots) continue;
+    std::copy(k_rot + t * kv_row, k_rot + (t + 1) * kv_row, k_pool + slot * kv_row);
+    std::copy(v + t * kv_row, v + (t + 1) * kv_row, v_pool + slot * kv_row);
+  }
+}
+
+ffi::Error RopePoolFwdImpl(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffer k,
+                           ffi::AnyBuffer v, ffi::AnyBuffer positions, ffi::AnyBuffer slots,
+                           ffi::AnyBuffer k_pool_in, ffi::AnyBuffer v_pool_in,
+                           ffi::Result<ffi::AnyBuffer> q_rot, ffi::Result<ffi::AnyBuffer> k_rot,
+                           ffi::Result<ffi::AnyBuffer> k_pool, ffi::Result<ffi::AnyBuffer> v_pool,
+                           float rope_base, int64_t rotary_dim, bool is_neox) {
+  RopePoolParams p;
+  if (auto err = MakeRopePoolParams(q, k, v, positions, slots, q_rot, k_rot, k_pool, v_pool,
+                                    rope_base, rotary_dim, is_neox, &p);
+      err.failure())
+    return err;
+  // Without donation XLA gives the outputs their own buffers: start them from the input pools.
+  if (k_pool->untyped_data() != k_pool_in.untyped_data())
+    std::copy_n(static_cast<const char*>(k_pool_in.untyped_data()), k_pool_in.size_bytes(),
+                static_cast<char*>(k_pool->untyped_data()));
+  if (v_pool->untyped_data() != v_pool_in.untyped_data())
+    std::copy_n(static_cast<const char*>(v_pool_in.untyped_data()), v_pool_in.size_bytes(),
+                static_cast<char*>(v_pool->untyped_data()));
+
+  // ~64 tokens per chunk keeps the per-chunk cos/sin setup negligible.
+  const int64_t chunks = NumChunks(pool, p.num_tokens, 64);
+  DispatchFloat(p.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    auto run = [&](auto index_tag) {
+      using I = typename decltype(index_tag)::type;
+      ParallelFor(pool, chunks, [&](int64_t c) {
+        RopePoolTokens<T, I>(p, p.num_tokens * c / chunks, p.num_tokens * (c + 1) / chunks);
+      });
+    };
+    if (p.index_type == IndexType::kI32)
+      run(TypeTag<int32_t>{});
+    else
+      run(TypeTag<int64_t>{});
+  });
+  return ffi::Error::Success();
+}
+
+}  // namespace
+}  // namespace jax_sgl::cpu
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxSglRopePoolFwdCpu, jax_sgl::cpu::RopePoolFwdImpl,
+                              jax_sgl::BindRopePool(xla::ffi::Ffi::Bind().Ctx<xla::ffi::ThreadPool>()));

@@ -1,0 +1,40 @@
+// jax_sgl._native: hands the FFI handlers to Python as capsules. jax_sgl/_native.py registers the
+// "cpu" ones always and the "cuda" ones when the extension was built with CUDA.
+#include <nanobind/nanobind.h>
+
+#include "xla/ffi/api/c_api.h"
+
+namespace nb = nanobind;
+
+extern "C" {
+XLA_FFI_Error* JaxSglRopePoolFwdCpu(XLA_FFI_CallFrame*);
+XLA_FFI_Error* JaxSglAttentionFwdCpu(XLA_FFI_CallFrame*);
+#ifdef JAX_SGL_HAVE_CUDA
+XLA_FFI_Error* JaxSglRopePoolFwdCuda(XLA_FFI_CallFrame*);
+#endif
+}
+
+namespace {
+
+template <typename Fn>
+nb::capsule Capsule(Fn* fn) {
+  return nb::capsule(reinterpret_cast<void*>(fn));
+}
+
+}  // namespace
+
+NB_MODULE(_native, m) {
+  m.def("cpu_targets", []() {
+    nb::dict d;
+    d["jax_sgl_rope_pool_fwd"] = Capsule(JaxSglRopePoolFwdCpu);
+    d["jax_sgl_attention_fwd"] = Capsule(JaxSglAttentionFwdCpu);
+    return d;
+  });
+  m.def("cuda_targets", []() {
+    nb::dict d;
+#ifdef JAX_SGL_HAVE_CUDA
+    d["jax_sgl_rope_pool_fwd"] = Capsule(JaxSglRopePoolFwdCuda);
+#endif
+    return d;
+  });
+}

@@ -1,0 +1,278 @@
+"""Every shape and dtype rule of jax_sgl, in one place.
+
+The public functions call these on shapes and dtypes only, at trace time, so `jax.eval_shape` and
+`jax.make_jaxpr` raise them without running a kernel. Messages taken from SGLang's kernels (the
+seeds in shared/seeds) are verbatim; the others start with the function name and name the argument
+and its shape. Each check returns a small frozen spec that the primitives use as static params.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import jax.numpy as jnp
+
+from jax_sgl._dtypes import FLOAT_DTYPES, FP8_DTYPES, INDEX_DTYPES, is_fp8, names
+
+# Head dims the kernels are built for: multiples of 8 (16-byte rows of bf16) up to 256.
+MAX_HEAD_DIM = 256
+HEAD_DIM_MULTIPLE = 8
+
+
+def _shape(x) -> tuple[int, ...]:
+  return tuple(x.shape)
+
+
+def _check_index(fn: str, name: str, x, ndim: int) -> None:
+  if jnp.dtype(x.dtype) not in INDEX_DTYPES:
+    raise TypeError(f"{fn}: {name} must be int32 or int64, got {x.dtype} with shape {_shape(x)}")
+  if x.ndim != ndim:
+    raise ValueError(f"{fn}: {name} must be {ndim}-D, got shape {_shape(x)}")
+
+
+# --------------------------------------------------------------------------------------------
+# rope_pool_fused
+# --------------------------------------------------------------------------------------------
+
+ROPE_FN = "jax_sgl.rope_pool_fused"
+
+
+@dataclasses.dataclass(frozen=True)
+class RopePoolSpec:
+  num_tokens: int
+  num_qo_heads: int
+  num_kv_heads: int
+  head_dim: int
+  num_slots: int
+  rotary_dim: int
+  is_neox: bool
+  rope_base: float
+
+
+def check_rope_pool(q, k, v, positions, slots, k_pool, v_pool, *, head_dim: int | None,
+                    num_qo_heads: int | None, num_kv_heads: int | None, rope_base: Any,
+                    rotary_dim: int | None, is_neox: bool) -> RopePoolSpec:
+  """SGLang's checks in SGLang's order, then jax_sgl's own (dtypes, index types, rotary_dim)."""
+  if q.ndim != 3 or k.ndim != 3 or v.ndim != 3:
+    raise ValueError("rope_pool_fused expects q/k/v to be 3-D")
+  if positions.ndim != 1 or slots.ndim != 1:
+    raise ValueError("rope_pool_fused expects positions/slots to be 1-D")
+  if k_pool.ndim != 3 or v_pool.ndim != 3:
+    raise ValueError("rope_pool_fused expects pool tensors to be 3-D")
+  q_shape, k_shape = _shape(q), _shape(k)
+  head_dim = q_shape[2] if head_dim is None else int(head_dim)
+  num_qo_heads = q_shape[1] if num_qo_heads is None else int(num_qo_heads)
+  num_kv_heads = k_shape[1] if num_kv_heads is None else int(num_kv_heads)
+  if q_shape != (q_shape[0], num_qo_heads, head_dim):
+    raise ValueError(f"q shape must be [num_tokens, num_qo_heads, head_dim], got {q_shape}")
+  if k_shape != (q_shape[0], num_kv_heads, head_dim):
+    raise ValueError(f"k shape must be [num_tokens, num_kv_heads, head_dim], got {k_shape}")
+  if _shape(v) != k_shape:
+    raise ValueError(f"v shape must match k shape, got {_shape(v)} vs {k_shape}")
+  if _shape(positions) != (q_shape[0],) or _shape(slots) != (q_shape[0],):
+    raise ValueError("positions/slots must have one entry per token")
+  if _shape(k_pool)[1:] != (num_kv_heads, head_dim):
+    raise ValueError(f"k_pool has incompatible shape {_shape(k_pool)}")
+  if _shape(v_pool) != _shape(k_pool):
+    raise ValueError(
+        f"v_pool shape must match k_pool shape, got {_shape(v_pool)} vs {_shape(k_pool)}")
+  if q.dtype != k.dtype or q.dtype != v.dtype:
+    raise ValueError("q/k/v dtypes must match")
+  if k_pool.dtype != q.dtype or v_pool.dtype != q.dtype:
+    raise ValueError("pool dtypes must match q/k/v dtype")
+
+  if jnp.dtype(q.dtype) not in FLOAT_DTYPES:
+    raise TypeError(f"{ROPE_FN}: q/k/v dtype {q.dtype} is not supported; "
+                    f"supported: {names(FLOAT_DTYPES)}")
+  _check_index(ROPE_FN, "positions", positions, 1)
+  _check_index(ROPE_FN, "slots", slots, 1)
+  rotary_dim = head_dim if rotary_dim is None else int(rotary_dim)
+  if rotary_dim <= 0 or rotary_dim > head_dim or rotary_dim % 2:
+    raise ValueError(f"{ROPE_FN}: rotary_dim must be even and in (0, head_dim={head_dim}], "
+                     f"got {rotary_dim}")
+  try:
+    base = float(rope_base)
+  except TypeError:
+    raise TypeError(f"{ROPE_FN}: rope_base must be a Python float (a static value), "
+                    f"got {type(rope_base).__name__}") from None
+  if not base > 0 or not math.isfinite(base):
+    raise ValueError(f"{ROPE_FN}: rope_base must be a positive finite float, got {base}")
+  return RopePoolSpec(num_tokens=q_shape[0], num_qo_heads=num_qo_heads,
+                      num_kv_heads=num_kv_heads, head_dim=head_dim,
+                      num_slots=_shape(k_pool)[0], rotary_dim=rotary_dim, is_neox=bool(is_neox),
+                      rope_base=base)
+
+
+# --------------------------------------------------------------------------------------------
+# attention
+# --------------------------------------------------------------------------------------------
+
+ATTN_FN = "jax_sgl.attention"
+KV_DENSE, KV_VARLEN, KV_PAGED = 0, 1, 2
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionSpec:
+  kv_layout: int       # KV_DENSE, KV_VARLEN or KV_PAGED
+  varlen_q: bool       # q packed [total_q, H, D] with cu_seqlens_q
+  batch: int
+  num_heads: int
+  num_kv_heads: int
+  head_dim: int
+  head_dim_v: int
+  softmax_scale: float
+  softcap: float
+  causal: bool
+  window_left: int
+  window_right: int
+  out_dtype: Any       # q's dtype, bfloat16 for fp8 q
+  page_size: int       # paged only (1 for a token pool)
+
+
+def _check_head_dim(name: str, d: int) -> None:
+  if d <= 0 or d > MAX_HEAD_DIM or d % HEAD_DIM_MULTIPLE:
+    raise NotImplementedError(
+        f"{ATTN_FN}: {name} {d} is not supported; supported: multiples of {HEAD_DIM_MULTIPLE} "
+        f"from {HEAD_DIM_MULTIPLE} to {MAX_HEAD_DIM}")
+
+
+def _check_descale(name: str, x, batch: int, num_kv_heads: int) -> None:
+  if jnp.dtype(x.dtype) != jnp.float32:
+    raise TypeError(f"{ATTN_FN}: {name} must be float32, got {x.dtype} with shape {_shape(x)}")
+  if _shape(x) != (batch, num_kv_heads):
+    raise ValueError(f"{ATTN_FN}: {name} must have shape [batch, num_kv_heads] = "
+                     f"{(batch, num_kv_heads)}, got {_shape(x)}")
+
+
+def check_attention_dtypes(q, k, v, q_descale, k_descale, v_descale) -> Any:
+  """SGLang's dtype rules (flash_fwd_sm100); returns the output dtype."""
+  if q.dtype != k.dtype:
+    raise TypeError(f"Type mismatch: {q.dtype} != {k.dtype}")
+  v_dequant = is_fp8(v.dtype) and v_descale is not None
+  if not v_dequant and q.dtype != v.dtype:
+    raise TypeError(f"Type mismatch: {q.dtype} != {v.dtype}")
+  if is_fp8(q.dtype):
+    if q_descale is None or k_descale is None:
+      raise ValueError(f"{ATTN_FN}: fp8 q/k ({q.dtype}) need q_descale and k_descale "
+                       "(float32 [batch, num_kv_heads])")
+    if q_descale.dtype != k_descale.dtype:
+      raise TypeError(f"Type mismatch: {q_descale.dtype} != {k_descale.dtype}")
+    if is_fp8(v.dtype) and v_descale is None:
+      raise ValueError(f"{ATTN_FN}: fp8 v ({v.dtype}) needs v_descale "
+                       "(float32 [batch, num_kv_heads])")
+  elif jnp.dtype(q.dtype) not in FLOAT_DTYPES:
+    raise TypeError(f"{ATTN_FN}: q dtype {q.dtype} is not supported; supported: "
+                    f"{names(FLOAT_DTYPES + FP8_DTYPES)}")
+  elif q_descale is not None or k_descale is not None:
+    raise ValueError(f"{ATTN_FN}: q_descale/k_descale apply to fp8 q/k only, got q {q.dtype}")
+  if v_descale is not None and not is_fp8(v.dtype):
+    raise ValueError(f"{ATTN_FN}: v_descale applies to fp8 v only, got v {v.dtype}")
+  return jnp.dtype(jnp.bfloat16) if is_fp8(q.dtype) else jnp.dtype(q.dtype)
+
+
+def check_attention(q, k, v, *, causal: bool, softmax_scale, window, softcap, cu_seqlens_q,
+                    cu_seqlens_k, seqused_k, page_table, q_descale, k_descale,
+                    v_descale) -> AttentionSpec:
+  out_dtype = check_attention_dtypes(q, k, v, q_descale, k_descale, v_descale)
+
+  # Layout.
+  paged = page_table is not None
+  varlen_q = cu_seqlens_q is not None
+  if paged:
+    if cu_seqlens_k is not None:
+      raise ValueError(f"{ATTN_FN}: paged KV (page_table) takes seqused_k, not cu_seqlens_k")
+    if seqused_k is None:
+      raise ValueError(f"{ATTN_FN}: paged KV (page_table) needs seqused_k [batch]")
+    kv_layout = KV_PAGED
+  elif cu_seqlens_k is not None:
+    if not varlen_q:
+      raise ValueError(f"{ATTN_FN}: cu_seqlens_k needs cu_seqlens_q (varlen q and k together)")
+    kv_layout = KV_VARLEN
+  else:
+    if varlen_q:
+      raise ValueError(f"{ATTN_FN}: cu_seqlens_q needs cu_seqlens_k, or page_table for paged KV")
+    kv_layout = KV_DENSE
+
+  q_ndim = 3 if varlen_q else 4
+  if q.ndim != q_ndim:
+    want = "[total_q, num_heads, head_dim]" if varlen_q else \
+        "[batch, seqlen_q, num_heads, head_dim]"
+    raise ValueError(f"{ATTN_FN}: q must be {want}, got shape {_shape(q)}")
+  if kv_layout == KV_DENSE and k.ndim != 4:
+    raise ValueError(f"{ATTN_FN}: k must be [batch, seqlen_k, num_kv_heads, head_dim], "
+                     f"got shape {_shape(k)}")
+  if kv_layout == KV_VARLEN and k.ndim != 3:
+    raise ValueError(f"{ATTN_FN}: k must be [total_k, num_kv_heads, head_dim] with cu_seqlens_k, "
+                     f"got shape {_shape(k)}")
+  if kv_layout == KV_PAGED and k.ndim not in (3, 4):
+    raise ValueError(f"{ATTN_FN}: paged k must be a token pool [num_slots, num_kv_heads, "
+                     f"head_dim] or a page pool [num_pages, page_size, num_kv_heads, head_dim], "
+                     f"got shape {_shape(k)}")
+  if v.ndim != k.ndim or _shape(v)[:-1] != _shape(k)[:-1]:
+    raise ValueError(f"{ATTN_FN}: v must match k in every dimension but head_dim, "
+                     f"got v {_shape(v)} vs k {_shape(k)}")
+
+  num_heads, head_dim = _shape(q)[-2:]
+  num_kv_heads, k_head_dim = _shape(k)[-2:]
+  head_dim_v = _shape(v)[-1]
+  if k_head_dim != head_dim:
+    raise ValueError(f"{ATTN_FN}: q and k head_dim differ: q {_shape(q)} vs k {_shape(k)}")
+  _check_head_dim("head_dim", head_dim)
+  _check_head_dim("head_dim_v", head_dim_v)
+  if num_kv_heads == 0 or num_heads % num_kv_heads:
+    raise ValueError(f"{ATTN_FN}: num_heads ({num_heads}) must be a multiple of num_kv_heads "
+                     f"({num_kv_heads}); q {_shape(q)}, k {_shape(k)}")
+
+  if varlen_q:
+    _check_index(ATTN_FN, "cu_seqlens_q", cu_seqlens_q, 1)
+    batch = _shape(cu_seqlens_q)[0] - 1
+    if batch < 0:
+      raise ValueError(f"{ATTN_FN}: cu_seqlens_q must have batch + 1 >= 1 entries, got shape "
+                       f"{_shape(cu_seqlens_q)}")
+  else:
+    batch = _shape(q)[0]
+  if kv_layout == KV_DENSE and _shape(k)[0] != batch:
+    raise ValueError(f"{ATTN_FN}: q and k batch sizes differ: q {_shape(q)} vs k {_shape(k)}")
+  if kv_layout == KV_VARLEN:
+    _check_index(ATTN_FN, "cu_seqlens_k", cu_seqlens_k, 1)
+    if _shape(cu_seqlens_k) != (batch + 1,):
+      raise ValueError(f"{ATTN_FN}: cu_seqlens_k must have batch + 1 = {batch + 1} entries like "
+                       f"cu_seqlens_q, got shape {_shape(cu_seqlens_k)}")
+  if paged:
+    _check_index(ATTN_FN, "page_table", page_table, 2)
+    if _shape(page_table)[0] != batch:
+      raise ValueError(f"{ATTN_FN}: page_table must be [batch={batch}, max_pages], got shape "
+                       f"{_shape(page_table)}")
+  if seqused_k is not None:
+    _check_index(ATTN_FN, "seqused_k", seqused_k, 1)
+    if _shape(seqused_k) != (batch,):
+      raise ValueError(f"{ATTN_FN}: seqused_k must be [batch={batch}], got shape "
+                       f"{_shape(seqused_k)}")
+  for name, d in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
+    if d is not None:
+      _check_descale(name, d, batch, num_kv_heads)
+
+  # Masks and scalars.
+  try:
+    left, right = (int(w) for w in window)
+  except (TypeError, ValueError):
+    raise TypeError(f"{ATTN_FN}: window must be a pair of Python ints (left, right), "
+                    f"got {window!r}") from None
+  if left < -1 or right < -1:
+    raise ValueError(f"{ATTN_FN}: window sizes must be >= 0, or -1 for unbounded; got {window}")
+  if causal:
+    if right > 0:
+      raise ValueError(f"{ATTN_FN}: causal=True allows no keys right of the diagonal, but "
+                       f"window={window} asks for {right}")
+    right = 0
+  scale = 1.0 / math.sqrt(head_dim) if softmax_scale is None else float(softmax_scale)
+  softcap = float(softcap)
+  if softcap < 0 or not math.isfinite(softcap):
+    raise ValueError(f"{ATTN_FN}: softcap must be >= 0 (0 disables it), got {softcap}")
+  return AttentionSpec(
+      kv_layout=kv_layout, varlen_q=varlen_q, batch=batch, num_heads=num_heads,
+      num_kv_heads=num_kv_heads, head_dim=head_dim, head_dim_v=head_dim_v, softmax_scale=scale,
+      softcap=softcap, causal=bool(causal), window_left=left, window_right=right,
+      out_dtype=out_dtype, page_size=(_shape(k)[1] if paged and k.ndim == 4 else 1))

@@ -1,0 +1,22 @@
+"""The dtypes jax_sgl accepts, named once for the checks, the kernels' wrappers and the docs."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+
+FLOAT_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
+FP8_DTYPES = (jnp.dtype(jnp.float8_e4m3fn), jnp.dtype(jnp.float8_e5m2))
+INDEX_DTYPES = (jnp.dtype(jnp.int32), jnp.dtype(jnp.int64))
+
+
+def names(dtypes) -> str:
+  return ", ".join(str(d) for d in dtypes)
+
+
+def is_fp8(dtype) -> bool:
+  return jnp.dtype(dtype) in FP8_DTYPES
+
+
+def dtype_of(x) -> np.dtype:
+  return jnp.dtype(x.dtype)
