@@ -154,7 +154,7 @@ def attention(q, k, v, *, kv_layout: int, varlen_q: bool, batch: int, softmax_sc
     mask &= jj <= diag + (0 if causal else window_right)
   mask = mask[:, None]                                             # [B, 1, Sq, Sk]
   s = jnp.where(mask, s, -jnp.inf)
-  m = jnp.max(s, axis=-1, keepdims=True)
+  m = jnp.max(s, axis=-1, keepdims=True, initial=-jnp.inf)
   m_safe = jnp.where(jnp.isfinite(m), m, 0.0)
   p = jnp.where(mask, jnp.exp(s - m_safe), 0.0)
   l = jnp.sum(p, axis=-1, keepdims=True)
