@@ -18,7 +18,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import batching
 
 from jax_sgl import reference
-from jax_sgl._checks import KV_PAGED, AttentionSpec, check_attention
+from jax_sgl._checks import KV_PAGED, AttentionSpec, check_attention, check_attention_cuda
 from jax_sgl._primitive import at_front, batch_size, ffi_rule, register_lowerings
 
 TARGET = "jax_sgl_attention_fwd"
@@ -57,6 +57,8 @@ _native_rule = ffi_rule(TARGET)
 
 def _attention_fwd_lowering(ctx, *args, spec, present):
   q_aval = ctx.avals_in[0]
+  if "cuda" in ctx.module_context.platforms:
+    check_attention_cuda(q_aval.dtype, ctx.avals_in[2].dtype)
   max_seqlen_q = q_aval.shape[0] if spec.varlen_q else q_aval.shape[1]
   return _native_rule(
       ctx, *args, kv_layout=np.int64(spec.kv_layout), varlen_q=np.bool_(spec.varlen_q),
