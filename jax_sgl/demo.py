@@ -1,6 +1,6 @@
 """The main job: a tiny random-weight decoder serving ragged prompts through a paged KV cache.
 
-  python -m jax_sgl.demo [--layers 2] [--steps 16] [--dtype float32]
+  jax-sgl-demo [--layers 2] [--steps 16] [--dtype float32]    (or python -m jax_sgl.demo)
 
 Prefill packs the prompts (varlen attention over the rotated keys, `rope_pool_fused` writing every
 prompt token into the page pool); then each decode step rotates and writes one token per sequence
