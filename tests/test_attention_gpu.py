@@ -10,6 +10,7 @@ kernel forgets to write shows up as NaN.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -61,11 +62,11 @@ def _reference(q, k, v, **kw):
     k, v = k[:, None], v[:, None]
   index = {name: jnp.asarray(kw[name]) for name in
            ("cu_seqlens_q", "cu_seqlens_k", "seqused_k", "page_table") if kw.get(name) is not None}
-  return reference.attention(
-      q, k, v, kv_layout=spec.kv_layout, varlen_q=spec.varlen_q, batch=spec.batch,
+  ref = functools.partial(
+      reference.attention, kv_layout=spec.kv_layout, varlen_q=spec.varlen_q, batch=spec.batch,
       softmax_scale=spec.softmax_scale, softcap=spec.softcap, causal=spec.causal,
-      window_left=spec.window_left, window_right=spec.window_right, out_dtype=spec.out_dtype,
-      **index)
+      window_left=spec.window_left, window_right=spec.window_right, out_dtype=spec.out_dtype)
+  return jax.jit(ref)(q, k, v, **index)
 
 
 def _page_table(rng, k_lens, page_size, num_pages):
