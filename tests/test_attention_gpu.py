@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 
 import jax
 import jax.numpy as jnp
@@ -23,6 +24,13 @@ from jax_sgl import reference
 from jax_sgl._checks import check_attention
 
 pytestmark = pytest.mark.gpu
+
+# Every case has new shapes, and XLA's GEMM autotuner would spend seconds per oracle einsum on
+# them; the oracle needs no tuned GEMM. Takes effect when set before the GPU backend starts
+# (collection imports this module before any test runs).
+if "xla_gpu_autotune_level" not in os.environ.get("XLA_FLAGS", ""):
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                             " --xla_gpu_autotune_level=0").strip()
 
 LAYOUTS = ("dense", "varlen", "paged_token", "paged_page")
 MASKS = ("none", "causal", "window", "softcap")
