@@ -12,6 +12,7 @@
 #include "ffi/common/attention_seq.h"
 #include "ffi/common/dispatch.h"
 #include "ffi/cpu/parallel.h"
+#include "ffi/cpu/simd_kernels.h"
 
 namespace jax_sgl::cpu {
 namespace {
@@ -22,13 +23,6 @@ constexpr int kBlockM = 32;
 // Keys per block: 64 rows of K and V (up to 256 features each) stay in L2.
 constexpr int kBlockN = 64;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-
-inline float Dot(const float* a, const float* b, int n) {
-  float s = 0.f;
-#pragma omp simd reduction(+ : s)
-  for (int i = 0; i < n; ++i) s += a[i] * b[i];
-  return s;
-}
 
 template <typename T>
 void LoadRow(const T* src, float* dst, int n, float scale) {
@@ -74,7 +68,11 @@ void AttendBlock(const AttentionParams& p, int b, int kh, const SeqBounds& s, in
     for (int c = 0; c < cols; ++c) {
       const int64_t row = KeyRow(p, b, s, n0 + c);
       valid[c] = row >= 0;
-      if (row < 0) continue;
+      if (row < 0) {  // masked key: zeros, so its weight 0 never meets a stale NaN in V
+        std::fill_n(&kf[size_t(c) * d], d, 0.f);
+        std::fill_n(&vf[size_t(c) * dv], dv, 0.f);
+        continue;
+      }
       LoadRow(k + row * k_row_stride + int64_t(kh) * d, &kf[size_t(c) * d], d, 1.f);
       LoadRow(v + row * v_row_stride + int64_t(kh) * dv, &vf[size_t(c) * dv], dv, 1.f);
     }
@@ -84,13 +82,13 @@ void AttendBlock(const AttentionParams& p, int b, int kh, const SeqBounds& s, in
       for (int g = 0; g < group; ++g) {
         const int i = r * group + g;
         const float* qi = &qf[size_t(i) * d];
+        const int n = c_hi - c_lo;
+        DotRows(qi, &kf[size_t(c_lo) * d], d, d, n, &sc[c_lo]);
         float block_max = kNegInf;
         for (int c = c_lo; c < c_hi; ++c) {
-          float x = kNegInf;
-          if (valid[c]) {
-            x = Dot(qi, &kf[size_t(c) * d], d);
-            if (p.softcap > 0.f) x = p.softcap * std::tanh(x / p.softcap);
-          }
+          float x = sc[c];
+          if (!valid[c]) x = kNegInf;
+          else if (p.softcap > 0.f) x = p.softcap * std::tanh(x / p.softcap);
           sc[c] = x;
           block_max = std::max(block_max, x);
         }
@@ -99,15 +97,13 @@ void AttendBlock(const AttentionParams& p, int b, int kh, const SeqBounds& s, in
         const float corr = std::exp(m[i] - m_new);  // 0 when m[i] is -inf
         float* ai = &acc[size_t(i) * dv];
         float row_sum = 0.f;
-        for (int e = 0; e < dv; ++e) ai[e] *= corr;
         for (int c = c_lo; c < c_hi; ++c) {
-          if (sc[c] == kNegInf) continue;
-          const float pc = std::exp(sc[c] - m_new);
-          row_sum += pc;
-          const float* vc = &vf[size_t(c) * dv];
-#pragma omp simd
-          for (int e = 0; e < dv; ++e) ai[e] += pc * vc[e];
+          sc[c] = std::exp(sc[c] - m_new);  // masked keys: exp(-inf) = 0
+          row_sum += sc[c];
         }
+        if (corr != 1.f)
+          for (int e = 0; e < dv; ++e) ai[e] *= corr;
+        AccumulateRows(&sc[c_lo], &vf[size_t(c_lo) * dv], dv, dv, n, ai);
         l[i] = l[i] * corr + row_sum;
         m[i] = m_new;
       }

@@ -1,0 +1,14 @@
+// Float32 micro-kernels of the CPU attention kernels (forward and backward): the two loops that
+// hold nearly all the flops. They are compiled once per x86 ISA level (AVX-512, AVX2+FMA,
+// baseline) and picked at load time, so a portable wheel still runs the wide FMA path.
+#pragma once
+
+namespace jax_sgl::cpu {
+
+// out[c] = dot(a, b + c * ld) for c in [0, n): one row against n rows, each of length len.
+void DotRows(const float* a, const float* b, int len, int ld, int n, float* out);
+
+// acc[e] += sum_c p[c] * v[c * ld + e] for e in [0, len): n rows weighted into one.
+void AccumulateRows(const float* p, const float* v, int len, int ld, int n, float* acc);
+
+}  // namespace jax_sgl::cpu
