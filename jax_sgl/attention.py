@@ -32,6 +32,10 @@ OPTIONAL = ("cu_seqlens_q", "cu_seqlens_k", "seqused_k", "page_table", "q_descal
             "v_descale")
 _INDEX_OPTIONAL = OPTIONAL[:4]
 
+# The batch dim of an unmapped operand (jax's internal batching.not_mapped, which the public
+# jax.interpreters.batching module does not export).
+_NOT_MAPPED = None
+
 _attention_fwd_p = Primitive("jax_sgl_attention_fwd")
 _attention_fwd_p.multiple_results = True
 
@@ -119,10 +123,10 @@ def _attention_fwd_batch(args, dims, *, spec, present):
   """vmap over heads: with shared index arrays, instance b's heads become heads
   [b * H, (b + 1) * H) of one call (GQA groups stay aligned since H = group * Hkv). Batched index
   arrays fall back to a sequential map over the instances."""
-  size = next(a.shape[d] for a, d in zip(args, dims) if d is not batching.not_mapped)
+  size = next(a.shape[d] for a, d in zip(args, dims) if d is not _NOT_MAPPED)
   q, k, v, *optional = args
   qd, kd, vd, *opt_dims = dims
-  index_batched = any(d is not batching.not_mapped
+  index_batched = any(d is not _NOT_MAPPED
                       for name, d in zip(OPTIONAL, opt_dims) if name in _INDEX_OPTIONAL)
   if index_batched:
     front = [batching.bdim_at_front(a, d, size) for a, d in zip(args, dims)]
@@ -191,10 +195,10 @@ def _attention_bwd_reference(q, k, v, *rest, spec, present):
 def _attention_bwd_batch(args, dims, *, spec, present):
   """vmap as in the forward: fold the mapped axis into the heads when the index arrays are
   shared, else map sequentially over the instances."""
-  size = next(a.shape[d] for a, d in zip(args, dims) if d is not batching.not_mapped)
+  size = next(a.shape[d] for a, d in zip(args, dims) if d is not _NOT_MAPPED)
   n = len(OPTIONAL)
   opt_dims = dims[3:3 + n]
-  index_batched = any(d is not batching.not_mapped
+  index_batched = any(d is not _NOT_MAPPED
                       for name, d in zip(OPTIONAL, opt_dims) if name in _INDEX_OPTIONAL)
   if index_batched:
     front = [batching.bdim_at_front(a, d, size) for a, d in zip(args, dims)]
