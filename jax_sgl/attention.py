@@ -208,8 +208,8 @@ def _attention_bwd_batch(args, dims, *, spec, present):
   at_front = [batching.bdim_at_front(a, d, size) for a, d in zip(args, dims)]
   q, k, v = (_fold_heads(x, size) for x in at_front[:3])
   # Paged KV and fp8 never reach the backward, so the optional operands are index arrays (shared,
-  # taken unbatched) or absent.
-  optional = [x for x in args[3:3 + n]]
+  # hence unbatched here) or absent.
+  optional = list(args[3:3 + n])
   out, lse, dout, dlse = at_front[3 + n:]
   out, dout = _fold_heads(out, size), _fold_heads(dout, size)
   lse, dlse = _fold_lse(lse, size, spec.varlen_q), _fold_lse(dlse, size, spec.varlen_q)
