@@ -20,9 +20,10 @@ from jax.extend.core import Primitive
 from jax.interpreters import batching
 
 from jax_sgl import reference
-from jax_sgl._checks import ATTN_FN, KV_PAGED, AttentionSpec, check_attention
+from jax_sgl._checks import (ATTN_FN, KV_PAGED, AttentionSpec, check_attention,
+                             check_attention_cuda)
 from jax_sgl._dtypes import is_fp8
-from jax_sgl._primitive import ffi_rule, register_lowerings
+from jax_sgl._primitive import at_front, batch_size, ffi_rule, register_lowerings
 
 TARGET = "jax_sgl_attention_fwd"
 BWD_TARGET = "jax_sgl_attention_bwd"
@@ -31,10 +32,6 @@ BWD_TARGET = "jax_sgl_attention_bwd"
 OPTIONAL = ("cu_seqlens_q", "cu_seqlens_k", "seqused_k", "page_table", "q_descale", "k_descale",
             "v_descale")
 _INDEX_OPTIONAL = OPTIONAL[:4]
-
-# The batch dim of an unmapped operand (jax's internal batching.not_mapped, which the public
-# jax.interpreters.batching module does not export).
-_NOT_MAPPED = None
 
 _attention_fwd_p = Primitive("jax_sgl_attention_fwd")
 _attention_fwd_p.multiple_results = True
@@ -66,6 +63,8 @@ _native_rule = ffi_rule(TARGET)
 def _ffi_attrs(ctx, spec: AttentionSpec) -> dict:
   """The attributes shared by the forward and backward FFI targets."""
   q_aval = ctx.avals_in[0]
+  if "cuda" in ctx.module_context.platforms:
+    check_attention_cuda(q_aval.dtype, ctx.avals_in[2].dtype)
   max_seqlen_q = q_aval.shape[0] if spec.varlen_q else q_aval.shape[1]
   return dict(
       kv_layout=np.int64(spec.kv_layout), varlen_q=np.bool_(spec.varlen_q),
@@ -123,22 +122,22 @@ def _attention_fwd_batch(args, dims, *, spec, present):
   """vmap over heads: with shared index arrays, instance b's heads become heads
   [b * H, (b + 1) * H) of one call (GQA groups stay aligned since H = group * Hkv). Batched index
   arrays fall back to a sequential map over the instances."""
-  size = next(a.shape[d] for a, d in zip(args, dims) if d is not _NOT_MAPPED)
+  size = batch_size(args, dims)
   q, k, v, *optional = args
   qd, kd, vd, *opt_dims = dims
-  index_batched = any(d is not _NOT_MAPPED
+  index_batched = any(d is not None
                       for name, d in zip(OPTIONAL, opt_dims) if name in _INDEX_OPTIONAL)
   if index_batched:
-    front = [batching.bdim_at_front(a, d, size) for a, d in zip(args, dims)]
+    front = [at_front(a, d, size) for a, d in zip(args, dims)]
     outs = jax.lax.map(lambda xs: _attention_fwd_p.bind(*xs, spec=spec, present=present), front)
     return list(outs), [0, 0]
 
-  q, k, v = (_fold_heads(batching.bdim_at_front(x, d, size), size)
+  q, k, v = (_fold_heads(at_front(x, d, size), size)
              for x, d in ((q, qd), (k, kd), (v, vd)))
   folded_opt = []
   for name, x, d, p in zip(OPTIONAL, optional, opt_dims, present):
     if p and name not in _INDEX_OPTIONAL:    # descale [B, Hkv] -> [B, V * Hkv]
-      x = jnp.moveaxis(batching.bdim_at_front(x, d, size), 0, 1)
+      x = jnp.moveaxis(at_front(x, d, size), 0, 1)
       x = x.reshape(x.shape[0], -1)
     folded_opt.append(x)
   out, lse = _attention_fwd_p.bind(q, k, v, *folded_opt, spec=_folded_spec(spec, size),
@@ -195,22 +194,22 @@ def _attention_bwd_reference(q, k, v, *rest, spec, present):
 def _attention_bwd_batch(args, dims, *, spec, present):
   """vmap as in the forward: fold the mapped axis into the heads when the index arrays are
   shared, else map sequentially over the instances."""
-  size = next(a.shape[d] for a, d in zip(args, dims) if d is not _NOT_MAPPED)
+  size = batch_size(args, dims)
   n = len(OPTIONAL)
   opt_dims = dims[3:3 + n]
-  index_batched = any(d is not _NOT_MAPPED
+  index_batched = any(d is not None
                       for name, d in zip(OPTIONAL, opt_dims) if name in _INDEX_OPTIONAL)
   if index_batched:
-    front = [batching.bdim_at_front(a, d, size) for a, d in zip(args, dims)]
+    front = [at_front(a, d, size) for a, d in zip(args, dims)]
     outs = jax.lax.map(lambda xs: _attention_bwd_p.bind(*xs, spec=spec, present=present), front)
     return list(outs), [0, 0, 0]
 
-  at_front = [batching.bdim_at_front(a, d, size) for a, d in zip(args, dims)]
-  q, k, v = (_fold_heads(x, size) for x in at_front[:3])
+  front = [at_front(a, d, size) for a, d in zip(args, dims)]
+  q, k, v = (_fold_heads(x, size) for x in front[:3])
   # Paged KV and fp8 never reach the backward, so the optional operands are index arrays (shared,
   # hence unbatched here) or absent.
   optional = list(args[3:3 + n])
-  out, lse, dout, dlse = at_front[3 + n:]
+  out, lse, dout, dlse = front[3 + n:]
   out, dout = _fold_heads(out, size), _fold_heads(dout, size)
   lse, dlse = _fold_lse(lse, size, spec.varlen_q), _fold_lse(dlse, size, spec.varlen_q)
   dq, dk, dv = _attention_bwd_p.bind(q, k, v, *optional, out, lse, dout, dlse,
