@@ -9,6 +9,7 @@ namespace nb = nanobind;
 extern "C" {
 XLA_FFI_Error* JaxSglRopePoolFwdCpu(XLA_FFI_CallFrame*);
 XLA_FFI_Error* JaxSglAttentionFwdCpu(XLA_FFI_CallFrame*);
+XLA_FFI_Error* JaxSglAttentionBwdCpu(XLA_FFI_CallFrame*);
 #ifdef JAX_SGL_HAVE_CUDA
 XLA_FFI_Error* JaxSglRopePoolFwdCuda(XLA_FFI_CallFrame*);
 XLA_FFI_Error* JaxSglAttentionFwdCuda(XLA_FFI_CallFrame*);
@@ -29,6 +30,7 @@ NB_MODULE(_native, m) {
     nb::dict d;
     d["jax_sgl_rope_pool_fwd"] = Capsule(JaxSglRopePoolFwdCpu);
     d["jax_sgl_attention_fwd"] = Capsule(JaxSglAttentionFwdCpu);
+    d["jax_sgl_attention_bwd"] = Capsule(JaxSglAttentionBwdCpu);
     return d;
   });
   m.def("cuda_targets", []() {

@@ -1,9 +1,11 @@
-"""attention: flash attention forward over dense, varlen (packed) and paged KV.
+"""attention: flash attention over dense, varlen (packed) and paged KV, differentiable.
 
-One primitive, `_attention_fwd_p`, lowered to the FFI target `jax_sgl_attention_fwd` (CPU, CUDA).
-Its operands are always the ten arrays of the FFI signature; optional ones that the caller left
-out travel as empty int32/float32 arrays and `present` says which are real. Checks live in
-`_checks.check_attention`.
+Two primitives: `_attention_fwd_p`, lowered to the FFI target `jax_sgl_attention_fwd`, and
+`_attention_bwd_p` (`jax_sgl_attention_bwd`), joined by a custom_vjp whose forward saves only out
+and lse besides the inputs (the backward recomputes the probabilities, FlashAttention-2 style).
+The operands of both start with the ten arrays of the forward's FFI signature; optional ones that
+the caller left out travel as empty int32/float32 arrays and `present` says which are real.
+Checks live in `_checks.check_attention`.
 """
 
 from __future__ import annotations
@@ -18,10 +20,13 @@ from jax.extend.core import Primitive
 from jax.interpreters import batching
 
 from jax_sgl import reference
-from jax_sgl._checks import KV_PAGED, AttentionSpec, check_attention, check_attention_cuda
+from jax_sgl._checks import (ATTN_FN, KV_PAGED, AttentionSpec, check_attention,
+                             check_attention_cuda)
+from jax_sgl._dtypes import is_fp8
 from jax_sgl._primitive import at_front, batch_size, ffi_rule, register_lowerings
 
 TARGET = "jax_sgl_attention_fwd"
+BWD_TARGET = "jax_sgl_attention_bwd"
 
 # Optional operands, in FFI order after q, k, v.
 OPTIONAL = ("cu_seqlens_q", "cu_seqlens_k", "seqused_k", "page_table", "q_descale", "k_descale",
@@ -55,17 +60,22 @@ def _attention_fwd_abstract_eval(q, k, v, *optional, spec, present):
 _native_rule = ffi_rule(TARGET)
 
 
-def _attention_fwd_lowering(ctx, *args, spec, present):
+def _ffi_attrs(ctx, spec: AttentionSpec) -> dict:
+  """The attributes shared by the forward and backward FFI targets."""
   q_aval = ctx.avals_in[0]
   if "cuda" in ctx.module_context.platforms:
     check_attention_cuda(q_aval.dtype, ctx.avals_in[2].dtype)
   max_seqlen_q = q_aval.shape[0] if spec.varlen_q else q_aval.shape[1]
-  return _native_rule(
-      ctx, *args, kv_layout=np.int64(spec.kv_layout), varlen_q=np.bool_(spec.varlen_q),
+  return dict(
+      kv_layout=np.int64(spec.kv_layout), varlen_q=np.bool_(spec.varlen_q),
       batch=np.int64(spec.batch), max_seqlen_q=np.int64(max_seqlen_q),
       softmax_scale=np.float32(spec.softmax_scale), softcap=np.float32(spec.softcap),
       causal=np.bool_(spec.causal), window_left=np.int64(spec.window_left),
       window_right=np.int64(spec.window_right))
+
+
+def _attention_fwd_lowering(ctx, *args, spec, present):
+  return _native_rule(ctx, *args, **_ffi_attrs(ctx, spec))
 
 
 def _attention_fwd_reference(q, k, v, *optional, spec, present):
@@ -75,6 +85,31 @@ def _attention_fwd_reference(q, k, v, *optional, spec, present):
       softmax_scale=spec.softmax_scale, softcap=spec.softcap, causal=spec.causal,
       window_left=spec.window_left, window_right=spec.window_right, out_dtype=spec.out_dtype,
       **given)
+
+
+def _unfold_heads(x, size, heads):
+  """[..., V * heads, D] -> [V, ..., heads, D]: the inverse of _fold_heads."""
+  x = x.reshape(x.shape[:-2] + (size, heads, x.shape[-1]))
+  return jnp.moveaxis(x, -3, 0)
+
+
+def _fold_lse(x, size, varlen_q):
+  """lse-shaped [V, B, H, Sq] -> [B, V * H, Sq]; varlen [V, H, T] -> [V * H, T]."""
+  if varlen_q:
+    return x.reshape((size * x.shape[1],) + x.shape[2:])
+  x = jnp.moveaxis(x, 0, 1)
+  return x.reshape((x.shape[0], size * x.shape[2]) + x.shape[3:])
+
+
+def _unfold_lse(x, size, heads, varlen_q):
+  if varlen_q:
+    return x.reshape(size, heads, x.shape[-1])
+  return jnp.moveaxis(x.reshape(x.shape[0], size, heads, x.shape[-1]), 1, 0)
+
+
+def _folded_spec(spec: AttentionSpec, size: int) -> AttentionSpec:
+  return AttentionSpec(**{**spec.__dict__, "num_heads": size * spec.num_heads,
+                          "num_kv_heads": size * spec.num_kv_heads})
 
 
 def _fold_heads(x, size):
@@ -105,16 +140,10 @@ def _attention_fwd_batch(args, dims, *, spec, present):
       x = jnp.moveaxis(at_front(x, d, size), 0, 1)
       x = x.reshape(x.shape[0], -1)
     folded_opt.append(x)
-  folded = AttentionSpec(**{**spec.__dict__, "num_heads": size * spec.num_heads,
-                            "num_kv_heads": size * spec.num_kv_heads})
-  out, lse = _attention_fwd_p.bind(q, k, v, *folded_opt, spec=folded, present=present)
-  out = jnp.moveaxis(out.reshape(out.shape[:-2] + (size, spec.num_heads, out.shape[-1])),
-                     -3, 0)
-  if spec.varlen_q:
-    lse = lse.reshape(size, spec.num_heads, lse.shape[-1])
-  else:
-    lse = jnp.moveaxis(lse.reshape(lse.shape[0], size, spec.num_heads, lse.shape[-1]), 1, 0)
-  return [out, lse], [0, 0]
+  out, lse = _attention_fwd_p.bind(q, k, v, *folded_opt, spec=_folded_spec(spec, size),
+                                   present=present)
+  return [_unfold_heads(out, size, spec.num_heads),
+          _unfold_lse(lse, size, spec.num_heads, spec.varlen_q)], [0, 0]
 
 
 _attention_fwd_p.def_impl(_attention_fwd_impl)
@@ -123,10 +152,122 @@ batching.primitive_batchers[_attention_fwd_p] = _attention_fwd_batch
 register_lowerings(_attention_fwd_p, TARGET, _attention_fwd_lowering, _attention_fwd_reference)
 
 
+# --------------------------------------------------------------------------------------------
+# Backward: operands q, k, v, *optional (as the forward), out, lse, dout, dlse -> dq, dk, dv.
+# --------------------------------------------------------------------------------------------
+
+_attention_bwd_p = Primitive("jax_sgl_attention_bwd")
+_attention_bwd_p.multiple_results = True
+
+
+@functools.lru_cache(maxsize=None)
+def _jitted_bwd_bind(spec: AttentionSpec, present: tuple[bool, ...]):
+  return jax.jit(functools.partial(_attention_bwd_p.bind, spec=spec, present=present))
+
+
+def _attention_bwd_impl(*args, spec, present):
+  return _jitted_bwd_bind(spec, present)(*args)
+
+
+def _attention_bwd_abstract_eval(q, k, v, *rest, spec, present):
+  return (ShapedArray(q.shape, q.dtype), ShapedArray(k.shape, k.dtype),
+          ShapedArray(v.shape, v.dtype))
+
+
+_native_bwd_rule = ffi_rule(BWD_TARGET)
+
+
+def _attention_bwd_lowering(ctx, *args, spec, present):
+  return _native_bwd_rule(ctx, *args, **_ffi_attrs(ctx, spec))
+
+
+def _attention_bwd_reference(q, k, v, *rest, spec, present):
+  """The vjp of the reference forward: the backward on platforms without a native kernel."""
+  optional, (out, lse, dout, dlse) = rest[:len(OPTIONAL)], rest[len(OPTIONAL):]
+  del out, lse   # the reference recomputes them
+  _, vjp = jax.vjp(
+      lambda q, k, v: _attention_fwd_reference(q, k, v, *optional, spec=spec, present=present),
+      q, k, v)
+  return vjp((dout, dlse))
+
+
+def _attention_bwd_batch(args, dims, *, spec, present):
+  """vmap as in the forward: fold the mapped axis into the heads when the index arrays are
+  shared, else map sequentially over the instances."""
+  size = batch_size(args, dims)
+  n = len(OPTIONAL)
+  opt_dims = dims[3:3 + n]
+  index_batched = any(d is not None
+                      for name, d in zip(OPTIONAL, opt_dims) if name in _INDEX_OPTIONAL)
+  if index_batched:
+    front = [at_front(a, d, size) for a, d in zip(args, dims)]
+    outs = jax.lax.map(lambda xs: _attention_bwd_p.bind(*xs, spec=spec, present=present), front)
+    return list(outs), [0, 0, 0]
+
+  front = [at_front(a, d, size) for a, d in zip(args, dims)]
+  q, k, v = (_fold_heads(x, size) for x in front[:3])
+  # Paged KV and fp8 never reach the backward, so the optional operands are index arrays (shared,
+  # hence unbatched here) or absent.
+  optional = list(args[3:3 + n])
+  out, lse, dout, dlse = front[3 + n:]
+  out, dout = _fold_heads(out, size), _fold_heads(dout, size)
+  lse, dlse = _fold_lse(lse, size, spec.varlen_q), _fold_lse(dlse, size, spec.varlen_q)
+  dq, dk, dv = _attention_bwd_p.bind(q, k, v, *optional, out, lse, dout, dlse,
+                                     spec=_folded_spec(spec, size), present=present)
+  return [_unfold_heads(dq, size, spec.num_heads), _unfold_heads(dk, size, spec.num_kv_heads),
+          _unfold_heads(dv, size, spec.num_kv_heads)], [0, 0, 0]
+
+
+_attention_bwd_p.def_impl(_attention_bwd_impl)
+_attention_bwd_p.def_abstract_eval(_attention_bwd_abstract_eval)
+batching.primitive_batchers[_attention_bwd_p] = _attention_bwd_batch
+register_lowerings(_attention_bwd_p, BWD_TARGET, _attention_bwd_lowering,
+                   _attention_bwd_reference)
+
+
+# --------------------------------------------------------------------------------------------
+# custom_vjp joining the two
+# --------------------------------------------------------------------------------------------
+
+def _check_differentiable(spec: AttentionSpec, q, v) -> None:
+  """Paged KV and fp8 are inference paths: say so at trace time rather than fail in a kernel."""
+  if spec.kv_layout == KV_PAGED:
+    raise NotImplementedError(
+        f"{ATTN_FN}: gradients through paged KV are not supported; paged KV (page_table) is "
+        "forward-only (inference). Train with dense or varlen (cu_seqlens_q/cu_seqlens_k) k/v.")
+  if is_fp8(q.dtype) or is_fp8(v.dtype):
+    raise NotImplementedError(
+        f"{ATTN_FN}: gradients through fp8 inputs are not supported (q {q.dtype}, "
+        f"v {v.dtype}); fp8 attention is forward-only. Differentiate with float32, float16 or "
+        "bfloat16 q/k/v.")
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _attention_diff(spec, present, q, k, v, optional):
+  return tuple(_attention_fwd_p.bind(q, k, v, *optional, spec=spec, present=present))
+
+
+def _attention_diff_fwd(spec, present, q, k, v, optional):
+  _check_differentiable(spec, q, v)
+  out, lse = _attention_fwd_p.bind(q, k, v, *optional, spec=spec, present=present)
+  return (out, lse), (q, k, v, optional, out, lse)
+
+
+def _attention_diff_bwd(spec, present, residuals, cotangents):
+  q, k, v, optional, out, lse = residuals
+  dout, dlse = cotangents
+  dq, dk, dv = _attention_bwd_p.bind(q, k, v, *optional, out, lse, dout.astype(out.dtype),
+                                     dlse.astype(jnp.float32), spec=spec, present=present)
+  return dq, dk, dv, None   # index arrays get no gradient
+
+
+_attention_diff.defvjp(_attention_diff_fwd, _attention_diff_bwd)
+
+
 def attention(q, k, v, *, causal=False, softmax_scale=None, window=(-1, -1), softcap=0.0,
               cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None, page_table=None,
               return_lse=False, q_descale=None, k_descale=None, v_descale=None):
-  """Flash attention forward.
+  """Flash attention (forward, and backward under jax.grad).
 
   Layouts:
     dense:  q [batch, seqlen_q, num_heads, head_dim], k/v [batch, seqlen_k, num_kv_heads, D(_v)].
@@ -146,6 +287,12 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, window=(-1, -1), sof
   Dtypes: float32, float16, bfloat16 with float32 accumulation; fp8 (float8_e4m3fn/e5m2) q/k with
   q_descale/k_descale float32 [batch, num_kv_heads], fp8 v with v_descale (also beside bf16 q/k:
   SGLang's v_dequant path); fp8 output is bfloat16.
+
+  Gradients: differentiable (reverse mode) with respect to q, k and v for dense and varlen
+  layouts in float32/float16/bfloat16, including through lse when `return_lse` (a loss on lse is
+  handled exactly: d lse / d scores = P). The backward kernel recomputes the probabilities from
+  the saved lse (no second forward). Index arrays get no gradient. Paged KV and fp8 inputs are
+  forward-only: differentiating through them raises NotImplementedError at trace time.
 
   Returns:
     out in q's layout with head_dim_v (q's dtype; bfloat16 for fp8), and with `return_lse` also
@@ -167,5 +314,5 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, window=(-1, -1), sof
     x = given[name]
     dtype = jnp.int32 if name in _INDEX_OPTIONAL else jnp.float32
     operands.append(jnp.zeros((0,), dtype) if x is None else jnp.asarray(x).astype(dtype))
-  out, lse = _attention_fwd_p.bind(q, k, v, *operands, spec=spec, present=present)
+  out, lse = _attention_diff(spec, present, q, k, v, tuple(operands))
   return (out, lse) if return_lse else out
