@@ -12,6 +12,11 @@ XLA_FFI_Error* JaxSglAttentionFwdCpu(XLA_FFI_CallFrame*);
 #ifdef JAX_SGL_HAVE_CUDA
 XLA_FFI_Error* JaxSglRopePoolFwdCuda(XLA_FFI_CallFrame*);
 #endif
+#ifdef JAX_SGL_HAVE_METAL
+// macOS: "cpu" handlers that dispatch to Metal and fall back to the ones above (metal/host).
+XLA_FFI_Error* JaxSglRopePoolFwdApple(XLA_FFI_CallFrame*);
+XLA_FFI_Error* JaxSglAttentionFwdApple(XLA_FFI_CallFrame*);
+#endif
 }
 
 namespace {
@@ -26,8 +31,13 @@ nb::capsule Capsule(Fn* fn) {
 NB_MODULE(_native, m) {
   m.def("cpu_targets", []() {
     nb::dict d;
+#ifdef JAX_SGL_HAVE_METAL
+    d["jax_sgl_rope_pool_fwd"] = Capsule(JaxSglRopePoolFwdApple);
+    d["jax_sgl_attention_fwd"] = Capsule(JaxSglAttentionFwdApple);
+#else
     d["jax_sgl_rope_pool_fwd"] = Capsule(JaxSglRopePoolFwdCpu);
     d["jax_sgl_attention_fwd"] = Capsule(JaxSglAttentionFwdCpu);
+#endif
     return d;
   });
   m.def("cuda_targets", []() {

@@ -286,3 +286,33 @@ def test_kernel_names_cover_every_instantiation():
   for t in ("f32", "f16", "bf16"):
     assert {f"jax_sgl_attention_fwd_{t}", f"jax_sgl_attention_clear_{t}",
             f"jax_sgl_rope_pool_{t}_i32", f"jax_sgl_rope_pool_{t}_i64"} <= names
+
+
+# --------------------------------------------------------------------------------------------
+# The emulator itself
+# --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("threads", [32, 48, 96])
+def test_emulator_simd_ops(threads):
+  out = np.full(3 * threads, np.nan, np.float32)
+  emu.selftest("emu_selftest_simd_ops", out, threads)
+  lane = np.arange(threads) % 32
+  width = np.minimum(32, threads - np.arange(threads) // 32 * 32)  # a partial last simdgroup
+  out = out.reshape(threads, 3)
+  np.testing.assert_array_equal(out[:, 0], width * (width - 1) / 2)
+  np.testing.assert_array_equal(out[:, 1], width - 1)
+  partner = lane ^ 1
+  np.testing.assert_array_equal(out[:, 2], np.where(partner < width, partner, lane))
+
+
+def test_emulator_barrier_orders_threads():
+  out = np.full(3 * 64, np.nan, np.float32)
+  emu.selftest("emu_selftest_barrier_order", out, 64)
+  np.testing.assert_array_equal(out[:64], (np.arange(64) + 1) % 64 + 0.5)
+
+
+@pytest.mark.parametrize("name,message", [("emu_selftest_divergent_barrier", "barrier"),
+                                          ("emu_selftest_threadgroup_overflow", "32768 B")])
+def test_emulator_reports_kernel_errors(name, message):
+  with pytest.raises(RuntimeError, match=message):
+    emu.selftest(name, np.zeros(3 * 64, np.float32), 64)

@@ -13,6 +13,7 @@
 // clang-format off: the kernel sources must come after the shim.
 #include "metal/kernels/rope_pool.metal"
 #include "metal/kernels/attention.metal"
+#include "metal/emulator/selftest.metal"
 
 namespace jax_sgl::metal_emu {
 namespace {
@@ -58,6 +59,19 @@ void LaunchAttentionClear(Dim3 grid, uint32_t threads, void* const* b, const voi
   });
 }
 
+// Self-test kernels: buffer 0 is a float output, params unused.
+template <int kWhich>
+void LaunchSelftest(Dim3 grid, uint32_t threads, void* const* b, const void*) {
+  namespace st = jax_sgl::metal_emu_selftest;
+  float* out = static_cast<float*>(b[0]);
+  RunGrid(grid, threads, [&](const ThreadIds& id) {
+    if (kWhich == 0) st::simd_ops(out, id.index, id.simd_lane);
+    if (kWhich == 1) st::barrier_order(out, id.index, id.size);
+    if (kWhich == 2) st::divergent_barrier(out, id.index);
+    if (kWhich == 3) st::threadgroup_overflow(out, id.index);
+  });
+}
+
 const std::map<std::string, Launcher>& Registry() {
   static const std::map<std::string, Launcher> registry = [] {
     std::map<std::string, Launcher> r;
@@ -70,6 +84,10 @@ const std::map<std::string, Launcher>& Registry() {
   r[JAX_SGL_ATTENTION_CLEAR_KERNEL_NAME(t)] = &LaunchAttentionClear<JAX_SGL_METAL_TYPE_##t>;
     JAX_SGL_ATTENTION_KERNELS(JAX_SGL_REGISTER_ATTENTION)
 #undef JAX_SGL_REGISTER_ATTENTION
+    r["emu_selftest_simd_ops"] = &LaunchSelftest<0>;
+    r["emu_selftest_barrier_order"] = &LaunchSelftest<1>;
+    r["emu_selftest_divergent_barrier"] = &LaunchSelftest<2>;
+    r["emu_selftest_threadgroup_overflow"] = &LaunchSelftest<3>;
     return r;
   }();
   return registry;

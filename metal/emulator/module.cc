@@ -158,6 +158,17 @@ void Attention(Array q, Array k, Array v, Array out, Array lse, Array cu_seqlens
     Run(metal::AttentionFwdKernelName(p.q_type), metal::AttentionFwdGrid(p), buffers, &mp);
 }
 
+// Runs an emulator self-test kernel (emu_selftest_*) on one threadgroup, writing into out.
+void Selftest(const std::string& name, nb::ndarray<float, nb::c_contig, nb::device::cpu> out,
+              uint32_t threads) {
+  Check(name.rfind("emu_selftest_", 0) == 0, "not a self-test kernel");
+  Check(out.size() >= 3 * size_t(threads), "out too small");
+  void* buffers[1] = {out.data()};
+  const uint32_t groups[3] = {1, 1, 1};
+  nb::gil_scoped_release release;
+  Launch(name, groups, threads, buffers, nullptr);
+}
+
 }  // namespace
 }  // namespace jax_sgl::metal_emu
 
@@ -165,6 +176,7 @@ NB_MODULE(_metal_emu, m) {
   using namespace jax_sgl::metal_emu;
   m.doc() = "Metal kernels of jax_sgl run on a CPU grid emulator (test infrastructure).";
   m.def("kernel_names", &KernelNames);
+  m.def("selftest", &Selftest, nb::arg("name"), nb::arg("out"), nb::arg("threads"));
   m.def("rope_pool", &RopePool, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("positions"),
         nb::arg("slots"), nb::arg("q_rot"), nb::arg("k_rot"), nb::arg("k_pool"),
         nb::arg("v_pool"), nb::arg("dtype"), nb::arg("rope_base"), nb::arg("rotary_dim"),
