@@ -12,6 +12,11 @@
 
 namespace jax_sgl::metal {
 
+// The params travel by setBytes: host and MSL must lay them out alike (natural alignment, 64-bit
+// fields first). A field added on one side only changes these sizes.
+static_assert(sizeof(MetalRopePoolParams) == 40, "MetalRopePoolParams layout");
+static_assert(sizeof(MetalAttentionParams) == 88, "MetalAttentionParams layout");
+
 struct Grid {
   uint32_t groups[3];  // threadgroups per grid (x, y, z)
   uint32_t threads;    // threads per threadgroup (1-D)
