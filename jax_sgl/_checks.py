@@ -276,3 +276,21 @@ def check_attention(q, k, v, *, causal: bool, softmax_scale, window, softcap, cu
       num_kv_heads=num_kv_heads, head_dim=head_dim, head_dim_v=head_dim_v, softmax_scale=scale,
       softcap=softcap, causal=bool(causal), window_left=left, window_right=right,
       out_dtype=out_dtype, page_size=(_shape(k)[1] if paged and k.ndim == 4 else 1))
+
+
+# --------------------------------------------------------------------------------------------
+# attention: limits of the CUDA kernel (checked when lowering for the CUDA platform only)
+# --------------------------------------------------------------------------------------------
+
+CUDA_ATTENTION_DTYPES = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
+
+
+def check_attention_cuda(q_dtype, v_dtype) -> None:
+  """The CUDA kernel (ffi/cuda/attention) runs float16/bfloat16 q/k/v; float32 and fp8 have no GPU
+  kernel yet. Every head dim the checks above accept is served (multiples of 8 up to 256, and
+  head_dim_v != head_dim)."""
+  if jnp.dtype(q_dtype) not in CUDA_ATTENTION_DTYPES or jnp.dtype(v_dtype) != jnp.dtype(q_dtype):
+    raise NotImplementedError(
+        f"{ATTN_FN}: the CUDA kernel supports q/k/v in {names(CUDA_ATTENTION_DTYPES)}; got q "
+        f"{jnp.dtype(q_dtype)}, v {jnp.dtype(v_dtype)} (float32 and fp8 inputs run on the CPU "
+        "backend only)")

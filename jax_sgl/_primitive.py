@@ -39,3 +39,15 @@ def register_lowerings(prim: Primitive, target: str, native_rule: Callable,
 
 def ffi_rule(target: str, **lowering_args) -> Callable:
   return jax.ffi.ffi_lowering(target, **lowering_args)
+
+
+def batch_size(args, dims) -> int:
+  """The mapped size of a batching rule's arguments (unmapped dims are None)."""
+  return next(a.shape[d] for a, d in zip(args, dims) if d is not None)
+
+
+def at_front(x, dim, size: int):
+  """Moves a batching rule's mapped axis to the front, broadcasting an unmapped operand."""
+  if dim is None:
+    return jax.numpy.broadcast_to(x, (size,) + x.shape)
+  return jax.numpy.moveaxis(x, dim, 0)

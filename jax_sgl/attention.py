@@ -18,8 +18,8 @@ from jax.extend.core import Primitive
 from jax.interpreters import batching
 
 from jax_sgl import reference
-from jax_sgl._checks import KV_PAGED, AttentionSpec, check_attention
-from jax_sgl._primitive import ffi_rule, register_lowerings
+from jax_sgl._checks import KV_PAGED, AttentionSpec, check_attention, check_attention_cuda
+from jax_sgl._primitive import at_front, batch_size, ffi_rule, register_lowerings
 
 TARGET = "jax_sgl_attention_fwd"
 
@@ -57,6 +57,8 @@ _native_rule = ffi_rule(TARGET)
 
 def _attention_fwd_lowering(ctx, *args, spec, present):
   q_aval = ctx.avals_in[0]
+  if "cuda" in ctx.module_context.platforms:
+    check_attention_cuda(q_aval.dtype, ctx.avals_in[2].dtype)
   max_seqlen_q = q_aval.shape[0] if spec.varlen_q else q_aval.shape[1]
   return _native_rule(
       ctx, *args, kv_layout=np.int64(spec.kv_layout), varlen_q=np.bool_(spec.varlen_q),
@@ -85,22 +87,22 @@ def _attention_fwd_batch(args, dims, *, spec, present):
   """vmap over heads: with shared index arrays, instance b's heads become heads
   [b * H, (b + 1) * H) of one call (GQA groups stay aligned since H = group * Hkv). Batched index
   arrays fall back to a sequential map over the instances."""
-  size = next(a.shape[d] for a, d in zip(args, dims) if d is not batching.not_mapped)
+  size = batch_size(args, dims)
   q, k, v, *optional = args
   qd, kd, vd, *opt_dims = dims
-  index_batched = any(d is not batching.not_mapped
+  index_batched = any(d is not None
                       for name, d in zip(OPTIONAL, opt_dims) if name in _INDEX_OPTIONAL)
   if index_batched:
-    front = [batching.bdim_at_front(a, d, size) for a, d in zip(args, dims)]
+    front = [at_front(a, d, size) for a, d in zip(args, dims)]
     outs = jax.lax.map(lambda xs: _attention_fwd_p.bind(*xs, spec=spec, present=present), front)
     return list(outs), [0, 0]
 
-  q, k, v = (_fold_heads(batching.bdim_at_front(x, d, size), size)
+  q, k, v = (_fold_heads(at_front(x, d, size), size)
              for x, d in ((q, qd), (k, kd), (v, vd)))
   folded_opt = []
   for name, x, d, p in zip(OPTIONAL, optional, opt_dims, present):
     if p and name not in _INDEX_OPTIONAL:    # descale [B, Hkv] -> [B, V * Hkv]
-      x = jnp.moveaxis(batching.bdim_at_front(x, d, size), 0, 1)
+      x = jnp.moveaxis(at_front(x, d, size), 0, 1)
       x = x.reshape(x.shape[0], -1)
     folded_opt.append(x)
   folded = AttentionSpec(**{**spec.__dict__, "num_heads": size * spec.num_heads,

@@ -23,8 +23,10 @@ from jax_sgl._checks import KV_DENSE, KV_PAGED, KV_VARLEN
 
 def rope_cos_sin(positions, rotary_dim: int, rope_base: float):
   """cos/sin [num_tokens, rotary_dim // 2] in float32, angle_i = pos * base^(-2i / rotary_dim)."""
-  i = jnp.arange(rotary_dim // 2, dtype=jnp.float32)
-  inv_freq = jnp.exp2(-(2.0 * i / rotary_dim) * np.float32(np.log2(rope_base)))
+  # inv_freq in float64 rounded once to float32, as every native kernel does (rope_math.h).
+  i = np.arange(rotary_dim // 2, dtype=np.float64)
+  log2_base = np.float64(np.log2(np.float64(np.float32(rope_base))))
+  inv_freq = jnp.asarray(np.exp2(-(2.0 * i / rotary_dim) * log2_base).astype(np.float32))
   angle = positions.astype(jnp.float32)[:, None] * inv_freq[None, :]
   return jnp.cos(angle), jnp.sin(angle)
 
@@ -152,7 +154,7 @@ def attention(q, k, v, *, kv_layout: int, varlen_q: bool, batch: int, softmax_sc
     mask &= jj <= diag + (0 if causal else window_right)
   mask = mask[:, None]                                             # [B, 1, Sq, Sk]
   s = jnp.where(mask, s, -jnp.inf)
-  m = jnp.max(s, axis=-1, keepdims=True)
+  m = jnp.max(s, axis=-1, keepdims=True, initial=-jnp.inf)
   m_safe = jnp.where(jnp.isfinite(m), m, 0.0)
   p = jnp.where(mask, jnp.exp(s - m_safe), 0.0)
   l = jnp.sum(p, axis=-1, keepdims=True)

@@ -18,7 +18,7 @@ from jax.interpreters import batching
 
 from jax_sgl import reference
 from jax_sgl._checks import RopePoolSpec, check_rope_pool
-from jax_sgl._primitive import ffi_rule, register_lowerings
+from jax_sgl._primitive import at_front, batch_size, ffi_rule, register_lowerings
 
 TARGET = "jax_sgl_rope_pool_fwd"
 
@@ -57,8 +57,8 @@ def _rope_pool_reference(q, k, v, positions, slots, k_pool, v_pool, *, spec):
 def _rope_pool_batch(args, dims, *, spec):
   """vmap folds the mapped axis into the token axis: instance b's tokens write slot s of its own
   pool as slot s + b * num_slots of the pools stacked along the slot axis. No copy, one call."""
-  size = next(a.shape[d] for a, d in zip(args, dims) if d is not batching.not_mapped)
-  args = [batching.bdim_at_front(a, d, size) for a, d in zip(args, dims)]
+  size = batch_size(args, dims)
+  args = [at_front(a, d, size) for a, d in zip(args, dims)]
   q, k, v, positions, slots, k_pool, v_pool = args
   n = spec.num_slots
   in_range = (slots >= 0) & (slots < n)

@@ -25,7 +25,6 @@ DTYPES = {
     "float16": (1, 2e-3),
     "bfloat16": (2, 1.6e-2),
 }
-ROPE_F32_TOL = 2e-4
 NP_DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
 
 
@@ -78,9 +77,7 @@ def test_rope_pool(dtype, num_tokens, head_dim, index_dtype, is_neox, partial):
   q = _rand(rng, (num_tokens, hq, head_dim), dtype)
   k = _rand(rng, (num_tokens, hkv, head_dim), dtype)
   v = _rand(rng, (num_tokens, hkv, head_dim), dtype)
-  # float32 angles lose ~position * 2^-24 radians to rounding on any backend: positions < 512
-  # keep that below the float32 tolerance used here (ROPE_F32_TOL).
-  positions = rng.integers(0, 512, num_tokens).astype(index_dtype)
+  positions = rng.integers(0, 8192, num_tokens).astype(index_dtype)
   # Distinct slots, with padding (-1, -7) and out-of-range (num_slots, huge) tokens mixed in.
   slots = rng.permutation(num_slots)[:num_tokens].astype(index_dtype)
   bad = rng.random(num_tokens) < 0.3
@@ -92,7 +89,7 @@ def test_rope_pool(dtype, num_tokens, head_dim, index_dtype, is_neox, partial):
                        is_neox)
   want = _ref_rope_pool(*map(jnp.asarray, (q, k, v, positions, slots, k_pool, v_pool)),
                                    rope_base=10000.0, rotary_dim=rotary_dim, is_neox=is_neox)
-  tol = ROPE_F32_TOL if dtype == "float32" else DTYPES[dtype][1]
+  tol = DTYPES[dtype][1]
   for name, g, w in zip(("q_rot", "k_rot", "k_pool", "v_pool"), got, want):
     np.testing.assert_allclose(_f32(g), _f32(w), atol=tol, rtol=tol, err_msg=name)
   # Rows no valid slot names are untouched bit for bit; v is copied, not rounded.
@@ -224,7 +221,9 @@ def test_attention_varlen(dtype, causal):
 def test_attention_varlen_bad_cu_seqlens_are_clamped():
   rng = np.random.default_rng(5)
   h, d = 2, 64
-  cu_q = np.array([0, 6, 4, 50], np.int32)    # reversed pair, end past the buffer
+  # Negative start, end past the buffer, a reversed last pair (empty). Query ranges must not
+  # overlap: rows claimed by two sequences have no single right answer on any backend.
+  cu_q = np.array([-3, 6, 50, 3], np.int32)
   cu_k = np.array([-3, 10, 10, 999], np.int32)
   q = _rand(rng, (12, h, d), "float32")
   k = _rand(rng, (20, h, d), "float32")

@@ -72,7 +72,7 @@ inline ffi::Error MakeRopePoolParams(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::An
   p->head_dim = int(head_dim);
   p->rotary_dim = int(rotary_dim);
   p->is_neox = is_neox;
-  p->log2_base = std::log2(rope_base);
+  p->log2_base = std::log2(double(rope_base));
   p->dtype = dt;
   p->index_type = it == ffi::DataType::S32 ? IndexType::kI32 : IndexType::kI64;
   return ffi::Error::Success();

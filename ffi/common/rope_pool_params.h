@@ -27,7 +27,7 @@ struct RopePoolParams {
   int head_dim;
   int rotary_dim;   // even, <= head_dim; features [rotary_dim, head_dim) are copied unrotated
   bool is_neox;     // true: pairs (i, i + rotary_dim/2); false: pairs (2i, 2i+1)
-  float log2_base;  // log2(rope_base)
+  double log2_base;  // log2(rope_base), in double: see rope_math.h
   DType dtype;      // of q, k, v and both pools
   IndexType index_type;
 };

@@ -30,7 +30,8 @@ void LaunchRopePool(Dim3 grid, uint32_t threads, void* const* b, const void* par
                     static_cast<const T*>(b[kRopeV]), static_cast<const I*>(b[kRopePositions]),
                     static_cast<const I*>(b[kRopeSlots]), static_cast<T*>(b[kRopeQRot]),
                     static_cast<T*>(b[kRopeKRot]), static_cast<T*>(b[kRopeKPool]),
-                    static_cast<T*>(b[kRopeVPool]), p, ToUint3(id.group),
+                    static_cast<T*>(b[kRopeVPool]), static_cast<const float*>(b[kRopeInvFreq]), p,
+                    ToUint3(id.group),
                     ToUint3(id.groups), id.index);
   });
 }

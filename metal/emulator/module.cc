@@ -10,6 +10,7 @@
 #include <cmath>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "ffi/common/attention_params.h"
 #include "ffi/common/rope_pool_params.h"
@@ -60,7 +61,7 @@ void RopePool(Array q, Array k, Array v, Array positions, Array slots, Array q_r
   Check(rotary_dim > 0 && rotary_dim <= p.head_dim && rotary_dim % 2 == 0, "rotary_dim");
   p.rotary_dim = rotary_dim;
   p.is_neox = is_neox;
-  p.log2_base = std::log2(rope_base);
+  p.log2_base = std::log2(double(rope_base));
   p.index_type = positions.itemsize() == 4 ? IndexType::kI32 : IndexType::kI64;
 
   void* buffers[kRopeParams] = {};
@@ -73,6 +74,8 @@ void RopePool(Array q, Array k, Array v, Array positions, Array slots, Array q_r
   buffers[kRopeKRot] = Data(k_rot);
   buffers[kRopeKPool] = Data(k_pool);
   buffers[kRopeVPool] = Data(v_pool);
+  std::vector<float> inv_freq = metal::RopeInvFreqTable(p);
+  buffers[kRopeInvFreq] = inv_freq.data();
   const MetalRopePoolParams mp = metal::ToMetalParams(p);
   if (p.num_tokens == 0) return;
   nb::gil_scoped_release release;

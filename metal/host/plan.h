@@ -4,8 +4,10 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "ffi/common/attention_params.h"
+#include "ffi/common/rope_math.h"
 #include "ffi/common/rope_pool_params.h"
 #include "metal/kernels/kernel_names.h"
 #include "metal/kernels/params.h"
@@ -14,7 +16,7 @@ namespace jax_sgl::metal {
 
 // The params travel by setBytes: host and MSL must lay them out alike (natural alignment, 64-bit
 // fields first). A field added on one side only changes these sizes.
-static_assert(sizeof(MetalRopePoolParams) == 40, "MetalRopePoolParams layout");
+static_assert(sizeof(MetalRopePoolParams) == 40, "MetalRopePoolParams layout");  // 36 + padding
 static_assert(sizeof(MetalAttentionParams) == 88, "MetalAttentionParams layout");
 
 struct Grid {
@@ -41,8 +43,15 @@ inline MetalRopePoolParams ToMetalParams(const RopePoolParams& p) {
   m.head_dim = p.head_dim;
   m.rotary_dim = p.rotary_dim;
   m.is_neox = p.is_neox ? 1 : 0;
-  m.log2_base = p.log2_base;
   return m;
+}
+
+// The kRopeInvFreq buffer: the CPU kernel's inverse frequencies (computed in double), so Metal's
+// angles match the CPU backend's bit for bit.
+inline std::vector<float> RopeInvFreqTable(const RopePoolParams& p) {
+  std::vector<float> t(size_t(p.rotary_dim / 2));
+  for (int i = 0; i < p.rotary_dim / 2; ++i) t[size_t(i)] = RopeInvFreq(i, p.rotary_dim, p.log2_base);
+  return t;
 }
 
 // One threadgroup per token up to 65535; the kernel grid-strides over the rest.

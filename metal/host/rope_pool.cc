@@ -44,7 +44,9 @@ ffi::Error RopePoolFwdMetalImpl(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuff
     std::memcpy(v_pool->untyped_data(), v_pool_in.untyped_data(), v_pool_in.size_bytes());
 
   const MetalRopePoolParams mp = ToMetalParams(p);
+  std::vector<float> inv_freq = RopeInvFreqTable(p);
   const std::vector<HostArg> args = {
+      {kRopeInvFreq, inv_freq.data(), inv_freq.size() * sizeof(float), false},
       {kRopeQ, q.untyped_data(), q.size_bytes(), false},
       {kRopeK, k.untyped_data(), k.size_bytes(), false},
       {kRopeV, v.untyped_data(), v.size_bytes(), false},

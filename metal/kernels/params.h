@@ -20,7 +20,9 @@ namespace jax_sgl {
 // Buffer indices of jax_sgl_rope_pool_*.
 enum RopePoolBuffer {
   kRopeQ = 0, kRopeK, kRopeV, kRopePositions, kRopeSlots,
-  kRopeQRot, kRopeKRot, kRopeKPool, kRopeVPool, kRopeParams
+  kRopeQRot, kRopeKRot, kRopeKPool, kRopeVPool,
+  kRopeInvFreq,  // float [rotary_dim / 2]: RopeInvFreq(i) from the host (MSL has no double)
+  kRopeParams
 };
 
 // 64 threads: a token has (Hq + Hkv) * rotary_dim / 2 pairs, a few hundred to a few thousand, so
@@ -35,7 +37,6 @@ struct MetalRopePoolParams {
   int head_dim;
   int rotary_dim;   // even, <= head_dim
   int is_neox;
-  float log2_base;  // log2(rope_base)
 };
 
 // Buffer indices of jax_sgl_attention_fwd_* and jax_sgl_attention_clear_*. Absent index arrays

@@ -15,7 +15,8 @@ template <typename T, typename I>
 void rope_pool_impl(const device T* q, const device T* k, const device T* v,
                     const device I* positions, const device I* slots, device T* q_rot,
                     device T* k_rot, device T* k_pool, device T* v_pool,
-                    constant MetalRopePoolParams& p, uint first_token, uint token_step, uint tid) {
+                    const device float* inv_freq, constant MetalRopePoolParams& p,
+                    uint first_token, uint token_step, uint tid) {
   const int half_rd = p.rotary_dim / 2;
   const int heads = p.num_qo_heads + p.num_kv_heads;
   const int tail = p.head_dim - p.rotary_dim;
@@ -29,7 +30,7 @@ void rope_pool_impl(const device T* q, const device T* k, const device T* v,
       const int h = w / half_rd, i = w % half_rd;
       int a, b;
       RopePair(i, p.rotary_dim, p.is_neox != 0, &a, &b);
-      const float angle = pos * RopeInvFreq(i, p.rotary_dim, p.log2_base);
+      const float angle = pos * inv_freq[i];
       const float c = metal::precise::cos(angle), s = metal::precise::sin(angle);
       const bool is_q = h < p.num_qo_heads;
       const long off = is_q ? (t * p.num_qo_heads + h) * p.head_dim

@@ -17,12 +17,13 @@ template <typename T, typename I>
                           device T* k_rot [[buffer(kRopeKRot)]],
                           device T* k_pool [[buffer(kRopeKPool)]],
                           device T* v_pool [[buffer(kRopeVPool)]],
+                          const device float* inv_freq [[buffer(kRopeInvFreq)]],
                           constant MetalRopePoolParams& p [[buffer(kRopeParams)]],
                           uint3 group [[threadgroup_position_in_grid]],
                           uint3 groups [[threadgroups_per_grid]],
                           uint tid [[thread_index_in_threadgroup]]) {
-  rope_pool_impl<T, I>(q, k, v, positions, slots, q_rot, k_rot, k_pool, v_pool, p, group.x,
-                       groups.x, tid);
+  rope_pool_impl<T, I>(q, k, v, positions, slots, q_rot, k_rot, k_pool, v_pool, inv_freq, p,
+                       group.x, groups.x, tid);
 }
 
 #define JAX_SGL_INSTANTIATE_ROPE_POOL(t, i)                          \

@@ -1,0 +1,67 @@
+// CUDA FFI handler of jax_sgl_attention_fwd: binds the shared signature (attention_ffi.h), plans the
+// kernel (flash_dispatch.cc), takes split-KV scratch from XLA's allocator and launches. No CUDA
+// syntax here; errors come back as ffi::Error, nothing synchronizes.
+#include <cuda_runtime_api.h>
+
+#include <string>
+
+#include "ffi/common/attention_ffi.h"
+#include "ffi/cuda/attention/flash_fwd_launch.h"
+
+namespace jax_sgl::cuda {
+namespace {
+
+// Streaming multiprocessors of the current device (the split-KV heuristic sizes grids by it).
+int NumSms() {
+  int device = 0, sms = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
+    return 132;  // an H100/H200; only the split count depends on it
+  return sms;
+}
+
+ffi::Error AttentionFwdCuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyBuffer q,
+                            ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::Buffer<ffi::S32> cu_seqlens_q,
+                            ffi::Buffer<ffi::S32> cu_seqlens_k, ffi::Buffer<ffi::S32> seqused_k,
+                            ffi::Buffer<ffi::S32> page_table, ffi::Buffer<ffi::F32> q_descale,
+                            ffi::Buffer<ffi::F32> k_descale, ffi::Buffer<ffi::F32> v_descale,
+                            ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::Buffer<ffi::F32>> lse,
+                            int64_t kv_layout, bool varlen_q, int64_t batch, int64_t max_seqlen_q,
+                            float softmax_scale, float softcap, bool causal, int64_t window_left,
+                            int64_t window_right) {
+  AttentionParams p;
+  if (auto err = MakeAttentionParams(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, page_table,
+                                     q_descale, k_descale, v_descale, out, lse, kv_layout,
+                                     varlen_q, batch, max_seqlen_q, softmax_scale, softcap, causal,
+                                     window_left, window_right, &p);
+      err.failure())
+    return err;
+  if (p.k_type != p.q_type)
+    return InvalidArgument(std::string("Type mismatch: ") + DTypeName(p.q_type) +
+                           " != " + DTypeName(p.k_type));
+  FlashPlan plan;
+  if (const char* why = PlanFlashFwd(p, NumSms(), &plan))
+    return ffi::Error(ffi::ErrorCode::kUnimplemented, why);
+  void* workspace = nullptr;
+  if (plan.scratch_bytes > 0) {
+    // 16 bytes: the most XLA's FFI allocator grants, and what the float4 accesses need.
+    auto buffer = scratch.Allocate(plan.scratch_bytes, 16);
+    if (!buffer.has_value())
+      return ffi::Error(ffi::ErrorCode::kResourceExhausted,
+                        "jax_sgl.attention: no scratch memory for the split-KV partials");
+    workspace = *buffer;
+  }
+  if (const char* why = RunFlashFwd(p, plan, workspace, stream)) return ffi::Error::Internal(why);
+  return ffi::Error::Success();
+}
+
+}  // namespace
+}  // namespace jax_sgl::cuda
+
+// Not kCmdBufferCompatible: the split-KV scratch comes from XLA's per-call allocator, whose
+// address a captured CUDA graph would bake in.
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    JaxSglAttentionFwdCuda, jax_sgl::cuda::AttentionFwdCuda,
+    jax_sgl::BindAttentionFwd(xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
+                                  .Ctx<xla::ffi::ScratchAllocator>()));

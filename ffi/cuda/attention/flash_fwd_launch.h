@@ -1,0 +1,74 @@
+// Host-side contract of the CUDA attention forward: the plan (which kernel, how many KV splits,
+// how much scratch) and the entry points the FFI handler calls. No CUDA syntax and no FFI headers:
+// the handler (.cc) and the launchers (.cu) both include it.
+//
+// One kernel family (flash_fwd_sm80.cuh, mma.sync, sm_80+) serves every layout: query rows of all
+// q heads that share a kv head are packed into the M dimension (row r = query row r / group, head
+// r % group), and each key row is gathered through AttentionParams (dense, varlen or paged), so
+// GQA heads share every K/V load. Two warp layouts:
+//   prefill: 4 warps x 16 packed rows, each warp against the whole key block;
+//   decode:  16 packed rows (q length x group <= 16) shared by 4 warps that each take a quarter of
+//            the key block, merged in shared memory at the end.
+// Either may split the key range over blockIdx.y (split-KV); partial results then go to float32
+// scratch and a combine kernel merges them by their LSEs.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+
+#include "ffi/common/attention_params.h"
+#include "ffi/common/numeric.h"
+
+namespace jax_sgl::cuda {
+
+// Head-dim capacities with a compiled kernel; a call runs on the smallest one >= max(d, d_v) and
+// zero-fills the extra features, so every multiple of 8 up to 256 (and d_v != d) is served.
+inline constexpr int kHeadDimCapacities[] = {64, 96, 128, 192, 256};
+// Split-KV never uses more splits than one warp of the combine kernel reads at once.
+inline constexpr int kMaxSplits = 32;
+
+struct FlashPlan {
+  int head_dim_cap;      // compiled head dim the call runs on
+  bool decode;           // decode warp layout (16 packed rows) instead of prefill (64)
+  int block_m;           // packed rows per CTA
+  int m_blocks;          // CTAs along packed rows per (sequence, kv head)
+  int num_splits;        // CTAs along the key range; > 1 uses the scratch and the combine kernel
+  size_t scratch_bytes;  // float32 partial out [splits, total_q, H, d_v] + lse [splits, total_q, H]
+};
+
+// What one kernel launch reads: the API params plus the plan's runtime parts.
+struct FlashFwdArgs {
+  AttentionParams p;
+  int group;          // num_heads / num_kv_heads
+  int num_splits;
+  float* o_partial;   // [num_splits, total_q, num_heads, head_dim_v] when num_splits > 1
+  float* lse_partial; // [num_splits, total_q, num_heads] (natural log) when num_splits > 1
+};
+
+// Fills *plan; returns nullptr, or the reason the combination has no CUDA kernel.
+const char* PlanFlashFwd(const AttentionParams& p, int num_sms, FlashPlan* plan);
+
+// Launches the kernels of a plan on stream; `scratch` holds plan.scratch_bytes. Returns nullptr or
+// an error text (a failed internal check or a CUDA launch error).
+const char* RunFlashFwd(const AttentionParams& p, const FlashPlan& plan, void* scratch,
+                        cudaStream_t stream);
+
+// One instantiation per (storage type, head-dim capacity, warp layout), in instantiations/.
+template <typename T, int kHeadDim, bool kDecode>
+cudaError_t LaunchFlashFwd(const FlashFwdArgs& args, int m_blocks, cudaStream_t stream);
+
+// Combine step and the clearing of varlen rows no sequence covers (flash_split_combine.cu).
+struct SplitCombineArgs {
+  AttentionParams p;
+  int group;
+  int num_splits;
+  const float* o_partial;
+  const float* lse_partial;
+  DType lse_partial_type;  // always kF32: checked, as SGLang's combine does
+  DType o_type;            // the type the combine writes: must match p.out_type
+};
+const char* LaunchSplitCombine(const SplitCombineArgs& args, cudaStream_t stream);
+cudaError_t LaunchClearUncoveredRows(const AttentionParams& p, cudaStream_t stream);
+
+}  // namespace jax_sgl::cuda

@@ -1,0 +1,152 @@
+"""Random attention problems in every layout, shared by the CPU, GPU and gradient tests.
+
+`make_case` returns the public-API arguments of jax_sgl.attention; `reference_attention` runs the
+float32 reference on the same arguments (normalizing them the way the public function does).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import jax.numpy as jnp
+
+from jax_sgl import reference
+from jax_sgl._checks import KV_PAGED, check_attention
+
+LAYOUTS = ("dense", "varlen", "paged_tokens", "paged_pages")
+MASKS = {
+    "none": {},
+    "causal": dict(causal=True),
+    "window": dict(window=(3, 2)),
+    "causal_window": dict(causal=True, window=(5, -1)),
+    "softcap": dict(softcap=3.0, causal=True),
+}
+TOL = {jnp.float32: 2e-5, jnp.float16: 2e-3, jnp.bfloat16: 2e-2}
+
+
+def _normal(rng, shape, dtype, scale=1.0):
+  return jnp.asarray(rng.standard_normal(shape, dtype=np.float32) * scale).astype(dtype)
+
+
+def make_case(layout, *, seed=0, batch=3, q_lens=None, k_lens=None, num_heads=4, num_kv_heads=2,
+              head_dim=64, head_dim_v=None, dtype=jnp.bfloat16, page_size=4, extra_pages=3):
+  """Returns (q, k, v, kwargs) for jax_sgl.attention. Dense uses max(q_lens) / max(k_lens)."""
+  rng = np.random.default_rng(seed)
+  head_dim_v = head_dim if head_dim_v is None else head_dim_v
+  q_lens = list(rng.integers(1, 12, batch)) if q_lens is None else list(q_lens)
+  k_lens = [ql + int(rng.integers(0, 9)) for ql in q_lens] if k_lens is None else list(k_lens)
+  batch = len(q_lens)
+  h, hkv, d, dv = num_heads, num_kv_heads, head_dim, head_dim_v
+  kwargs = {}
+  if layout == "dense":
+    sq, sk = max(q_lens), max(k_lens)
+    q = _normal(rng, (batch, sq, h, d), dtype)
+    k = _normal(rng, (batch, sk, hkv, d), dtype)
+    v = _normal(rng, (batch, sk, hkv, dv), dtype)
+    return q, k, v, kwargs
+  cu_q = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+  q = _normal(rng, (int(cu_q[-1]), h, d), dtype)
+  kwargs["cu_seqlens_q"] = jnp.asarray(cu_q)
+  if layout == "varlen":
+    cu_k = np.concatenate([[0], np.cumsum(k_lens)]).astype(np.int32)
+    k = _normal(rng, (int(cu_k[-1]), hkv, d), dtype)
+    v = _normal(rng, (int(cu_k[-1]), hkv, dv), dtype)
+    kwargs["cu_seqlens_k"] = jnp.asarray(cu_k)
+    return q, k, v, kwargs
+  ps = 1 if layout == "paged_tokens" else page_size
+  pages_per_seq = [-(-kl // ps) for kl in k_lens]
+  max_pages = max(pages_per_seq + [1]) + 1           # a spare column of padding
+  num_pages = sum(pages_per_seq) + extra_pages
+  perm = rng.permutation(num_pages)
+  table = np.full((batch, max_pages), -1, np.int32)
+  used = 0
+  for b, n in enumerate(pages_per_seq):
+    table[b, :n] = perm[used:used + n]
+    used += n
+  shape = (num_pages, hkv, d) if ps == 1 else (num_pages, ps, hkv, d)
+  k = _normal(rng, shape, dtype)
+  v = _normal(rng, shape[:-1] + (dv,), dtype)
+  kwargs["page_table"] = jnp.asarray(table)
+  kwargs["seqused_k"] = jnp.asarray(np.array(k_lens, np.int32))
+  return q, k, v, kwargs
+
+
+def reference_attention(q, k, v, *, causal=False, softmax_scale=None, window=(-1, -1),
+                        softcap=0.0, return_lse=False, **arrays):
+  """The float32 reference on public-API arguments."""
+  names = ("cu_seqlens_q", "cu_seqlens_k", "seqused_k", "page_table", "q_descale", "k_descale",
+           "v_descale")
+  full = {n: arrays.get(n) for n in names}
+  spec = check_attention(q, k, v, causal=causal, softmax_scale=softmax_scale, window=window,
+                         softcap=softcap, **full)
+  if spec.kv_layout == KV_PAGED and k.ndim == 3:
+    k, v = k[:, None], v[:, None]
+  out, lse = reference.attention(
+      q, k, v, kv_layout=spec.kv_layout, varlen_q=spec.varlen_q, batch=spec.batch,
+      softmax_scale=spec.softmax_scale, softcap=spec.softcap, causal=spec.causal,
+      window_left=spec.window_left, window_right=spec.window_right, out_dtype=spec.out_dtype,
+      **{n: x for n, x in full.items() if x is not None})
+  return (out, lse) if return_lse else out
+
+
+def naive_attention(q, k, v, *, causal=False, window=(-1, -1), softcap=0.0, **arrays):
+  """A per-sequence, per-head NumPy loop in float64: an oracle independent of reference.py."""
+  q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+  cu_q, cu_k = arrays.get("cu_seqlens_q"), arrays.get("cu_seqlens_k")
+  table, used = arrays.get("page_table"), arrays.get("seqused_k")
+  if cu_q is None:
+    batch = q.shape[0]
+    qs = [q[b] for b in range(batch)]
+  else:
+    cu_q = np.asarray(cu_q)
+    batch = len(cu_q) - 1
+    qs = [q[cu_q[b]:cu_q[b + 1]] for b in range(batch)]
+  if table is not None:
+    pool_k = k.reshape((-1,) + k.shape[-2:])
+    pool_v = v.reshape((-1,) + v.shape[-2:])
+    ps = 1 if k.ndim == 3 else k.shape[1]
+    num_pages = k.shape[0]
+    ks, vs, oks = [], [], []
+    for b in range(batch):
+      n = int(np.asarray(used)[b])
+      rows, ok = [], []
+      for j in range(n):
+        page = int(np.asarray(table)[b, j // ps])
+        ok.append(0 <= page < num_pages)
+        rows.append(max(0, min(page, num_pages - 1)) * ps + j % ps)
+      ks.append(pool_k[rows]), vs.append(pool_v[rows]), oks.append(np.array(ok, bool))
+  elif cu_k is not None:
+    cu_k = np.asarray(cu_k)
+    ks = [k[cu_k[b]:cu_k[b + 1]] for b in range(batch)]
+    vs = [v[cu_k[b]:cu_k[b + 1]] for b in range(batch)]
+    oks = [np.ones(len(x), bool) for x in ks]
+  else:
+    ks, vs = [k[b] for b in range(batch)], [v[b] for b in range(batch)]
+    oks = [np.ones(len(x), bool) for x in ks]
+  h, d = q.shape[-2:]
+  group = h // k.shape[-2]
+  scale = 1 / np.sqrt(d)
+  outs = []
+  for b in range(batch):
+    qb, kb, vb, ok = qs[b], ks[b], vs[b], oks[b]
+    lq, lk = len(qb), len(kb)
+    o = np.zeros((lq, h, v.shape[-1]))
+    for hh in range(h):
+      for i in range(lq):
+        diag = i + lk - lq
+        s = kb[:, hh // group] @ qb[i, hh] * scale
+        if softcap:
+          s = softcap * np.tanh(s / softcap)
+        j = np.arange(lk)
+        m = ok.copy()
+        if window[0] >= 0:
+          m &= j >= diag - window[0]
+        if causal:
+          m &= j <= diag
+        elif window[1] >= 0:
+          m &= j <= diag + window[1]
+        if not m.any():
+          continue
+        p = np.exp(s[m] - s[m].max())
+        o[i, hh] = (p / p.sum()) @ vb[m, hh // group]
+    outs.append(o)
+  return np.concatenate(outs) if cu_q is not None else np.stack(outs)
