@@ -1,4 +1,4 @@
-// jax_sgl._native: hands the FFI handlers to Python as capsules. jax_sgl/_native.py registers the
+// jax_sgl._native: hands the FFI handlers to Python as capsules. jax_sgl/_registration.py registers the
 // "cpu" ones always and the "cuda" ones when the extension was built with CUDA.
 #include <nanobind/nanobind.h>
 
@@ -14,6 +14,11 @@ XLA_FFI_Error* JaxSglAttentionBwdCpu(XLA_FFI_CallFrame*);
 XLA_FFI_Error* JaxSglRopePoolFwdCuda(XLA_FFI_CallFrame*);
 XLA_FFI_Error* JaxSglAttentionFwdCuda(XLA_FFI_CallFrame*);
 #endif
+#ifdef JAX_SGL_HAVE_METAL
+// macOS: "cpu" handlers that dispatch to Metal and fall back to the ones above (metal/host).
+XLA_FFI_Error* JaxSglRopePoolFwdApple(XLA_FFI_CallFrame*);
+XLA_FFI_Error* JaxSglAttentionFwdApple(XLA_FFI_CallFrame*);
+#endif
 }
 
 namespace {
@@ -28,8 +33,13 @@ nb::capsule Capsule(Fn* fn) {
 NB_MODULE(_native, m) {
   m.def("cpu_targets", []() {
     nb::dict d;
+#ifdef JAX_SGL_HAVE_METAL
+    d["jax_sgl_rope_pool_fwd"] = Capsule(JaxSglRopePoolFwdApple);
+    d["jax_sgl_attention_fwd"] = Capsule(JaxSglAttentionFwdApple);
+#else
     d["jax_sgl_rope_pool_fwd"] = Capsule(JaxSglRopePoolFwdCpu);
     d["jax_sgl_attention_fwd"] = Capsule(JaxSglAttentionFwdCpu);
+#endif
     d["jax_sgl_attention_bwd"] = Capsule(JaxSglAttentionBwdCpu);
     return d;
   });

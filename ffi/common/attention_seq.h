@@ -1,11 +1,13 @@
 // Per-sequence geometry of an attention call, shared by every backend: where sequence b's rows of
 // q and k start, how long they are, where key j of a paged sequence lives, and which keys query
 // row i may see. Every quantity derived from user index arrays is clamped to the buffers, so a bad
-// cu_seqlens, seqused_k or page table never makes a kernel read or write out of bounds.
+// cu_seqlens, seqused_k or page table never makes a kernel read or write out of bounds. The scalar
+// math lives in attention_geometry.h, which the Metal kernels include too.
 #pragma once
 
 #include <cstdint>
 
+#include "ffi/common/attention_geometry.h"
 #include "ffi/common/attention_params.h"
 #include "ffi/common/host_device.h"
 
@@ -19,18 +21,15 @@ struct SeqBounds {
   int64_t lse_row0;  // first lse column: 0 (dense, per-batch block) or q_row0 (varlen)
 };
 
-JAX_SGL_HD int64_t ClampI64(int64_t x, int64_t lo, int64_t hi) {
-  return x < lo ? lo : (x > hi ? hi : x);
-}
+JAX_SGL_HD int64_t ClampI64(int64_t x, int64_t lo, int64_t hi) { return ClampIndex(x, lo, hi); }
 
 JAX_SGL_HD SeqBounds GetSeqBounds(const AttentionParams& p, int b) {
   SeqBounds s;
   if (p.cu_seqlens_q) {
-    const int64_t begin = ClampI64(p.cu_seqlens_q[b], 0, p.total_q);
-    const int64_t end = ClampI64(p.cu_seqlens_q[b + 1], begin, p.total_q);
-    s.q_row0 = begin;
-    s.q_len = int(end - begin);
-    s.lse_row0 = begin;
+    const RowRange r = ClampedRows(p.cu_seqlens_q[b], p.cu_seqlens_q[b + 1], p.total_q);
+    s.q_row0 = r.begin;
+    s.q_len = int(r.len);
+    s.lse_row0 = r.begin;
   } else {
     s.q_row0 = int64_t(b) * p.seqlen_q;
     s.q_len = p.seqlen_q;
@@ -39,10 +38,9 @@ JAX_SGL_HD SeqBounds GetSeqBounds(const AttentionParams& p, int b) {
   int64_t k_cap;
   switch (p.kv_layout) {
     case KvLayout::kVarlen: {
-      const int64_t begin = ClampI64(p.cu_seqlens_k[b], 0, p.total_k);
-      const int64_t end = ClampI64(p.cu_seqlens_k[b + 1], begin, p.total_k);
-      s.k_row0 = begin;
-      k_cap = end - begin;
+      const RowRange r = ClampedRows(p.cu_seqlens_k[b], p.cu_seqlens_k[b + 1], p.total_k);
+      s.k_row0 = r.begin;
+      k_cap = r.len;
       break;
     }
     case KvLayout::kPaged:
@@ -62,21 +60,15 @@ JAX_SGL_HD SeqBounds GetSeqBounds(const AttentionParams& p, int b) {
 JAX_SGL_HD int64_t KeyRow(const AttentionParams& p, int b, const SeqBounds& s, int j) {
   if (p.kv_layout != KvLayout::kPaged) return s.k_row0 + j;
   const int page = p.page_table[int64_t(b) * p.max_pages + j / p.page_size];
-  if (page < 0 || page >= p.num_pages) return -1;
-  return int64_t(page) * p.page_size + j % p.page_size;
+  return PagedKeyRow(page, p.num_pages, p.page_size, j);
 }
 
 // Keys [*lo, *hi) visible to query row i: causal and windows align the last query with the last
 // key (bottom-right), as FlashAttention does, so decode and chunked prefill see their prefix.
 JAX_SGL_HD void KeyRange(const AttentionParams& p, const SeqBounds& s, int i, int* lo, int* hi) {
-  const int64_t diag = int64_t(i) + s.k_len - s.q_len;
-  int64_t l = 0, h = s.k_len;
-  if (p.window_left >= 0) l = diag - p.window_left;
-  if (p.window_right >= 0) h = diag + p.window_right + 1;
-  l = ClampI64(l, 0, s.k_len);
-  h = ClampI64(h, l, s.k_len);
-  *lo = int(l);
-  *hi = int(h);
+  const KeySpan span = VisibleKeys(i, s.q_len, s.k_len, p.window_left, p.window_right);
+  *lo = span.lo;
+  *hi = span.hi;
 }
 
 // Descale factor for (b, kv_head), 1 when the tensor has none.

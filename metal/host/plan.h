@@ -1,0 +1,132 @@
+// Host side of a Metal dispatch, in plain C++ so that the macOS glue (*.mm) and the Linux
+// emulator share it: which kernel (by the names in kernel_names.h), with which kernel-side params,
+// over which grid, and whether the Metal kernels support a call at all (else: CPU kernels).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "ffi/common/attention_params.h"
+#include "ffi/common/rope_math.h"
+#include "ffi/common/rope_pool_params.h"
+#include "metal/kernels/kernel_names.h"
+#include "metal/kernels/params.h"
+
+namespace jax_sgl::metal {
+
+// The params travel by setBytes: host and MSL must lay them out alike (natural alignment, 64-bit
+// fields first). A field added on one side only changes these sizes.
+static_assert(sizeof(MetalRopePoolParams) == 40, "MetalRopePoolParams layout");  // 36 + padding
+static_assert(sizeof(MetalAttentionParams) == 88, "MetalAttentionParams layout");
+
+struct Grid {
+  uint32_t groups[3];  // threadgroups per grid (x, y, z)
+  uint32_t threads;    // threads per threadgroup (1-D)
+};
+
+// --- rope_pool -------------------------------------------------------------------------------
+
+inline const char* RopePoolKernelName(DType t, IndexType i) {
+#define JAX_SGL_ROPE_POOL_NAME_CASE(tt, it) \
+  if (t == JAX_SGL_METAL_DTYPE_##tt && i == JAX_SGL_METAL_ITYPE_##it) return JAX_SGL_ROPE_POOL_KERNEL_NAME(tt, it);
+  JAX_SGL_ROPE_POOL_KERNELS(JAX_SGL_ROPE_POOL_NAME_CASE)
+#undef JAX_SGL_ROPE_POOL_NAME_CASE
+  return nullptr;
+}
+
+inline MetalRopePoolParams ToMetalParams(const RopePoolParams& p) {
+  MetalRopePoolParams m;
+  m.num_tokens = p.num_tokens;
+  m.num_slots = p.num_slots;
+  m.num_qo_heads = p.num_qo_heads;
+  m.num_kv_heads = p.num_kv_heads;
+  m.head_dim = p.head_dim;
+  m.rotary_dim = p.rotary_dim;
+  m.is_neox = p.is_neox ? 1 : 0;
+  return m;
+}
+
+// The kRopeInvFreq buffer: the CPU kernel's inverse frequencies (computed in double), so Metal's
+// angles match the CPU backend's bit for bit.
+inline std::vector<float> RopeInvFreqTable(const RopePoolParams& p) {
+  std::vector<float> t(size_t(p.rotary_dim / 2));
+  for (int i = 0; i < p.rotary_dim / 2; ++i) t[size_t(i)] = RopeInvFreq(i, p.rotary_dim, p.log2_base);
+  return t;
+}
+
+// One threadgroup per token up to 65535; the kernel grid-strides over the rest.
+inline Grid RopePoolGrid(const RopePoolParams& p) {
+  const int64_t groups = p.num_tokens < 65535 ? p.num_tokens : 65535;
+  return Grid{{uint32_t(groups), 1, 1}, uint32_t(kRopePoolThreads)};
+}
+
+// --- attention -------------------------------------------------------------------------------
+
+inline const char* AttentionFwdKernelName(DType t) {
+#define JAX_SGL_ATTENTION_NAME_CASE(tt) \
+  if (t == JAX_SGL_METAL_DTYPE_##tt) return JAX_SGL_ATTENTION_FWD_KERNEL_NAME(tt);
+  JAX_SGL_ATTENTION_KERNELS(JAX_SGL_ATTENTION_NAME_CASE)
+#undef JAX_SGL_ATTENTION_NAME_CASE
+  return nullptr;
+}
+
+inline const char* AttentionClearKernelName(DType t) {
+#define JAX_SGL_ATTENTION_NAME_CASE(tt) \
+  if (t == JAX_SGL_METAL_DTYPE_##tt) return JAX_SGL_ATTENTION_CLEAR_KERNEL_NAME(tt);
+  JAX_SGL_ATTENTION_KERNELS(JAX_SGL_ATTENTION_NAME_CASE)
+#undef JAX_SGL_ATTENTION_NAME_CASE
+  return nullptr;
+}
+
+// Why the Metal kernels cannot run this call (the caller falls back to the CPU kernels), or
+// nullptr when they can.
+inline const char* AttentionUnsupported(const AttentionParams& p) {
+  if (!AttentionFwdKernelName(p.q_type) || p.k_type != p.q_type || p.v_type != p.q_type ||
+      p.out_type != p.q_type)
+    return "fp8 or mixed dtypes";
+  if (p.q_descale || p.k_descale || p.v_descale) return "descale factors";
+  if (p.head_dim > kAttnMaxHeadDim || p.head_dim_v > kAttnMaxHeadDim) return "head_dim > 128";
+  if (p.num_kv_heads <= 0 || p.num_heads % p.num_kv_heads != 0) return "head counts";
+  return nullptr;
+}
+
+inline MetalAttentionParams ToMetalParams(const AttentionParams& p) {
+  MetalAttentionParams m;
+  m.total_q = p.total_q;
+  m.total_k = p.total_k;
+  m.kv_layout = int(p.kv_layout);
+  m.varlen_q = p.cu_seqlens_q ? 1 : 0;
+  m.has_seqused_k = p.seqused_k ? 1 : 0;
+  m.batch = p.batch;
+  m.seqlen_q = p.seqlen_q;
+  m.seqlen_k = p.seqlen_k;
+  m.num_heads = p.num_heads;
+  m.num_kv_heads = p.num_kv_heads;
+  m.head_dim = p.head_dim;
+  m.head_dim_v = p.head_dim_v;
+  m.page_size = p.page_size;
+  m.num_pages = p.num_pages;
+  m.max_pages = p.max_pages;
+  m.softmax_scale = p.softmax_scale;
+  m.softcap = p.softcap;
+  m.window_left = p.window_left;
+  m.window_right = p.causal ? 0 : p.window_right;
+  return m;
+}
+
+// (q head, query block, sequence). For varlen q, seqlen_q is max_seqlen_q, a hint: the kernel
+// grid-strides over query blocks, so a longer sequence is still covered (just by fewer groups).
+inline Grid AttentionFwdGrid(const AttentionParams& p) {
+  const int64_t blocks = (int64_t(p.seqlen_q) + kAttnBlockM - 1) / kAttnBlockM;
+  return Grid{{uint32_t(p.num_heads), uint32_t(blocks > 0 ? (blocks < 65535 ? blocks : 65535) : 1),
+               uint32_t(p.batch)},
+              uint32_t(kAttnThreads)};
+}
+
+// Needed only for varlen q (rows no sequence covers).
+inline Grid AttentionClearGrid(const AttentionParams& p) {
+  return Grid{{uint32_t((p.total_q + kAttnClearThreads - 1) / kAttnClearThreads), 1, 1},
+              uint32_t(kAttnClearThreads)};
+}
+
+}  // namespace jax_sgl::metal

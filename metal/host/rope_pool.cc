@@ -1,0 +1,79 @@
+// macOS "cpu" handler of jax_sgl_rope_pool_fwd: runs the Metal kernel (metal/kernels/rope_pool.metal)
+// on XLA's host buffers, or hands the call to the C++ CPU handler (JaxSglRopePoolFwdCpu) when Metal
+// is off, absent or not worth it (see metal/host/context.h). Plain C++: the Objective-C++ lives in
+// context.mm.
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "ffi/common/rope_pool_ffi.h"
+#include "metal/host/context.h"
+#include "metal/host/plan.h"
+
+extern "C" XLA_FFI_Error* JaxSglRopePoolFwdCpu(XLA_FFI_CallFrame*);
+
+namespace jax_sgl::metal {
+namespace {
+
+// Below ~64K rotated elements a command-buffer round trip costs more than the CPU kernel (a guess
+// until measured on Apple hardware).
+constexpr double kRopePoolAutoThreshold = 65536;
+
+ffi::Error RopePoolFwdMetalImpl(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
+                                ffi::AnyBuffer positions, ffi::AnyBuffer slots,
+                                ffi::AnyBuffer k_pool_in, ffi::AnyBuffer v_pool_in,
+                                ffi::Result<ffi::AnyBuffer> q_rot, ffi::Result<ffi::AnyBuffer> k_rot,
+                                ffi::Result<ffi::AnyBuffer> k_pool,
+                                ffi::Result<ffi::AnyBuffer> v_pool, float rope_base,
+                                int64_t rotary_dim, bool is_neox) {
+  RopePoolParams p;
+  if (auto err = MakeRopePoolParams(q, k, v, positions, slots, q_rot, k_rot, k_pool, v_pool,
+                                    rope_base, rotary_dim, is_neox, &p);
+      err.failure())
+    return err;
+  const char* name = RopePoolKernelName(p.dtype, p.index_type);
+  const double work = double(p.num_tokens) * (p.num_qo_heads + p.num_kv_heads) * p.head_dim;
+  if (name == nullptr || p.num_tokens == 0 || !UseMetal(work, kRopePoolAutoThreshold)) {
+    MarkDeclined();
+    return ffi::Error::Success();
+  }
+  // Without donation XLA gives the outputs their own buffers: start them from the input pools.
+  if (k_pool->untyped_data() != k_pool_in.untyped_data())
+    std::memcpy(k_pool->untyped_data(), k_pool_in.untyped_data(), k_pool_in.size_bytes());
+  if (v_pool->untyped_data() != v_pool_in.untyped_data())
+    std::memcpy(v_pool->untyped_data(), v_pool_in.untyped_data(), v_pool_in.size_bytes());
+
+  const MetalRopePoolParams mp = ToMetalParams(p);
+  std::vector<float> inv_freq = RopeInvFreqTable(p);
+  const std::vector<HostArg> args = {
+      {kRopeInvFreq, inv_freq.data(), inv_freq.size() * sizeof(float), false},
+      {kRopeQ, q.untyped_data(), q.size_bytes(), false},
+      {kRopeK, k.untyped_data(), k.size_bytes(), false},
+      {kRopeV, v.untyped_data(), v.size_bytes(), false},
+      {kRopePositions, positions.untyped_data(), positions.size_bytes(), false},
+      {kRopeSlots, slots.untyped_data(), slots.size_bytes(), false},
+      {kRopeQRot, q_rot->untyped_data(), q_rot->size_bytes(), true},
+      {kRopeKRot, k_rot->untyped_data(), k_rot->size_bytes(), true},
+      {kRopeKPool, k_pool->untyped_data(), k_pool->size_bytes(), true},
+      {kRopeVPool, v_pool->untyped_data(), v_pool->size_bytes(), true},
+  };
+  const std::string error = Dispatch(name, RopePoolGrid(p), args, &mp, sizeof(mp), kRopeParams);
+  if (!error.empty()) return ffi::Error::Internal("jax_sgl.rope_pool_fused (Metal): " + error);
+  return ffi::Error::Success();
+}
+
+}  // namespace
+}  // namespace jax_sgl::metal
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxSglRopePoolFwdMetal, jax_sgl::metal::RopePoolFwdMetalImpl,
+                              jax_sgl::BindRopePool(xla::ffi::Ffi::Bind()));
+
+// The handler registered for platform "cpu" on macOS: Metal first, the CPU kernel when the Metal
+// handler declines. Both decode the same call frame, so the fallback sees the call unchanged.
+extern "C" XLA_FFI_Error* JaxSglRopePoolFwdApple(XLA_FFI_CallFrame* frame) {
+  if (jax_sgl::metal::SelectedMode() == jax_sgl::metal::Mode::kOff)
+    return JaxSglRopePoolFwdCpu(frame);
+  XLA_FFI_Error* err = JaxSglRopePoolFwdMetal(frame);
+  if (err == nullptr && jax_sgl::metal::TakeDeclined()) return JaxSglRopePoolFwdCpu(frame);
+  return err;
+}
