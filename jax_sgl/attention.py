@@ -24,6 +24,7 @@ from jax_sgl._checks import (ATTN_FN, KV_PAGED, AttentionSpec, check_attention,
                              check_attention_cuda)
 from jax_sgl._dtypes import is_fp8
 from jax_sgl._primitive import at_front, batch_size, ffi_rule, register_lowerings
+from jax_sgl._sharding import partition_attention
 
 TARGET = "jax_sgl_attention_fwd"
 BWD_TARGET = "jax_sgl_attention_bwd"
@@ -149,7 +150,10 @@ def _attention_fwd_batch(args, dims, *, spec, present):
 _attention_fwd_p.def_impl(_attention_fwd_impl)
 _attention_fwd_p.def_abstract_eval(_attention_fwd_abstract_eval)
 batching.primitive_batchers[_attention_fwd_p] = _attention_fwd_batch
-register_lowerings(_attention_fwd_p, TARGET, _attention_fwd_lowering, _attention_fwd_reference)
+# Under sharded jit the primitive runs per device as this twin (_sharding.py has the rules).
+_attention_fwd_local_p = partition_attention(_attention_fwd_p, _attention_fwd_abstract_eval)
+register_lowerings(_attention_fwd_local_p, TARGET, _attention_fwd_lowering,
+                   _attention_fwd_reference)
 
 
 # --------------------------------------------------------------------------------------------

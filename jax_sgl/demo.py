@@ -1,6 +1,7 @@
 """The main job: a tiny random-weight decoder serving ragged prompts through a paged KV cache.
 
-  jax-sgl-demo [--layers 2] [--steps 16] [--dtype float32]    (or python -m jax_sgl.demo)
+  jax-sgl-demo [--layers 2] [--steps 16] [--dtype float32] [--devices N]
+  (or python -m jax_sgl.demo, from outside the source tree)
 
 Prefill packs the prompts (varlen attention over the rotated keys, `rope_pool_fused` writing every
 prompt token into the page pool); then each decode step rotates and writes one token per sequence
@@ -8,18 +9,28 @@ and reads the whole cache back through the page table (paged attention). Both st
 `jax.jit` with the pools donated, so the cache is updated in place. The same model written with
 `jax_sgl.reference` runs beside it on the same tokens; the demo prints the backend, the largest
 logit error and the decode throughput, and exits non-zero when the two disagree.
+
+`--devices N` runs jax_sgl's model tensor-parallel over N devices: q heads, KV heads and the
+pools' head axis split over a 1-D mesh ('model',) (wq/wk/wv by columns, wo by rows), so every
+device runs the kernels on its own whole GQA groups; the model gets max(2, N) KV heads (4 q heads each) so N
+divides them. On the CPU, when fewer than N devices exist, the demo reruns itself in a child
+process with XLA_FLAGS=--xla_force_host_platform_device_count=N (the flag must be set before
+jax starts its CPU backend). The reference model runs unsharded.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
+import subprocess
 import sys
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import jax_sgl
 from jax_sgl import reference
@@ -45,11 +56,13 @@ def init_params(cfg: Config, key, dtype):
     return (jax.random.normal(key, shape, jnp.float32) / np.sqrt(shape[0])).astype(dtype)
   keys = iter(jax.random.split(key, 2 + 4 * cfg.layers))
   hq, hkv, d = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim, cfg.head_dim
+  def kv_blocks(w):   # wk and wv as separate matrices, so each splits by heads on its own
+    return {"wk": w[:, :hkv], "wv": w[:, hkv:]}
   return {
       "embed": (jax.random.normal(next(keys), (cfg.vocab, cfg.hidden)) * 0.5).astype(dtype),
       "unembed": dense(next(keys), (cfg.hidden, cfg.vocab)),
       "layers": [{"wq": dense(next(keys), (cfg.hidden, hq)),
-                  "wkv": dense(next(keys), (cfg.hidden, 2 * hkv)),
+                  **kv_blocks(dense(next(keys), (cfg.hidden, 2 * hkv))),
                   "wo": dense(next(keys), (hq, cfg.hidden)),
                   "w1": dense(next(keys), (cfg.hidden, cfg.hidden))} for _ in range(cfg.layers)],
   }
@@ -90,7 +103,7 @@ class Ops:
 def layer_qkv(cfg, p, x):
   h = rms_norm(x)
   q = (h @ p["wq"]).reshape(-1, cfg.num_heads, cfg.head_dim)
-  k, v = jnp.split((h @ p["wkv"]).reshape(-1, 2 * cfg.num_kv_heads, cfg.head_dim), 2, axis=1)
+  k, v = ((h @ p[w]).reshape(-1, cfg.num_kv_heads, cfg.head_dim) for w in ("wk", "wv"))
   return q, k, v
 
 
@@ -131,8 +144,20 @@ def decode(ops, cfg, params, pools, tokens, lengths, page_table):
   return (rms_norm(x) @ params["unembed"]).astype(jnp.float32), new_pools
 
 
-def serve(ops, cfg, params, prompts, steps, dtype, forced=None):
-  """Prefill + `steps` greedy decode steps; the fed tokens are `forced[step]` when given."""
+def shard_params(params, mesh):
+  """Tensor parallel over heads: wq/wk/wv by columns (whole heads per device), wo by rows (its
+  product is summed over devices); the rest replicated."""
+  split = {"wq": P(None, "model"), "wk": P(None, "model"), "wv": P(None, "model"),
+           "wo": P("model", None)}
+  put = lambda x, spec: jax.device_put(x, NamedSharding(mesh, spec))
+  return {"embed": put(params["embed"], P()), "unembed": put(params["unembed"], P()),
+          "layers": [{k: put(w, split.get(k, P())) for k, w in p.items()}
+                     for p in params["layers"]]}
+
+
+def serve(ops, cfg, params, prompts, steps, dtype, forced=None, mesh=None):
+  """Prefill + `steps` greedy decode steps; the fed tokens are `forced[step]` when given. With a
+  mesh, the pools are split over KV heads (params already placed by shard_params)."""
   rng = np.random.default_rng(0)
   batch = len(prompts)
   lens = np.array([len(p) for p in prompts], np.int32)
@@ -147,6 +172,8 @@ def serve(ops, cfg, params, prompts, steps, dtype, forced=None):
   pool_shape = (cfg.num_pages * cfg.page_size, cfg.num_kv_heads, cfg.head_dim)
   pools = [(jnp.zeros(pool_shape, dtype), jnp.zeros(pool_shape, dtype))
            for _ in range(cfg.layers)]
+  if mesh is not None:
+    pools = jax.device_put(pools, NamedSharding(mesh, P(None, "model", None)))
 
   prefill_fn = jax.jit(lambda params, pools, *a: prefill(ops, cfg, params, pools, *a),
                        donate_argnums=1)
@@ -168,7 +195,7 @@ def serve(ops, cfg, params, prompts, steps, dtype, forced=None):
       start = time.perf_counter()
   jax.block_until_ready(logits)
   elapsed = time.perf_counter() - start
-  return all_logits, elapsed
+  return all_logits, elapsed, pools
 
 
 def main(argv=None) -> int:
@@ -177,9 +204,22 @@ def main(argv=None) -> int:
   parser.add_argument("--steps", type=int, default=16, help="decode steps (>= 2)")
   parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
   parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--devices", type=int, default=1,
+                      help="split heads over N devices (CPU: virtual devices if needed)")
   args = parser.parse_args(argv)
+  if args.devices < 1:
+    parser.error("--devices must be >= 1")
+  if args.devices > len(jax.devices()):
+    if jax.default_backend() != "cpu":
+      parser.error(f"--devices {args.devices}: only {len(jax.devices())} devices")
+    return _rerun_with_cpu_devices(args.devices, sys.argv[1:] if argv is None else argv)
 
-  cfg = Config(layers=args.layers)
+  kv_heads = max(Config.num_kv_heads, args.devices)
+  cfg = Config(layers=args.layers, num_kv_heads=kv_heads,
+               num_heads=kv_heads * (Config.num_heads // Config.num_kv_heads))
+  mesh = None
+  if args.devices > 1:
+    mesh = Mesh(np.array(jax.devices()[: args.devices]), ("model",))
   dtype = jnp.dtype(args.dtype)
   max_len = cfg.max_pages * cfg.page_size
   rng = np.random.default_rng(args.seed)
@@ -190,12 +230,15 @@ def main(argv=None) -> int:
     parser.error(f"--steps too large: prompts + steps must fit {max_len} tokens")
   prompts = [rng.integers(0, cfg.vocab, n).astype(np.int32) for n in prompt_lens]
   params = init_params(cfg, jax.random.PRNGKey(args.seed), dtype)
+  our_params = params if mesh is None else shard_params(params, mesh)
 
   # Greedy decoding from nearly equal logits could fork on a near-tie, so the reference model is
   # fed jax_sgl's tokens and the logits are compared at every step.
-  ours, elapsed = serve(Ops(False), cfg, params, prompts, args.steps, dtype)
-  fed = [jnp.argmax(l, -1).astype(jnp.int32) for l in ours[:-1]]
-  theirs, _ = serve(Ops(True), cfg, params, prompts, args.steps, dtype, forced=fed)
+  ours, elapsed, our_pools = serve(Ops(False), cfg, our_params, prompts, args.steps, dtype,
+                                   mesh=mesh)
+  fed = [jax.device_get(jnp.argmax(l, -1).astype(jnp.int32)) for l in ours[:-1]]
+  theirs, _, _ = serve(Ops(True), cfg, params, prompts, args.steps, dtype, forced=fed)
+  ours = [jax.device_get(l) for l in ours]
   scale = max(float(jnp.max(jnp.abs(t))) for t in theirs)
   err = max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(ours, theirs)) / scale
   tol = {"float32": 1e-4, "float16": 2e-2, "bfloat16": 6e-2}[args.dtype]
@@ -209,6 +252,9 @@ def main(argv=None) -> int:
   print(f"  model: {cfg.layers} layers, {cfg.num_heads}/{cfg.num_kv_heads} heads (GQA), "
         f"head_dim {cfg.head_dim}, {args.dtype}; {len(prompts)} prompts of {prompt_lens} tokens")
   print(f"  paged KV: {cfg.num_pages} pages x {cfg.page_size} tokens, pools donated under jit")
+  if mesh is not None:
+    print(f"  sharded: heads over {args.devices} devices, pool sharding "
+          f"{our_pools[0][0].sharding.spec}")
   timed = args.steps - 1
   print(f"  decode: {timed} timed steps x {len(prompts)} sequences in {elapsed * 1e3:.1f} ms = "
         f"{timed * len(prompts) / max(elapsed, 1e-9):.1f} tokens/s")
@@ -217,6 +263,22 @@ def main(argv=None) -> int:
   ok = err <= tol
   print("  OK" if ok else "  MISMATCH")
   return 0 if ok else 1
+
+
+def _rerun_with_cpu_devices(n: int, argv) -> int:
+  """Runs the demo in a child process whose CPU backend has n devices (XLA reads the flag only
+  when the backend starts, which it already has in this process)."""
+  flags = os.environ.get("XLA_FLAGS", "")
+  if "xla_force_host_platform_device_count" in flags:   # set, and still too few: don't loop
+    print(f"jax_sgl demo: XLA_FLAGS={flags!r} gives {len(jax.devices())} devices, < {n}")
+    return 1
+  env = dict(os.environ, XLA_FLAGS=f"{flags} --xla_force_host_platform_device_count={n}".strip(),
+             JAX_PLATFORMS="cpu")
+  # Run from the installed package's parent: `-m` puts the working directory first on sys.path,
+  # where a source checkout (which has no compiled extension) would shadow the installed package.
+  site = os.path.dirname(os.path.dirname(os.path.abspath(jax_sgl.__file__)))
+  proc = subprocess.run([sys.executable, "-m", "jax_sgl.demo", *argv], env=env, cwd=site)
+  return proc.returncode
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from jax.interpreters import batching
 from jax_sgl import reference
 from jax_sgl._checks import RopePoolSpec, check_rope_pool
 from jax_sgl._primitive import at_front, batch_size, ffi_rule, register_lowerings
+from jax_sgl._sharding import partition_rope_pool
 
 TARGET = "jax_sgl_rope_pool_fwd"
 
@@ -76,7 +77,9 @@ def _rope_pool_batch(args, dims, *, spec):
 _rope_pool_p.def_impl(_rope_pool_impl)
 _rope_pool_p.def_abstract_eval(_rope_pool_abstract_eval)
 batching.primitive_batchers[_rope_pool_p] = _rope_pool_batch
-register_lowerings(_rope_pool_p, TARGET, _rope_pool_lowering, _rope_pool_reference)
+# Under sharded jit the primitive runs per device as this twin (_sharding.py has the rules).
+_rope_pool_local_p = partition_rope_pool(_rope_pool_p, _rope_pool_abstract_eval)
+register_lowerings(_rope_pool_local_p, TARGET, _rope_pool_lowering, _rope_pool_reference)
 
 
 def _raise_bad_slots(bad_count, first_bad, num_slots):

@@ -15,3 +15,10 @@ def test_demo_fails_on_wrong_attention(monkeypatch, capsys):
   monkeypatch.setattr(jax_sgl, "attention", lambda *a, **k: real(*a, **k) * 1.05)
   assert demo.main(["--steps", "3"]) == 1
   assert "MISMATCH" in capsys.readouterr().out
+
+
+def test_demo_sharded_over_heads(capfd):
+  """--devices 2: a child process with 2 virtual CPU devices runs the head-sharded model."""
+  assert demo.main(["--steps", "3", "--layers", "1", "--devices", "2"]) == 0
+  out = capfd.readouterr().out
+  assert "heads over 2 devices" in out and "OK" in out

@@ -1,0 +1,304 @@
+"""Sharding rules: how jax_sgl's primitives run under `jax.jit` with sharded operands.
+
+Each primitive keeps its abstract eval, batching rule and vjp; only its lowering changes. It
+lowers to a `jax.experimental.custom_partitioning` call around a per-device twin primitive
+(`<name>_local`: same abstract eval, the native/reference lowerings). With one device the call
+lowers inline to the twin. On a mesh, the Shardy rule (or, with the GSPMD partitioner,
+`infer_sharding_from_operands`) lets shardings propagate through the op, and `partition` fixes the
+sharding it runs with; the per-device body binds the twin on its block with the head counts and
+batch divided. No collective runs inside the op.
+
+Supported shardings (taken from the operands, no data moved):
+  attention        heads: q's head axis and k/v's KV head axis over the same mesh axes, which
+                   must divide num_kv_heads (so every device holds whole GQA groups: its q heads
+                   [i*H/n, (i+1)*H/n) and their KV heads [i*Hkv/n, (i+1)*Hkv/n)).
+                   batch: dense layout, and paged KV with dense q (page_table/seqused_k split on
+                   batch, the pools replicated on their page axis). Varlen q/k keep the batch whole
+                   (cu_seqlens hold global offsets).
+  rope_pool_fused  KV heads: q heads, k/v heads and the pools' head axis split together; tokens,
+                   positions, slots and the pools' slot axis replicated, so each pool shard
+                   receives every token's write for its heads.
+Every other sharding (the sequence/token axis, head_dim, the pools' slot or page axis, a head
+split not dividing num_kv_heads, varlen batch) is resharded by XLA to the supported one before the
+op (an all-gather of that operand) and the result is correct; only speed is lost. Token-sharded
+rope_pool_fused in particular becomes token-replicated: a token-sharded write into slot-replicated
+pools would leave each pool replica with only its own tokens' rows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Callable
+
+from jax import lax
+from jax._src import dispatch  # prim_requires_devices_during_lowering: no public API
+from jax.experimental.custom_partitioning import custom_partitioning
+from jax.extend.core import Primitive
+from jax.interpreters import mlir
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from jax_sgl._checks import KV_DENSE, KV_PAGED, KV_VARLEN
+
+# --------------------------------------------------------------------------------------------
+# generic machinery
+# --------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+  """How one op instance runs on a mesh: mesh axes of the head and batch splits (() = none)."""
+  heads: tuple[str, ...]
+  batch: tuple[str, ...]
+
+
+def _axes(entry) -> tuple[str, ...]:
+  if entry is None:
+    return ()
+  return (entry,) if isinstance(entry, str) else tuple(entry)
+
+
+def _entry(axes: tuple[str, ...]):
+  if not axes:
+    return None
+  return axes[0] if len(axes) == 1 else axes
+
+
+def _dim_axes(shape, dim: int) -> tuple[str, ...]:
+  """Mesh axes splitting dimension `dim` of an operand (() if unsharded or not a NamedSharding)."""
+  sharding = getattr(shape, "sharding", None)
+  if not isinstance(sharding, NamedSharding):
+    return ()
+  spec = tuple(sharding.spec) + (None,) * len(shape.shape)
+  return _axes(spec[dim % len(shape.shape)])
+
+
+def _pick(mesh, candidates, sizes, taken=()) -> tuple[str, ...]:
+  """The first candidate axes whose mesh size divides every size and which avoid `taken`."""
+  for axes in candidates:
+    if not axes or set(axes) & set(taken):
+      continue
+    n = math.prod(mesh.shape[a] for a in axes)
+    if all(s % n == 0 for s in sizes):
+      return axes
+  return ()
+
+
+def _mesh_size(mesh, axes) -> int:
+  return math.prod(mesh.shape[a] for a in axes)
+
+
+@dataclasses.dataclass(frozen=True)
+class _OpRules:
+  """The op-specific part: which operands the partitioned call takes, their factor strings, and
+  the shardings/local params of a plan."""
+  select: Callable        # (params, args) -> operands of the partitioned call
+  restore: Callable       # (params, operands) -> all operands of the twin primitive
+  rule: Callable          # params -> (Shardy rule string, kwargs of str_to_sdy_sharding_rule)
+  plan: Callable          # (params, mesh, arg_shapes) -> _Plan
+  shardings: Callable     # (params, mesh, plan) -> (arg specs, result specs), PartitionSpecs
+  local_params: Callable  # (params, mesh, plan) -> params of the per-device twin
+
+
+def _partitioned(prim: Primitive, abstract_eval: Callable, rules: _OpRules) -> Primitive:
+  local = Primitive(prim.name + "_local")
+  local.multiple_results = prim.multiple_results
+  local.def_abstract_eval(abstract_eval)
+
+  def call(static, *ops):
+    params = dict(static)
+    return local.bind(*rules.restore(params, ops), **params)
+
+  def named(mesh, specs):
+    return [NamedSharding(mesh, s) for s in specs]
+
+  def partition(static, mesh, arg_shapes, result_shape):
+    params = dict(static)
+    plan = rules.plan(params, mesh, arg_shapes)
+    arg_specs, result_specs = rules.shardings(params, mesh, plan)
+    local_params = rules.local_params(params, mesh, plan)
+
+    def lower_fn(*ops):
+      return local.bind(*rules.restore(params, ops), **local_params)
+    # The trees custom_partitioning expects: operands a tuple, results bind's list.
+    return mesh, lower_fn, named(mesh, result_specs), tuple(named(mesh, arg_specs))
+
+  def infer(static, mesh, arg_shapes, result_shape):
+    params = dict(static)
+    _, result_specs = rules.shardings(params, mesh, rules.plan(params, mesh, arg_shapes))
+    return named(mesh, result_specs)
+
+  def sharding_rule(static, mesh, value_types, result_types):
+    return rules.rule(dict(static))
+
+  cp = custom_partitioning(call, static_argnums=(0,))
+  cp.def_partition(partition, infer_sharding_from_operands=infer, sharding_rule=sharding_rule)
+
+  def lowering(ctx, *args, **params):
+    static = tuple(sorted(params.items()))
+    fn = lambda *a: cp(static, *rules.select(params, a))
+    return mlir.lower_fun(fn, multiple_results=True)(ctx, *args)
+
+  mlir.register_lowering(prim, lowering)
+  # Lowering a custom_partitioning call needs the device assignment, which jit computes only for
+  # primitives listed here (jax's own cuDNN attention registers its wrappers the same way).
+  dispatch.prim_requires_devices_during_lowering.add(prim)
+  return local
+
+
+def _heads(g: int) -> str:
+  """q's head factor: KV heads k times group g, so splitting k splits q heads GQA-aligned."""
+  return "(k g)" if g > 1 else "k"
+
+
+def _rule(operands, results, replicated, g):
+  text = " ".join(operands + results).replace("(", " ").replace(")", " ").split()
+  factors = list(dict.fromkeys(text))   # Shardy numbers factors by first use and wants the
+  kwargs = {"need_replication_factors": tuple(f for f in factors if f in replicated)}  # order
+  if g > 1:
+    kwargs["g"] = g
+  return ", ".join(operands) + " -> " + ", ".join(results), kwargs
+
+
+# --------------------------------------------------------------------------------------------
+# attention
+# --------------------------------------------------------------------------------------------
+# Factors: b batch, s/n query rows (dense/packed), t/m key rows (dense/packed), p pages, r page
+# size, x max pages, c batch + 1, k KV heads, g group, d head_dim, e head_dim_v.
+
+_ATTN_OPTIONAL = ("cu_seqlens_q", "cu_seqlens_k", "seqused_k", "page_table", "q_descale",
+                  "k_descale", "v_descale")
+
+
+def _attn_names(params) -> list[str]:
+  return ["q", "k", "v"] + [n for n, p in zip(_ATTN_OPTIONAL, params["present"]) if p]
+
+
+def _attn_select(params, args):
+  return tuple(args[:3]) + tuple(a for a, p in zip(args[3:], params["present"]) if p)
+
+
+def _attn_restore(params, ops):
+  ops = list(ops)
+  out = ops[:3]
+  given = iter(ops[3:])
+  for name, p in zip(_ATTN_OPTIONAL, params["present"]):
+    if p:
+      out.append(next(given))
+    else:   # absent optional operands travel as empty arrays (see attention.py)
+      dtype = "int32" if name in _ATTN_OPTIONAL[:4] else "float32"
+      out.append(lax.full((0,), 0, dtype))
+  return out
+
+
+def _attn_batch_split(spec) -> bool:
+  return not spec.varlen_q and spec.kv_layout in (KV_DENSE, KV_PAGED)
+
+
+def _attn_factors(spec):
+  h = _heads(spec.num_heads // spec.num_kv_heads)
+  q_rows = "n" if spec.varlen_q else "b s"
+  kv = {KV_DENSE: "b t k", KV_VARLEN: "m k", KV_PAGED: "p r k"}[spec.kv_layout]
+  per_name = {"q": f"{q_rows} {h} d", "k": f"{kv} d", "v": f"{kv} e", "cu_seqlens_q": "c",
+              "cu_seqlens_k": "c", "seqused_k": "b", "page_table": "b x", "q_descale": "b k",
+              "k_descale": "b k", "v_descale": "b k"}
+  lse = f"{h} n" if spec.varlen_q else f"b {h} s"
+  return per_name, [f"{q_rows} {h} e", lse]
+
+
+def _attn_rule(params):
+  spec = params["spec"]
+  per_name, results = _attn_factors(spec)
+  replicated = ["s", "n", "t", "m", "p", "r", "x", "c", "d", "e"]
+  if not _attn_batch_split(spec):
+    replicated.append("b")
+  return _rule([per_name[n] for n in _attn_names(params)], results, replicated,
+               spec.num_heads // spec.num_kv_heads)
+
+
+def _attn_plan(params, mesh, arg_shapes):
+  spec = params["spec"]
+  q, k = arg_shapes[0], arg_shapes[1]
+  heads = _pick(mesh, (_dim_axes(q, -2), _dim_axes(k, -2)), (spec.num_kv_heads,))
+  batch = ()
+  if _attn_batch_split(spec):
+    candidates = [_dim_axes(q, 0)]
+    if spec.kv_layout == KV_DENSE:
+      candidates.append(_dim_axes(k, 0))
+    batch = _pick(mesh, candidates, (spec.batch,), taken=heads)
+  return _Plan(heads=heads, batch=batch)
+
+
+def _attn_shardings(params, mesh, plan):
+  spec = params["spec"]
+  h, b = _entry(plan.heads), _entry(plan.batch)
+  q = P(None, h, None) if spec.varlen_q else P(b, None, h, None)
+  kv = {KV_DENSE: P(b, None, h, None), KV_VARLEN: P(None, h, None),
+        KV_PAGED: P(None, None, h, None)}[spec.kv_layout]
+  per_name = {"q": q, "k": kv, "v": kv, "cu_seqlens_q": P(None), "cu_seqlens_k": P(None),
+              "seqused_k": P(b), "page_table": P(b, None), "q_descale": P(b, h),
+              "k_descale": P(b, h), "v_descale": P(b, h)}
+  lse = P(h, None) if spec.varlen_q else P(b, h, None)
+  return [per_name[n] for n in _attn_names(params)], [q, lse]
+
+
+def _attn_local_params(params, mesh, plan):
+  spec = params["spec"]
+  nh, nb = _mesh_size(mesh, plan.heads), _mesh_size(mesh, plan.batch)
+  local = dataclasses.replace(spec, batch=spec.batch // nb, num_heads=spec.num_heads // nh,
+                              num_kv_heads=spec.num_kv_heads // nh)
+  return {**params, "spec": local}
+
+
+_ATTENTION_RULES = _OpRules(_attn_select, _attn_restore, _attn_rule, _attn_plan,
+                            _attn_shardings, _attn_local_params)
+
+
+def partition_attention(prim: Primitive, abstract_eval: Callable) -> Primitive:
+  """Makes the attention primitive shardable; returns its per-device twin, on which the caller
+  registers the native and reference lowerings."""
+  return _partitioned(prim, abstract_eval, _ATTENTION_RULES)
+
+
+# --------------------------------------------------------------------------------------------
+# rope_pool_fused
+# --------------------------------------------------------------------------------------------
+# Operands q, k, v, positions, slots, k_pool, v_pool. Factors: t tokens, n slots, k KV heads,
+# g group, d head_dim.
+
+
+def _rope_rule(params):
+  spec = params["spec"]
+  h = _heads(spec.num_qo_heads // spec.num_kv_heads)
+  operands = [f"t {h} d", "t k d", "t k d", "t", "t", "n k d", "n k d"]
+  results = [f"t {h} d", "t k d", "n k d", "n k d"]
+  return _rule(operands, results, ["t", "n", "d"], spec.num_qo_heads // spec.num_kv_heads)
+
+
+def _rope_plan(params, mesh, arg_shapes):
+  spec = params["spec"]
+  candidates = [_dim_axes(arg_shapes[i], 1) for i in (0, 1, 5)]   # q, k, k_pool head axes
+  return _Plan(heads=_pick(mesh, candidates, (spec.num_kv_heads,)), batch=())
+
+
+def _rope_shardings(params, mesh, plan):
+  heads = P(None, _entry(plan.heads), None)
+  return [heads, heads, heads, P(None), P(None), heads, heads], [heads] * 4
+
+
+def _rope_local_params(params, mesh, plan):
+  spec = params["spec"]
+  n = _mesh_size(mesh, plan.heads)
+  local = dataclasses.replace(spec, num_qo_heads=spec.num_qo_heads // n,
+                              num_kv_heads=spec.num_kv_heads // n)
+  return {**params, "spec": local}
+
+
+_ROPE_RULES = _OpRules(lambda params, args: tuple(args), lambda params, ops: list(ops),
+                       _rope_rule, _rope_plan, _rope_shardings, _rope_local_params)
+
+
+def partition_rope_pool(prim: Primitive, abstract_eval: Callable) -> Primitive:
+  """Makes the rope_pool primitive shardable over KV heads; returns its per-device twin (which
+  keeps the pool aliasing of the native lowering)."""
+  return _partitioned(prim, abstract_eval, _ROPE_RULES)

@@ -1,0 +1,258 @@
+"""Sharded-jit cases for test_sharding.py, run in a subprocess with 8 virtual CPU devices.
+
+  XLA_FLAGS=--xla_force_host_platform_device_count=8 python tests/sharding_cases.py [--gspmd]
+
+Each case jits one function over a ('data', 'model') = (2, 4) mesh and checks that the sharded
+result equals the unsharded one exactly (every device runs the same kernel on whole heads and
+sequences), and, for the supported shardings, that the compiled HLO moves no q/k/v/pool data
+(no all-gather / all-to-all / collective-permute) and that donated pools are written in place.
+Prints one line per case, `PASS name` or `FAIL name: why`; exits 1 if any failed, 2 if fewer
+than 8 devices.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import traceback
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+import jax_sgl
+
+COLLECTIVES = ("all-gather", "all-to-all", "collective-permute", "all-reduce")
+CASES = {}
+
+
+def case(fn):
+  CASES[fn.__name__] = fn
+  return fn
+
+
+def mesh():
+  return Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("data", "model"))
+
+
+def rand(rng, *shape, dtype=jnp.float32):
+  return jnp.asarray(rng.standard_normal(shape), jnp.float32).astype(dtype)
+
+
+def run_sharded(fn, args, specs, *, supported=True, donate=(), want_specs=None):
+  """Runs fn unsharded and sharded; checks equality, collectives, donation, output shardings."""
+  m = mesh()
+  want = jax.jit(fn)(*args)
+  placed = [jax.device_put(a, NamedSharding(m, s)) for a, s in zip(args, specs)]
+  jf = jax.jit(fn, donate_argnums=donate)
+  hlo = jf.lower(*placed).compile().as_text()
+  got = jf(*placed)
+  for i, (g, w) in enumerate(zip(jax.tree.leaves(got), jax.tree.leaves(want))):
+    np.testing.assert_array_equal(np.asarray(g.astype(jnp.float32)),
+                                  np.asarray(w.astype(jnp.float32)), err_msg=f"output {i}")
+  found = [c for c in COLLECTIVES if c in hlo]
+  if supported:
+    assert not found, f"collectives in the compiled HLO: {found}"
+  else:     # the explicit reshard to a supported sharding
+    assert found, "an unsupported sharding compiled without any resharding collective"
+  for i in donate:
+    assert placed[i].is_deleted(), f"donated argument {i} was not consumed"
+  if donate:
+    copies = [l for l in hlo.splitlines() if re.search(r"\bcopy\(", l)]
+    assert not copies, f"donated pools are copied: {copies[:2]}"
+  if want_specs is not None:
+    for i, (g, s) in enumerate(zip(jax.tree.leaves(got), want_specs)):
+      assert g.sharding.is_equivalent_to(NamedSharding(m, s), g.ndim), \
+          f"output {i} sharding {g.sharding.spec}, expected {s}"
+  return hlo
+
+
+# --------------------------------------------------------------------------------------------
+# attention
+# --------------------------------------------------------------------------------------------
+
+BSHD = P("data", None, "model", None)
+
+
+@case
+def attention_dense_batch_and_heads():
+  rng = np.random.default_rng(1)
+  q, k, v = rand(rng, 4, 19, 8, 16), rand(rng, 4, 23, 4, 16), rand(rng, 4, 23, 4, 16)
+  fn = lambda q, k, v: jax_sgl.attention(q, k, v, causal=True, return_lse=True)
+  run_sharded(fn, (q, k, v), (BSHD,) * 3, want_specs=(BSHD, P("data", "model", None)))
+
+
+@case
+def attention_dense_heads_over_both_axes_softcap_window():
+  rng = np.random.default_rng(2)
+  q, k, v = rand(rng, 3, 7, 16, 8), rand(rng, 3, 9, 8, 8), rand(rng, 3, 9, 8, 8)
+  spec = P(None, None, ("data", "model"), None)
+  fn = lambda q, k, v: jax_sgl.attention(q, k, v, window=(3, 1), softcap=5.0, return_lse=True)
+  run_sharded(fn, (q, k, v), (spec,) * 3, want_specs=(spec,))
+
+
+@case
+def attention_dense_fp8_descale():
+  rng = np.random.default_rng(3)
+  f8 = jnp.float8_e4m3fn
+  q, k, v = (rand(rng, 2, 5, 8, 16, dtype=f8), rand(rng, 2, 6, 4, 16, dtype=f8),
+             rand(rng, 2, 6, 4, 16, dtype=f8))
+  sq, sk, sv = (jnp.asarray(rng.uniform(0.5, 2, (2, 4)), jnp.float32) for _ in range(3))
+  fn = lambda q, k, v, sq, sk, sv: jax_sgl.attention(q, k, v, causal=True, q_descale=sq,
+                                                    k_descale=sk, v_descale=sv)
+  run_sharded(fn, (q, k, v, sq, sk, sv), (BSHD,) * 3 + (P("data", "model"),) * 3)
+
+
+@case
+def attention_varlen_heads():
+  rng = np.random.default_rng(4)
+  lens_q, lens_k = [5, 1, 13], [9, 4, 13]
+  cu_q = jnp.asarray(np.cumsum([0] + lens_q), jnp.int32)
+  cu_k = jnp.asarray(np.cumsum([0] + lens_k), jnp.int32)
+  q, k, v = rand(rng, 19, 8, 16), rand(rng, 26, 4, 16), rand(rng, 26, 4, 16)
+  fn = lambda q, k, v, cq, ck: jax_sgl.attention(q, k, v, causal=True, cu_seqlens_q=cq,
+                                                cu_seqlens_k=ck, return_lse=True)
+  thd = P(None, "model", None)
+  run_sharded(fn, (q, k, v, cu_q, cu_k), (thd,) * 3 + (P(),) * 2,
+              want_specs=(thd, P("model", None)))
+
+
+def _paged_inputs(rng, batch, page_size, num_pages, hkv, d):
+  pool = (num_pages * page_size, hkv, d) if page_size == 1 else (num_pages, page_size, hkv, d)
+  k, v = rand(rng, *pool), rand(rng, *pool)
+  max_pages = num_pages // batch
+  table = jnp.asarray(rng.permutation(num_pages)[: batch * max_pages].reshape(batch, -1),
+                      jnp.int32)
+  used = jnp.asarray(rng.integers(1, max_pages * page_size + 1, batch), jnp.int32)
+  return k, v, table, used
+
+
+@case
+def attention_paged_decode_batch_and_heads():
+  rng = np.random.default_rng(5)
+  k, v, table, used = _paged_inputs(rng, 4, 8, 16, 4, 16)
+  q = rand(rng, 4, 1, 8, 16)
+  fn = lambda q, k, v, t, u: jax_sgl.attention(q, k, v, causal=True, page_table=t,
+                                              seqused_k=u, return_lse=True)
+  pool = P(None, None, "model", None)
+  run_sharded(fn, (q, k, v, table, used), (BSHD, pool, pool, P("data", None), P("data")),
+              want_specs=(BSHD, P("data", "model", None)))
+
+
+@case
+def attention_token_pool_varlen_q_heads():
+  rng = np.random.default_rng(6)
+  k, v, table, used = _paged_inputs(rng, 2, 1, 40, 4, 16)
+  cu_q = jnp.asarray([0, 3, 7], jnp.int32)
+  used = jnp.maximum(used, 4)
+  q = rand(rng, 7, 8, 16)
+  fn = lambda q, k, v, cq, t, u: jax_sgl.attention(q, k, v, causal=True, cu_seqlens_q=cq,
+                                                  page_table=t, seqused_k=u)
+  heads = P(None, "model", None)
+  run_sharded(fn, (q, k, v, cu_q, table, used), (heads,) * 3 + (P(), P(), P()),
+              want_specs=(heads,))
+
+
+@case
+def attention_unsupported_shardings_are_resharded():
+  """Sequence and head_dim splits, and a head split not dividing num_kv_heads: still exact."""
+  rng = np.random.default_rng(7)
+  q, k, v = rand(rng, 2, 8, 8, 16), rand(rng, 2, 12, 2, 16), rand(rng, 2, 12, 2, 16)
+  fn = lambda q, k, v: jax_sgl.attention(q, k, v, causal=True, return_lse=True)
+  run_sharded(fn, (q, k, v), (P(None, "model", None, "data"),) * 3, supported=False)
+  run_sharded(fn, (q, k, v), (P(None, None, "model", None), P(), P()), supported=False)
+
+
+# --------------------------------------------------------------------------------------------
+# rope_pool_fused
+# --------------------------------------------------------------------------------------------
+
+
+def _rope_inputs(rng, tokens, h, hkv, d, slots_total):
+  q, k, v = rand(rng, tokens, h, d), rand(rng, tokens, hkv, d), rand(rng, tokens, hkv, d)
+  positions = jnp.asarray(rng.integers(0, 1000, tokens), jnp.int32)
+  slots = rng.permutation(slots_total)[:tokens].astype(np.int32)
+  slots[1] = -1                                  # a padding token
+  kp, vp = rand(rng, slots_total, hkv, d), rand(rng, slots_total, hkv, d)
+  return q, k, v, positions, jnp.asarray(slots), kp, vp
+
+
+ROPE = lambda *a: jax_sgl.rope_pool_fused(*a)
+HEADS = P(None, "model", None)
+
+
+@case
+def rope_pool_kv_heads_donated():
+  rng = np.random.default_rng(8)
+  args = _rope_inputs(rng, 19, 8, 4, 16, 99)
+  run_sharded(ROPE, args, (HEADS,) * 3 + (P(), P()) + (HEADS,) * 2, donate=(5, 6),
+              want_specs=(HEADS,) * 4)
+
+
+@case
+def rope_pool_gqa_partial_rotary_interleaved_heads_over_both_axes():
+  rng = np.random.default_rng(9)
+  args = _rope_inputs(rng, 5, 16, 8, 32, 23)
+  heads = P(None, ("data", "model"), None)
+  fn = lambda *a: jax_sgl.rope_pool_fused(*a, rotary_dim=16, is_neox=False)
+  run_sharded(fn, args, (heads,) * 3 + (P(), P()) + (heads,) * 2, donate=(5, 6))
+
+
+@case
+def rope_pool_token_sharding_is_resharded():
+  """Tokens split over 'data': every pool replica must still get every token's write."""
+  rng = np.random.default_rng(10)
+  args = _rope_inputs(rng, 16, 8, 4, 16, 64)
+  tok = P("data", "model", None)
+  run_sharded(ROPE, args, (tok,) * 3 + (P("data"), P("data")) + (HEADS,) * 2, supported=False)
+  run_sharded(ROPE, args, (P(),) * 5 + (P("data", None, None),) * 2, supported=False)
+
+
+# --------------------------------------------------------------------------------------------
+# a decoder layer: rope_pool_fused then paged attention over the pools, heads sharded
+# --------------------------------------------------------------------------------------------
+
+
+@case
+def layer_rope_then_paged_attention_heads():
+  rng = np.random.default_rng(11)
+  batch, page_size, num_pages, h, hkv, d = 4, 4, 16, 8, 4, 16
+  q, k, v = rand(rng, batch, h, d), rand(rng, batch, hkv, d), rand(rng, batch, hkv, d)
+  table = jnp.asarray(rng.permutation(num_pages).reshape(batch, -1), jnp.int32)
+  lengths = jnp.asarray([0, 5, 11, 15], jnp.int32)
+  slots = table[jnp.arange(batch), lengths // page_size] * page_size + lengths % page_size
+  kp = rand(rng, num_pages * page_size, hkv, d)
+  vp = rand(rng, num_pages * page_size, hkv, d)
+
+  def layer(q, k, v, lengths, slots, kp, vp, table):
+    q, k, kp, vp = jax_sgl.rope_pool_fused(q, k, v, lengths, slots, kp, vp)
+    paged = (num_pages, page_size, hkv, d)
+    out = jax_sgl.attention(q[:, None], kp.reshape(paged), vp.reshape(paged), causal=True,
+                            page_table=table, seqused_k=lengths + 1)
+    return out, kp, vp
+
+  run_sharded(layer, (q, k, v, lengths, slots, kp, vp, table),
+              (HEADS,) * 3 + (P(), P()) + (HEADS,) * 2 + (P(),), donate=(5, 6))
+
+
+def main(argv) -> int:
+  if "--gspmd" in argv:
+    jax.config.update("jax_use_shardy_partitioner", False)
+  if len(jax.devices()) < 8:
+    print(f"SKIP only {len(jax.devices())} devices")
+    return 2
+  failed = 0
+  for name, fn in CASES.items():
+    try:
+      fn()
+      print(f"PASS {name}", flush=True)
+    except Exception as e:    # report every case, not only the first failure
+      failed += 1
+      msg = "".join(traceback.format_exception_only(e)).strip().replace("\n", " | ")
+      print(f"FAIL {name}: {msg[:2000]}", flush=True)
+  return 1 if failed else 0
+
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv[1:]))
