@@ -33,3 +33,59 @@ target_sources(_native PRIVATE ${JAX_SGL_CUDA_SOURCES})
 target_compile_definitions(_native PRIVATE JAX_SGL_HAVE_CUDA=1)
 target_link_libraries(_native PRIVATE CUDA::cudart_static)
 target_compile_options(_native PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr -lineinfo>)
+# _native exists before CUDA is enabled, so it did not pick up CMAKE_CUDA_ARCHITECTURES.
+set_target_properties(_native PROPERTIES CUDA_ARCHITECTURES "${JAX_SGL_CUDA_ARCHS}")
+
+# CuTe/CUTLASS headers for the matrix kernels, from the nvidia-cutlass wheel
+# (cutlass_library/source/include). Optional: kernels that need them add the interface target
+# jax_sgl_cutlass; the rest of the CUDA build works without it. find_spec locates the package
+# without importing it (its __init__ pulls in cuda-python and friends).
+set(JAX_SGL_CUTLASS_INCLUDE_DIR "" CACHE PATH "CuTe/CUTLASS include dir (default: from nvidia-cutlass)")
+if(NOT JAX_SGL_CUTLASS_INCLUDE_DIR)
+  execute_process(
+    COMMAND "${Python_EXECUTABLE}" -c
+      "import importlib.util, os; s = importlib.util.find_spec('cutlass_library'); print(os.path.join(s.submodule_search_locations[0], 'source', 'include'))"
+    OUTPUT_STRIP_TRAILING_WHITESPACE OUTPUT_VARIABLE _jax_sgl_cutlass_dir ERROR_QUIET
+    RESULT_VARIABLE _jax_sgl_cutlass_rc)
+  if(_jax_sgl_cutlass_rc EQUAL 0 AND EXISTS "${_jax_sgl_cutlass_dir}/cute/tensor.hpp")
+    set(JAX_SGL_CUTLASS_INCLUDE_DIR "${_jax_sgl_cutlass_dir}" CACHE PATH "" FORCE)
+  endif()
+endif()
+if(JAX_SGL_CUTLASS_INCLUDE_DIR)
+  add_library(jax_sgl_cutlass INTERFACE)
+  target_include_directories(jax_sgl_cutlass SYSTEM INTERFACE "${JAX_SGL_CUTLASS_INCLUDE_DIR}")
+  message(STATUS "jax_sgl: CuTe/CUTLASS headers: ${JAX_SGL_CUTLASS_INCLUDE_DIR}")
+else()
+  message(STATUS "jax_sgl: nvidia-cutlass not found (pip install nvidia-cutlass); kernels that "
+                 "need CuTe are skipped")
+endif()
+
+# Hopper flash forward (ffi/cuda/attention/sm90, CuTe wgmma + TMA): built when 90a is among the
+# archs and CuTe is found, for sm_90a only (its own object library, so other archs never see
+# wgmma). One file per (head dim, dtype) of JAX_SGL_SM90_HEAD_DIMS x JAX_SGL_SM90_DTYPES; each
+# defines JAX_SGL_SM90_HAVE_HDIM<D>_<DTYPE> so the dispatch knows it. At run time the kernel is
+# used only with JAX_SGL_SM90=1 (opt-in until verified on a GPU).
+set(JAX_SGL_SM90_HEAD_DIMS "64;128;256" CACHE STRING "sm90 attention head dims to build")
+set(JAX_SGL_SM90_DTYPES "bf16;fp16" CACHE STRING "sm90 attention dtypes to build")
+if("90a" IN_LIST JAX_SGL_CUDA_ARCHS AND TARGET jax_sgl_cutlass AND JAX_SGL_SM90_HEAD_DIMS)
+  set(_jax_sgl_sm90_sources)
+  foreach(d ${JAX_SGL_SM90_HEAD_DIMS})
+    foreach(t ${JAX_SGL_SM90_DTYPES})
+      list(APPEND _jax_sgl_sm90_sources
+        ffi/cuda/attention/instantiations/flash_fwd_sm90_hdim${d}_${t}.cu)
+      string(TOUPPER "${t}" _t)
+      target_compile_definitions(_native PRIVATE JAX_SGL_SM90_HAVE_HDIM${d}_${_t}=1)
+    endforeach()
+  endforeach()
+  add_library(jax_sgl_sm90 OBJECT ${_jax_sgl_sm90_sources})
+  set_target_properties(jax_sgl_sm90 PROPERTIES CUDA_ARCHITECTURES "90a"
+                                                POSITION_INDEPENDENT_CODE ON)
+  target_include_directories(jax_sgl_sm90 PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})
+  target_link_libraries(jax_sgl_sm90 PRIVATE jax_sgl_cutlass CUDA::cudart_static)
+  target_compile_options(jax_sgl_sm90 PRIVATE --expt-relaxed-constexpr -lineinfo)
+  target_sources(_native PRIVATE ffi/cuda/attention/sm90/dispatch.cc
+                                 $<TARGET_OBJECTS:jax_sgl_sm90>)
+  target_compile_definitions(_native PRIVATE JAX_SGL_HAVE_SM90=1)
+  message(STATUS "jax_sgl: sm90 attention: head dims ${JAX_SGL_SM90_HEAD_DIMS}, "
+                 "dtypes ${JAX_SGL_SM90_DTYPES}")
+endif()

@@ -6,6 +6,7 @@
 
 #include "ffi/common/attention_seq.h"
 #include "ffi/cuda/attention/flash_fwd_launch.h"
+#include "ffi/cuda/attention/sm90/launch.h"
 
 namespace jax_sgl::cuda {
 namespace {
@@ -65,6 +66,16 @@ cudaError_t LaunchForType(const FlashPlan& plan, const FlashFwdArgs& args, cudaS
 }  // namespace
 
 const char* PlanFlashFwd(const AttentionParams& p, int num_sms, FlashPlan* plan) {
+  // The Hopper kernel, where opted in (JAX_SGL_SM90=1), on a 9.0 device, for what it covers;
+  // everything else falls through to the portable sm80 kernel.
+  plan->sm90 = false;
+#ifdef JAX_SGL_HAVE_SM90
+  if (Sm90Enabled() && Sm90Unsupported(p) == nullptr) {
+    plan->sm90 = true;
+    plan->scratch_bytes = 0;
+    return nullptr;
+  }
+#endif
   const bool half = p.q_type == DType::kBF16 || p.q_type == DType::kF16;
   if (!half || p.k_type != p.q_type || p.v_type != p.q_type || p.out_type != p.q_type)
     return "jax_sgl.attention: the CUDA kernel supports float16 and bfloat16 q/k/v only "
@@ -116,6 +127,12 @@ const char* PlanFlashFwd(const AttentionParams& p, int num_sms, FlashPlan* plan)
 const char* RunFlashFwd(const AttentionParams& p, const FlashPlan& plan, void* scratch,
                         cudaStream_t stream) {
   if (p.batch == 0 || p.total_q == 0) return nullptr;
+#ifdef JAX_SGL_HAVE_SM90
+  if (plan.sm90) {
+    const cudaError_t err = RunFlashFwdSm90(p, stream);
+    return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
+  }
+#endif
   if (p.cu_seqlens_q) {
     if (cudaError_t err = LaunchClearUncoveredRows(p, stream); err != cudaSuccess)
       return cudaGetErrorString(err);

@@ -29,6 +29,7 @@ inline constexpr int kHeadDimCapacities[] = {64, 96, 128, 192, 256};
 inline constexpr int kMaxSplits = 32;
 
 struct FlashPlan {
+  bool sm90;             // the sm_90a kernel (sm90/) runs the call; the fields below are unused
   int head_dim_cap;      // compiled head dim the call runs on
   bool decode;           // decode warp layout (16 packed rows) instead of prefill (64)
   int block_m;           // packed rows per CTA

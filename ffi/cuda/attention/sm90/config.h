@@ -1,0 +1,95 @@
+// Compile-time shape of the sm_90a flash forward for one (dtype, head dim): tile sizes, shared
+// memory layouts and the two warpgroup MMAs, all as CuTe types. Everything else is a run-time
+// parameter (flash_fwd_sm90_kernel.cuh), so a (dtype, head dim) pair is exactly one kernel.
+//
+// CTA = 3 warpgroups: warpgroup 0 loads (TMA), warpgroups 1 and 2 each own 64 query rows of the
+// 128-row tile and take turns on the tensor cores (ping-pong). The 64-row halves of Q/O are
+// separate smem blocks so each consumer loads and stores its own rows with one TMA box.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cute/atom/mma_traits_sm90_gmma.hpp>
+#include <cutlass/numeric_types.h>
+#include <cutlass/pipeline/sm90_pipeline.hpp>
+
+namespace jax_sgl::cuda::sm90 {
+
+using namespace cute;
+
+template <typename Element_, int kHeadDim_>
+struct FlashConfig {
+  using Element = Element_;  // cutlass::bfloat16_t or cutlass::half_t
+  static constexpr int kHeadDim = kHeadDim_;
+  static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256);
+
+  static constexpr int kWarpgroupRows = 64;                   // wgmma M per warpgroup
+  static constexpr int kConsumers = 2;                        // consumer warpgroups (ping-pong)
+  static constexpr int kBlockM = kWarpgroupRows * kConsumers; // query rows per CTA
+  // Keys per tile: 128 keeps S (64 fp32 per thread) and O (kHeadDim/2 per thread) plus the P
+  // operand inside 240 registers up to hd128; hd256's O alone takes 128 registers, so its key
+  // tile halves. Two stages of K and V fit smem at every head dim (hd256: 64+64+64 KiB).
+  static constexpr int kBlockN = kHeadDim <= 128 ? 128 : 64;
+  static constexpr int kStages = 2;
+  static constexpr int kThreads = 128 * (1 + kConsumers);
+  // Registers per thread after setmaxnreg: producers give theirs to the consumers.
+  // (24 + 2 * 240) * 128 = 64512 <= 65536, the register file of one SM.
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kConsumerRegs = 240;
+
+  using RowsD = Shape<Int<kWarpgroupRows>, Int<kHeadDim>>;
+  using TileQK = Shape<Int<kWarpgroupRows>, Int<kBlockN>, Int<kHeadDim>>;  // S = Q K^T
+  using TilePV = Shape<Int<kWarpgroupRows>, Int<kHeadDim>, Int<kBlockN>>;  // O += P V
+
+  // S = Q K^T: both operands from smem, K-major (head dim contiguous).
+  using MmaQK = decltype(make_tiled_mma(
+      SM90::GMMA::ss_op_selector<Element, Element, float, TileQK>()));
+  // O += P V: P from registers (the softmax output never touches smem); V is read transposed,
+  // its head dim (the N of this GEMM) contiguous, i.e. MN-major.
+  using MmaPV = decltype(make_tiled_mma(
+      SM90::GMMA::rs_op_selector<Element, Element, float, TilePV, GMMA::Major::K,
+                                 GMMA::Major::MN>()));
+
+  // 128-byte swizzle: conflict-free for both TMA writes and wgmma reads.
+  using SwizzleAtom = GMMA::Layout_K_SW128_Atom<Element>;
+  // Q (and later O): [64 rows, head dim, consumer].
+  using SmemLayoutQ = decltype(tile_to_shape(
+      SwizzleAtom{}, Shape<Int<kWarpgroupRows>, Int<kHeadDim>, Int<kConsumers>>{}));
+  using SmemLayoutQHalf = decltype(tile_to_shape(SwizzleAtom{}, RowsD{}));
+  // K and V: [keys, head dim, stage], as TMA writes them.
+  using SmemLayoutKV = decltype(tile_to_shape(
+      SwizzleAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>, Int<kStages>>{}));
+  using SmemLayoutKVTile = decltype(tile_to_shape(
+      SwizzleAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}));
+  // V seen as the B operand of P V: [head dim, keys, stage] over the same bytes.
+  using SmemLayoutVt = decltype(composition(
+      SmemLayoutKV{}, make_layout(Shape<Int<kHeadDim>, Int<kBlockN>, Int<kStages>>{},
+                                  Stride<Int<kBlockN>, _1, Int<kBlockN * kHeadDim>>{})));
+
+  using Pipeline = cutlass::PipelineTmaAsync<kStages>;
+
+  struct SharedStorage {
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutQ>> q;  // reused for O
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutKV>> k;
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutKV>> v;
+    typename Pipeline::SharedStorage pipe_k;
+    typename Pipeline::SharedStorage pipe_v;
+    cutlass::arch::ClusterTransactionBarrier barrier_q;
+  };
+
+  static constexpr int kQHalfBytes = kWarpgroupRows * kHeadDim * sizeof(Element);
+  static constexpr int kKVTileBytes = kBlockN * kHeadDim * sizeof(Element);
+
+  // Global tensors as TMA sees them: [rows, head dim, head, batch] with the head dim contiguous.
+  using GmemShape = Shape<int32_t, int32_t, int32_t, int32_t>;
+  using GmemStride = Stride<int64_t, _1, int64_t, int64_t>;
+  using GmemTensor = decltype(make_tensor(make_gmem_ptr(static_cast<Element*>(nullptr)),
+                                          GmemShape{}, GmemStride{}));
+  using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutQHalf{}, RowsD{},
+                                      _1{}));
+  using TmaKV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutKVTile{},
+                                       Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
+  using TmaO = decltype(make_tma_copy(SM90_TMA_STORE{}, GmemTensor{}, SmemLayoutQHalf{}, RowsD{},
+                                      _1{}));
+};
+
+}  // namespace jax_sgl::cuda::sm90

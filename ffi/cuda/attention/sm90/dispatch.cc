@@ -1,0 +1,95 @@
+// Host side of the sm_90a flash forward: whether it may run a call (opt-in, device, coverage)
+// and the (dtype, head dim) switch over the instantiations this build compiled.
+#include <cstdlib>
+#include <cstring>
+#include <type_traits>
+
+#include "ffi/common/numeric.h"
+#include "ffi/cuda/attention/sm90/launch.h"
+
+namespace jax_sgl::cuda {
+namespace {
+
+// The instantiations this build compiled: cmake/cuda.cmake defines JAX_SGL_SM90_HAVE_HDIM<D>_<DTYPE>
+// for each file it builds. Calls f(T* tag, integral_constant<int, D>) for the matching storage
+// type T and head dim D, or returns false when (dtype, head dim) was left out.
+template <typename F>
+bool WithInstantiation(DType t, int d, F&& f) {
+  const bool bf16 = t == DType::kBF16;
+  (void)bf16;
+#define JAX_SGL_SM90_CASE(D, TYPE, IS_BF16)                         \
+  if (d == D && bf16 == IS_BF16) {                                  \
+    f(static_cast<TYPE*>(nullptr), std::integral_constant<int, D>{}); \
+    return true;                                                    \
+  }
+#ifdef JAX_SGL_SM90_HAVE_HDIM64_BF16
+  JAX_SGL_SM90_CASE(64, bf16_t, true)
+#endif
+#ifdef JAX_SGL_SM90_HAVE_HDIM64_FP16
+  JAX_SGL_SM90_CASE(64, f16_t, false)
+#endif
+#ifdef JAX_SGL_SM90_HAVE_HDIM128_BF16
+  JAX_SGL_SM90_CASE(128, bf16_t, true)
+#endif
+#ifdef JAX_SGL_SM90_HAVE_HDIM128_FP16
+  JAX_SGL_SM90_CASE(128, f16_t, false)
+#endif
+#ifdef JAX_SGL_SM90_HAVE_HDIM256_BF16
+  JAX_SGL_SM90_CASE(256, bf16_t, true)
+#endif
+#ifdef JAX_SGL_SM90_HAVE_HDIM256_FP16
+  JAX_SGL_SM90_CASE(256, f16_t, false)
+#endif
+#undef JAX_SGL_SM90_CASE
+  return false;
+}
+
+bool Built(DType t, int d) {
+  return WithInstantiation(t, d, [](auto, auto) {});
+}
+
+}  // namespace
+
+const char* Sm90Unsupported(const AttentionParams& p) {
+  if (p.cu_seqlens_q != nullptr || p.kv_layout != KvLayout::kDense || p.seqused_k != nullptr)
+    return "sm90 kernel: dense layout only (varlen and paged run on the sm80 kernel)";
+  const bool half = p.q_type == DType::kBF16 || p.q_type == DType::kF16;
+  if (!half || p.k_type != p.q_type || p.v_type != p.q_type || p.out_type != p.q_type)
+    return "sm90 kernel: float16/bfloat16 q, k, v and out only";
+  if (p.head_dim != p.head_dim_v || !Built(p.q_type, p.head_dim))
+    return "sm90 kernel: head_dim == head_dim_v in the built set (JAX_SGL_SM90_HEAD_DIMS) only";
+  if (p.softcap != 0.f) return "sm90 kernel: no softcap";
+  if (p.window_left != -1 || (p.window_right != -1 && !(p.causal && p.window_right == 0)))
+    return "sm90 kernel: no sliding window";
+  // Grid y/z limits; TMA wants 16-byte aligned bases (XLA's buffers are).
+  if (p.num_heads > 65535 || p.batch > 65535) return "sm90 kernel: batch and heads <= 65535";
+  for (const void* ptr : {p.q, p.k, p.v, static_cast<const void*>(p.out)})
+    if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0) return "sm90 kernel: 16-byte aligned buffers";
+  return nullptr;
+}
+
+bool Sm90Enabled() {
+  static const bool opted_in = [] {
+    const char* env = std::getenv("JAX_SGL_SM90");
+    return env != nullptr && std::strcmp(env, "1") == 0;
+  }();
+  if (!opted_in) return false;
+  int device = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess)
+    return false;
+  // sm_90a code runs on exactly compute capability 9.0.
+  return major == 9 && minor == 0;
+}
+
+cudaError_t RunFlashFwdSm90(const AttentionParams& p, cudaStream_t stream) {
+  cudaError_t err = cudaErrorInvalidValue;
+  WithInstantiation(p.q_type, p.head_dim, [&](auto* tag, auto head_dim) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    err = LaunchFlashFwdSm90<T, decltype(head_dim)::value>(p, stream);
+  });
+  return err;
+}
+
+}  // namespace jax_sgl::cuda

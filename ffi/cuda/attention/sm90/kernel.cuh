@@ -1,0 +1,306 @@
+// The sm_90a flash attention forward kernel (dense layout): one CTA per (128 query rows, q head,
+// batch). Warpgroup 0 is the producer: one thread issues the TMA loads of Q and of the K/V tiles
+// into a kStages-deep smem ring (cutlass::PipelineTmaAsync: full/empty mbarriers per stage).
+// Warpgroups 1 and 2 are consumers, 64 query rows each:
+//   - S = Q K^T and O += P V on wgmma; P stays in registers (RS wgmma).
+//   - Intra-warpgroup overlap: the S of tile j is issued together with the P V of tile j+1, so the
+//     softmax of tile j runs while the tensor cores finish P V.
+//   - Ping-pong: a pair of named barriers makes the two consumers issue their GEMMs in turn, so
+//     one warpgroup's softmax hides behind the other's GEMMs.
+// Keys are walked from the last tile down: tiles that cross the causal diagonal or the end of the
+// keys come first and are the only ones masked; tiles above the diagonal are never loaded.
+// The output goes registers -> smem (the Q buffer of the same warpgroup) -> TMA store.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
+#include <cutlass/pipeline/sm90_pipeline.hpp>
+
+#include "ffi/cuda/attention/sm90/config.h"
+#include "ffi/cuda/attention/sm90/softmax.h"
+
+namespace jax_sgl::cuda::sm90 {
+
+template <typename Cfg>
+struct KernelParams {
+  typename Cfg::TmaQ tma_q;
+  typename Cfg::TmaKV tma_k;
+  typename Cfg::TmaKV tma_v;
+  typename Cfg::TmaO tma_o;
+  typename Cfg::GmemShape q_shape;   // [seqlen_q, head_dim, num_heads, batch]
+  typename Cfg::GmemShape kv_shape;  // [seqlen_k, head_dim, num_kv_heads, batch]
+  float* lse;                        // [batch, num_heads, seqlen_q] or nullptr
+  int seqlen_q;
+  int seqlen_k;
+  int num_heads;
+  int group;                         // num_heads / num_kv_heads
+  float softmax_scale;
+  bool causal;                       // bottom-right aligned
+};
+
+// Named barriers (ids after CUTLASS's reserved ones): one per consumer for its GEMM turn, one per
+// consumer for its epilogue.
+enum class Barrier : uint32_t { kTurn0 = 0, kTurn1 = 1, kEpilogue0 = 2, kEpilogue1 = 3 };
+
+// Key tiles [0, n_end) a CTA visits, and from which tile on masking is needed.
+struct KeyTiles {
+  int n_end;         // one past the last tile with an unmasked key for some row of the CTA
+  int n_mask_begin;  // tiles >= this may hold a masked (causal or past-the-end) key
+  __device__ KeyTiles(int m0, int block_m, int block_n, int seqlen_q, int seqlen_k, bool causal) {
+    int keys = seqlen_k;
+    // Row i sees keys <= i + seqlen_k - seqlen_q; the CTA's last row bounds the key range.
+    const int diag = seqlen_k - seqlen_q;
+    if (causal) keys = min(keys, max(0, m0 + block_m + diag));
+    n_end = (keys + block_n - 1) / block_n;
+    int unmasked = seqlen_k;  // keys every row of the CTA sees unmasked
+    if (causal) unmasked = min(unmasked, max(0, m0 + diag + 1));
+    n_mask_begin = min(n_end, unmasked / block_n);
+  }
+};
+
+// One wgmma GEMM batch: C (+)= A B over the K blocks, committed as one group; the caller waits.
+// kARegs: A is a register fragment (fenced like the accumulator) rather than smem descriptors.
+template <bool kZeroInit, bool kARegs, typename Mma, typename TA, typename TB, typename TC>
+__device__ __forceinline__ void Gemm(Mma& mma, TA const& a, TB const& b, TC& c) {
+  if constexpr (kARegs) warpgroup_fence_operand(const_cast<TA&>(a));
+  warpgroup_fence_operand(c);
+  warpgroup_arrive();
+  if constexpr (kZeroInit) mma.accumulate_ = GMMA::ScaleOut::Zero;
+#pragma unroll
+  for (int kb = 0; kb < size<2>(a); ++kb) {
+    cute::gemm(mma, a(_, _, kb), b(_, _, kb), c);
+    mma.accumulate_ = GMMA::ScaleOut::One;
+  }
+  warpgroup_commit_batch();
+  warpgroup_fence_operand(c);
+  if constexpr (kARegs) warpgroup_fence_operand(const_cast<TA&>(a));
+}
+
+template <typename Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads, 1)
+    FlashFwdSm90Kernel(CUTE_GRID_CONSTANT KernelParams<Cfg> const params) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Element = typename Cfg::Element;
+  using Pipeline = typename Cfg::Pipeline;
+  using PipelineState = cutlass::PipelineState<Cfg::kStages>;
+  constexpr int kBlockM = Cfg::kBlockM;
+  constexpr int kBlockN = Cfg::kBlockN;
+  constexpr int kRows = Cfg::kWarpgroupRows;
+  constexpr int kConsumerThreads = 128 * Cfg::kConsumers;
+
+  extern __shared__ __align__(1024) char smem_raw[];
+  auto& shared = *reinterpret_cast<typename Cfg::SharedStorage*>(smem_raw);
+
+  const int warpgroup = threadIdx.x / 128;
+  const int thread_in_wg = threadIdx.x % 128;
+  // Causal CTAs with more rows have more tiles: launch them first.
+  const int m_block = params.causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+  const int head = blockIdx.y;
+  const int batch = blockIdx.z;
+  const int kv_head = head / params.group;
+  const int m0 = m_block * kBlockM;
+  const KeyTiles tiles(m0, kBlockM, kBlockN, params.seqlen_q, params.seqlen_k, params.causal);
+
+  // Barriers: set up by warp 0, made visible to all before any role starts.
+  typename Pipeline::Params pipe_params;
+  pipe_params.transaction_bytes = Cfg::kKVTileBytes;
+  pipe_params.role = warpgroup == 0 ? Pipeline::ThreadCategory::Producer
+                                    : Pipeline::ThreadCategory::Consumer;
+  pipe_params.is_leader = threadIdx.x == 0;
+  pipe_params.num_consumers = kConsumerThreads;
+  Pipeline pipe_k(shared.pipe_k, pipe_params, Shape<_1, _1, _1>{});
+  Pipeline pipe_v(shared.pipe_v, pipe_params, Shape<_1, _1, _1>{});
+  if (threadIdx.x == 0) shared.barrier_q.init(1);
+  cutlass::arch::fence_barrier_init();
+  __syncthreads();
+
+  Tensor sQ = make_tensor(make_smem_ptr(shared.q.data()), typename Cfg::SmemLayoutQ{});
+  Tensor sK = make_tensor(make_smem_ptr(shared.k.data()), typename Cfg::SmemLayoutKV{});
+  Tensor sV = make_tensor(make_smem_ptr(shared.v.data()), typename Cfg::SmemLayoutKV{});
+  Tensor sVt = make_tensor(make_smem_ptr(shared.v.data()), typename Cfg::SmemLayoutVt{});
+
+  if (warpgroup == 0) {
+    // ---- Producer ------------------------------------------------------------------------
+    cutlass::arch::warpgroup_reg_dealloc<Cfg::kProducerRegs>();
+    if (threadIdx.x != 0 || tiles.n_end <= 0) return;
+    Tensor mQ = params.tma_q.get_tma_tensor(params.q_shape);
+    Tensor mK = params.tma_k.get_tma_tensor(params.kv_shape);
+    Tensor mV = params.tma_v.get_tma_tensor(params.kv_shape);
+    // [64, D, half] rows of this CTA; [N, D, tile] keys of this (batch, kv head).
+    Tensor gQ = local_tile(mQ(_, _, head, batch), typename Cfg::RowsD{},
+                           make_coord(_, _0{}));  // [64, D, m/64]
+    Tensor gK = local_tile(mK(_, _, kv_head, batch), Shape<Int<kBlockN>, Int<Cfg::kHeadDim>>{},
+                           make_coord(_, _0{}));  // [N, D, n]
+    Tensor gV = local_tile(mV(_, _, kv_head, batch), Shape<Int<kBlockN>, Int<Cfg::kHeadDim>>{},
+                           make_coord(_, _0{}));
+    auto tQ = tma_partition(params.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ),
+                            group_modes<0, 2>(gQ));
+    auto tK = tma_partition(params.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK),
+                            group_modes<0, 2>(gK));
+    auto tV = tma_partition(params.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV),
+                            group_modes<0, 2>(gV));
+    auto tQg = get<0>(tQ);
+    auto tQs = get<1>(tQ);
+    auto tKg = get<0>(tK);
+    auto tKs = get<1>(tK);
+    auto tVg = get<0>(tV);
+    auto tVs = get<1>(tV);
+    PipelineState write_k = cutlass::make_producer_start_state<Pipeline>();
+    PipelineState write_v = cutlass::make_producer_start_state<Pipeline>();
+    auto load_k = [&](int n) {
+      pipe_k.producer_acquire(write_k);
+      copy(params.tma_k.with(*pipe_k.producer_get_barrier(write_k), 0), tKg(_, n),
+           tKs(_, write_k.index()));
+      ++write_k;
+    };
+    auto load_v = [&](int n) {
+      pipe_v.producer_acquire(write_v);
+      copy(params.tma_v.with(*pipe_v.producer_get_barrier(write_v), 0), tVg(_, n),
+           tVs(_, write_v.index()));
+      ++write_v;
+    };
+    // The order the consumers use them: K[last], then (K[n], V[n+1]) pairs, then V[0].
+    load_k(tiles.n_end - 1);
+    shared.barrier_q.arrive_and_expect_tx(2 * Cfg::kQHalfBytes);
+    for (int half = 0; half < Cfg::kConsumers; ++half)
+      copy(params.tma_q.with(reinterpret_cast<uint64_t&>(shared.barrier_q), 0),
+           tQg(_, 2 * m_block + half), tQs(_, half));
+    for (int n = tiles.n_end - 2; n >= 0; --n) {
+      load_k(n);
+      load_v(n + 1);
+    }
+    load_v(0);
+  } else {
+    // ---- Consumers -----------------------------------------------------------------------
+    cutlass::arch::warpgroup_reg_alloc<Cfg::kConsumerRegs>();
+    const int consumer = warpgroup - 1;
+    const uint32_t my_turn = uint32_t(Barrier::kTurn0) + consumer;
+    const uint32_t other_turn = uint32_t(Barrier::kTurn0) + 1 - consumer;
+
+    typename Cfg::MmaQK mma_qk;
+    typename Cfg::MmaPV mma_pv;
+    auto thr_qk = mma_qk.get_thread_slice(thread_in_wg);
+    auto thr_pv = mma_pv.get_thread_slice(thread_in_wg);
+    Tensor sQmine = sQ(_, _, consumer);
+    Tensor tSrQ = thr_qk.partition_fragment_A(sQmine);
+    Tensor tSrK = thr_qk.partition_fragment_B(sK);
+    Tensor tOrV = thr_pv.partition_fragment_B(sVt);
+    Tensor tOrO = partition_fragment_C(mma_pv, typename Cfg::RowsD{});
+    clear(tOrO);
+
+    const AccCoord coord(thread_in_wg);
+    const int row_base = m0 + consumer * kRows + coord.row0;  // query row of r = 0
+    const int diag = params.seqlen_k - params.seqlen_q;
+    OnlineSoftmax softmax(params.softmax_scale);
+
+    // Masks keys past the end and, when causal, right of the diagonal, for key tile n.
+    auto mask = [&](auto& s, int n) {
+      const int col_base = n * kBlockN + coord.col0;
+#pragma unroll
+      for (int i = 0; i < size(s); ++i) {
+        const int col = col_base + AccCoord::Col(i);
+        const int row = row_base + AccCoord::Row(i);
+        if (col >= params.seqlen_k || (params.causal && col > row + diag)) s(i) = -INFINITY;
+      }
+    };
+    // P as the A operand of P V: the accumulator's (2, 2, N/8) values regrouped as
+    // ((2, 2, 2), 1, N/16), same order, so the conversion is element-wise.
+    auto to_p = [&](auto const& s) {
+      Tensor p = make_tensor<Element>(
+          Layout<Shape<Shape<_2, _2, _2>, _1, Int<kBlockN / 16>>>{});
+#pragma unroll
+      for (int i = 0; i < size(s); ++i) p(i) = Element(s(i));
+      return p;
+    };
+
+    if (tiles.n_end > 0) {
+      PipelineState read_k, read_v;
+      // The first consumer goes first.
+      if (consumer == 1) cutlass::arch::NamedBarrier::arrive(kConsumerThreads, other_turn);
+      // Consumer 1 skips its last hand-over so every arrive meets a sync.
+      auto hand_over = [&](bool last) {
+        if (!(last && consumer == 1))
+          cutlass::arch::NamedBarrier::arrive(kConsumerThreads, other_turn);
+      };
+      shared.barrier_q.wait(0);
+
+      int n = tiles.n_end - 1;
+      Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<kRows>, Int<kBlockN>>{});
+      pipe_k.consumer_wait(read_k);
+      cutlass::arch::NamedBarrier::sync(kConsumerThreads, my_turn);
+      Gemm<true, false>(mma_qk, tSrQ, tSrK(_, _, _, read_k.index()), tSrS);
+      hand_over(n == 0);
+      warpgroup_wait<0>();
+      pipe_k.consumer_release(read_k);
+      ++read_k;
+      mask(tSrS, n);
+      float correction[2];
+      softmax.Step(tSrS, correction);
+      Tensor tOrP = to_p(tSrS);
+
+      // One step: S_n issued with P_{n+1} V_{n+1}; softmax of S_n while P V runs.
+      auto step = [&](int n, auto masked) {
+        Tensor s = partition_fragment_C(mma_qk, Shape<Int<kRows>, Int<kBlockN>>{});
+        pipe_k.consumer_wait(read_k);
+        cutlass::arch::NamedBarrier::sync(kConsumerThreads, my_turn);
+        Gemm<true, false>(mma_qk, tSrQ, tSrK(_, _, _, read_k.index()), s);
+        pipe_v.consumer_wait(read_v);
+        Gemm<false, true>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
+        hand_over(n == 0);
+        warpgroup_wait<1>();
+        pipe_k.consumer_release(read_k);
+        ++read_k;
+        if constexpr (decltype(masked)::value) mask(s, n);
+        float corr[2];
+        softmax.Step(s, corr);
+        warpgroup_wait<0>();
+        pipe_v.consumer_release(read_v);
+        ++read_v;
+        ScaleRows(tOrO, corr);
+        Tensor p = to_p(s);
+#pragma unroll
+        for (int i = 0; i < size(p); ++i) tOrP(i) = p(i);
+      };
+      for (n = tiles.n_end - 2; n >= tiles.n_mask_begin; --n) step(n, cute::true_type{});
+      for (; n >= 0; --n) step(n, cute::false_type{});
+
+      pipe_v.consumer_wait(read_v);
+      Gemm<false, true>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
+      warpgroup_wait<0>();
+      pipe_v.consumer_release(read_v);
+    }
+
+    // ---- Epilogue: normalize, LSE, O -> smem -> TMA store ----------------------------------
+    float inv_sum[2], lse[2];
+    softmax.Finish(params.softmax_scale, inv_sum, lse);
+    ScaleRows(tOrO, inv_sum);
+    if (params.lse != nullptr && coord.col0 == 0) {
+      float* lse_row = params.lse + (int64_t(batch) * params.num_heads + head) * params.seqlen_q;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int row = row_base + 8 * r;
+        if (row < params.seqlen_q) lse_row[row] = lse[r];
+      }
+    }
+    // The Q half of this warpgroup is free: its last wgmma has completed (wait<0> above), and
+    // only this warpgroup ever read it. With no key tile, Q was never loaded at all.
+    Tensor tOsO = thr_pv.partition_C(sQmine);
+#pragma unroll
+    for (int i = 0; i < size(tOrO); ++i) tOsO(i) = Element(tOrO(i));
+    cutlass::arch::fence_view_async_shared();  // generic-proxy writes -> TMA reads
+    cutlass::arch::NamedBarrier::sync(128, uint32_t(Barrier::kEpilogue0) + consumer);
+    if (thread_in_wg == 0) {
+      Tensor mO = params.tma_o.get_tma_tensor(params.q_shape);
+      Tensor gO = local_tile(mO(_, _, head, batch), typename Cfg::RowsD{},
+                             make_coord(2 * m_block + consumer, _0{}));
+      auto cta_tma = params.tma_o.get_slice(_0{});
+      copy(params.tma_o, cta_tma.partition_S(sQmine), cta_tma.partition_D(gO));
+      tma_store_arrive();
+      tma_store_wait<0>();
+    }
+  }
+#endif
+}
+
+}  // namespace jax_sgl::cuda::sm90

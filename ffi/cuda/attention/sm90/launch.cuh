@@ -1,0 +1,67 @@
+// Host launcher of the sm_90a flash forward: builds the TMA descriptors for one call (dense
+// [batch, seq, heads, head_dim] tensors) and launches one CTA per (128 query rows, q head, batch).
+// Included only by the generated instantiations/flash_fwd_sm90_*.cu files.
+#pragma once
+
+#include "ffi/common/numeric.h"
+#include "ffi/cuda/attention/sm90/kernel.cuh"
+#include "ffi/cuda/attention/sm90/launch.h"
+
+namespace jax_sgl::cuda {
+namespace sm90 {
+
+// jax_sgl's 16-bit storage types -> CUTLASS's (same bits).
+template <typename T> struct CutlassType;
+template <> struct CutlassType<bf16_t> { using type = cutlass::bfloat16_t; };
+template <> struct CutlassType<f16_t> { using type = cutlass::half_t; };
+
+// [rows, head_dim, heads, batch] view of a dense [batch, rows, heads, head_dim] buffer.
+template <typename Cfg>
+auto DenseTensor(const void* ptr, int rows, int head_dim, int heads, int batch) {
+  using E = typename Cfg::Element;
+  const int64_t row = int64_t(heads) * head_dim;
+  return make_tensor(make_gmem_ptr(static_cast<E*>(const_cast<void*>(ptr))),
+                     make_shape(rows, head_dim, heads, batch),
+                     make_stride(row, _1{}, int64_t(head_dim), row * rows));
+}
+
+}  // namespace sm90
+
+template <typename T, int kHeadDim>
+cudaError_t LaunchFlashFwdSm90(const AttentionParams& p, cudaStream_t stream) {
+  using Cfg = sm90::FlashConfig<typename sm90::CutlassType<T>::type, kHeadDim>;
+  using namespace cute;
+  auto q = sm90::DenseTensor<Cfg>(p.q, p.seqlen_q, kHeadDim, p.num_heads, p.batch);
+  auto k = sm90::DenseTensor<Cfg>(p.k, p.seqlen_k, kHeadDim, p.num_kv_heads, p.batch);
+  auto v = sm90::DenseTensor<Cfg>(p.v, p.seqlen_k, kHeadDim, p.num_kv_heads, p.batch);
+  auto o = sm90::DenseTensor<Cfg>(p.out, p.seqlen_q, kHeadDim, p.num_heads, p.batch);
+  using KVTile = Shape<Int<Cfg::kBlockN>, Int<kHeadDim>>;
+  sm90::KernelParams<Cfg> params{
+      make_tma_copy(SM90_TMA_LOAD{}, q, typename Cfg::SmemLayoutQHalf{}, typename Cfg::RowsD{},
+                    _1{}),
+      make_tma_copy(SM90_TMA_LOAD{}, k, typename Cfg::SmemLayoutKVTile{}, KVTile{}, _1{}),
+      make_tma_copy(SM90_TMA_LOAD{}, v, typename Cfg::SmemLayoutKVTile{}, KVTile{}, _1{}),
+      make_tma_copy(SM90_TMA_STORE{}, o, typename Cfg::SmemLayoutQHalf{}, typename Cfg::RowsD{},
+                    _1{}),
+      q.shape(),
+      k.shape(),
+      p.lse,
+      p.seqlen_q,
+      p.seqlen_k,
+      p.num_heads,
+      p.num_heads / p.num_kv_heads,
+      p.softmax_scale,
+      p.causal,
+  };
+  auto kernel = sm90::FlashFwdSm90Kernel<Cfg>;
+  constexpr int kSmem = sizeof(typename Cfg::SharedStorage);
+  if (cudaError_t err =
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+      err != cudaSuccess)
+    return err;
+  const dim3 grid((p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM, p.num_heads, p.batch);
+  kernel<<<grid, Cfg::kThreads, kSmem, stream>>>(params);
+  return cudaGetLastError();
+}
+
+}  // namespace jax_sgl::cuda

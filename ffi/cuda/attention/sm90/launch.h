@@ -1,0 +1,30 @@
+// Host contract of the sm_90a flash forward (wgmma + TMA, warp-specialized; sm90/kernel.cuh).
+// No CUDA kernel syntax: flash_dispatch.cc includes it.
+//
+// Opt-in until verified on a GPU: the dispatcher uses this kernel only when the environment sets
+// JAX_SGL_SM90=1, the device is compute capability 9.0, the build has the (dtype, head dim)
+// instantiation (JAX_SGL_SM90_HEAD_DIMS) and Sm90Unsupported() finds nothing missing. Anything
+// else runs on the portable sm80 kernel.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "ffi/common/attention_params.h"
+
+namespace jax_sgl::cuda {
+
+// nullptr when the sm90 kernel covers the call, else what it lacks (for the fallback decision
+// and for attention_backend_info()).
+const char* Sm90Unsupported(const AttentionParams& p);
+
+// True when JAX_SGL_SM90=1 and the current device is compute capability 9.0 (read once).
+bool Sm90Enabled();
+
+// Launches the sm90 kernel; the caller checked Sm90Unsupported(p) == nullptr.
+cudaError_t RunFlashFwdSm90(const AttentionParams& p, cudaStream_t stream);
+
+// One instantiation per (storage type, head dim), in instantiations/flash_fwd_sm90_*.cu.
+template <typename T, int kHeadDim>
+cudaError_t LaunchFlashFwdSm90(const AttentionParams& p, cudaStream_t stream);
+
+}  // namespace jax_sgl::cuda
