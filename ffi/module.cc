@@ -1,6 +1,9 @@
 // jax_sgl._native: hands the FFI handlers to Python as capsules. jax_sgl/_registration.py registers the
 // "cpu" ones always and the "cuda" ones when the extension was built with CUDA.
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+
+#include <string>
 
 #include "xla/ffi/api/c_api.h"
 
@@ -20,6 +23,12 @@ XLA_FFI_Error* JaxSglRopePoolFwdApple(XLA_FFI_CallFrame*);
 XLA_FFI_Error* JaxSglAttentionFwdApple(XLA_FFI_CallFrame*);
 #endif
 }
+
+#ifdef JAX_SGL_HAVE_SM90
+namespace jax_sgl::cuda {
+const char* Sm90BuiltKernels();  // ffi/cuda/attention/sm90/dispatch.cc
+}
+#endif
 
 namespace {
 
@@ -50,5 +59,13 @@ NB_MODULE(_native, m) {
     d["jax_sgl_attention_fwd"] = Capsule(JaxSglAttentionFwdCuda);
 #endif
     return d;
+  });
+  // The sm_90a attention instantiations in this build (jax_sgl.attention_backend_info()).
+  m.def("sm90_attention_kernels", []() -> std::string {
+#ifdef JAX_SGL_HAVE_SM90
+    return jax_sgl::cuda::Sm90BuiltKernels();
+#else
+    return "";
+#endif
   });
 }

@@ -8,10 +8,11 @@ to the pure-JAX reference in `jax_sgl.reference`, with a warning.
 """
 
 from jax_sgl import reference
-from jax_sgl._registration import CPU_TARGETS, CUDA_TARGETS
+from jax_sgl._registration import CPU_TARGETS, CUDA_TARGETS, attention_backend_info
 from jax_sgl.attention import attention
 from jax_sgl.rope import rope_pool_fused
 
 __version__ = "0.1.0"
 
-__all__ = ["attention", "rope_pool_fused", "reference", "CPU_TARGETS", "CUDA_TARGETS"]
+__all__ = ["attention", "rope_pool_fused", "reference", "attention_backend_info", "CPU_TARGETS",
+           "CUDA_TARGETS"]

@@ -6,6 +6,8 @@ with nvcc; `cuda_targets()` then names them and they are registered for the CUDA
 
 from __future__ import annotations
 
+import os
+
 import jax
 
 from jax_sgl import _native as _ext  # type: ignore[attr-defined]
@@ -17,6 +19,18 @@ for _name, _capsule in _ext.cpu_targets().items():
   jax.ffi.register_ffi_target(_name, _capsule, platform="cpu")
 for _name, _capsule in _ext.cuda_targets().items():
   jax.ffi.register_ffi_target(_name, _capsule, platform="CUDA")
+
+
+def attention_backend_info() -> dict:
+  """Which CUDA attention kernels this build holds and would use, so benchmarks can name them.
+
+  sm90_kernels: the sm_90a (Hopper wgmma + TMA) instantiations compiled in, e.g.
+  ("hdim128_bf16",). sm90_opt_in: JAX_SGL_SM90=1 is set, the opt-in that routes dense
+  bf16/fp16 calls those instantiations cover to the sm90 kernel on a compute-capability-9.0
+  device (read at every call); everything else runs on the portable sm80 kernel.
+  """
+  return {"sm90_kernels": tuple(_ext.sm90_attention_kernels().split()),
+          "sm90_opt_in": os.environ.get("JAX_SGL_SM90") == "1"}
 
 
 def native_platforms(target: str) -> tuple[str, ...]:

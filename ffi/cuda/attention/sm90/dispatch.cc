@@ -1,7 +1,9 @@
 // Host side of the sm_90a flash forward: whether it may run a call (opt-in, device, coverage)
 // and the (dtype, head dim) switch over the instantiations this build compiled.
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <type_traits>
 
 #include "ffi/common/numeric.h"
@@ -69,11 +71,10 @@ const char* Sm90Unsupported(const AttentionParams& p) {
 }
 
 bool Sm90Enabled() {
-  static const bool opted_in = [] {
-    const char* env = std::getenv("JAX_SGL_SM90");
-    return env != nullptr && std::strcmp(env, "1") == 0;
-  }();
-  if (!opted_in) return false;
+  // Read at every call (a getenv is far cheaper than a launch), so a process, or a test, can
+  // switch kernels between calls without recompiling anything.
+  const char* env = std::getenv("JAX_SGL_SM90");
+  if (env == nullptr || std::strcmp(env, "1") != 0) return false;
   int device = 0, major = 0, minor = 0;
   if (cudaGetDevice(&device) != cudaSuccess ||
       cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
@@ -81,6 +82,29 @@ bool Sm90Enabled() {
     return false;
   // sm_90a code runs on exactly compute capability 9.0.
   return major == 9 && minor == 0;
+}
+
+const char* Sm90BuiltKernels() {
+  return ""
+#ifdef JAX_SGL_SM90_HAVE_HDIM64_BF16
+         " hdim64_bf16"
+#endif
+#ifdef JAX_SGL_SM90_HAVE_HDIM64_FP16
+         " hdim64_fp16"
+#endif
+#ifdef JAX_SGL_SM90_HAVE_HDIM128_BF16
+         " hdim128_bf16"
+#endif
+#ifdef JAX_SGL_SM90_HAVE_HDIM128_FP16
+         " hdim128_fp16"
+#endif
+#ifdef JAX_SGL_SM90_HAVE_HDIM256_BF16
+         " hdim256_bf16"
+#endif
+#ifdef JAX_SGL_SM90_HAVE_HDIM256_FP16
+         " hdim256_fp16"
+#endif
+      ;
 }
 
 cudaError_t RunFlashFwdSm90(const AttentionParams& p, cudaStream_t stream) {

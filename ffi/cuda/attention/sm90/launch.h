@@ -13,12 +13,15 @@
 
 namespace jax_sgl::cuda {
 
-// nullptr when the sm90 kernel covers the call, else what it lacks (for the fallback decision
-// and for attention_backend_info()).
+// nullptr when the sm90 kernel covers the call, else what it lacks (the fallback decision).
 const char* Sm90Unsupported(const AttentionParams& p);
 
-// True when JAX_SGL_SM90=1 and the current device is compute capability 9.0 (read once).
+// True when JAX_SGL_SM90=1 (read at each call) and the current device is compute capability 9.0.
 bool Sm90Enabled();
+
+// The instantiations this build holds, space separated ("hdim128_bf16 hdim128_fp16"; leading
+// space), for jax_sgl.attention_backend_info().
+const char* Sm90BuiltKernels();
 
 // Launches the sm90 kernel; the caller checked Sm90Unsupported(p) == nullptr.
 cudaError_t RunFlashFwdSm90(const AttentionParams& p, cudaStream_t stream);

@@ -1,0 +1,139 @@
+"""The Hopper (sm_90a, wgmma + TMA) flash forward against the pure-JAX reference.
+
+The kernel is opt-in (JAX_SGL_SM90=1, read by the CUDA handler at every call), so every test here
+sets it through monkeypatch; on anything but a compute-capability-9.0 device, or in a build
+without the (dtype, head dim) instantiation, the test is skipped rather than silently testing the
+portable kernel. Outputs are poisoned beforehand so unwritten elements show up as NaN.
+"""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_sgl
+from jax_sgl import reference
+from jax_sgl._checks import check_attention
+
+pytestmark = pytest.mark.gpu
+
+if "xla_gpu_autotune_level" not in os.environ.get("XLA_FLAGS", ""):
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                             " --xla_gpu_autotune_level=0").strip()
+
+DTYPES = (jnp.bfloat16, jnp.float16)
+TOL = {jnp.dtype(jnp.bfloat16): 2.5e-2, jnp.dtype(jnp.float16): 4e-3}
+# (batch, seqlen_q, seqlen_k, num_heads, num_kv_heads): odd lengths that end mid-tile, GQA,
+# q longer than k (causal rows that see no key: out 0, lse -inf), q much shorter than k.
+SHAPES = {
+    "square": (2, 333, 333, 8, 2),
+    "q_short": (3, 19, 989, 4, 4),
+    "k_short": (2, 300, 129, 6, 2),
+    "one_row": (4, 1, 257, 8, 1),
+}
+
+
+def _name(dtype):
+  return "bf16" if jnp.dtype(dtype) == jnp.bfloat16 else "fp16"
+
+
+@pytest.fixture(autouse=True)
+def _sm90(monkeypatch):
+  devices = jax.devices("cuda") if jax.default_backend() == "gpu" else []
+  if not devices or getattr(devices[0], "compute_capability", "") != "9.0":
+    pytest.skip("the sm90 kernel needs a compute capability 9.0 device")
+  monkeypatch.setenv("JAX_SGL_SM90", "1")
+
+
+def _need(head_dim, dtype):
+  kernel = f"hdim{head_dim}_{_name(dtype)}"
+  if kernel not in jax_sgl.attention_backend_info()["sm90_kernels"]:
+    pytest.skip(f"{kernel} not in this build (JAX_SGL_SM90_HEAD_DIMS / JAX_SGL_SM90_DTYPES)")
+
+
+def _inputs(shape, head_dim, dtype, seed):
+  batch, sq, sk, h, hkv = shape
+  keys = jax.random.split(jax.random.PRNGKey(seed), 3)
+  rand = lambda key, s: jax.random.normal(key, s, jnp.float32).astype(dtype)
+  return (rand(keys[0], (batch, sq, h, head_dim)), rand(keys[1], (batch, sk, hkv, head_dim)),
+          rand(keys[2], (batch, sk, hkv, head_dim)))
+
+
+def _reference(q, k, v, causal):
+  spec = check_attention(q, k, v, causal=causal, softmax_scale=None, window=(-1, -1),
+                         softcap=0.0, cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None,
+                         page_table=None, q_descale=None, k_descale=None, v_descale=None)
+  return jax.jit(lambda q, k, v: reference.attention(
+      q, k, v, kv_layout=spec.kv_layout, varlen_q=spec.varlen_q, batch=spec.batch,
+      softmax_scale=spec.softmax_scale, softcap=spec.softcap, causal=spec.causal,
+      window_left=spec.window_left, window_right=spec.window_right,
+      out_dtype=spec.out_dtype))(q, k, v)
+
+
+def _poison(nbytes):
+  x = jnp.full((max(nbytes // 4, 1),), jnp.nan, jnp.float32)
+  x.block_until_ready()
+  del x
+
+
+def _check(q, k, v, causal):
+  want_out, want_lse = _reference(q, k, v, causal)
+  _poison(want_out.size * want_out.dtype.itemsize + want_lse.size * 4)
+  out, lse = jax_sgl.attention(q, k, v, causal=causal, return_lse=True)
+  assert out.dtype == q.dtype and out.shape == want_out.shape
+  tol = TOL[jnp.dtype(q.dtype)]
+  out_np = np.asarray(out.astype(jnp.float32))
+  assert np.isfinite(out_np).all(), "unwritten (NaN) or non-finite output elements"
+  np.testing.assert_allclose(out_np, np.asarray(want_out.astype(jnp.float32)), atol=tol, rtol=tol)
+  lse_np, want_lse_np = np.asarray(lse), np.asarray(want_lse)
+  np.testing.assert_array_equal(np.isneginf(lse_np), np.isneginf(want_lse_np))
+  fin = np.isfinite(want_lse_np)
+  np.testing.assert_allclose(lse_np[fin], want_lse_np[fin], atol=2e-3, rtol=1e-3)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
+@pytest.mark.parametrize("head_dim", (64, 128, 256))
+@pytest.mark.parametrize("dtype", DTYPES, ids=_name)
+def test_matches_reference(dtype, head_dim, causal, shape):
+  _need(head_dim, dtype)
+  q, k, v = _inputs(SHAPES[shape], head_dim, dtype, seed=head_dim + len(shape))
+  _check(q, k, v, causal)
+
+
+@pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
+def test_long(causal):
+  """Many key tiles per CTA: the K/V rings wrap around many times, masked + unmasked tiles."""
+  _need(128, jnp.bfloat16)
+  q, k, v = _inputs((1, 2500, 3000, 4, 2), 128, jnp.bfloat16, seed=5)
+  _check(q, k, v, causal)
+
+
+def test_runs_the_sm90_kernel(monkeypatch):
+  """The opt-in changes the kernel: sm90 and sm80 results differ somewhere (other summation
+  order), while both match the reference (above)."""
+  _need(128, jnp.bfloat16)
+  q, k, v = _inputs((2, 512, 512, 4, 4), 128, jnp.bfloat16, seed=9)
+  fn = jax.jit(lambda q, k, v: jax_sgl.attention(q, k, v, causal=True))
+  sm90 = np.asarray(fn(q, k, v).astype(jnp.float32))
+  monkeypatch.setenv("JAX_SGL_SM90", "0")
+  sm80 = np.asarray(fn(q, k, v).astype(jnp.float32))
+  assert not np.array_equal(sm90, sm80)
+  np.testing.assert_allclose(sm90, sm80, atol=2.5e-2, rtol=2.5e-2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=_name)
+def test_deterministic(dtype):
+  """Same inputs, bitwise the same output and LSE (no atomics, fixed reduction order)."""
+  _need(128, dtype)
+  q, k, v = _inputs((2, 1000, 1000, 8, 2), 128, dtype, seed=13)
+  fn = jax.jit(lambda q, k, v: jax_sgl.attention(q, k, v, causal=True, return_lse=True))
+  out1, lse1 = fn(q, k, v)
+  _poison(out1.size * 2 + lse1.size * 4)
+  out2, lse2 = fn(q, k, v)
+  np.testing.assert_array_equal(np.asarray(out1).view(np.uint16), np.asarray(out2).view(np.uint16))
+  np.testing.assert_array_equal(np.asarray(lse1), np.asarray(lse2))
