@@ -63,8 +63,14 @@ const char* Sm90Unsupported(const AttentionParams& p) {
   if (p.softcap != 0.f) return "sm90 kernel: no softcap";
   if (p.window_left != -1 || (p.window_right != -1 && !(p.causal && p.window_right == 0)))
     return "sm90 kernel: no sliding window";
-  // Grid y/z limits; TMA wants 16-byte aligned bases (XLA's buffers are).
+  // TMA descriptors need every dimension >= 1 (an empty KV runs on the sm80 kernel) and byte
+  // strides below 2^40; the grid's y/z take heads and batch.
+  if (p.seqlen_q < 1 || p.seqlen_k < 1) return "sm90 kernel: non-empty q and k";
+  if ((int64_t(p.seqlen_q) * p.num_heads + int64_t(p.seqlen_k) * p.num_kv_heads) * p.head_dim *
+          p.batch >= (int64_t(1) << 38))
+    return "sm90 kernel: tensors below 2^38 elements";
   if (p.num_heads > 65535 || p.batch > 65535) return "sm90 kernel: batch and heads <= 65535";
+  // TMA wants 16-byte aligned bases (XLA's buffers are).
   for (const void* ptr : {p.q, p.k, p.v, static_cast<const void*>(p.out)})
     if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0) return "sm90 kernel: 16-byte aligned buffers";
   return nullptr;

@@ -194,15 +194,19 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     const int diag = params.seqlen_k - params.seqlen_q;
     OnlineSoftmax softmax(params.softmax_scale);
 
-    // Masks keys past the end and, when causal, right of the diagonal, for key tile n.
+    // Masks keys past the end and, when causal, right of the diagonal, for key tile n: each row
+    // r keeps the columns below one bound, so the test per element is one compare + select.
     auto mask = [&](auto& s, int n) {
-      const int col_base = n * kBlockN + coord.col0;
+      int end[2];
 #pragma unroll
-      for (int i = 0; i < size(s); ++i) {
-        const int col = col_base + AccCoord::Col(i);
-        const int row = row_base + AccCoord::Row(i);
-        if (col >= params.seqlen_k || (params.causal && col > row + diag)) s(i) = -INFINITY;
+      for (int r = 0; r < 2; ++r) {
+        end[r] = params.seqlen_k;
+        if (params.causal) end[r] = min(end[r], row_base + 8 * r + diag + 1);
+        end[r] -= n * kBlockN + coord.col0;  // relative to this thread's first column
       }
+#pragma unroll
+      for (int i = 0; i < size(s); ++i)
+        if (AccCoord::Col(i) >= end[(i / 2) % 2]) s(i) = -INFINITY;
     };
     // P as the A operand of P V: the accumulator's (2, 2, N/8) values regrouped as
     // ((2, 2, 2), 1, N/16), same order, so the conversion is element-wise.
@@ -291,9 +295,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     cutlass::arch::fence_view_async_shared();  // generic-proxy writes -> TMA reads
     cutlass::arch::NamedBarrier::sync(128, uint32_t(Barrier::kEpilogue0) + consumer);
     if (thread_in_wg == 0) {
+      // This warpgroup's 64-row block (2 m_block + consumer), from a value live anyway: keeps
+      // hd256 from spilling m_block across the main loop.
       Tensor mO = params.tma_o.get_tma_tensor(params.q_shape);
       Tensor gO = local_tile(mO(_, _, head, batch), typename Cfg::RowsD{},
-                             make_coord(2 * m_block + consumer, _0{}));
+                             make_coord((row_base - coord.row0) / kRows, _0{}));
       auto cta_tma = params.tma_o.get_slice(_0{});
       copy(params.tma_o, cta_tma.partition_S(sQmine), cta_tma.partition_D(gO));
       tma_store_arrive();
