@@ -185,14 +185,18 @@ def main():
   parser.add_argument("--kv", type=int, nargs="+", default=[4096, 32768])
   parser.add_argument("--batches", type=int, default=5)
   parser.add_argument("--skip-prefill", action="store_true")
+  parser.add_argument("--skip-decode", action="store_true")
   parser.add_argument("--json", help="write the results here")
   parser.add_argument("--plot", help="write the prefill plot (PNG) here")
   args = parser.parse_args()
   print(f"device: {jax.devices()[0].device_kind}, jax {jax.__version__}")
+  # JAX_SGL_SM90=1 routes the dense prefill cases to the Hopper kernel: name what runs.
+  print(f"jax_sgl attention backend: {jax_sgl.attention_backend_info()}")
   copy_bw = copy_bandwidth(args.batches)
   print(f"copy bandwidth (read + write): {copy_bw / 1e9:.0f} GB/s")
   results = {"prefill": [], "decode": [], "copy_GBps": copy_bw / 1e9}
-  decode(args.kv, args.batches, copy_bw, results)
+  if not args.skip_decode:
+    decode(args.kv, args.batches, copy_bw, results)
   if not args.skip_prefill:
     prefill(args.seqlens, args.batches, results)
   if args.json:
