@@ -30,6 +30,32 @@ foreach(d 64 96 128 192 256)
   endif()
 endforeach()
 target_sources(_native PRIVATE ${JAX_SGL_CUDA_SOURCES})
+# _native exists before CUDA is enabled, so it did not pick up CMAKE_CUDA_ARCHITECTURES.
+set_target_properties(_native PROPERTIES CUDA_ARCHITECTURES "${JAX_SGL_CUDA_ARCHS}")
 target_compile_definitions(_native PRIVATE JAX_SGL_HAVE_CUDA=1)
 target_link_libraries(_native PRIVATE CUDA::cudart_static)
 target_compile_options(_native PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr -lineinfo>)
+
+# CuTe/CUTLASS headers for the matrix kernels, from the nvidia-cutlass wheel
+# (cutlass_library/source/include). Optional: kernels that need them add the interface target
+# jax_sgl_cutlass; the rest of the CUDA build works without it. find_spec locates the package
+# without importing it (its __init__ pulls in cuda-python and friends).
+set(JAX_SGL_CUTLASS_INCLUDE_DIR "" CACHE PATH "CuTe/CUTLASS include dir (default: from nvidia-cutlass)")
+if(NOT JAX_SGL_CUTLASS_INCLUDE_DIR)
+  execute_process(
+    COMMAND "${Python_EXECUTABLE}" -c
+      "import importlib.util, os; s = importlib.util.find_spec('cutlass_library'); print(os.path.join(s.submodule_search_locations[0], 'source', 'include'))"
+    OUTPUT_STRIP_TRAILING_WHITESPACE OUTPUT_VARIABLE _jax_sgl_cutlass_dir ERROR_QUIET
+    RESULT_VARIABLE _jax_sgl_cutlass_rc)
+  if(_jax_sgl_cutlass_rc EQUAL 0 AND EXISTS "${_jax_sgl_cutlass_dir}/cute/tensor.hpp")
+    set(JAX_SGL_CUTLASS_INCLUDE_DIR "${_jax_sgl_cutlass_dir}" CACHE PATH "" FORCE)
+  endif()
+endif()
+if(JAX_SGL_CUTLASS_INCLUDE_DIR)
+  add_library(jax_sgl_cutlass INTERFACE)
+  target_include_directories(jax_sgl_cutlass SYSTEM INTERFACE "${JAX_SGL_CUTLASS_INCLUDE_DIR}")
+  message(STATUS "jax_sgl: CuTe/CUTLASS headers: ${JAX_SGL_CUTLASS_INCLUDE_DIR}")
+else()
+  message(STATUS "jax_sgl: nvidia-cutlass not found (pip install nvidia-cutlass); kernels that "
+                 "need CuTe are skipped")
+endif()
