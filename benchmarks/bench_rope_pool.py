@@ -102,7 +102,8 @@ def run(num_tokens, num_slots, copy_bw, batches, rng):
       "jax_sgl": jax.jit(jax_sgl.rope_pool_fused, donate_argnums=(5, 6)),
   }
   check_once(impls["jax_sgl"], sets[0], *pools)
-  nbytes = num_tokens * (2 * (HQ + HKV) + 2 * HKV + 2 * HKV) * D * 2
+  # q, k, v read; q_rot, k_rot, k_pool rows, v_pool rows written.
+  nbytes = num_tokens * (HQ + 2 * HKV + HQ + HKV + 2 * HKV) * D * 2
   calls = min(500, max(10, 4_000_000 // num_tokens))
   rows = {}
   for name, fn in impls.items():

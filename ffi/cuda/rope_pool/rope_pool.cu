@@ -28,11 +28,6 @@ constexpr int kHeadsPerThread = 4;
 // Threads per block: small enough for many resident blocks per SM, large enough to hide launch.
 constexpr int kBlockThreads = 256;
 
-template <typename T, int N>
-struct alignas(sizeof(T) * N) Vec {
-  T x[N];
-};
-
 // Storage from float on the device: the hardware round-to-nearest-even converts (same results as
 // numeric.h's bit versions, fewer instructions).
 template <typename T>
@@ -48,17 +43,52 @@ __device__ __forceinline__ f16_t ToStorage<f16_t>(float f) {
   return f16_t{__half_as_ushort(__float2half_rn(f))};
 }
 
-// Rotates the kVec pairs of c = [x0 | x1] (see RopePoolKernel) into r. The pair layout is a
-// template argument so every index is a compile-time constant and c, r stay in registers.
-template <int kVec, bool kNeox>
-__device__ __forceinline__ void RotatePairs(const float* c, const float* cos_v, const float* sin_v,
-                                            float* r) {
+// kVec elements of T as one access: 32-bit words (two 16-bit elements per word) so a 16-byte
+// vector of bf16 lives in 4 registers; as T[8] the compiler would spread it over 8. Get/Set take a
+// compile-time element index after unrolling, so nothing leaves registers.
+template <typename T, int kVec, bool kWords = (sizeof(T) * kVec >= 4)>
+struct alignas(sizeof(T) * kVec) Packed {
+  static constexpr int kPerWord = 4 / sizeof(T);
+  uint32_t w[sizeof(T) * kVec / 4];
+
+  __device__ __forceinline__ float Get(int e) const {
+    if constexpr (kPerWord == 1) {
+      return __uint_as_float(w[e]);
+    } else {
+      return ToFloat(T{uint16_t(e % 2 ? w[e / 2] >> 16 : w[e / 2] & 0xffffu)});
+    }
+  }
+  __device__ __forceinline__ void Set(int e, float f) {
+    if constexpr (kPerWord == 1) {
+      w[e] = __float_as_uint(f);
+    } else {
+      const uint32_t bits = ToStorage<T>(f).bits;
+      w[e / 2] = e % 2 ? (w[e / 2] & 0xffffu) | (bits << 16) : (w[e / 2] & 0xffff0000u) | bits;
+    }
+  }
+};
+// A single 16-bit element (the kVec = 1 fallback of bf16 / fp16).
+template <typename T, int kVec>
+struct Packed<T, kVec, false> {
+  T x;
+  __device__ __forceinline__ float Get(int) const { return ToFloat(x); }
+  __device__ __forceinline__ void Set(int, float f) { x = ToStorage<T>(f); }
+};
+
+// Rotates the kVec pairs of the 2 * kVec features [x0 | x1] in place: pair j is (j, kVec + j) for
+// NeoX and (2j, 2j + 1) interleaved, with rotation index g * kVec + j either way. The pair layout
+// is a template argument so every index is a compile-time constant.
+template <int kVec, bool kNeox, typename P>
+__device__ __forceinline__ void RotatePairs(P& x0, P& x1, const float* cos_v, const float* sin_v) {
 #pragma unroll
   for (int j = 0; j < kVec; ++j) {
-    const int a = kNeox ? j : 2 * j;
-    const int b = kNeox ? kVec + j : 2 * j + 1;
-    r[a] = c[a] * cos_v[j] - c[b] * sin_v[j];
-    r[b] = c[b] * cos_v[j] + c[a] * sin_v[j];
+    const int ea = kNeox ? j : 2 * j;
+    const int eb = kNeox ? kVec + j : 2 * j + 1;
+    P& pa = ea < kVec ? x0 : x1;
+    P& pb = eb < kVec ? x0 : x1;
+    const float a = pa.Get(ea % kVec), b = pb.Get(eb % kVec);
+    pa.Set(ea % kVec, a * cos_v[j] - b * sin_v[j]);
+    pb.Set(eb % kVec, b * cos_v[j] + a * sin_v[j]);
   }
 }
 
@@ -72,14 +102,18 @@ struct Geometry {
 
 template <typename T, typename I, int kVec>
 __global__ void __launch_bounds__(kBlockThreads) RopePoolKernel(RopePoolParams p, Geometry geo) {
-  using V = Vec<T, kVec>;
+  using V = Packed<T, kVec>;
+  // (cos, sin) of every rotation pair of the block's tokens: [blockDim.y][rotary_dim / 2].
+  extern __shared__ float2 cos_sin[];
+  const int half = p.rotary_dim / 2;
   const int64_t t = int64_t(blockIdx.x) * blockDim.y + threadIdx.y;
   const int w = blockIdx.y * blockDim.x + threadIdx.x;
-  if (t >= p.num_tokens || w >= geo.threads_per_token) return;
+  const bool active = t < p.num_tokens && w < geo.threads_per_token;
   const int g = w % geo.groups;
   const int h_begin = (w / geo.groups) * kHeadsPerThread;
 
-  const int64_t slot = int64_t(static_cast<const I*>(p.slots)[t]);
+  int64_t slot = -1;
+  if (active) slot = int64_t(static_cast<const I*>(p.slots)[t]);
   const bool write_pool = slot >= 0 && slot < p.num_slots;
   const bool rotate = g < geo.rot_groups;
 
@@ -88,19 +122,11 @@ __global__ void __launch_bounds__(kBlockThreads) RopePoolKernel(RopePoolParams p
   bool has_second = true;
   if (rotate) {
     off0 = p.is_neox ? g * kVec : 2 * g * kVec;
-    off1 = p.is_neox ? p.rotary_dim / 2 + g * kVec : off0 + kVec;
+    off1 = p.is_neox ? half + g * kVec : off0 + kVec;
   } else {
     off0 = p.rotary_dim + 2 * (g - geo.rot_groups) * kVec;
     off1 = off0 + kVec;
     has_second = off1 < p.head_dim;
-  }
-
-  float cos_v[kVec], sin_v[kVec];
-  if (rotate) {
-    const float pos = float(static_cast<const I*>(p.positions)[t]);
-#pragma unroll
-    for (int j = 0; j < kVec; ++j)
-      sincosf(pos * RopeInvFreq(g * kVec + j, p.rotary_dim, p.log2_base), &sin_v[j], &cos_v[j]);
   }
 
   const int hq = p.num_qo_heads, hkv = p.num_kv_heads, d = p.head_dim;
@@ -109,12 +135,12 @@ __global__ void __launch_bounds__(kBlockThreads) RopePoolKernel(RopePoolParams p
   const T* __restrict__ k = static_cast<const T*>(p.k) + t * kv_row;
   const T* __restrict__ v = static_cast<const T*>(p.v) + t * kv_row;
 
-  // Load every owned row first so the loads of all heads are in flight together.
+  // Issue the loads of every owned row first: they are in flight while the table is computed.
   V x0[kHeadsPerThread], x1[kHeadsPerThread];
 #pragma unroll
   for (int i = 0; i < kHeadsPerThread; ++i) {
     const int h = h_begin + i;
-    if (h >= geo.heads_total) break;
+    if (!active || h >= geo.heads_total) break;
     const T* src;
     if (h < hq) {
       src = q + h * d;
@@ -128,6 +154,31 @@ __global__ void __launch_bounds__(kBlockThreads) RopePoolKernel(RopePoolParams p
     if (has_second) x1[i] = *reinterpret_cast<const V*>(src + off1);
   }
 
+  // cos/sin once per (token, pair) for the whole block instead of once per thread: every
+  // thread of a token shares them, and sincosf / the double-precision inv_freq are the only
+  // arithmetic here that is not trivially cheap.
+  const int threads = blockDim.x * blockDim.y;
+  for (int e = threadIdx.y * blockDim.x + threadIdx.x; e < int(blockDim.y) * half; e += threads) {
+    const int64_t te = int64_t(blockIdx.x) * blockDim.y + e / half;
+    if (te >= p.num_tokens) break;
+    const float pos = float(static_cast<const I*>(p.positions)[te]);
+    float s, c;
+    sincosf(pos * RopeInvFreq(e % half, p.rotary_dim, p.log2_base), &s, &c);
+    cos_sin[e] = make_float2(c, s);
+  }
+  __syncthreads();
+  if (!active) return;
+
+  float cos_v[kVec], sin_v[kVec];
+  if (rotate) {
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      const float2 cs = cos_sin[threadIdx.y * half + g * kVec + j];
+      cos_v[j] = cs.x;
+      sin_v[j] = cs.y;
+    }
+  }
+
 #pragma unroll
   for (int i = 0; i < kHeadsPerThread; ++i) {
     const int h = h_begin + i;
@@ -136,24 +187,10 @@ __global__ void __launch_bounds__(kBlockThreads) RopePoolKernel(RopePoolParams p
     if (is_v && !write_pool) break;
     V y0 = x0[i], y1 = x1[i];
     if (rotate && !is_v) {
-      // c = [x0 | x1]; pair j is (c[j], c[kVec + j]) for NeoX and (c[2j], c[2j + 1]) interleaved,
-      // both with rotation index g * kVec + j: compile-time indices keep c in registers.
-      float c[2 * kVec];
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) {
-        c[j] = ToFloat(x0[i].x[j]);
-        c[kVec + j] = ToFloat(x1[i].x[j]);
-      }
-      float r[2 * kVec];
       if (p.is_neox)
-        RotatePairs<kVec, true>(c, cos_v, sin_v, r);
+        RotatePairs<kVec, true>(y0, y1, cos_v, sin_v);
       else
-        RotatePairs<kVec, false>(c, cos_v, sin_v, r);
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) {
-        y0.x[j] = ToStorage<T>(r[j]);
-        y1.x[j] = ToStorage<T>(r[kVec + j]);
-      }
+        RotatePairs<kVec, false>(y0, y1, cos_v, sin_v);
     }
     T* dst;
     T* pool_dst = nullptr;
@@ -191,7 +228,8 @@ cudaError_t Launch(cudaStream_t stream, const RopePoolParams& p) {
   const dim3 block(bx, by);
   const dim3 grid(unsigned((p.num_tokens + by - 1) / by),
                   unsigned((geo.threads_per_token + bx - 1) / bx));
-  RopePoolKernel<T, I, kVec><<<grid, block, 0, stream>>>(p, geo);
+  const size_t smem = size_t(by) * (p.rotary_dim / 2) * sizeof(float2);
+  RopePoolKernel<T, I, kVec><<<grid, block, smem, stream>>>(p, geo);
   return cudaGetLastError();
 }
 
