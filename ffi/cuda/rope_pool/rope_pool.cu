@@ -1,12 +1,17 @@
 // CUDA rope_pool_fused: one pass over the tokens. Each thread owns one "group" of a head row (two
 // vectors of kVec features: the two halves of kVec NeoX pairs, or 2*kVec contiguous features for
 // interleaved pairs and for the unrotated tail) across kHeadsPerThread heads of one token, taken
-// from the combined head list [q heads | k heads | v heads]. It computes its kVec cos/sin once in
-// registers (sincosf of the same float32 angle as every backend, ffi/common/rope_math.h), loads
-// all its heads' vectors before the first use (memory-level parallelism), and writes q_rot,
-// k_rot and, for slots in [0, num_slots), the k/v pool rows. Every byte of q, k, v is read once
-// and every output byte written once, with 16-byte accesses when the row layout allows it; other
-// layouts (odd head_dim, unaligned rotary_dim) take the same kernel with kVec = 1.
+// from the combined head list [q heads | k heads | v heads]. A thread first issues the loads of
+// all its rows (memory-level parallelism), then the block computes cos/sin once per (token, pair)
+// into a small shared table (sincosf of the same float32 angle as every backend,
+// ffi/common/rope_math.h), each thread takes its kVec cos/sin into registers, rotates, and writes
+// q_rot, k_rot and, for slots in [0, num_slots), the k/v pool rows. Every byte of q, k, v is read
+// once and every output byte written once, with 16-byte accesses when the row layout allows it;
+// other layouts (odd head_dim, unaligned rotary_dim) take the same kernel with kVec = 1.
+//
+// Why the table: computing cos/sin per thread (12 threads per token share each pair at
+// Hq=32/Hkv=8) cost half the bandwidth on the H200 (50% of copy -> 95% with the table; see
+// benchmarks/RESULTS.md), the double-precision inv_freq being the expensive part.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -22,8 +27,8 @@ namespace {
 
 // 16 bytes is the widest global access a thread can issue (LDG.128 / STG.128).
 constexpr int kAccessBytes = 16;
-// Heads per thread: amortizes the kVec sincosf over 4 rows and keeps 8 vector loads (128 bytes)
-// per thread in flight, while staying far below the register count that would cut occupancy.
+// Heads per thread: keeps 8 vector loads (128 bytes) per thread in flight at ~74 registers
+// (4 resident blocks of 192 threads per SM at Hq=32/Hkv=8), enough bytes in flight for HBM.
 constexpr int kHeadsPerThread = 4;
 // Threads per block: small enough for many resident blocks per SM, large enough to hide launch.
 constexpr int kBlockThreads = 256;
