@@ -30,11 +30,11 @@ foreach(d 64 96 128 192 256)
   endif()
 endforeach()
 target_sources(_native PRIVATE ${JAX_SGL_CUDA_SOURCES})
+# _native exists before CUDA is enabled, so it did not pick up CMAKE_CUDA_ARCHITECTURES.
+set_target_properties(_native PROPERTIES CUDA_ARCHITECTURES "${JAX_SGL_CUDA_ARCHS}")
 target_compile_definitions(_native PRIVATE JAX_SGL_HAVE_CUDA=1)
 target_link_libraries(_native PRIVATE CUDA::cudart_static)
 target_compile_options(_native PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr -lineinfo>)
-# _native exists before CUDA is enabled, so it did not pick up CMAKE_CUDA_ARCHITECTURES.
-set_target_properties(_native PROPERTIES CUDA_ARCHITECTURES "${JAX_SGL_CUDA_ARCHS}")
 
 # CuTe/CUTLASS headers for the matrix kernels, from the nvidia-cutlass wheel
 # (cutlass_library/source/include). Optional: kernels that need them add the interface target

@@ -206,13 +206,17 @@ def _attn_factors(spec):
   return per_name, [f"{q_rows} {h} e", lse]
 
 
-def _attn_rule(params):
-  spec = params["spec"]
-  per_name, results = _attn_factors(spec)
+def _attn_replicated(spec) -> list[str]:
   replicated = ["s", "n", "t", "m", "p", "r", "x", "c", "d", "e"]
   if not _attn_batch_split(spec):
     replicated.append("b")
-  return _rule([per_name[n] for n in _attn_names(params)], results, replicated,
+  return replicated
+
+
+def _attn_rule(params):
+  spec = params["spec"]
+  per_name, results = _attn_factors(spec)
+  return _rule([per_name[n] for n in _attn_names(params)], results, _attn_replicated(spec),
                spec.num_heads // spec.num_kv_heads)
 
 
@@ -258,6 +262,44 @@ def partition_attention(prim: Primitive, abstract_eval: Callable) -> Primitive:
   """Makes the attention primitive shardable; returns its per-device twin, on which the caller
   registers the native and reference lowerings."""
   return _partitioned(prim, abstract_eval, _ATTENTION_RULES)
+
+
+# The backward takes the forward's operands, then out, lse, dout, dlse, and returns dq, dk, dv:
+# out/dout shard like the output, lse/dlse like the lse, the gradients like q, k, v.
+_BWD_EXTRA = ("out", "lse", "dout", "dlse")
+
+
+def _attn_bwd_select(params, args):
+  n = 3 + len(_ATTN_OPTIONAL)
+  return _attn_select(params, args[:n]) + tuple(args[n:])
+
+
+def _attn_bwd_restore(params, ops):
+  n = len(ops) - len(_BWD_EXTRA)
+  return _attn_restore(params, ops[:n]) + list(ops[n:])
+
+
+def _attn_bwd_rule(params):
+  spec = params["spec"]
+  per_name, (out, lse) = _attn_factors(spec)
+  per_name.update(out=out, dout=out, lse=lse, dlse=lse)
+  names = _attn_names(params) + list(_BWD_EXTRA)
+  return _rule([per_name[n] for n in names], [per_name[n] for n in ("q", "k", "v")],
+               _attn_replicated(spec), spec.num_heads // spec.num_kv_heads)
+
+
+def _attn_bwd_shardings(params, mesh, plan):
+  args, (out, lse) = _attn_shardings(params, mesh, plan)
+  return args + [out, lse, out, lse], args[:3]
+
+
+_ATTENTION_BWD_RULES = _OpRules(_attn_bwd_select, _attn_bwd_restore, _attn_bwd_rule, _attn_plan,
+                                _attn_bwd_shardings, _attn_local_params)
+
+
+def partition_attention_bwd(prim: Primitive, abstract_eval: Callable) -> Primitive:
+  """As partition_attention, for the backward primitive."""
+  return _partitioned(prim, abstract_eval, _ATTENTION_BWD_RULES)
 
 
 # --------------------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ from jax_sgl._checks import (ATTN_FN, KV_PAGED, AttentionSpec, check_attention,
                              check_attention_cuda)
 from jax_sgl._dtypes import is_fp8
 from jax_sgl._primitive import at_front, batch_size, ffi_rule, register_lowerings
-from jax_sgl._sharding import partition_attention
+from jax_sgl._sharding import partition_attention, partition_attention_bwd
 
 TARGET = "jax_sgl_attention_fwd"
 BWD_TARGET = "jax_sgl_attention_bwd"
@@ -225,7 +225,8 @@ def _attention_bwd_batch(args, dims, *, spec, present):
 _attention_bwd_p.def_impl(_attention_bwd_impl)
 _attention_bwd_p.def_abstract_eval(_attention_bwd_abstract_eval)
 batching.primitive_batchers[_attention_bwd_p] = _attention_bwd_batch
-register_lowerings(_attention_bwd_p, BWD_TARGET, _attention_bwd_lowering,
+_attention_bwd_local_p = partition_attention_bwd(_attention_bwd_p, _attention_bwd_abstract_eval)
+register_lowerings(_attention_bwd_local_p, BWD_TARGET, _attention_bwd_lowering,
                    _attention_bwd_reference)
 
 

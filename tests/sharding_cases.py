@@ -105,6 +105,30 @@ def attention_dense_fp8_descale():
 
 
 @case
+def attention_dense_grad_batch_and_heads():
+  rng = np.random.default_rng(11)
+  q, k, v = rand(rng, 4, 19, 8, 16), rand(rng, 4, 23, 4, 16), rand(rng, 4, 23, 4, 16)
+  w = rand(rng, 4, 19, 8, 16)
+  loss = lambda q, k, v, w: jnp.sum(jax_sgl.attention(q, k, v, causal=True, softcap=4.0) * w)
+  fn = jax.grad(loss, argnums=(0, 1, 2))
+  run_sharded(fn, (q, k, v, w), (BSHD,) * 4, want_specs=(BSHD,) * 3)
+
+
+@case
+def attention_varlen_grad_heads():
+  rng = np.random.default_rng(12)
+  cu_q = jnp.asarray(np.cumsum([0, 5, 1, 13]), jnp.int32)
+  cu_k = jnp.asarray(np.cumsum([0, 9, 4, 13]), jnp.int32)
+  q, k, v, w = rand(rng, 19, 8, 16), rand(rng, 26, 4, 16), rand(rng, 26, 4, 16), \
+      rand(rng, 19, 8, 16)
+  loss = lambda q, k, v, w, cq, ck: jnp.sum(jax_sgl.attention(
+      q, k, v, causal=True, cu_seqlens_q=cq, cu_seqlens_k=ck) * w)
+  fn = jax.grad(loss, argnums=(0, 1, 2))
+  thd = P(None, "model", None)
+  run_sharded(fn, (q, k, v, w, cu_q, cu_k), (thd,) * 4 + (P(),) * 2, want_specs=(thd,) * 3)
+
+
+@case
 def attention_varlen_heads():
   rng = np.random.default_rng(4)
   lens_q, lens_k = [5, 1, 13], [9, 4, 13]

@@ -1,0 +1,144 @@
+"""Benchmark of rope_pool_fused against its anchors, all measured in the same process:
+
+  copy        a device-to-device copy (jitted bitwise not of a 1 GiB buffer: one read, one write),
+              the bandwidth ceiling the kernel is held to;
+  jax plain   the same work in jitted JAX: the reference rotary in jnp, then
+              pool.at[slots].set(...) with the pools donated;
+  jax tuned   as plain, with .at[slots].set(..., unique_indices=True, mode='promise_in_bounds');
+  jax_sgl     jax_sgl.rope_pool_fused, pools donated.
+
+Problem (issue 9): 8192 and 65536 tokens, 32 q heads / 8 kv heads, head_dim 128, bf16, pools of
+1M slots, distinct random slots, random positions below 32768. Bytes counted per call: q, k, v
+read + q_rot, k_rot and the two pool rows written (26 KiB per token). Inputs rotate over enough
+sets to exceed the 60 MB L2; each timing is the median over batches of back-to-back calls (wall
+clock around block_until_ready, after warm-up). Lines starting with SUMMARY are collected by
+tools/gpu_check.sh.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import jax_sgl
+from jax_sgl import reference
+
+HQ, HKV, D = 32, 8, 128
+DTYPE = jnp.bfloat16
+L2_BYTES = 60 << 20
+
+
+def median_seconds(step, state, calls, batches):
+  """Runs state = step(i, state) calls * batches times; returns the median per-call time."""
+  state = jax.block_until_ready(step(0, state))  # warm-up (compile) outside the timings
+  for i in range(calls):
+    state = step(i, state)
+  jax.block_until_ready(state)
+  times = []
+  for _ in range(batches):
+    t0 = time.perf_counter()
+    for i in range(calls):
+      state = step(i, state)
+    jax.block_until_ready(state)
+    times.append((time.perf_counter() - t0) / calls)
+  return statistics.median(times), state
+
+
+def copy_bandwidth(batches, words):
+  x = jnp.arange(words, dtype=jnp.uint32)
+  f = jax.jit(lambda a: ~a)
+  t, _ = median_seconds(lambda i, s: f(x), None, 20, batches)
+  return 2 * x.nbytes / t
+
+
+def jax_rope_pool(q, k, v, positions, slots, k_pool, v_pool, tuned):
+  cos, sin = reference.rope_cos_sin(positions, D, 10000.0)
+  q_rot = reference.apply_rope(q, cos, sin, rotary_dim=D, is_neox=True)
+  k_rot = reference.apply_rope(k, cos, sin, rotary_dim=D, is_neox=True)
+  kw = dict(unique_indices=True, mode="promise_in_bounds") if tuned else {}
+  return q_rot, k_rot, k_pool.at[slots].set(k_rot, **kw), v_pool.at[slots].set(v, **kw)
+
+
+def normal(rng, *shape):
+  """Fresh standard-normal bf16 drawn on the device (a 2 GiB pool from the host would be slow)."""
+  key = jax.random.key(int(rng.integers(1 << 31)))
+  return jax.random.normal(key, shape, jnp.float32).astype(DTYPE)
+
+
+def make_sets(rng, num_tokens, num_slots):
+  per_set = num_tokens * (HQ + 2 * HKV) * D * 2
+  count = min(16, max(2, -(-4 * L2_BYTES // per_set)))
+  sets = []
+  for _ in range(count):
+    positions = jnp.asarray(rng.integers(0, 32768, num_tokens), jnp.int32)
+    slots = jnp.asarray(rng.choice(num_slots, num_tokens, replace=False), jnp.int32)
+    sets.append((normal(rng, num_tokens, HQ, D), normal(rng, num_tokens, HKV, D),
+                 normal(rng, num_tokens, HKV, D), positions, slots))
+  return sets
+
+
+def check_once(fn, inputs, k_pool, v_pool):
+  """The timed jax_sgl call computes what the reference computes (q_rot and the written rows)."""
+  q_rot, k_rot, k_out, v_out = fn(*inputs, jnp.copy(k_pool), jnp.copy(v_pool))
+  want = reference.rope_pool_fused(*inputs, k_pool, v_pool)
+  slots = inputs[4]
+  for got, ref in ((q_rot, want[0]), (k_rot, want[1]), (k_out[slots], want[2][slots]),
+                   (v_out[slots], want[3][slots])):
+    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(ref, np.float32),
+                               rtol=1.6e-2, atol=1.6e-2)
+
+
+def run(num_tokens, num_slots, copy_bw, batches, rng):
+  sets = make_sets(rng, num_tokens, num_slots)
+  pools = (normal(rng, num_slots, HKV, D), normal(rng, num_slots, HKV, D))
+  impls = {
+      "jax plain": jax.jit(lambda *a: jax_rope_pool(*a, tuned=False), donate_argnums=(5, 6)),
+      "jax tuned": jax.jit(lambda *a: jax_rope_pool(*a, tuned=True), donate_argnums=(5, 6)),
+      "jax_sgl": jax.jit(jax_sgl.rope_pool_fused, donate_argnums=(5, 6)),
+  }
+  check_once(impls["jax_sgl"], sets[0], *pools)
+  # q, k, v read; q_rot, k_rot, k_pool rows, v_pool rows written.
+  nbytes = num_tokens * (HQ + 2 * HKV + HQ + HKV + 2 * HKV) * D * 2
+  calls = min(500, max(10, 4_000_000 // num_tokens))
+  rows = {}
+  for name, fn in impls.items():
+    step = lambda i, s, fn=fn: fn(*sets[i % len(sets)], s[2], s[3])[:4]
+    t, out = median_seconds(step, (None, None) + pools, calls, batches)
+    pools = (out[2], out[3])
+    rows[name] = t
+  print(f"\nrope_pool_fused, {num_tokens} tokens, Hq={HQ} Hkv={HKV} D={D} bf16, "
+        f"{num_slots} slots, {nbytes / 1e6:.1f} MB per call, {len(sets)} input sets")
+  print(f"{'impl':<10} {'us':>9} {'GB/s':>8} {'% copy':>7} {'vs jax_sgl':>10}")
+  for name, t in rows.items():
+    gbs = nbytes / t / 1e9
+    print(f"{name:<10} {t * 1e6:9.1f} {gbs:8.0f} {100 * nbytes / t / copy_bw:6.1f}% "
+          f"{t / rows['jax_sgl']:9.2f}x")
+  t = rows["jax_sgl"]
+  print(f"SUMMARY rope_pool T={num_tokens}: {t * 1e6:.1f} us, {nbytes / t / 1e9:.0f} GB/s = "
+        f"{100 * nbytes / t / copy_bw:.1f}% of copy; {rows['jax plain'] / t:.2f}x jax plain, "
+        f"{rows['jax tuned'] / t:.2f}x jax tuned")
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--tokens", type=int, nargs="+", default=[8192, 65536])
+  parser.add_argument("--num-slots", type=int, default=1 << 20)
+  parser.add_argument("--copy-mib", type=int, default=1024, help="copy buffer size")
+  parser.add_argument("--batches", type=int, default=7)
+  args = parser.parse_args()
+  print(f"device: {jax.devices()[0].device_kind}, jax {jax.__version__}")
+  copy_bw = copy_bandwidth(args.batches, args.copy_mib << 18)
+  print(f"copy bandwidth (read + write): {copy_bw / 1e9:.0f} GB/s")
+  print(f"SUMMARY copy bandwidth: {copy_bw / 1e9:.0f} GB/s")
+  rng = np.random.default_rng(0)
+  for num_tokens in args.tokens:
+    run(num_tokens, args.num_slots, copy_bw, args.batches, rng)
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,263 @@
+// CUDA rope_pool_fused: one pass over the tokens. Each thread owns one "group" of a head row (two
+// vectors of kVec features: the two halves of kVec NeoX pairs, or 2*kVec contiguous features for
+// interleaved pairs and for the unrotated tail) across kHeadsPerThread heads of one token, taken
+// from the combined head list [q heads | k heads | v heads]. A thread first issues the loads of
+// all its rows (memory-level parallelism), then the block computes cos/sin once per (token, pair)
+// into a small shared table (sincosf of the same float32 angle as every backend,
+// ffi/common/rope_math.h), each thread takes its kVec cos/sin into registers, rotates, and writes
+// q_rot, k_rot and, for slots in [0, num_slots), the k/v pool rows. Every byte of q, k, v is read
+// once and every output byte written once, with 16-byte accesses when the row layout allows it;
+// other layouts (odd head_dim, unaligned rotary_dim) take the same kernel with kVec = 1.
+//
+// Why the table: computing cos/sin per thread (12 threads per token share each pair at
+// Hq=32/Hkv=8) cost half the bandwidth on the H200 (50% of copy -> 95% with the table; see
+// benchmarks/RESULTS.md), the double-precision inv_freq being the expensive part.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "ffi/common/dispatch.h"
+#include "ffi/common/rope_math.h"
+#include "ffi/cuda/rope_pool/rope_pool.h"
+
+namespace jax_sgl::cuda {
+namespace {
+
+// 16 bytes is the widest global access a thread can issue (LDG.128 / STG.128).
+constexpr int kAccessBytes = 16;
+// Heads per thread: keeps 8 vector loads (128 bytes) per thread in flight at ~74 registers
+// (4 resident blocks of 192 threads per SM at Hq=32/Hkv=8), enough bytes in flight for HBM.
+constexpr int kHeadsPerThread = 4;
+// Threads per block: small enough for many resident blocks per SM, large enough to hide launch.
+constexpr int kBlockThreads = 256;
+
+// Storage from float on the device: the hardware round-to-nearest-even converts (same results as
+// numeric.h's bit versions, fewer instructions).
+template <typename T>
+__device__ __forceinline__ T ToStorage(float f) {
+  return FromFloat<T>(f);
+}
+template <>
+__device__ __forceinline__ bf16_t ToStorage<bf16_t>(float f) {
+  return bf16_t{__bfloat16_as_ushort(__float2bfloat16_rn(f))};
+}
+template <>
+__device__ __forceinline__ f16_t ToStorage<f16_t>(float f) {
+  return f16_t{__half_as_ushort(__float2half_rn(f))};
+}
+
+// kVec elements of T as one access: 32-bit words (two 16-bit elements per word) so a 16-byte
+// vector of bf16 lives in 4 registers; as T[8] the compiler would spread it over 8. Get/Set take a
+// compile-time element index after unrolling, so nothing leaves registers.
+template <typename T, int kVec, bool kWords = (sizeof(T) * kVec >= 4)>
+struct alignas(sizeof(T) * kVec) Packed {
+  static constexpr int kPerWord = 4 / sizeof(T);
+  uint32_t w[sizeof(T) * kVec / 4];
+
+  __device__ __forceinline__ float Get(int e) const {
+    if constexpr (kPerWord == 1) {
+      return __uint_as_float(w[e]);
+    } else {
+      return ToFloat(T{uint16_t(e % 2 ? w[e / 2] >> 16 : w[e / 2] & 0xffffu)});
+    }
+  }
+  __device__ __forceinline__ void Set(int e, float f) {
+    if constexpr (kPerWord == 1) {
+      w[e] = __float_as_uint(f);
+    } else {
+      const uint32_t bits = ToStorage<T>(f).bits;
+      w[e / 2] = e % 2 ? (w[e / 2] & 0xffffu) | (bits << 16) : (w[e / 2] & 0xffff0000u) | bits;
+    }
+  }
+};
+// A single 16-bit element (the kVec = 1 fallback of bf16 / fp16).
+template <typename T, int kVec>
+struct Packed<T, kVec, false> {
+  T x;
+  __device__ __forceinline__ float Get(int) const { return ToFloat(x); }
+  __device__ __forceinline__ void Set(int, float f) { x = ToStorage<T>(f); }
+};
+
+// Rotates the kVec pairs of the 2 * kVec features [x0 | x1] in place: pair j is (j, kVec + j) for
+// NeoX and (2j, 2j + 1) interleaved, with rotation index g * kVec + j either way. The pair layout
+// is a template argument so every index is a compile-time constant.
+template <int kVec, bool kNeox, typename P>
+__device__ __forceinline__ void RotatePairs(P& x0, P& x1, const float* cos_v, const float* sin_v) {
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) {
+    const int ea = kNeox ? j : 2 * j;
+    const int eb = kNeox ? kVec + j : 2 * j + 1;
+    P& pa = ea < kVec ? x0 : x1;
+    P& pb = eb < kVec ? x0 : x1;
+    const float a = pa.Get(ea % kVec), b = pb.Get(eb % kVec);
+    pa.Set(ea % kVec, a * cos_v[j] - b * sin_v[j]);
+    pb.Set(eb % kVec, b * cos_v[j] + a * sin_v[j]);
+  }
+}
+
+// Per-launch geometry derived once on the host from RopePoolParams.
+struct Geometry {
+  int rot_groups;        // rotary_dim / (2 * kVec): groups holding rotated pairs
+  int groups;            // rot_groups + unrotated-tail groups, per head row
+  int heads_total;       // num_qo_heads + 2 * num_kv_heads (q, k, v rows of one token)
+  int threads_per_token; // groups * ceil(heads_total / kHeadsPerThread)
+};
+
+template <typename T, typename I, int kVec>
+__global__ void __launch_bounds__(kBlockThreads) RopePoolKernel(RopePoolParams p, Geometry geo) {
+  using V = Packed<T, kVec>;
+  // (cos, sin) of every rotation pair of the block's tokens: [blockDim.y][rotary_dim / 2].
+  extern __shared__ float2 cos_sin[];
+  const int half = p.rotary_dim / 2;
+  const int64_t t = int64_t(blockIdx.x) * blockDim.y + threadIdx.y;
+  const int w = blockIdx.y * blockDim.x + threadIdx.x;
+  const bool active = t < p.num_tokens && w < geo.threads_per_token;
+  const int g = w % geo.groups;
+  const int h_begin = (w / geo.groups) * kHeadsPerThread;
+
+  int64_t slot = -1;
+  if (active) slot = int64_t(static_cast<const I*>(p.slots)[t]);
+  const bool write_pool = slot >= 0 && slot < p.num_slots;
+  const bool rotate = g < geo.rot_groups;
+
+  // The two vectors of this group inside a head row, in features.
+  int off0, off1;
+  bool has_second = true;
+  if (rotate) {
+    off0 = p.is_neox ? g * kVec : 2 * g * kVec;
+    off1 = p.is_neox ? half + g * kVec : off0 + kVec;
+  } else {
+    off0 = p.rotary_dim + 2 * (g - geo.rot_groups) * kVec;
+    off1 = off0 + kVec;
+    has_second = off1 < p.head_dim;
+  }
+
+  const int hq = p.num_qo_heads, hkv = p.num_kv_heads, d = p.head_dim;
+  const int64_t q_row = int64_t(hq) * d, kv_row = int64_t(hkv) * d;
+  const T* __restrict__ q = static_cast<const T*>(p.q) + t * q_row;
+  const T* __restrict__ k = static_cast<const T*>(p.k) + t * kv_row;
+  const T* __restrict__ v = static_cast<const T*>(p.v) + t * kv_row;
+
+  // Issue the loads of every owned row first: they are in flight while the table is computed.
+  V x0[kHeadsPerThread], x1[kHeadsPerThread];
+#pragma unroll
+  for (int i = 0; i < kHeadsPerThread; ++i) {
+    const int h = h_begin + i;
+    if (!active || h >= geo.heads_total) break;
+    const T* src;
+    if (h < hq) {
+      src = q + h * d;
+    } else if (h < hq + hkv) {
+      src = k + (h - hq) * d;
+    } else {
+      if (!write_pool) break;  // v rows only go to the pool
+      src = v + (h - hq - hkv) * d;
+    }
+    x0[i] = *reinterpret_cast<const V*>(src + off0);
+    if (has_second) x1[i] = *reinterpret_cast<const V*>(src + off1);
+  }
+
+  // cos/sin once per (token, pair) for the whole block instead of once per thread: every
+  // thread of a token shares them, and sincosf / the double-precision inv_freq are the only
+  // arithmetic here that is not trivially cheap.
+  const int threads = blockDim.x * blockDim.y;
+  for (int e = threadIdx.y * blockDim.x + threadIdx.x; e < int(blockDim.y) * half; e += threads) {
+    const int64_t te = int64_t(blockIdx.x) * blockDim.y + e / half;
+    if (te >= p.num_tokens) break;
+    const float pos = float(static_cast<const I*>(p.positions)[te]);
+    float s, c;
+    sincosf(pos * RopeInvFreq(e % half, p.rotary_dim, p.log2_base), &s, &c);
+    cos_sin[e] = make_float2(c, s);
+  }
+  __syncthreads();
+  if (!active) return;
+
+  float cos_v[kVec], sin_v[kVec];
+  if (rotate) {
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      const float2 cs = cos_sin[threadIdx.y * half + g * kVec + j];
+      cos_v[j] = cs.x;
+      sin_v[j] = cs.y;
+    }
+  }
+
+#pragma unroll
+  for (int i = 0; i < kHeadsPerThread; ++i) {
+    const int h = h_begin + i;
+    if (h >= geo.heads_total) break;
+    const bool is_v = h >= hq + hkv;
+    if (is_v && !write_pool) break;
+    V y0 = x0[i], y1 = x1[i];
+    if (rotate && !is_v) {
+      if (p.is_neox)
+        RotatePairs<kVec, true>(y0, y1, cos_v, sin_v);
+      else
+        RotatePairs<kVec, false>(y0, y1, cos_v, sin_v);
+    }
+    T* dst;
+    T* pool_dst = nullptr;
+    if (h < hq) {
+      dst = static_cast<T*>(p.q_rot) + t * q_row + h * d;
+    } else if (!is_v) {
+      dst = static_cast<T*>(p.k_rot) + t * kv_row + (h - hq) * d;
+      if (write_pool) pool_dst = static_cast<T*>(p.k_pool) + slot * kv_row + (h - hq) * d;
+    } else {
+      dst = static_cast<T*>(p.v_pool) + slot * kv_row + (h - hq - hkv) * d;
+    }
+    *reinterpret_cast<V*>(dst + off0) = y0;
+    if (has_second) *reinterpret_cast<V*>(dst + off1) = y1;
+    if (pool_dst) {
+      *reinterpret_cast<V*>(pool_dst + off0) = y0;
+      if (has_second) *reinterpret_cast<V*>(pool_dst + off1) = y1;
+    }
+  }
+}
+
+bool Aligned(const void* ptr, int bytes) { return reinterpret_cast<uintptr_t>(ptr) % bytes == 0; }
+
+template <typename T, typename I, int kVec>
+cudaError_t Launch(cudaStream_t stream, const RopePoolParams& p) {
+  Geometry geo;
+  geo.rot_groups = p.rotary_dim / (2 * kVec);
+  const int tail_vectors = (p.head_dim - p.rotary_dim) / kVec;
+  geo.groups = geo.rot_groups + (tail_vectors + 1) / 2;
+  geo.heads_total = p.num_qo_heads + 2 * p.num_kv_heads;
+  geo.threads_per_token =
+      geo.groups * ((geo.heads_total + kHeadsPerThread - 1) / kHeadsPerThread);
+  // x: the threads of one token (split over blockIdx.y when more than a block); y: tokens.
+  const int bx = std::min(geo.threads_per_token, kBlockThreads);
+  const int by = std::max(1, kBlockThreads / bx);
+  const dim3 block(bx, by);
+  const dim3 grid(unsigned((p.num_tokens + by - 1) / by),
+                  unsigned((geo.threads_per_token + bx - 1) / bx));
+  const size_t smem = size_t(by) * (p.rotary_dim / 2) * sizeof(float2);
+  RopePoolKernel<T, I, kVec><<<grid, block, smem, stream>>>(p, geo);
+  return cudaGetLastError();
+}
+
+template <typename T, typename I>
+cudaError_t LaunchForLayout(cudaStream_t stream, const RopePoolParams& p) {
+  constexpr int kVec = kAccessBytes / sizeof(T);
+  const bool vectorizable = p.head_dim % kVec == 0 && p.rotary_dim % (2 * kVec) == 0 &&
+                            Aligned(p.q, kAccessBytes) && Aligned(p.k, kAccessBytes) &&
+                            Aligned(p.v, kAccessBytes) && Aligned(p.q_rot, kAccessBytes) &&
+                            Aligned(p.k_rot, kAccessBytes) && Aligned(p.k_pool, kAccessBytes) &&
+                            Aligned(p.v_pool, kAccessBytes);
+  return vectorizable ? Launch<T, I, kVec>(stream, p) : Launch<T, I, 1>(stream, p);
+}
+
+}  // namespace
+
+cudaError_t LaunchRopePool(cudaStream_t stream, const RopePoolParams& p) {
+  if (p.num_tokens == 0) return cudaSuccess;
+  return DispatchFloat(p.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    return p.index_type == IndexType::kI32 ? LaunchForLayout<T, int32_t>(stream, p)
+                                           : LaunchForLayout<T, int64_t>(stream, p);
+  });
+}
+
+}  // namespace jax_sgl::cuda

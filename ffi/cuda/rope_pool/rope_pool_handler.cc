@@ -1,0 +1,54 @@
+// FFI handler of jax_sgl_rope_pool_fwd on the CUDA platform: binds the buffers (shared signature in
+// ffi/common/rope_pool_ffi.h), starts the output pools from the input pools when XLA did not alias
+// them (no donation), and launches the kernel. No CUDA kernel syntax here; errors are returned.
+#include <cuda_runtime_api.h>
+
+#include <string>
+
+#include "ffi/common/rope_pool_ffi.h"
+#include "ffi/cuda/rope_pool/rope_pool.h"
+
+namespace jax_sgl::cuda {
+namespace {
+
+ffi::Error CudaError(const char* what, cudaError_t err) {
+  return ffi::Error::Internal(std::string("jax_sgl.rope_pool_fused: ") + what + ": " +
+                              cudaGetErrorString(err));
+}
+
+// With donation the output pool is the input pool and nothing is copied: only the written rows
+// are touched. Without it XLA hands us a fresh buffer that must start as a copy of the input.
+cudaError_t CopyPoolIfNotAliased(cudaStream_t stream, ffi::AnyBuffer in,
+                                 ffi::Result<ffi::AnyBuffer>& out) {
+  if (out->untyped_data() == in.untyped_data() || in.size_bytes() == 0) return cudaSuccess;
+  return cudaMemcpyAsync(out->untyped_data(), in.untyped_data(), in.size_bytes(),
+                         cudaMemcpyDeviceToDevice, stream);
+}
+
+ffi::Error RopePoolFwdImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
+                           ffi::AnyBuffer v, ffi::AnyBuffer positions, ffi::AnyBuffer slots,
+                           ffi::AnyBuffer k_pool_in, ffi::AnyBuffer v_pool_in,
+                           ffi::Result<ffi::AnyBuffer> q_rot, ffi::Result<ffi::AnyBuffer> k_rot,
+                           ffi::Result<ffi::AnyBuffer> k_pool, ffi::Result<ffi::AnyBuffer> v_pool,
+                           float rope_base, int64_t rotary_dim, bool is_neox) {
+  RopePoolParams p;
+  if (auto err = MakeRopePoolParams(q, k, v, positions, slots, q_rot, k_rot, k_pool, v_pool,
+                                    rope_base, rotary_dim, is_neox, &p);
+      err.failure())
+    return err;
+  if (cudaError_t e = CopyPoolIfNotAliased(stream, k_pool_in, k_pool); e != cudaSuccess)
+    return CudaError("copying k_pool", e);
+  if (cudaError_t e = CopyPoolIfNotAliased(stream, v_pool_in, v_pool); e != cudaSuccess)
+    return CudaError("copying v_pool", e);
+  if (cudaError_t e = LaunchRopePool(stream, p); e != cudaSuccess)
+    return CudaError("kernel launch", e);
+  return ffi::Error::Success();
+}
+
+}  // namespace
+}  // namespace jax_sgl::cuda
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    JaxSglRopePoolFwdCuda, jax_sgl::cuda::RopePoolFwdImpl,
+    jax_sgl::BindRopePool(xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<cudaStream_t>>()),
+    {xla::ffi::Traits::kCmdBufferCompatible});

@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# The GPU check of jax_sgl, run from the repository root on a machine with an NVIDIA GPU (the
+# device machine: no network, so nothing is downloaded). Steps, each logged under $OUT:
+#   1. build and install the package with the CUDA kernels (build.log);
+#   2. pytest -m gpu over tests/ (pytest.log): every test marked `gpu` is picked up;
+#   3. every benchmarks/bench_*.py, or those in GPU_CHECK_BENCH (bench_<name>.log);
+#   4. optionally compute-sanitizer memcheck over the test files in GPU_CHECK_SANITIZE
+#      (sanitizer.log);
+# then prints a short summary table last (also summary.txt): versions, build time, test and
+# sanitizer results, and every line a benchmark printed starting with "SUMMARY ".
+#
+# Environment:
+#   OUT                 log folder (default /tmp/gpu_check)
+#   PYTHON              interpreter with jax + the CUDA plugin (default python3)
+#   JAX_SGL_CUDA_ARCHS  archs to build (default 90a: one arch keeps the build quick)
+#   GPU_CHECK_PIP_ARGS  extra pip args, e.g. -Ccmake.define.JAX_SGL_ATTN_HEAD_DIMS=128
+#   GPU_CHECK_TESTS     pytest paths / args (default: tests/)
+#   GPU_CHECK_SANITIZE  test files to run under compute-sanitizer memcheck (default: none)
+#   GPU_CHECK_SANITIZE_K  pytest -k expression for the sanitizer run (default: all)
+#   GPU_CHECK_SANITIZE_TIMEOUT  seconds before the sanitizer run is stopped (default 900)
+#   GPU_CHECK_BENCH     benchmark scripts to run (default: benchmarks/bench_*.py); "none" skips
+set -uo pipefail
+
+REPO="$(cd "$(dirname "$0")/.." && pwd)"
+OUT="${OUT:-/tmp/gpu_check}"
+PY="${PYTHON:-python3}"
+export JAX_SGL_CUDA_ARCHS="${JAX_SGL_CUDA_ARCHS:-90a}"
+export PYTHONUNBUFFERED=1
+mkdir -p "$OUT"
+SUMMARY="$OUT/summary.txt"
+: > "$SUMMARY"
+row() { printf '%-12s %s\n' "$1" "$2" >> "$SUMMARY"; }
+
+cd "$REPO"
+row device "$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)"
+row software "$("$PY" -c 'import sys, jax, jaxlib; print(f"python {sys.version.split()[0]}, jax {jax.__version__}, jaxlib {jaxlib.__version__}")' 2>&1 | tail -1), nvcc $(nvcc --version 2>/dev/null | sed -n 's/.*release \([0-9.]*\).*/\1/p')"
+
+# 1. Build + install (incremental in build/gpu when the machine is still warm).
+t0=$(date +%s)
+# shellcheck disable=SC2086
+if "$PY" -m pip install --no-build-isolation --no-deps -v -Cbuild-dir=build/gpu ${GPU_CHECK_PIP_ARGS:-} . \
+    > "$OUT/build.log" 2>&1; then
+  row build "ok in $(( $(date +%s) - t0 )) s (archs $JAX_SGL_CUDA_ARCHS)"
+else
+  row build "FAILED after $(( $(date +%s) - t0 )) s: see build.log"
+  tail -40 "$OUT/build.log"
+  cat "$SUMMARY"
+  exit 1
+fi
+
+# Run Python from outside the source tree so `import jax_sgl` is the installed package.
+cd /tmp
+"$PY" -c 'import jax_sgl; print("CUDA targets:", sorted(jax_sgl.CUDA_TARGETS))' >> "$OUT/build.log" 2>&1
+row targets "$(tail -1 "$OUT/build.log")"
+
+# 2. GPU tests.
+read -r -a tests <<< "${GPU_CHECK_TESTS:-tests/}"
+tests=("${tests[@]/#tests/$REPO/tests}")
+"$PY" -m pytest -m gpu -q -rfEs -p no:cacheprovider --rootdir "$REPO" "${tests[@]}" \
+    > "$OUT/pytest.log" 2>&1
+row tests "$(grep -E '(passed|failed|error|skipped|no tests ran)' "$OUT/pytest.log" | tail -1)"
+
+# 3. Benchmarks.
+if [[ "${GPU_CHECK_BENCH:-}" != none ]]; then
+  if [[ -n "${GPU_CHECK_BENCH:-}" ]]; then
+    read -r -a benches <<< "$GPU_CHECK_BENCH"
+  else
+    mapfile -t benches < <(cd "$REPO" && ls benchmarks/bench_*.py 2>/dev/null)
+  fi
+  for b in "${benches[@]}"; do
+    name="$(basename "$b" .py)"
+    if "$PY" "$REPO/$b" > "$OUT/$name.log" 2>&1; then
+      grep -h '^SUMMARY ' "$OUT/$name.log" | sed 's/^SUMMARY /  /' | while read -r line; do
+        row "$name" "$line"; done
+    else
+      row "$name" "FAILED: $(tail -1 "$OUT/$name.log")"
+    fi
+  done
+fi
+
+# 4. compute-sanitizer memcheck. XLA's preallocated arena would hide out-of-bounds accesses
+# inside it: allocate every buffer on its own.
+if [[ -n "${GPU_CHECK_SANITIZE:-}" ]]; then
+  read -r -a san <<< "$GPU_CHECK_SANITIZE"
+  san=("${san[@]/#/$REPO/}")
+  XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_PYTHON_CLIENT_ALLOCATOR=platform \
+    timeout "${GPU_CHECK_SANITIZE_TIMEOUT:-900}" compute-sanitizer --tool memcheck --error-exitcode 99 \
+    "$PY" -m pytest -m gpu -q -p no:cacheprovider --rootdir "$REPO" \
+    ${GPU_CHECK_SANITIZE_K:+-k "$GPU_CHECK_SANITIZE_K"} "${san[@]}" > "$OUT/sanitizer.log" 2>&1
+  rc=$?
+  row sanitizer "exit $rc; $(grep -E 'ERROR SUMMARY' "$OUT/sanitizer.log" | tail -1); $(grep -E '(passed|failed)' "$OUT/sanitizer.log" | tail -1)"
+fi
+
+echo
+echo "== jax_sgl gpu_check summary ($(date -u +%F)) =="
+cat "$SUMMARY"
