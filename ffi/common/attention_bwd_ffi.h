@@ -72,9 +72,9 @@ inline ffi::Error MakeAttentionBwdParams(
   if (f.q_type == DType::kF8E4M3 || f.q_type == DType::kF8E5M2 || f.v_type == DType::kF8E4M3 ||
       f.v_type == DType::kF8E5M2)
     return InvalidArgument("jax_sgl.attention: gradients through fp8 inputs are not supported");
-  if (f.k_type != f.q_type || f.v_type != f.q_type || f.out_type != f.q_type)
+  if (f.v_type != f.q_type || f.out_type != f.q_type)
     return InvalidArgument(std::string("Type mismatch: ") + DTypeName(f.q_type) + " != " +
-                           DTypeName(f.k_type != f.q_type ? f.k_type : f.v_type));
+                           DTypeName(f.v_type));
   if (!SameDims(dout.dimensions(), out.dimensions()) || dout.element_type() != out.element_type())
     return InvalidArgument("jax_sgl.attention: dout must match out in shape and dtype");
   if (dlse.element_count() != lse.element_count())

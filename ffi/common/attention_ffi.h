@@ -55,6 +55,11 @@ inline ffi::Error MakeAttentionParams(
   if (!ToDType(q.element_type(), &p->q_type) || !ToDType(k.element_type(), &p->k_type) ||
       !ToDType(v.element_type(), &p->v_type) || !ToDType(out->element_type(), &p->out_type))
     return InvalidArgument("jax_sgl.attention: unsupported dtype");
+  // SGLang's rule (flash_fwd_sm100): K shares Q's dtype; V may differ only as the fp8 v_dequant
+  // path, which the Python checks gate on v_descale.
+  if (p->k_type != p->q_type)
+    return InvalidArgument(std::string("Type mismatch: ") + DTypeName(p->q_type) + " != " +
+                           DTypeName(p->k_type));
 
   p->q = q.untyped_data();
   p->k = k.untyped_data();

@@ -187,9 +187,6 @@ ffi::Error AttentionFwdImpl(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuff
                                      window_left, window_right, &p);
       err.failure())
     return err;
-  if (p.k_type != p.q_type)
-    return InvalidArgument(std::string("Type mismatch: ") + DTypeName(p.q_type) +
-                           " != " + DTypeName(p.k_type));
   DispatchFloat(p.out_type, [&](auto to) { RunAttention<typename decltype(to)::type>(pool, p); });
   return ffi::Error::Success();
 }

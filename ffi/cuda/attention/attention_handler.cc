@@ -36,9 +36,6 @@ ffi::Error AttentionFwdCuda(cudaStream_t stream, ffi::ScratchAllocator scratch, 
                                      window_left, window_right, &p);
       err.failure())
     return err;
-  if (p.k_type != p.q_type)
-    return InvalidArgument(std::string("Type mismatch: ") + DTypeName(p.q_type) +
-                           " != " + DTypeName(p.k_type));
   FlashPlan plan;
   if (const char* why = PlanFlashFwd(p, NumSms(), &plan))
     return ffi::Error(ffi::ErrorCode::kUnimplemented, why);
