@@ -25,12 +25,14 @@ def attention_backend_info() -> dict:
   """Which CUDA attention kernels this build holds and would use, so benchmarks can name them.
 
   sm90_kernels: the sm_90a (Hopper wgmma + TMA) instantiations compiled in, e.g.
-  ("hdim128_bf16",). sm90_opt_in: JAX_SGL_SM90=1 is set, the opt-in that routes dense
-  bf16/fp16 calls those instantiations cover to the sm90 kernel on a compute-capability-9.0
-  device (read at every call); everything else runs on the portable sm80 kernel.
+  ("hdim128_bf16",). sm90_mode: JAX_SGL_SM90 as the CUDA handler reads it at every call:
+  "verified" (unset: the instantiations verified on a GPU, hdim128_bf16, serve the dense calls
+  they cover on a compute-capability-9.0 device), "all" (=1: every built instantiation) or "off"
+  (=0). Everything else runs on the portable sm80 kernel.
   """
-  return {"sm90_kernels": tuple(_ext.sm90_attention_kernels().split()),
-          "sm90_opt_in": os.environ.get("JAX_SGL_SM90") == "1"}
+  env = os.environ.get("JAX_SGL_SM90")
+  mode = {"0": "off", "1": "all"}.get(env, "verified")
+  return {"sm90_kernels": tuple(_ext.sm90_attention_kernels().split()), "sm90_mode": mode}
 
 
 def native_platforms(target: str) -> tuple[str, ...]:

@@ -1,7 +1,7 @@
 """The Hopper (sm_90a, wgmma + TMA) flash forward against the pure-JAX reference.
 
-The kernel is opt-in (JAX_SGL_SM90=1, read by the CUDA handler at every call), so every test here
-sets it through monkeypatch; on anything but a compute-capability-9.0 device, or in a build
+Only GPU-verified instantiations run by default; JAX_SGL_SM90=1 (read by the CUDA handler at every
+call) routes every built one, so every test here sets it through monkeypatch; on anything but a compute-capability-9.0 device, or in a build
 without the (dtype, head dim) instantiation, the test is skipped rather than silently testing the
 portable kernel. Outputs are poisoned beforehand so unwritten elements show up as NaN.
 """

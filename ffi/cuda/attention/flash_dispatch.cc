@@ -66,11 +66,11 @@ cudaError_t LaunchForType(const FlashPlan& plan, const FlashFwdArgs& args, cudaS
 }  // namespace
 
 const char* PlanFlashFwd(const AttentionParams& p, int num_sms, FlashPlan* plan) {
-  // The Hopper kernel, where opted in (JAX_SGL_SM90=1), on a 9.0 device, for what it covers;
-  // everything else falls through to the portable sm80 kernel.
+  // The Hopper kernel on a 9.0 device, for what it covers and JAX_SGL_SM90 allows (by default
+  // the GPU-verified instantiations); everything else falls through to the portable sm80 kernel.
   plan->sm90 = false;
 #ifdef JAX_SGL_HAVE_SM90
-  if (Sm90Enabled() && Sm90Unsupported(p) == nullptr) {
+  if (Sm90Unsupported(p) == nullptr && Sm90Enabled(p)) {
     plan->sm90 = true;
     plan->scratch_bytes = 0;
     return nullptr;

@@ -16,8 +16,10 @@ namespace jax_sgl::cuda {
 // nullptr when the sm90 kernel covers the call, else what it lacks (the fallback decision).
 const char* Sm90Unsupported(const AttentionParams& p);
 
-// True when JAX_SGL_SM90=1 (read at each call) and the current device is compute capability 9.0.
-bool Sm90Enabled();
+// Whether a call the sm90 kernel covers runs on it: the current device is compute capability 9.0
+// and JAX_SGL_SM90 (read at each call) allows it: "0" never, "1" every built instantiation,
+// unset or anything else only the instantiations verified on a GPU (Sm90Verified).
+bool Sm90Enabled(const AttentionParams& p);
 
 // The instantiations this build holds, space separated ("hdim128_bf16 hdim128_fp16"; leading
 // space), for jax_sgl.attention_backend_info().
