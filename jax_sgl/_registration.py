@@ -28,9 +28,14 @@ def attention_backend_info() -> dict:
   ("hdim128_bf16",). sm90_opt_in: JAX_SGL_SM90=1 is set, the opt-in that routes dense
   bf16/fp16 calls those instantiations cover to the sm90 kernel on a compute-capability-9.0
   device (read at every call); everything else runs on the portable sm80 kernel.
+  cuda_bwd_kernel: the CUDA backward kernel is compiled in. cuda_bwd_opt_in: JAX_SGL_CUDA_BWD=1
+  is set, the opt-in that lowers gradients traced from now on (float16/bfloat16, head dims up to
+  128) to it; otherwise CUDA runs the backward as the vjp of the pure-JAX reference.
   """
   return {"sm90_kernels": tuple(_ext.sm90_attention_kernels().split()),
-          "sm90_opt_in": os.environ.get("JAX_SGL_SM90") == "1"}
+          "sm90_opt_in": os.environ.get("JAX_SGL_SM90") == "1",
+          "cuda_bwd_kernel": "jax_sgl_attention_bwd" in CUDA_TARGETS,
+          "cuda_bwd_opt_in": os.environ.get("JAX_SGL_CUDA_BWD") == "1"}
 
 
 def native_platforms(target: str) -> tuple[str, ...]:
