@@ -127,8 +127,9 @@ def _check(q, k, v, kw, *, with_lse=False):
     lse_shape = jax.eval_shape(lambda: _reference(q, k, v, **kw)[1]).shape
     w_lse = jnp.asarray(rng.standard_normal(lse_shape), jnp.float32)
   f32 = [x.astype(jnp.float32) for x in (q, k, v)]
-  want = jax.jit(jax.grad(_loss(lambda q, k, v: _reference(q, k, v, **kw), w_out, w_lse),
-                          argnums=(0, 1, 2)))(*f32)
+  with jax.default_matmul_precision("highest"):   # a float32 oracle, not TF32
+    want = jax.jit(jax.grad(_loss(lambda q, k, v: _reference(q, k, v, **kw), w_out, w_lse),
+                            argnums=(0, 1, 2)))(*f32)
   _poison(sum(x.size * x.dtype.itemsize for x in (q, k, v)))
   got = _grads(q, k, v, kw, w_out, w_lse)
   tol = TOL[jnp.dtype(q.dtype)]
