@@ -11,7 +11,7 @@ set(JAX_SGL_CUDA_SOURCES
   ffi/cuda/rope_pool/rope_pool.cu
   ffi/cuda/rope_pool/rope_pool_handler.cc
 )
-# Attention forward (ffi/cuda/attention): one generated instantiation file per dtype x head-dim
+# Attention forward and backward (ffi/cuda/attention): one generated instantiation file per dtype x head-dim
 # capacity. JAX_SGL_ATTN_HEAD_DIMS trims the set for dev builds; left-out head dims are compiled
 # out of the dispatch too and report "not built" at run time.
 set(JAX_SGL_ATTN_HEAD_DIMS "64;96;128;192;256" CACHE STRING "Attention head-dim kernels to build")
@@ -19,12 +19,21 @@ list(APPEND JAX_SGL_CUDA_SOURCES
   ffi/cuda/attention/attention_handler.cc
   ffi/cuda/attention/flash_dispatch.cc
   ffi/cuda/attention/flash_split_combine.cu
+  ffi/cuda/attention/attention_bwd_handler.cc
+  ffi/cuda/attention/flash_bwd_dispatch.cc
+  ffi/cuda/attention/flash_bwd_preprocess.cu
 )
 foreach(d 64 96 128 192 256)
   if(d IN_LIST JAX_SGL_ATTN_HEAD_DIMS)
     list(APPEND JAX_SGL_CUDA_SOURCES
       ffi/cuda/attention/instantiations/flash_fwd_sm80_hdim${d}_bf16.cu
       ffi/cuda/attention/instantiations/flash_fwd_sm80_hdim${d}_fp16.cu)
+    # The backward (flash_bwd_sm80.cuh) has capacities up to 128 only.
+    if(d LESS_EQUAL 128)
+      list(APPEND JAX_SGL_CUDA_SOURCES
+        ffi/cuda/attention/instantiations/flash_bwd_sm80_hdim${d}_bf16.cu
+        ffi/cuda/attention/instantiations/flash_bwd_sm80_hdim${d}_fp16.cu)
+    endif()
   else()
     target_compile_definitions(_native PRIVATE JAX_SGL_ATTN_DISABLE_HDIM${d}=1)
   endif()

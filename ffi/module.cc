@@ -16,6 +16,7 @@ XLA_FFI_Error* JaxSglAttentionBwdCpu(XLA_FFI_CallFrame*);
 #ifdef JAX_SGL_HAVE_CUDA
 XLA_FFI_Error* JaxSglRopePoolFwdCuda(XLA_FFI_CallFrame*);
 XLA_FFI_Error* JaxSglAttentionFwdCuda(XLA_FFI_CallFrame*);
+XLA_FFI_Error* JaxSglAttentionBwdCuda(XLA_FFI_CallFrame*);
 #endif
 #ifdef JAX_SGL_HAVE_METAL
 // macOS: "cpu" handlers that dispatch to Metal and fall back to the ones above (metal/host).
@@ -57,6 +58,7 @@ NB_MODULE(_native, m) {
 #ifdef JAX_SGL_HAVE_CUDA
     d["jax_sgl_rope_pool_fwd"] = Capsule(JaxSglRopePoolFwdCuda);
     d["jax_sgl_attention_fwd"] = Capsule(JaxSglAttentionFwdCuda);
+    d["jax_sgl_attention_bwd"] = Capsule(JaxSglAttentionBwdCuda);
 #endif
     return d;
   });

@@ -29,10 +29,14 @@ def attention_backend_info() -> dict:
   "verified" (unset: the instantiations verified on a GPU, hdim128_bf16, serve the dense calls
   they cover on a compute-capability-9.0 device), "all" (=1: every built instantiation) or "off"
   (=0). Everything else runs on the portable sm80 kernel.
+  cuda_bwd_kernel: the CUDA backward kernel is compiled in. cuda_bwd_opt_in: JAX_SGL_CUDA_BWD=1
+  is set, the opt-in that lowers gradients traced from now on (float16/bfloat16, head dims up to
+  128) to it; otherwise CUDA runs the backward as the vjp of the pure-JAX reference.
   """
-  env = os.environ.get("JAX_SGL_SM90")
-  mode = {"0": "off", "1": "all"}.get(env, "verified")
-  return {"sm90_kernels": tuple(_ext.sm90_attention_kernels().split()), "sm90_mode": mode}
+  mode = {"0": "off", "1": "all"}.get(os.environ.get("JAX_SGL_SM90"), "verified")
+  return {"sm90_kernels": tuple(_ext.sm90_attention_kernels().split()), "sm90_mode": mode,
+          "cuda_bwd_kernel": "jax_sgl_attention_bwd" in CUDA_TARGETS,
+          "cuda_bwd_opt_in": os.environ.get("JAX_SGL_CUDA_BWD") == "1"}
 
 
 def native_platforms(target: str) -> tuple[str, ...]:

@@ -11,13 +11,14 @@ Checks live in `_checks.check_attention`.
 from __future__ import annotations
 
 import functools
+import os
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.core import ShapedArray
 from jax.extend.core import Primitive
-from jax.interpreters import batching
+from jax.interpreters import batching, mlir
 
 from jax_sgl import reference
 from jax_sgl._checks import (ATTN_FN, KV_PAGED, AttentionSpec, check_attention,
@@ -180,8 +181,32 @@ def _attention_bwd_abstract_eval(q, k, v, *rest, spec, present):
 
 _native_bwd_rule = ffi_rule(BWD_TARGET)
 
+# The CUDA backward kernel (ffi/cuda/attention/flash_bwd_sm80.cuh) is opt-in until it has been
+# verified on a GPU: with JAX_SGL_CUDA_BWD=1 set when a gradient is traced, CUDA lowers the backward
+# to it for the combinations it serves; otherwise (and for every other combination) CUDA lowers
+# to the vjp of the pure-JAX reference, as before the kernel existed.
+CUDA_BWD_ENV = "JAX_SGL_CUDA_BWD"
+# Largest head_dim / head_dim_v with a CUDA backward (kBwdHeadDimCapacities in flash_bwd_launch.h).
+CUDA_BWD_MAX_HEAD_DIM = 128
+
+
+def cuda_bwd_unsupported(spec: AttentionSpec, q_dtype) -> str | None:
+  """Why the CUDA backward kernel does not serve this call (None when it does)."""
+  if os.environ.get(CUDA_BWD_ENV) != "1":
+    return f"{CUDA_BWD_ENV}=1 is not set (the CUDA backward is opt-in)"
+  if jnp.dtype(q_dtype) not in (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16)):
+    return f"q/k/v are {jnp.dtype(q_dtype)}, the CUDA backward runs float16 and bfloat16"
+  if (max(spec.head_dim, spec.head_dim_v) > CUDA_BWD_MAX_HEAD_DIM or spec.head_dim % 8
+      or spec.head_dim_v % 8):
+    return (f"head dims {spec.head_dim}/{spec.head_dim_v}: the CUDA backward serves multiples of "
+            f"8 up to {CUDA_BWD_MAX_HEAD_DIM}")
+  return None
+
 
 def _attention_bwd_lowering(ctx, *args, spec, present):
+  if ("cuda" in ctx.module_context.platforms
+      and cuda_bwd_unsupported(spec, ctx.avals_in[0].dtype) is not None):
+    return _reference_bwd_rule(ctx, *args, spec=spec, present=present)
   return _native_bwd_rule(ctx, *args, **_ffi_attrs(ctx, spec))
 
 
@@ -193,6 +218,9 @@ def _attention_bwd_reference(q, k, v, *rest, spec, present):
       lambda q, k, v: _attention_fwd_reference(q, k, v, *optional, spec=spec, present=present),
       q, k, v)
   return vjp((dout, dlse))
+
+
+_reference_bwd_rule = mlir.lower_fun(_attention_bwd_reference, multiple_results=True)
 
 
 def _attention_bwd_batch(args, dims, *, spec, present):
@@ -298,6 +326,9 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, window=(-1, -1), sof
   handled exactly: d lse / d scores = P). The backward kernel recomputes the probabilities from
   the saved lse (no second forward). Index arrays get no gradient. Paged KV and fp8 inputs are
   forward-only: differentiating through them raises NotImplementedError at trace time.
+  On CUDA the native backward kernel (float16/bfloat16, head dims up to 128) is opt-in for now:
+  set JAX_SGL_CUDA_BWD=1 before the gradient is traced; without it, and for float32 or larger
+  head dims, CUDA runs the backward as the vjp of the pure-JAX reference (correct, slower).
 
   Returns:
     out in q's layout with head_dim_v (q's dtype; bfloat16 for fp8), and with `return_lse` also

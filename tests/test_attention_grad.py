@@ -275,3 +275,29 @@ def test_backward_lowers_to_reference_without_native_kernel():
     exported = jax.export.export(jax.jit(jax.grad(f, argnums=(0, 1, 2))), platforms=["tpu"])(
         q, k, v)
   assert "jax_sgl_attention" not in exported.mlir_module()
+
+
+@pytest.mark.skipif("jax_sgl_attention_bwd" not in jax_sgl.CUDA_TARGETS,
+                    reason="built without the CUDA backward")
+@pytest.mark.parametrize("opt_in", [True, False])
+def test_cuda_backward_is_opt_in(monkeypatch, opt_in):
+  """Exported for CUDA (no GPU needed): the backward lowers to the native kernel only with
+  JAX_SGL_CUDA_BWD=1 and a head dim it serves; otherwise to the reference's vjp."""
+  if opt_in:
+    monkeypatch.setenv("JAX_SGL_CUDA_BWD", "1")
+  else:
+    monkeypatch.delenv("JAX_SGL_CUDA_BWD", raising=False)
+
+  def exported_text(d):
+    q, k, v = _dense(np.random.default_rng(18), 1, 5, 6, 2, 1, d, dtype=jnp.bfloat16)
+    f = lambda q, k, v: jnp.sum(jax_sgl.attention(q, k, v, causal=True).astype(jnp.float32))
+    with warnings.catch_warnings():
+      warnings.simplefilter("ignore", RuntimeWarning)
+      allow = [jax.export.DisabledSafetyCheck.custom_call(t)
+               for t in ("jax_sgl_attention_fwd", "jax_sgl_attention_bwd")]
+      return jax.export.export(jax.jit(jax.grad(f, argnums=(0, 1, 2))), platforms=["cuda"],
+                               disabled_checks=allow)(q, k, v).mlir_module()
+
+  native = "custom_call @jax_sgl_attention_bwd"
+  assert (native in exported_text(64)) == opt_in
+  assert native not in exported_text(192)   # no CUDA backward above head dim 128

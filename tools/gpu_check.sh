@@ -19,6 +19,10 @@
 #   GPU_CHECK_SANITIZE_K  pytest -k expression for the sanitizer run (default: all)
 #   GPU_CHECK_SANITIZE_TIMEOUT  seconds before the sanitizer run is stopped (default 900)
 #   GPU_CHECK_BENCH     benchmark scripts to run (default: benchmarks/bench_*.py); "none" skips
+#
+# The CUDA attention backward alone (benchmarks/NOTES_bwd.md):
+#   GPU_CHECK_TESTS=tests/test_attention_grad_gpu.py GPU_CHECK_BENCH=benchmarks/bench_attention_bwd.py \
+#     bash tools/gpu_check.sh
 set -uo pipefail
 
 REPO="$(cd "$(dirname "$0")/.." && pwd)"

@@ -1,0 +1,145 @@
+"""Benchmark of the jax_sgl.attention backward (CUDA) against its anchors, in the same process:
+
+  cudnn    jax.grad of jax.nn.dot_product_attention(implementation="cudnn");
+  xla      jax.grad of jax.nn.dot_product_attention(implementation="xla") (skipped where its
+           score matrices would not fit comfortably);
+  jax_sgl  jax.grad of jax_sgl.attention, with the CUDA backward kernel (JAX_SGL_CUDA_BWD=1,
+           set by this script unless --reference-bwd asks for the reference lowering).
+
+Issue 4's cases: bf16, D=128, H=16 (MHA), B*S = 32768 tokens, S in {4k, 8k}, causal and not.
+TFLOP/s count the forward's 4*B*H*S^2*D (halved when causal) times 3.5 for forward+backward
+(jax.grad of the loss runs both) and times 2.5 for the backward alone, whose time is taken as the
+forward+backward time minus the forward's. Each timing is the median over batches of
+back-to-back calls (wall clock around block_until_ready, after warm-up). Lines starting with
+SUMMARY are collected by tools/gpu_check.sh.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+
+import jax_sgl
+
+DTYPE = jnp.bfloat16
+
+
+def median_seconds(fn, args, calls, batches):
+  out = jax.block_until_ready(fn(*args))  # warm-up (compile) outside the timings
+  times = []
+  for _ in range(batches):
+    t0 = time.perf_counter()
+    for _ in range(calls):
+      out = fn(*args)
+    jax.block_until_ready(out)
+    times.append((time.perf_counter() - t0) / calls)
+  return statistics.median(times)
+
+
+def try_time(fn, args, calls, batches):
+  try:
+    return median_seconds(fn, args, calls, batches)
+  except Exception as e:  # an anchor that does not support the case (or runs out of memory)
+    print(f"  ({type(e).__name__}: {str(e).splitlines()[0][:100]})")
+    return None
+
+
+def attention_fns(impl, causal):
+  """(forward, forward+backward) jitted for one implementation."""
+  if impl == "jax_sgl":
+    attn = lambda q, k, v: jax_sgl.attention(q, k, v, causal=causal)
+  else:
+    attn = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=causal,
+                                                        implementation=impl)
+  # A loss whose cotangent dO is a fixed random-looking tensor (cos of out), so nothing folds.
+  loss = lambda q, k, v: jnp.sum(jnp.cos(attn(q, k, v).astype(jnp.float32)))
+  return jax.jit(attn), jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+
+
+def check_close(q, k, v, causal):
+  """Our gradients against cuDNN's (or XLA's) on the benchmark's own inputs."""
+  _, ours = attention_fns("jax_sgl", causal)
+  for impl in ("cudnn", "xla"):
+    try:
+      _, anchor = attention_fns(impl, causal)
+      want = anchor(q, k, v)
+      break
+    except Exception:
+      continue
+  else:
+    return None
+  got = ours(q, k, v)
+  err = 0.0
+  for g, w in zip(got, want):
+    w = w.astype(jnp.float32)
+    err = max(err, float(jnp.max(jnp.abs(g.astype(jnp.float32) - w)) / jnp.max(jnp.abs(w))))
+  return err
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--seqlens", type=int, nargs="+", default=[4096, 8192])
+  parser.add_argument("--tokens", type=int, default=32768, help="B*S")
+  parser.add_argument("--heads", type=int, default=16)
+  parser.add_argument("--head-dim", type=int, default=128)
+  parser.add_argument("--batches", type=int, default=5)
+  parser.add_argument("--reference-bwd", action="store_true",
+                      help="time jax_sgl with the reference backward lowering instead")
+  args = parser.parse_args()
+  if not args.reference_bwd:
+    os.environ["JAX_SGL_CUDA_BWD"] = "1"
+  print(f"device: {jax.devices()[0].device_kind}, jax {jax.__version__}")
+  print(f"jax_sgl attention backend: {jax_sgl.attention_backend_info()}, "
+        f"JAX_SGL_CUDA_BWD={os.environ.get('JAX_SGL_CUDA_BWD', '')}")
+  h, d = args.heads, args.head_dim
+  print(f"\nforward+backward, B*S = {args.tokens} tokens, H={h}, D={d}, bf16; TFLOP/s "
+        "(fwd+bwd counts 3.5x the forward's flops, bwd alone 2.5x)")
+  print(f"{'S':>6} {'causal':>6} {'impl':<8} {'fwd+bwd ms':>10} {'fwd+bwd':>8} {'bwd':>8} "
+        f"{'jax_sgl vs':>10}")
+  for s in args.seqlens:
+    b = max(1, args.tokens // s)
+    for causal in (False, True):
+      keys = jax.random.split(jax.random.PRNGKey(s + causal), 3)
+      q, k, v = (jax.random.normal(kk, (b, s, h, d), jnp.float32).astype(DTYPE) for kk in keys)
+      flops = 4 * b * h * s * s * d * (0.5 if causal else 1.0)
+      calls = max(3, int(3e13 // (3.5 * flops)))
+      rows = {}
+      for impl in ("jax_sgl", "cudnn", "xla"):
+        # XLA materializes float32 scores and probabilities [B, H, S, S] (and their gradients):
+        # keep the pair under 20 GiB of the H200's 141.
+        if impl == "xla" and 2 * b * h * s * s * 4 > 20 << 30:
+          rows[impl] = None
+          continue
+        fwd, fwd_bwd = attention_fns(impl, causal)
+        t_all = try_time(fwd_bwd, (q, k, v), calls, args.batches)
+        t_fwd = try_time(fwd, (q, k, v), calls, args.batches) if t_all else None
+        rows[impl] = (t_all, t_fwd) if t_all else None
+      ours = rows["jax_sgl"][0]
+      for impl, r in rows.items():
+        if r is None:
+          print(f"{s:>6} {str(causal):>6} {impl:<8} {'-':>10}")
+          continue
+        t_all, t_fwd = r
+        bwd = 2.5 * flops / (t_all - t_fwd) / 1e12 if t_fwd and t_all > t_fwd else float("nan")
+        print(f"{s:>6} {str(causal):>6} {impl:<8} {t_all * 1e3:10.2f} "
+              f"{3.5 * flops / t_all / 1e12:8.0f} {bwd:8.0f} {t_all / ours:9.2f}x")
+      err = check_close(q, k, v, causal)
+      print(f"       max |dq,dk,dv - anchor| / max |anchor| = {err if err is not None else '-'}")
+      cud = rows["cudnn"][0] if rows["cudnn"] else None
+      xla = rows["xla"][0] if rows["xla"] else None
+      print(f"SUMMARY attention fwd+bwd S={s // 1024}k H{h} D{d} causal={causal}: "
+            f"{3.5 * flops / ours / 1e12:.0f} TFLOP/s, "
+            f"cudnn {3.5 * flops / cud / 1e12 if cud else 0:.0f} "
+            f"({cud / ours if cud else float('nan'):.2f}x), "
+            f"xla {3.5 * flops / xla / 1e12 if xla else 0:.0f}; rel err vs anchor "
+            f"{err if err is not None else float('nan'):.1e}")
+      del q, k, v
+
+
+if __name__ == "__main__":
+  main()

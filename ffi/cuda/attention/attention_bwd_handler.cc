@@ -1,0 +1,54 @@
+// CUDA FFI handler of jax_sgl_attention_bwd: binds the signature shared with the CPU backward
+// (attention_bwd_ffi.h), takes the float32 workspace (softmax_d and the log2-domain lse) from
+// XLA's scratch allocator and launches the kernels (flash_bwd_dispatch.cc). No CUDA syntax here;
+// errors come back as ffi::Error, nothing synchronizes.
+#include <cuda_runtime_api.h>
+
+#include "ffi/common/attention_bwd_ffi.h"
+#include "ffi/cuda/attention/flash_bwd_launch.h"
+
+namespace jax_sgl::cuda {
+namespace {
+
+ffi::Error AttentionBwdCuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyBuffer q,
+                            ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::Buffer<ffi::S32> cu_seqlens_q,
+                            ffi::Buffer<ffi::S32> cu_seqlens_k, ffi::Buffer<ffi::S32> seqused_k,
+                            ffi::Buffer<ffi::S32> page_table, ffi::Buffer<ffi::F32> q_descale,
+                            ffi::Buffer<ffi::F32> k_descale, ffi::Buffer<ffi::F32> v_descale,
+                            ffi::AnyBuffer out, ffi::Buffer<ffi::F32> lse, ffi::AnyBuffer dout,
+                            ffi::Buffer<ffi::F32> dlse, ffi::Result<ffi::AnyBuffer> dq,
+                            ffi::Result<ffi::AnyBuffer> dk, ffi::Result<ffi::AnyBuffer> dv,
+                            int64_t kv_layout, bool varlen_q, int64_t batch, int64_t max_seqlen_q,
+                            float softmax_scale, float softcap, bool causal, int64_t window_left,
+                            int64_t window_right) {
+  AttentionBwdParams bp;
+  if (auto err = MakeAttentionBwdParams(
+          q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, page_table, q_descale, k_descale,
+          v_descale, out, lse, dout, dlse, dq, dk, dv, kv_layout, varlen_q, batch, max_seqlen_q,
+          softmax_scale, softcap, causal, window_left, window_right, &bp);
+      err.failure())
+    return err;
+  if (const char* why = FlashBwdUnsupported(bp.fwd))
+    return ffi::Error(ffi::ErrorCode::kUnimplemented, why);
+  void* workspace = nullptr;
+  if (const size_t bytes = FlashBwdScratchBytes(bp.fwd); bytes > 0) {
+    auto buffer = scratch.Allocate(bytes, 16);
+    if (!buffer.has_value())
+      return ffi::Error(ffi::ErrorCode::kResourceExhausted,
+                        "jax_sgl.attention: no scratch memory for the backward's workspace");
+    workspace = *buffer;
+  }
+  if (const char* why = RunFlashBwd(bp, workspace, stream)) return ffi::Error::Internal(why);
+  return ffi::Error::Success();
+}
+
+}  // namespace
+}  // namespace jax_sgl::cuda
+
+// Not kCmdBufferCompatible: the workspace comes from XLA's per-call allocator, whose address a
+// captured CUDA graph would bake in.
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    JaxSglAttentionBwdCuda, jax_sgl::cuda::AttentionBwdCuda,
+    jax_sgl::BindAttentionBwd(xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
+                                  .Ctx<xla::ffi::ScratchAllocator>()));

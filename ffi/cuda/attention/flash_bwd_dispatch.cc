@@ -1,0 +1,111 @@
+// Host side of the CUDA attention backward: which calls it serves, how much workspace they need,
+// and the launch sequence (clear unowned gradient rows, preprocess, dK/dV, dQ). Host code only:
+// the kernels live in flash_bwd_preprocess.cu and the generated instantiations/ files.
+#include <algorithm>
+
+#include "ffi/common/attention_seq.h"
+#include "ffi/cuda/attention/flash_bwd_launch.h"
+
+namespace jax_sgl::cuda {
+namespace {
+
+// The capacity a call runs on, or 0 when none is compiled for it.
+int BwdHeadDimCap(const AttentionParams& p) {
+  const int need = std::max(p.head_dim, p.head_dim_v);
+  for (int d : kBwdHeadDimCapacities)
+    if (d >= need) return d;
+  return 0;
+}
+
+bool BwdHeadDimBuilt(int d) {
+  switch (d) {
+#ifndef JAX_SGL_ATTN_DISABLE_HDIM64
+    case 64: return true;
+#endif
+#ifndef JAX_SGL_ATTN_DISABLE_HDIM96
+    case 96: return true;
+#endif
+#ifndef JAX_SGL_ATTN_DISABLE_HDIM128
+    case 128: return true;
+#endif
+    default: return false;
+  }
+}
+
+template <typename T>
+cudaError_t LaunchForType(int cap, const FlashBwdArgs& args, cudaStream_t stream) {
+  switch (cap) {
+#ifndef JAX_SGL_ATTN_DISABLE_HDIM64
+    case 64: return LaunchFlashBwd<T, 64>(args, stream);
+#endif
+#ifndef JAX_SGL_ATTN_DISABLE_HDIM96
+    case 96: return LaunchFlashBwd<T, 96>(args, stream);
+#endif
+#ifndef JAX_SGL_ATTN_DISABLE_HDIM128
+    case 128: return LaunchFlashBwd<T, 128>(args, stream);
+#endif
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+size_t Bytes(int64_t rows, int64_t heads, int dim, DType t) {
+  return size_t(rows) * size_t(heads) * size_t(dim) * (t == DType::kF32 ? 4 : 2);
+}
+
+}  // namespace
+
+size_t FlashBwdScratchBytes(const AttentionParams& p) {
+  return 2 * size_t(p.total_q) * size_t(p.num_heads) * sizeof(float);
+}
+
+const char* FlashBwdUnsupported(const AttentionParams& p) {
+  const bool half = p.q_type == DType::kBF16 || p.q_type == DType::kF16;
+  if (!half || p.k_type != p.q_type || p.v_type != p.q_type || p.out_type != p.q_type)
+    return "jax_sgl.attention: the CUDA backward supports float16 and bfloat16 q/k/v only";
+  if (p.kv_layout == KvLayout::kPaged)
+    return "jax_sgl.attention: gradients through paged KV are not supported";
+  if (BwdHeadDimCap(p) == 0 || p.head_dim % 8 || p.head_dim_v % 8)
+    return "jax_sgl.attention: the CUDA backward supports head dims that are multiples of 8 up "
+           "to 128 (head_dim and head_dim_v); 192 and 256 have no CUDA backward yet";
+  if (!BwdHeadDimBuilt(BwdHeadDimCap(p)))
+    return "jax_sgl.attention: this build left out the CUDA backward for the head dim "
+           "(JAX_SGL_ATTN_DISABLE_HDIM*)";
+  if (p.batch > 65535 || p.num_kv_heads > 65535)
+    return "jax_sgl.attention: the CUDA backward supports batch and num_kv_heads <= 65535";
+  return nullptr;
+}
+
+const char* RunFlashBwd(const AttentionBwdParams& bp, void* scratch, cudaStream_t stream) {
+  const AttentionParams& p = bp.fwd;
+  // Gradient rows no sequence owns (varlen padding, keys past seqused_k) are zeros; every owned
+  // row is written by exactly one CTA below. Zero bits are 0.0 in float16 and bfloat16.
+  if (p.cu_seqlens_q) {
+    if (cudaError_t err = cudaMemsetAsync(bp.dq, 0, Bytes(p.total_q, p.num_heads, p.head_dim,
+                                                          p.q_type), stream);
+        err != cudaSuccess)
+      return cudaGetErrorString(err);
+  }
+  if (p.kv_layout == KvLayout::kVarlen || p.seqused_k) {
+    cudaError_t err = cudaMemsetAsync(
+        bp.dk, 0, Bytes(p.total_k, p.num_kv_heads, p.head_dim, p.k_type), stream);
+    if (err == cudaSuccess)
+      err = cudaMemsetAsync(bp.dv, 0, Bytes(p.total_k, p.num_kv_heads, p.head_dim_v, p.v_type),
+                            stream);
+    if (err != cudaSuccess) return cudaGetErrorString(err);
+  }
+  if (p.batch == 0 || p.total_q == 0) return nullptr;
+
+  FlashBwdArgs args;
+  args.bp = bp;
+  args.bp.softmax_d = static_cast<float*>(scratch);
+  args.lse_log2 = args.bp.softmax_d + size_t(p.total_q) * p.num_heads;
+  args.group = p.num_heads / p.num_kv_heads;
+  if (cudaError_t err = LaunchFlashBwdPreprocess(args, stream); err != cudaSuccess)
+    return cudaGetErrorString(err);
+  const int cap = BwdHeadDimCap(p);
+  const cudaError_t err = p.q_type == DType::kBF16 ? LaunchForType<bf16_t>(cap, args, stream)
+                                                   : LaunchForType<f16_t>(cap, args, stream);
+  return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
+}
+
+}  // namespace jax_sgl::cuda

@@ -1,0 +1,55 @@
+// Host-side contract of the CUDA attention backward (FlashAttention-2 style, mma.sync, sm_80+):
+// the plan and the entry points the FFI handler calls. No CUDA syntax and no FFI headers: the
+// handler (.cc) and the kernels (.cu) both include it.
+//
+// Three kernels, all reading the forward's saved out and lse (nothing else of the forward):
+//   1. preprocess, one warp per (q row, head): D = rowsum(dO * O) - dlse, and lse in the log2
+//      domain with fully masked rows (lse = -inf) turned into +inf so that their P is exactly 0;
+//   2. dK/dV, one CTA per (key block, kv head, sequence): recomputes P^T and dS^T for its keys
+//      against every packed q row (query row x q head of the GQA group) that can see them and
+//      keeps dK, dV in registers until the end: each key row is written once, no atomics;
+//   3. dQ, one CTA per (packed q-row block, kv head, sequence): recomputes P and dS against the
+//      visible keys and keeps dQ in registers. This second recompute of P is what makes dQ
+//      deterministic without atomics (the "deterministic option"; it is the only one).
+// Masks come from attention_seq.h (KeyRange), the same code the forward runs.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+
+#include "ffi/common/attention_bwd_params.h"
+#include "ffi/common/numeric.h"
+
+namespace jax_sgl::cuda {
+
+// Head-dim capacities with a compiled backward; a call runs on the smallest one >= max(d, d_v)
+// with the extra features zero-filled. Above 128 the dK + dV register accumulators of a warp
+// (16 keys x 2 x d float32) no longer fit beside the score tiles; those head dims have no CUDA
+// backward yet (the Python layer lowers them to the reference).
+inline constexpr int kBwdHeadDimCapacities[] = {64, 96, 128};
+
+// What the kernels read: the API params, the GQA group and the float32 workspace.
+struct FlashBwdArgs {
+  AttentionBwdParams bp;
+  int group;        // num_heads / num_kv_heads
+  float* lse_log2;  // lse's layout: lse * log2(e), +inf for fully masked rows
+};
+
+// Bytes of float32 workspace a call needs: softmax_d and lse_log2, each in lse's layout.
+size_t FlashBwdScratchBytes(const AttentionParams& p);
+
+// Returns nullptr, or the reason the combination has no CUDA backward (names what is missing).
+const char* FlashBwdUnsupported(const AttentionParams& p);
+
+// Launches the backward of bp on stream; `scratch` holds FlashBwdScratchBytes. Returns nullptr
+// or an error text (a CUDA launch error).
+const char* RunFlashBwd(const AttentionBwdParams& bp, void* scratch, cudaStream_t stream);
+
+// One instantiation per (storage type, head-dim capacity), in instantiations/: the dK/dV and dQ
+// kernels. The preprocess kernel is not templated on the head dim (flash_bwd_preprocess.cu).
+template <typename T, int kHeadDim>
+cudaError_t LaunchFlashBwd(const FlashBwdArgs& args, cudaStream_t stream);
+cudaError_t LaunchFlashBwdPreprocess(const FlashBwdArgs& args, cudaStream_t stream);
+
+}  // namespace jax_sgl::cuda

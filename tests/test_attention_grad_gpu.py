@@ -1,0 +1,223 @@
+"""Gradients of jax_sgl.attention through the CUDA backward kernel (JAX_SGL_CUDA_BWD=1) against
+jax.grad of the pure-JAX reference (float32 oracle) on fresh random inputs.
+
+The matrix: layout (dense with seqused_k, varlen with uncovered rows) x mask (none, causal,
+window, softcap) x head dim (64, 96, 128) x dtype (bfloat16, float16), with the GQA ratio varying
+with the mask and ragged lengths that span several 128-key blocks, an empty sequence and KV
+shorter than q. Then: other head dims (zero-padded onto a capacity, d_v != d), a loss on lse,
+long sequences, determinism (bitwise-equal gradients from two runs), that the native kernel is
+what actually runs, and that unsupported head dims fall back to the reference lowering.
+
+Every gradient is taken under a fresh jax.jit, so the JAX_SGL_CUDA_BWD setting (read when the
+backward is lowered) applies to it. Gradient buffers are poisoned (NaN left in the allocator)
+before each call, so an element the kernels forget to write shows up as NaN.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_sgl
+from jax_sgl import reference
+
+pytestmark = pytest.mark.gpu
+
+# As in test_attention_gpu.py: the oracle needs no tuned GEMM, and autotuning every new shape
+# would cost seconds per case.
+if "xla_gpu_autotune_level" not in os.environ.get("XLA_FLAGS", ""):
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                             " --xla_gpu_autotune_level=0").strip()
+
+KV_DENSE, KV_VARLEN = 0, 1
+LAYOUTS = ("dense", "varlen")
+MASKS = ("none", "causal", "window", "softcap")
+HEAD_DIMS = (64, 96, 128)
+DTYPES = (jnp.bfloat16, jnp.float16)
+# (num_heads, num_kv_heads) per mask: MHA, GQA 4, GQA 3 (odd group), MQA 8.
+HEADS = {"none": (2, 2), "causal": (8, 2), "window": (6, 2), "softcap": (8, 1)}
+MASK_KW = {"none": {}, "causal": {"causal": True}, "window": {"window": (37, 4)},
+           "softcap": {"softcap": 5.0, "causal": True}}
+# Max abs error of a gradient relative to the largest reference entry. Beyond the rounding of
+# out, dout and the gradients (the CPU backward's budget: 2e-3 / 1.5e-2), the kernel rounds P and
+# dS to the input dtype for the tensor cores, as FlashAttention does.
+TOL = {jnp.dtype(jnp.bfloat16): 3e-2, jnp.dtype(jnp.float16): 5e-3}
+
+# Ragged batch: an empty sequence, KV shorter than q (rows that see no key), and a sequence of
+# more than two 128-key blocks.
+Q_LENS = (5, 0, 150, 19)
+K_LENS = (70, 9, 140, 300)
+
+
+@pytest.fixture(autouse=True)
+def _cuda_bwd(monkeypatch):
+  monkeypatch.setenv("JAX_SGL_CUDA_BWD", "1")
+
+
+def _rand(key, shape, dtype):
+  return jax.random.normal(key, shape, jnp.float32).astype(dtype)
+
+
+def _poison(nbytes):
+  """Leaves a NaN-filled block in the device allocator so the next outputs likely land on it."""
+  x = jnp.full((max(nbytes // 4, 1),), jnp.nan, jnp.float32)
+  x.block_until_ready()
+  del x
+
+
+def _make_case(layout, head_dim, head_dim_v, heads, dtype, seed, q_lens=Q_LENS, k_lens=K_LENS):
+  """Returns (q, k, v, kwargs) for one layout over the ragged batch."""
+  num_heads, num_kv_heads = heads
+  keys = jax.random.split(jax.random.PRNGKey(seed), 3)
+  batch = len(q_lens)
+  if layout == "dense":
+    sq, sk = max(q_lens), max(k_lens)
+    q = _rand(keys[0], (batch, sq, num_heads, head_dim), dtype)
+    k = _rand(keys[1], (batch, sk, num_kv_heads, head_dim), dtype)
+    v = _rand(keys[2], (batch, sk, num_kv_heads, head_dim_v), dtype)
+    return q, k, v, {"seqused_k": jnp.asarray(k_lens, jnp.int32)}
+  # Packed q and k/v with 3 trailing rows no sequence covers (their gradients must be 0).
+  cu_q = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+  cu_k = np.concatenate([[0], np.cumsum(k_lens)]).astype(np.int32)
+  q = _rand(keys[0], (int(cu_q[-1]) + 3, num_heads, head_dim), dtype)
+  k = _rand(keys[1], (int(cu_k[-1]) + 3, num_kv_heads, head_dim), dtype)
+  v = _rand(keys[2], (int(cu_k[-1]) + 3, num_kv_heads, head_dim_v), dtype)
+  return q, k, v, {"cu_seqlens_q": jnp.asarray(cu_q), "cu_seqlens_k": jnp.asarray(cu_k)}
+
+
+def _reference(q, k, v, *, causal=False, window=(-1, -1), softcap=0.0, cu_seqlens_q=None,
+               cu_seqlens_k=None, seqused_k=None):
+  """(out, lse) of the reference in float32, with the public function's conventions."""
+  varlen = cu_seqlens_q is not None
+  return reference.attention(
+      q, k, v, kv_layout=KV_VARLEN if varlen else KV_DENSE, varlen_q=varlen,
+      batch=(cu_seqlens_q.shape[0] - 1) if varlen else q.shape[0],
+      softmax_scale=1.0 / math.sqrt(q.shape[-1]), softcap=softcap, causal=causal,
+      window_left=window[0], window_right=0 if causal else window[1],
+      cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k)
+
+
+def _loss(attn, w_out, w_lse=None):
+  """A scalar loss whose gradient has random dout (and dlse when w_lse is given)."""
+  def loss(q, k, v):
+    out, lse = attn(q, k, v)
+    total = jnp.sum(out.astype(jnp.float32) * w_out)
+    if w_lse is not None:   # fully masked rows have lse = -inf: leave them out of the loss
+      total += jnp.sum(jnp.where(jnp.isfinite(lse), lse, 0.0) * w_lse)
+    return total
+  return loss
+
+
+def _grads(q, k, v, kw, w_out, w_lse=None):
+  """Our gradients, under a fresh jit (so the backward is lowered with the current env)."""
+  fn = _loss(lambda q, k, v: jax_sgl.attention(q, k, v, return_lse=True, **kw), w_out, w_lse)
+  return jax.jit(jax.grad(fn, argnums=(0, 1, 2)))(q, k, v)
+
+
+def _check(q, k, v, kw, *, with_lse=False):
+  rng = np.random.default_rng(1)
+  w_out = jnp.asarray(rng.standard_normal(q.shape[:-1] + (v.shape[-1],)), jnp.float32)
+  w_lse = None
+  if with_lse:
+    lse_shape = jax.eval_shape(lambda: _reference(q, k, v, **kw)[1]).shape
+    w_lse = jnp.asarray(rng.standard_normal(lse_shape), jnp.float32)
+  f32 = [x.astype(jnp.float32) for x in (q, k, v)]
+  with jax.default_matmul_precision("highest"):   # a float32 oracle, not TF32
+    want = jax.jit(jax.grad(_loss(lambda q, k, v: _reference(q, k, v, **kw), w_out, w_lse),
+                            argnums=(0, 1, 2)))(*f32)
+  _poison(sum(x.size * x.dtype.itemsize for x in (q, k, v)))
+  got = _grads(q, k, v, kw, w_out, w_lse)
+  tol = TOL[jnp.dtype(q.dtype)]
+  for name, x, g, r in zip("qkv", (q, k, v), got, want):
+    assert g.shape == x.shape and g.dtype == x.dtype, name
+    g = np.asarray(g.astype(jnp.float32))
+    r = np.asarray(r)
+    assert np.isfinite(g).all(), f"d{name}: unwritten (NaN) or non-finite elements"
+    scale = max(float(np.max(np.abs(r))), 1e-6)
+    err = float(np.max(np.abs(g - r))) / scale
+    assert err <= tol, f"d{name}: relative error {err:.3g} > {tol:g}"
+
+
+BWD_CALL = "custom_call @jax_sgl_attention_bwd"  # how StableHLO prints the native backward
+
+
+def _lowered_text(q, k, v, kw):
+  w_out = jnp.ones(q.shape[:-1] + (v.shape[-1],), jnp.float32)
+  fn = _loss(lambda q, k, v: jax_sgl.attention(q, k, v, return_lse=True, **kw), w_out)
+  return jax.jit(jax.grad(fn, argnums=(0, 1, 2))).lower(q, k, v).as_text()
+
+
+def test_native_kernel_is_used_only_when_opted_in(monkeypatch):
+  """The matrix below tests the kernel, not the reference lowering: with the opt-in the backward
+  lowers to the jax_sgl_attention_bwd custom call, without it to the reference."""
+  assert "jax_sgl_attention_bwd" in jax_sgl.CUDA_TARGETS
+  q, k, v, kw = _make_case("dense", 64, 64, (4, 2), jnp.bfloat16, 0)
+  assert BWD_CALL in _lowered_text(q, k, v, kw)
+  monkeypatch.delenv("JAX_SGL_CUDA_BWD")
+  assert BWD_CALL not in _lowered_text(q, k, v, kw)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("mask", MASKS)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_matrix(layout, mask, head_dim, dtype):
+  seed = hash((layout, mask, head_dim)) % 1000
+  q, k, v, kw = _make_case(layout, head_dim, head_dim, HEADS[mask], dtype, seed)
+  _check(q, k, v, {**kw, **MASK_KW[mask]})
+
+
+@pytest.mark.parametrize("head_dim,head_dim_v", [(80, 80), (40, 24), (64, 128), (128, 96)])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_other_head_dims(layout, head_dim, head_dim_v):
+  """Head dims without their own kernel run zero-padded on the next capacity; d_v != d too."""
+  q, k, v, kw = _make_case(layout, head_dim, head_dim_v, (4, 2), jnp.bfloat16, head_dim)
+  _check(q, k, v, {**kw, "causal": True})
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("mask", ["causal", "softcap"])
+def test_lse_cotangent(layout, mask):
+  """A loss on lse as well as out: dlse enters through D = rowsum(dO * O) - dlse."""
+  q, k, v, kw = _make_case(layout, 128, 128, (4, 1), jnp.float16, 7)
+  _check(q, k, v, {**kw, **MASK_KW[mask]}, with_lse=True)
+
+
+@pytest.mark.parametrize("mask", ["none", "causal", "window"])
+def test_long_sequences(mask):
+  """Many key blocks per q row and many q steps per key block, KV longer than q."""
+  keys = jax.random.split(jax.random.PRNGKey(3), 3)
+  q = _rand(keys[0], (2, 1029, 4, 128), jnp.bfloat16)
+  k = _rand(keys[1], (2, 1100, 2, 128), jnp.bfloat16)
+  v = _rand(keys[2], (2, 1100, 2, 128), jnp.bfloat16)
+  _check(q, k, v, {"none": {}, "causal": {"causal": True},
+                   "window": {"window": (300, 17)}}[mask])
+
+
+def test_deterministic():
+  """No atomics anywhere: two runs give bitwise-equal gradients."""
+  keys = jax.random.split(jax.random.PRNGKey(5), 4)
+  q = _rand(keys[0], (2, 700, 8, 128), jnp.bfloat16)
+  k = _rand(keys[1], (2, 700, 2, 128), jnp.bfloat16)
+  v = _rand(keys[2], (2, 700, 2, 128), jnp.bfloat16)
+  w = jax.random.normal(keys[3], q.shape, jnp.float32)
+  fn = jax.jit(jax.grad(_loss(lambda q, k, v: jax_sgl.attention(q, k, v, return_lse=True,
+                                                                causal=True), w),
+                        argnums=(0, 1, 2)))
+  first = [np.asarray(x) for x in fn(q, k, v)]
+  second = [np.asarray(x) for x in fn(q, k, v)]
+  for a, b in zip(first, second):
+    np.testing.assert_array_equal(a.view(np.uint16), b.view(np.uint16))
+
+
+def test_unsupported_head_dim_falls_back_to_reference():
+  """Head dims above 128 have no CUDA backward: they lower to the reference, still correct."""
+  q, k, v, kw = _make_case("dense", 192, 192, (4, 2), jnp.bfloat16, 11, q_lens=(9, 20),
+                           k_lens=(30, 17))
+  assert BWD_CALL not in _lowered_text(q, k, v, kw)
+  _check(q, k, v, {**kw, "causal": True})
