@@ -20,29 +20,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 import jax_sgl
+from timing import median_seconds, try_time
 
 DTYPE = jnp.bfloat16
 PAGE = 16
-
-
-def median_seconds(fn, args, calls, batches):
-  out = jax.block_until_ready(fn(*args))  # warm-up (compile) outside the timings
-  times = []
-  for _ in range(batches):
-    t0 = time.perf_counter()
-    for _ in range(calls):
-      out = fn(*args)
-    jax.block_until_ready(out)
-    times.append((time.perf_counter() - t0) / calls)
-  return statistics.median(times)
 
 
 def copy_bandwidth(batches):
@@ -58,14 +45,6 @@ def normal(key, shape):
 def anchor(impl, causal):
   return jax.jit(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=causal,
                                                               implementation=impl))
-
-
-def try_time(fn, args, calls, batches):
-  try:
-    return median_seconds(fn, args, calls, batches)
-  except Exception as e:  # an anchor that does not support the case (or runs out of memory)
-    print(f"  ({type(e).__name__}: {str(e).splitlines()[0][:100]})")
-    return None
 
 
 def prefill(seqlens, batches, results, head_dims=(64, 128)):

@@ -18,35 +18,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
-import time
 
 import jax
 import jax.numpy as jnp
 
 import jax_sgl
+from timing import median_seconds, try_time
 
 DTYPE = jnp.bfloat16
-
-
-def median_seconds(fn, args, calls, batches):
-  out = jax.block_until_ready(fn(*args))  # warm-up (compile) outside the timings
-  times = []
-  for _ in range(batches):
-    t0 = time.perf_counter()
-    for _ in range(calls):
-      out = fn(*args)
-    jax.block_until_ready(out)
-    times.append((time.perf_counter() - t0) / calls)
-  return statistics.median(times)
-
-
-def try_time(fn, args, calls, batches):
-  try:
-    return median_seconds(fn, args, calls, batches)
-  except Exception as e:  # an anchor that does not support the case (or runs out of memory)
-    print(f"  ({type(e).__name__}: {str(e).splitlines()[0][:100]})")
-    return None
 
 
 def attention_fns(impl, causal):
