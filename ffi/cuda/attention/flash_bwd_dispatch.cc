@@ -5,6 +5,7 @@
 
 #include "ffi/common/attention_seq.h"
 #include "ffi/cuda/attention/flash_bwd_launch.h"
+#include "ffi/cuda/attention/flash_fwd_launch.h"  // HeadDimBuilt
 
 namespace jax_sgl::cuda {
 namespace {
@@ -15,21 +16,6 @@ int BwdHeadDimCap(const AttentionParams& p) {
   for (int d : kBwdHeadDimCapacities)
     if (d >= need) return d;
   return 0;
-}
-
-bool BwdHeadDimBuilt(int d) {
-  switch (d) {
-#ifndef JAX_SGL_ATTN_DISABLE_HDIM64
-    case 64: return true;
-#endif
-#ifndef JAX_SGL_ATTN_DISABLE_HDIM96
-    case 96: return true;
-#endif
-#ifndef JAX_SGL_ATTN_DISABLE_HDIM128
-    case 128: return true;
-#endif
-    default: return false;
-  }
 }
 
 template <typename T>
@@ -67,7 +53,7 @@ const char* FlashBwdUnsupported(const AttentionParams& p) {
   if (BwdHeadDimCap(p) == 0 || p.head_dim % 8 || p.head_dim_v % 8)
     return "jax_sgl.attention: the CUDA backward supports head dims that are multiples of 8 up "
            "to 128 (head_dim and head_dim_v); 192 and 256 have no CUDA backward yet";
-  if (!BwdHeadDimBuilt(BwdHeadDimCap(p)))
+  if (!HeadDimBuilt(BwdHeadDimCap(p)))
     return "jax_sgl.attention: this build left out the CUDA backward for the head dim "
            "(JAX_SGL_ATTN_DISABLE_HDIM*)";
   if (p.batch > 65535 || p.num_kv_heads > 65535)

@@ -11,27 +11,6 @@
 namespace jax_sgl::cuda {
 namespace {
 
-bool HeadDimBuilt(int d) {
-  switch (d) {
-#ifndef JAX_SGL_ATTN_DISABLE_HDIM64
-    case 64: return true;
-#endif
-#ifndef JAX_SGL_ATTN_DISABLE_HDIM96
-    case 96: return true;
-#endif
-#ifndef JAX_SGL_ATTN_DISABLE_HDIM128
-    case 128: return true;
-#endif
-#ifndef JAX_SGL_ATTN_DISABLE_HDIM192
-    case 192: return true;
-#endif
-#ifndef JAX_SGL_ATTN_DISABLE_HDIM256
-    case 256: return true;
-#endif
-    default: return false;
-  }
-}
-
 // Keys per tile of each layout (FlashConfig::kBlockN), for the split heuristic.
 int BlockN(int head_dim_cap, bool decode) { return decode || head_dim_cap <= 128 ? 64 : 32; }
 

@@ -25,6 +25,29 @@ namespace jax_sgl::cuda {
 // Head-dim capacities with a compiled kernel; a call runs on the smallest one >= max(d, d_v) and
 // zero-fills the extra features, so every multiple of 8 up to 256 (and d_v != d) is served.
 inline constexpr int kHeadDimCapacities[] = {64, 96, 128, 192, 256};
+
+// Whether this build compiled the kernels of head-dim capacity d (CMake's JAX_SGL_ATTN_HEAD_DIMS
+// defines JAX_SGL_ATTN_DISABLE_HDIM<d> for the others); forward and backward share the list.
+inline bool HeadDimBuilt(int d) {
+  switch (d) {
+#ifndef JAX_SGL_ATTN_DISABLE_HDIM64
+    case 64: return true;
+#endif
+#ifndef JAX_SGL_ATTN_DISABLE_HDIM96
+    case 96: return true;
+#endif
+#ifndef JAX_SGL_ATTN_DISABLE_HDIM128
+    case 128: return true;
+#endif
+#ifndef JAX_SGL_ATTN_DISABLE_HDIM192
+    case 192: return true;
+#endif
+#ifndef JAX_SGL_ATTN_DISABLE_HDIM256
+    case 256: return true;
+#endif
+    default: return false;
+  }
+}
 // Split-KV never uses more splits than one warp of the combine kernel reads at once.
 inline constexpr int kMaxSplits = 32;
 
