@@ -17,6 +17,16 @@ from jax_sgl._registration import native_platforms
 _warned: set[tuple[str, str]] = set()
 
 
+def warn_reference_once(target: str, platform: str, why: str | None = None) -> None:
+  """The one-time warning that `target` lowers to the pure-JAX reference on `platform`."""
+  if (target, platform) in _warned:
+    return
+  _warned.add((target, platform))
+  reason = why or f"no native {target} kernel for platform {platform!r}"
+  warnings.warn(f"jax_sgl: {reason}; using the pure-JAX reference lowering of {target}, which "
+                "is correct but slow", RuntimeWarning, stacklevel=3)
+
+
 def register_lowerings(prim: Primitive, target: str, native_rule: Callable,
                        reference_impl: Callable) -> None:
   """native_rule(ctx, *args, **params) lowers to the FFI target; reference_impl(*args, **params)
@@ -25,11 +35,7 @@ def register_lowerings(prim: Primitive, target: str, native_rule: Callable,
 
   def fallback(ctx, *args, **params):
     platform = ctx.module_context.platforms[0] if ctx.module_context.platforms else "unknown"
-    if (target, platform) not in _warned:
-      _warned.add((target, platform))
-      warnings.warn(
-          f"jax_sgl: no native {target} kernel for platform {platform!r}; using the pure-JAX "
-          "reference lowering, which is correct but slow", RuntimeWarning, stacklevel=2)
+    warn_reference_once(target, platform)
     return reference_rule(ctx, *args, **params)
 
   mlir.register_lowering(prim, fallback)

@@ -24,7 +24,8 @@ from jax_sgl import reference
 from jax_sgl._checks import (ATTN_FN, KV_PAGED, AttentionSpec, check_attention,
                              check_attention_cuda)
 from jax_sgl._dtypes import is_fp8
-from jax_sgl._primitive import at_front, batch_size, ffi_rule, register_lowerings
+from jax_sgl._primitive import (at_front, batch_size, ffi_rule, register_lowerings,
+                                warn_reference_once)
 from jax_sgl._sharding import partition_attention, partition_attention_bwd
 
 TARGET = "jax_sgl_attention_fwd"
@@ -204,9 +205,11 @@ def cuda_bwd_unsupported(spec: AttentionSpec, q_dtype) -> str | None:
 
 
 def _attention_bwd_lowering(ctx, *args, spec, present):
-  if ("cuda" in ctx.module_context.platforms
-      and cuda_bwd_unsupported(spec, ctx.avals_in[0].dtype) is not None):
-    return _reference_bwd_rule(ctx, *args, spec=spec, present=present)
+  if "cuda" in ctx.module_context.platforms:
+    why = cuda_bwd_unsupported(spec, ctx.avals_in[0].dtype)
+    if why is not None:
+      warn_reference_once(BWD_TARGET, "cuda", f"the CUDA backward kernel is not used: {why}")
+      return _reference_bwd_rule(ctx, *args, spec=spec, present=present)
   return _native_bwd_rule(ctx, *args, **_ffi_attrs(ctx, spec))
 
 
