@@ -72,8 +72,8 @@ endif()
 # Hopper flash forward (ffi/cuda/attention/sm90, CuTe wgmma + TMA): built when 90a is among the
 # archs and CuTe is found, for sm_90a only (its own object library, so other archs never see
 # wgmma). One file per (head dim, dtype) of JAX_SGL_SM90_HEAD_DIMS x JAX_SGL_SM90_DTYPES; each
-# defines JAX_SGL_SM90_HAVE_HDIM<D>_<DTYPE> so the dispatch knows it. At run time the kernel is
-# used only with JAX_SGL_SM90=1 (opt-in until verified on a GPU).
+# defines JAX_SGL_SM90_HAVE_HDIM<D>_<DTYPE> so the dispatch knows it. At run time JAX_SGL_SM90
+# picks which of them serve calls (by default those verified on a GPU; sm90/dispatch.cc).
 set(JAX_SGL_SM90_HEAD_DIMS "64;128;256" CACHE STRING "sm90 attention head dims to build")
 set(JAX_SGL_SM90_DTYPES "bf16;fp16" CACHE STRING "sm90 attention dtypes to build")
 if("90a" IN_LIST JAX_SGL_CUDA_ARCHS AND TARGET jax_sgl_cutlass AND JAX_SGL_SM90_HEAD_DIMS)
