@@ -2,9 +2,14 @@
 // accumulator of AccumulateRows is read and written once per four rows instead of once per row.
 #include "ffi/cpu/simd_kernels.h"
 
-#if defined(__GNUC__) && defined(__x86_64__) && !defined(__APPLE__) && !defined(__clang__)
+// Clones by ISA level (x86-64-v4: AVX-512; v3: AVX2+FMA), which the resolver tests as CPU
+// features. Not "arch=skylake-avx512"/"arch=haswell": for those GCC's resolver compares the CPU
+// model, so every AMD and every newer Intel CPU got the SSE baseline. ISA levels in
+// target_clones need GCC 12.
+#if defined(__GNUC__) && __GNUC__ >= 12 && defined(__x86_64__) && !defined(__APPLE__) && \
+    !defined(__clang__)
 #define JAX_SGL_ISA_CLONES \
-  __attribute__((target_clones("arch=skylake-avx512", "arch=haswell", "default")))
+  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define JAX_SGL_ISA_CLONES
 #endif
