@@ -117,10 +117,13 @@ struct QBlock {
   }
 };
 
-// One block of keys [n0, n0 + cols) of kv head kh in float32.
+// One block of keys [n0, n0 + cols) of kv head kh in float32. The scores and dP of one q row
+// against the block are its row times K^T and V^T: kept transposed (feature-major, kBlockN
+// keys per row) they are AccumulateRows over the features, with no horizontal sum per key. dQ
+// needs K row-major as well.
 struct KvBlock {
   int n0 = 0, cols = 0;
-  std::vector<float> k, v;
+  std::vector<float> k, kt, vt;  // [kBlockN][d], [d][kBlockN], [dv][kBlockN]
 
   template <typename T>
   void Load(const AttentionParams& p, int kh, const SeqBounds& s, int first, int n) {
@@ -131,11 +134,15 @@ struct KvBlock {
     n0 = first;
     cols = n;
     k.resize(size_t(kBlockN) * d);
-    v.resize(size_t(kBlockN) * dv);
+    kt.resize(size_t(d) * kBlockN);
+    vt.resize(size_t(dv) * kBlockN);
     for (int c = 0; c < cols; ++c) {
       const int64_t row = s.k_row0 + n0 + c;
-      LoadRow(kp + row * st.k + int64_t(kh) * d, &k[size_t(c) * d], d, 1.f);
-      LoadRow(vp + row * st.v + int64_t(kh) * dv, &v[size_t(c) * dv], dv, 1.f);
+      float* kc = &k[size_t(c) * d];
+      LoadRow(kp + row * st.k + int64_t(kh) * d, kc, d, 1.f);
+      for (int e = 0; e < d; ++e) kt[size_t(e) * kBlockN + c] = kc[e];
+      const T* vc = vp + row * st.v + int64_t(kh) * dv;
+      for (int e = 0; e < dv; ++e) vt[size_t(e) * kBlockN + c] = ToFloat(vc[e]);
     }
   }
   // Keys of this block that row r of qb sees, as [*c_lo, *c_hi) relative to n0.
@@ -145,13 +152,12 @@ struct KvBlock {
   }
 };
 
-// P and dS of pair i of qb against keys [c_lo, c_lo + n) of kv: p[j], ds[j] for j in [0, n).
-void ScoreGradRow(const QBlock& qb, int i, const KvBlock& kv, int d, int dv, int c_lo, int n,
-                  float* p, float* ds) {
-  DotRows(&qb.q[size_t(i) * d], &kv.k[size_t(c_lo) * d], d, d, n, p);
-  DotRows(&qb.dout[size_t(i) * dv], &kv.v[size_t(c_lo) * dv], dv, dv, n, ds);
-  const ScoreGrad& grad = qb.grad[i];
-  for (int j = 0; j < n; ++j) p[j] = grad(p[j], ds[j], &ds[j]);
+// Recomputed scaled scores and dP = dO V^T of every pair of qb against every key of kv, both
+// [pairs][kBlockN]; entries a pair does not see are computed and ignored.
+void ScoresAndDp(const QBlock& qb, const KvBlock& kv, int d, int dv, float* sc, float* dp) {
+  const int nq = qb.rows * qb.group;
+  MultiplyRows(qb.q.data(), d, nq, kv.kt.data(), kBlockN, d, kv.cols, sc, kBlockN);
+  MultiplyRows(qb.dout.data(), dv, nq, kv.vt.data(), kBlockN, dv, kv.cols, dp, kBlockN);
 }
 
 // Pass 1: D for rows [m0, m0 + rows) of sequence b, every head.
@@ -199,21 +205,21 @@ void DkDvBlock(const AttentionBwdParams& bp, int b, int kh, const SeqBounds& s, 
   QBlock qb;
   const int group = p.num_heads / p.num_kv_heads;
   const size_t ld = size_t(kBlockM) * group;  // row stride of pt, dst: one key's pairs
-  std::vector<float> pt(size_t(cols) * ld), dst(size_t(cols) * ld), pr(cols), ds(cols);
+  std::vector<float> pt(size_t(cols) * ld), dst(size_t(cols) * ld);
+  std::vector<float> sc(ld * kBlockN), dp(ld * kBlockN);
   for (int m0 = i_begin; m0 < i_end; m0 += kBlockM) {
     qb.Load<T>(bp, b, kh, s, m0, std::min(kBlockM, i_end - m0));
     const int nq = qb.rows * group;
     std::fill(pt.begin(), pt.end(), 0.f);
     std::fill(dst.begin(), dst.end(), 0.f);
+    ScoresAndDp(qb, kv, d, dv, sc.data(), dp.data());
     for (int i = 0; i < nq; ++i) {
       int c_lo, c_hi;
       kv.Cols(qb, i / group, &c_lo, &c_hi);
       if (c_lo >= c_hi || qb.grad[i].dead()) continue;
-      ScoreGradRow(qb, i, kv, d, dv, c_lo, c_hi - c_lo, pr.data(), ds.data());
-      for (int c = c_lo; c < c_hi; ++c) {
-        pt[c * ld + i] = pr[c - c_lo];
-        dst[c * ld + i] = ds[c - c_lo];
-      }
+      const float* si = &sc[size_t(i) * kBlockN];
+      const float* dpi = &dp[size_t(i) * kBlockN];
+      for (int c = c_lo; c < c_hi; ++c) pt[c * ld + i] = qb.grad[i](si[c], dpi[c], &dst[c * ld + i]);
     }
     for (int c = 0; c < cols; ++c) {
       // Pairs that see key c: a run of rows; weights outside it are zero anyway.
@@ -260,17 +266,21 @@ void DqBlock(const AttentionBwdParams& bp, int b, int kh, const SeqBounds& s, in
     }
 
   KvBlock kv;
-  std::vector<float> pr(kBlockN), ds(kBlockN);
+  std::vector<float> sc(size_t(nq) * kBlockN), dp(size_t(nq) * kBlockN), ds(kBlockN);
   for (int n0 = key_begin; n0 < key_end; n0 += kBlockN) {
     kv.Load<T>(p, kh, s, n0, std::min(kBlockN, key_end - n0));
+    ScoresAndDp(qb, kv, d, dv, sc.data(), dp.data());
     for (int i = 0; i < nq; ++i) {
       int c_lo, c_hi;
       kv.Cols(qb, i / group, &c_lo, &c_hi);
       if (c_lo >= c_hi || qb.grad[i].dead()) continue;
-      const int n = c_hi - c_lo;
-      ScoreGradRow(qb, i, kv, d, dv, c_lo, n, pr.data(), ds.data());
-      for (int j = 0; j < n; ++j) ds[j] *= p.softmax_scale;
-      AccumulateRows(ds.data(), &kv.k[size_t(c_lo) * d], d, d, n, &dq[size_t(i) * d]);
+      const float* si = &sc[size_t(i) * kBlockN];
+      const float* dpi = &dp[size_t(i) * kBlockN];
+      for (int c = c_lo; c < c_hi; ++c) {
+        qb.grad[i](si[c], dpi[c], &ds[c - c_lo]);
+        ds[c - c_lo] *= p.softmax_scale;
+      }
+      AccumulateRows(ds.data(), &kv.k[size_t(c_lo) * d], d, d, c_hi - c_lo, &dq[size_t(i) * d]);
     }
   }
 

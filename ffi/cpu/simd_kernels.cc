@@ -1,6 +1,8 @@
-// See simd_kernels.h. Four rows per step: the shared operand is loaded once for four FMAs, and the
+// See simd_kernels.h. DotRows and AccumulateRows take four rows per step: the shared operand is loaded once for four FMAs, and the
 // accumulator of AccumulateRows is read and written once per four rows instead of once per row.
 #include "ffi/cpu/simd_kernels.h"
+
+#include <cstring>
 
 // Clones by ISA level (x86-64-v4: AVX-512; v3: AVX2+FMA), which the resolver tests as CPU
 // features. Not "arch=skylake-avx512"/"arch=haswell": for those GCC's resolver compares the CPU
@@ -65,6 +67,65 @@ void AccumulateRows(const float* p, const float* v, int len, int ld, int n, floa
 #pragma omp simd
     for (int e = 0; e < len; ++e) acc[e] += pc * vc[e];
   }
+}
+
+namespace {
+
+// Eight floats as one GCC vector: 256 bits, so an AVX2 clone keeps a 4 x 16 tile of accumulators
+// (8 vectors) plus its operands in 16 registers; the baseline clone splits each into two SSE ops.
+typedef float Vec8 __attribute__((vector_size(32)));
+constexpr int kTileRows = 4;
+constexpr int kTileCols = 16;
+
+inline Vec8 LoadVec(const float* p) {
+  Vec8 x;
+  std::memcpy(&x, p, sizeof x);  // unaligned
+  return x;
+}
+
+inline void StoreVec(float* p, Vec8 x) { std::memcpy(p, &x, sizeof x); }
+
+// Rows [i, i + R) times columns [c, c + kTileCols): accumulators stay in registers over len.
+// Always inlined, so that each clone of MultiplyRows compiles it for its own ISA.
+template <int R>
+__attribute__((always_inline)) inline void MultiplyTile(const float* a, int lda, const float* bt, int ldb, int len, float* out,
+                         int ldo) {
+  Vec8 acc[R][2] = {};
+  for (int e = 0; e < len; ++e) {
+    const Vec8 b0 = LoadVec(bt + size_t(e) * ldb);
+    const Vec8 b1 = LoadVec(bt + size_t(e) * ldb + 8);
+    for (int r = 0; r < R; ++r) {
+      const float x = a[size_t(r) * lda + e];
+      acc[r][0] += x * b0;
+      acc[r][1] += x * b1;
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    StoreVec(out + size_t(r) * ldo, acc[r][0]);
+    StoreVec(out + size_t(r) * ldo + 8, acc[r][1]);
+  }
+}
+
+}  // namespace
+
+JAX_SGL_ISA_CLONES
+void MultiplyRows(const float* a, int lda, int m, const float* bt, int ldb, int len, int n,
+                  float* out, int ldo) {
+  const int n_tiled = n - n % kTileCols;
+  for (int c = 0; c < n_tiled; c += kTileCols) {
+    int i = 0;
+    for (; i + kTileRows <= m; i += kTileRows)
+      MultiplyTile<kTileRows>(a + size_t(i) * lda, lda, bt + c, ldb, len,
+                              out + size_t(i) * ldo + c, ldo);
+    for (; i < m; ++i)
+      MultiplyTile<1>(a + size_t(i) * lda, lda, bt + c, ldb, len, out + size_t(i) * ldo + c, ldo);
+  }
+  for (int i = 0; i < m; ++i)  // columns past the last full tile
+    for (int c = n_tiled; c < n; ++c) {
+      float s = 0.f;
+      for (int e = 0; e < len; ++e) s += a[size_t(i) * lda + e] * bt[size_t(e) * ldb + c];
+      out[size_t(i) * ldo + c] = s;
+    }
 }
 
 }  // namespace jax_sgl::cpu
