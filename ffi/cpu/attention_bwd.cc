@@ -117,10 +117,9 @@ struct QBlock {
   }
 };
 
-// One block of keys [n0, n0 + cols) of kv head kh in float32. The scores and dP of one q row
-// against the block are its row times K^T and V^T: kept transposed (feature-major, kBlockN
-// keys per row) they are AccumulateRows over the features, with no horizontal sum per key. dQ
-// needs K row-major as well.
+// One block of keys [n0, n0 + cols) of kv head kh in float32. Scores and dP of a block of q rows
+// are the products Q K^T and dO V^T: kept transposed (feature-major, kBlockN keys per row) K and V
+// are the right operands of MultiplyRows. dQ += dS K needs K row-major as well.
 struct KvBlock {
   int n0 = 0, cols = 0;
   std::vector<float> k, kt, vt;  // [kBlockN][d], [d][kBlockN], [dv][kBlockN]
@@ -156,6 +155,8 @@ struct KvBlock {
 // [pairs][kBlockN]; entries a pair does not see are computed and ignored.
 void ScoresAndDp(const QBlock& qb, const KvBlock& kv, int d, int dv, float* sc, float* dp) {
   const int nq = qb.rows * qb.group;
+  std::fill_n(sc, size_t(nq) * kBlockN, 0.f);
+  std::fill_n(dp, size_t(nq) * kBlockN, 0.f);
   MultiplyRows(qb.q.data(), d, nq, kv.kt.data(), kBlockN, d, kv.cols, sc, kBlockN);
   MultiplyRows(qb.dout.data(), dv, nq, kv.vt.data(), kBlockN, dv, kv.cols, dp, kBlockN);
 }
@@ -182,8 +183,8 @@ void SoftmaxDBlock(const AttentionBwdParams& bp, int b, const SeqBounds& s, int 
 }
 
 // Pass 2: dK, dV for keys [n0, n0 + cols) of sequence b, kv head kh. The q rows that see the block
-// come in blocks of kBlockM; for each, P^T and dS^T are formed (key-major) and every key's dV and
-// dK row takes its weighted sum over the block's (row, head) pairs in one AccumulateRows.
+// come in blocks of kBlockM; for each, P^T and dS^T are formed key-major (zero where a pair does
+// not see a key) and dV += P^T dO, dK += dS^T q are two matrix products over the block's pairs.
 template <typename T>
 void DkDvBlock(const AttentionBwdParams& bp, int b, int kh, const SeqBounds& s, int n0, int cols) {
   const AttentionParams& p = bp.fwd;
@@ -219,24 +220,12 @@ void DkDvBlock(const AttentionBwdParams& bp, int b, int kh, const SeqBounds& s, 
       if (c_lo >= c_hi || qb.grad[i].dead()) continue;
       const float* si = &sc[size_t(i) * kBlockN];
       const float* dpi = &dp[size_t(i) * kBlockN];
-      for (int c = c_lo; c < c_hi; ++c) pt[c * ld + i] = qb.grad[i](si[c], dpi[c], &dst[c * ld + i]);
+      for (int c = c_lo; c < c_hi; ++c)
+        pt[c * ld + i] = qb.grad[i](si[c], dpi[c], &dst[c * ld + i]);
     }
-    for (int c = 0; c < cols; ++c) {
-      // Pairs that see key c: a run of rows; weights outside it are zero anyway.
-      int r_lo = qb.rows, r_hi = 0;
-      for (int r = 0; r < qb.rows; ++r) {
-        int c_lo, c_hi;
-        kv.Cols(qb, r, &c_lo, &c_hi);
-        if (c_lo <= c && c < c_hi) {
-          r_lo = std::min(r_lo, r);
-          r_hi = r + 1;
-        }
-      }
-      if (r_lo >= r_hi) continue;
-      const int i0 = r_lo * group, n = (r_hi - r_lo) * group;
-      AccumulateRows(&pt[c * ld + i0], &qb.dout[size_t(i0) * dv], dv, dv, n, &dvv[size_t(c) * dv]);
-      AccumulateRows(&dst[c * ld + i0], &qb.q[size_t(i0) * d], d, d, n, &dk[size_t(c) * d]);
-    }
+    // dV += P^T dO, dK += dS^T (scale q): weights of pairs that do not see a key are zero.
+    MultiplyRows(pt.data(), int(ld), cols, qb.dout.data(), dv, nq, dv, dvv.data(), dv);
+    MultiplyRows(dst.data(), int(ld), cols, qb.q.data(), d, nq, d, dk.data(), d);
   }
   const Strides st(p);
   auto* dk_out = static_cast<T*>(bp.dk);
@@ -266,22 +255,23 @@ void DqBlock(const AttentionBwdParams& bp, int b, int kh, const SeqBounds& s, in
     }
 
   KvBlock kv;
-  std::vector<float> sc(size_t(nq) * kBlockN), dp(size_t(nq) * kBlockN), ds(kBlockN);
+  std::vector<float> sc(size_t(nq) * kBlockN), dp(size_t(nq) * kBlockN);
+  std::vector<float> ds(size_t(nq) * kBlockN);  // scale * dS, zero where a pair sees no key
   for (int n0 = key_begin; n0 < key_end; n0 += kBlockN) {
     kv.Load<T>(p, kh, s, n0, std::min(kBlockN, key_end - n0));
     ScoresAndDp(qb, kv, d, dv, sc.data(), dp.data());
+    std::fill(ds.begin(), ds.end(), 0.f);
     for (int i = 0; i < nq; ++i) {
       int c_lo, c_hi;
       kv.Cols(qb, i / group, &c_lo, &c_hi);
       if (c_lo >= c_hi || qb.grad[i].dead()) continue;
-      const float* si = &sc[size_t(i) * kBlockN];
-      const float* dpi = &dp[size_t(i) * kBlockN];
+      const size_t row = size_t(i) * kBlockN;
       for (int c = c_lo; c < c_hi; ++c) {
-        qb.grad[i](si[c], dpi[c], &ds[c - c_lo]);
-        ds[c - c_lo] *= p.softmax_scale;
+        qb.grad[i](sc[row + c], dp[row + c], &ds[row + c]);
+        ds[row + c] *= p.softmax_scale;
       }
-      AccumulateRows(ds.data(), &kv.k[size_t(c_lo) * d], d, d, c_hi - c_lo, &dq[size_t(i) * d]);
     }
+    MultiplyRows(ds.data(), kBlockN, nq, kv.k.data(), d, kv.cols, d, dq.data(), d);
   }
 
   const Strides st(p);

@@ -1,5 +1,6 @@
-// See simd_kernels.h. DotRows and AccumulateRows take four rows per step: the shared operand is loaded once for four FMAs, and the
-// accumulator of AccumulateRows is read and written once per four rows instead of once per row.
+// See simd_kernels.h. DotRows and AccumulateRows take four rows per step: the shared operand is
+// loaded once for four FMAs, and the accumulator of AccumulateRows is read and written once per
+// four rows instead of once per row. MultiplyRows keeps a 4 x 16 tile of out in registers.
 #include "ffi/cpu/simd_kernels.h"
 
 #include <cstring>
@@ -85,15 +86,19 @@ inline Vec8 LoadVec(const float* p) {
 
 inline void StoreVec(float* p, Vec8 x) { std::memcpy(p, &x, sizeof x); }
 
-// Rows [i, i + R) times columns [c, c + kTileCols): accumulators stay in registers over len.
+// out rows [0, R), columns [0, kTileCols) += A B: the accumulators stay in registers over len.
 // Always inlined, so that each clone of MultiplyRows compiles it for its own ISA.
 template <int R>
-__attribute__((always_inline)) inline void MultiplyTile(const float* a, int lda, const float* bt, int ldb, int len, float* out,
-                         int ldo) {
-  Vec8 acc[R][2] = {};
+__attribute__((always_inline)) inline void MultiplyTile(const float* a, int lda, const float* b,
+                                                        int ldb, int len, float* out, int ldo) {
+  Vec8 acc[R][2];
+  for (int r = 0; r < R; ++r) {
+    acc[r][0] = LoadVec(out + size_t(r) * ldo);
+    acc[r][1] = LoadVec(out + size_t(r) * ldo + 8);
+  }
   for (int e = 0; e < len; ++e) {
-    const Vec8 b0 = LoadVec(bt + size_t(e) * ldb);
-    const Vec8 b1 = LoadVec(bt + size_t(e) * ldb + 8);
+    const Vec8 b0 = LoadVec(b + size_t(e) * ldb);
+    const Vec8 b1 = LoadVec(b + size_t(e) * ldb + 8);
     for (int r = 0; r < R; ++r) {
       const float x = a[size_t(r) * lda + e];
       acc[r][0] += x * b0;
@@ -109,21 +114,21 @@ __attribute__((always_inline)) inline void MultiplyTile(const float* a, int lda,
 }  // namespace
 
 JAX_SGL_ISA_CLONES
-void MultiplyRows(const float* a, int lda, int m, const float* bt, int ldb, int len, int n,
+void MultiplyRows(const float* a, int lda, int m, const float* b, int ldb, int len, int n,
                   float* out, int ldo) {
   const int n_tiled = n - n % kTileCols;
   for (int c = 0; c < n_tiled; c += kTileCols) {
     int i = 0;
     for (; i + kTileRows <= m; i += kTileRows)
-      MultiplyTile<kTileRows>(a + size_t(i) * lda, lda, bt + c, ldb, len,
+      MultiplyTile<kTileRows>(a + size_t(i) * lda, lda, b + c, ldb, len,
                               out + size_t(i) * ldo + c, ldo);
     for (; i < m; ++i)
-      MultiplyTile<1>(a + size_t(i) * lda, lda, bt + c, ldb, len, out + size_t(i) * ldo + c, ldo);
+      MultiplyTile<1>(a + size_t(i) * lda, lda, b + c, ldb, len, out + size_t(i) * ldo + c, ldo);
   }
   for (int i = 0; i < m; ++i)  // columns past the last full tile
     for (int c = n_tiled; c < n; ++c) {
-      float s = 0.f;
-      for (int e = 0; e < len; ++e) s += a[size_t(i) * lda + e] * bt[size_t(e) * ldb + c];
+      float s = out[size_t(i) * ldo + c];
+      for (int e = 0; e < len; ++e) s += a[size_t(i) * lda + e] * b[size_t(e) * ldb + c];
       out[size_t(i) * ldo + c] = s;
     }
 }

@@ -11,10 +11,11 @@ void DotRows(const float* a, const float* b, int len, int ld, int n, float* out)
 // acc[e] += sum_c p[c] * v[c * ld + e] for e in [0, len): n rows weighted into one.
 void AccumulateRows(const float* p, const float* v, int len, int ld, int n, float* acc);
 
-// out[i * ldo + c] = sum_e a[i * lda + e] * bt[e * ldb + c] for i in [0, m), c in [0, n): m rows,
-// each of length len, against the n columns of a feature-major (transposed) matrix. Every score
-// of a block of rows at once: no horizontal sums, and each bt element loaded serves four rows.
-void MultiplyRows(const float* a, int lda, int m, const float* bt, int ldb, int len, int n,
+// out[i * ldo + c] += sum_e a[i * lda + e] * b[e * ldb + c] for i in [0, m), c in [0, n): the
+// matrix product out += A B of A [m, len] and B [len, n], both row-major. With B = K^T stored
+// feature-major it gives every score of a block of rows at once, with no horizontal sums; with
+// B = dO, Q or K row-major, the dV, dK and dQ updates. Each element of B loaded serves four rows.
+void MultiplyRows(const float* a, int lda, int m, const float* b, int ldb, int len, int n,
                   float* out, int ldo);
 
 }  // namespace jax_sgl::cpu
