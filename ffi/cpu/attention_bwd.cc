@@ -22,6 +22,7 @@
 #include "ffi/common/attention_seq.h"
 #include "ffi/common/dispatch.h"
 #include "ffi/cpu/parallel.h"
+#include "ffi/cpu/simd_kernels.h"
 
 namespace jax_sgl::cpu {
 namespace {
@@ -29,25 +30,15 @@ namespace {
 // Keys per dK/dV task and per block of the dQ pass: 64 rows of K and V in float32 (up to 256
 // features each) stay in L2 while every q row of the sequence streams past them.
 constexpr int kBlockN = 64;
-// q rows per dQ task (times the GQA group): enough rows to reuse each converted K/V block.
+// q rows per dQ task and per q block of a dK/dV task (times the GQA group): enough rows to reuse
+// each converted K/V block, and in dK/dV enough that each dK/dV row is read and written once per
+// block of rows rather than once per row.
 constexpr int kBlockM = 32;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-inline float Dot(const float* a, const float* b, int n) {
-  float s = 0.f;
-#pragma omp simd reduction(+ : s)
-  for (int i = 0; i < n; ++i) s += a[i] * b[i];
-  return s;
-}
-
-inline void Axpy(float a, const float* x, float* y, int n) {
-#pragma omp simd
-  for (int i = 0; i < n; ++i) y[i] += a * x[i];
-}
-
 template <typename T>
-void LoadRow(const T* src, float* dst, int n) {
-  for (int i = 0; i < n; ++i) dst[i] = ToFloat(src[i]);
+void LoadRow(const T* src, float* dst, int n, float scale) {
+  for (int i = 0; i < n; ++i) dst[i] = ToFloat(src[i]) * scale;
 }
 
 template <typename T>
@@ -65,7 +56,7 @@ struct Strides {
         v(int64_t(p.num_kv_heads) * p.head_dim_v) {}
 };
 
-// Gradient of the scores for one (q row, key) pair, given the recomputed raw scaled score x:
+// Gradient of the scores for one (q row, key) pair, given the recomputed scaled score x:
 // returns p and writes ds = dL/d(scaled raw score), i.e. before softmax_scale's chain factor.
 struct ScoreGrad {
   float softcap, lse, d;
@@ -82,7 +73,93 @@ struct ScoreGrad {
     *ds = g;
     return pr;
   }
+  bool dead() const { return lse == kNegInf; }  // fully masked row: out is 0, no gradient
 };
+
+// The q rows of one block in float32 with what their score gradients need. Row-major in
+// (row, head of the group); q is pre-scaled by softmax_scale, so q.k is the scaled score and
+// dS^T q is already dK. A dead pair (fully masked row, or no visible key) keeps zero q and dO
+// rows, so its zero weights never meet stale data.
+struct QBlock {
+  int rows = 0, group = 0;
+  std::vector<float> q, dout;
+  std::vector<ScoreGrad> grad;
+  std::vector<int> lo, hi;  // visible keys [lo, hi) per row
+
+  template <typename T>
+  void Load(const AttentionBwdParams& bp, int b, int kh, const SeqBounds& s, int m0, int n_rows) {
+    const AttentionParams& p = bp.fwd;
+    const Strides st(p);
+    const int d = p.head_dim, dv = p.head_dim_v;
+    const auto* qp = static_cast<const T*>(p.q);
+    const auto* op = static_cast<const T*>(bp.dout);
+    rows = n_rows;
+    group = p.num_heads / p.num_kv_heads;
+    const int nq = rows * group;
+    q.assign(size_t(nq) * d, 0.f);
+    dout.assign(size_t(nq) * dv, 0.f);
+    grad.resize(nq);
+    lo.resize(rows);
+    hi.resize(rows);
+    for (int r = 0; r < rows; ++r) {
+      KeyRange(p, s, m0 + r, &lo[r], &hi[r]);
+      const int64_t row = s.q_row0 + m0 + r;
+      for (int g = 0; g < group; ++g) {
+        const int h = kh * group + g, i = r * group + g;
+        const int64_t idx = LseIndex(p, s, b, h, m0 + r);
+        grad[i] = ScoreGrad{p.softcap, p.lse[idx], bp.softmax_d[idx]};
+        if (lo[r] >= hi[r]) grad[i].lse = kNegInf;
+        if (grad[i].dead()) continue;
+        LoadRow(qp + row * st.q + int64_t(h) * d, &q[size_t(i) * d], d, p.softmax_scale);
+        LoadRow(op + row * st.o + int64_t(h) * dv, &dout[size_t(i) * dv], dv, 1.f);
+      }
+    }
+  }
+};
+
+// One block of keys [n0, n0 + cols) of kv head kh in float32. Scores and dP of a block of q rows
+// are the products Q K^T and dO V^T: kept transposed (feature-major, kBlockN keys per row) K and V
+// are the right operands of MultiplyRows. dQ += dS K needs K row-major as well.
+struct KvBlock {
+  int n0 = 0, cols = 0;
+  std::vector<float> k, kt, vt;  // [kBlockN][d], [d][kBlockN], [dv][kBlockN]
+
+  template <typename T>
+  void Load(const AttentionParams& p, int kh, const SeqBounds& s, int first, int n) {
+    const Strides st(p);
+    const int d = p.head_dim, dv = p.head_dim_v;
+    const auto* kp = static_cast<const T*>(p.k);
+    const auto* vp = static_cast<const T*>(p.v);
+    n0 = first;
+    cols = n;
+    k.resize(size_t(kBlockN) * d);
+    kt.resize(size_t(d) * kBlockN);
+    vt.resize(size_t(dv) * kBlockN);
+    for (int c = 0; c < cols; ++c) {
+      const int64_t row = s.k_row0 + n0 + c;
+      float* kc = &k[size_t(c) * d];
+      LoadRow(kp + row * st.k + int64_t(kh) * d, kc, d, 1.f);
+      for (int e = 0; e < d; ++e) kt[size_t(e) * kBlockN + c] = kc[e];
+      const T* vc = vp + row * st.v + int64_t(kh) * dv;
+      for (int e = 0; e < dv; ++e) vt[size_t(e) * kBlockN + c] = ToFloat(vc[e]);
+    }
+  }
+  // Keys of this block that row r of qb sees, as [*c_lo, *c_hi) relative to n0.
+  void Cols(const QBlock& qb, int r, int* c_lo, int* c_hi) const {
+    *c_lo = std::max(qb.lo[r] - n0, 0);
+    *c_hi = std::min(qb.hi[r] - n0, cols);
+  }
+};
+
+// Recomputed scaled scores and dP = dO V^T of every pair of qb against every key of kv, both
+// [pairs][kBlockN]; entries a pair does not see are computed and ignored.
+void ScoresAndDp(const QBlock& qb, const KvBlock& kv, int d, int dv, float* sc, float* dp) {
+  const int nq = qb.rows * qb.group;
+  std::fill_n(sc, size_t(nq) * kBlockN, 0.f);
+  std::fill_n(dp, size_t(nq) * kBlockN, 0.f);
+  MultiplyRows(qb.q.data(), d, nq, kv.kt.data(), kBlockN, d, kv.cols, sc, kBlockN);
+  MultiplyRows(qb.dout.data(), dv, nq, kv.vt.data(), kBlockN, dv, kv.cols, dp, kBlockN);
+}
 
 // Pass 1: D for rows [m0, m0 + rows) of sequence b, every head.
 template <typename T>
@@ -105,49 +182,52 @@ void SoftmaxDBlock(const AttentionBwdParams& bp, int b, const SeqBounds& s, int 
   }
 }
 
-// Pass 2: dK, dV for keys [n0, n0 + cols) of sequence b, kv head kh.
+// Pass 2: dK, dV for keys [n0, n0 + cols) of sequence b, kv head kh. The q rows that see the block
+// come in blocks of kBlockM; for each, P^T and dS^T are formed key-major (zero where a pair does
+// not see a key) and dV += P^T dO, dK += dS^T q are two matrix products over the block's pairs.
 template <typename T>
 void DkDvBlock(const AttentionBwdParams& bp, int b, int kh, const SeqBounds& s, int n0, int cols) {
   const AttentionParams& p = bp.fwd;
-  const Strides st(p);
-  const int group = p.num_heads / p.num_kv_heads;
   const int d = p.head_dim, dv = p.head_dim_v;
-  const float scale = p.softmax_scale;
-  const auto* q = static_cast<const T*>(p.q);
-  const auto* k = static_cast<const T*>(p.k);
-  const auto* v = static_cast<const T*>(p.v);
-  const auto* dout = static_cast<const T*>(bp.dout);
-
-  std::vector<float> kf(size_t(cols) * d), vf(size_t(cols) * dv);
+  KvBlock kv;
+  kv.Load<T>(p, kh, s, n0, cols);
   std::vector<float> dk(size_t(cols) * d, 0.f), dvv(size_t(cols) * dv, 0.f);
-  for (int c = 0; c < cols; ++c) {
-    const int64_t row = s.k_row0 + n0 + c;
-    LoadRow(k + row * st.k + int64_t(kh) * d, &kf[size_t(c) * d], d);
-    LoadRow(v + row * st.v + int64_t(kh) * dv, &vf[size_t(c) * dv], dv);
-  }
-  std::vector<float> qf(d), gf(dv);
+
+  // Rows that see a key of the block: contiguous, as both ends of KeyRange are non-decreasing.
+  int i_begin = s.q_len, i_end = 0;
   for (int i = 0; i < s.q_len; ++i) {
     int lo, hi;
     KeyRange(p, s, i, &lo, &hi);
-    const int c_lo = std::max(lo - n0, 0), c_hi = std::min(hi - n0, cols);
-    if (c_lo >= c_hi) continue;
-    const int64_t qrow = s.q_row0 + i;
-    for (int g = 0; g < group; ++g) {
-      const int h = kh * group + g;
-      const int64_t idx = LseIndex(p, s, b, h, i);
-      const ScoreGrad grad{p.softcap, p.lse[idx], bp.softmax_d[idx]};
-      if (grad.lse == kNegInf) continue;  // fully masked row: out is 0, no gradient
-      LoadRow(q + qrow * st.q + int64_t(h) * d, qf.data(), d);
-      LoadRow(dout + qrow * st.o + int64_t(h) * dv, gf.data(), dv);
-      for (int c = c_lo; c < c_hi; ++c) {
-        float ds;
-        const float pr = grad(scale * Dot(qf.data(), &kf[size_t(c) * d], d),
-                              Dot(gf.data(), &vf[size_t(c) * dv], dv), &ds);
-        Axpy(pr, gf.data(), &dvv[size_t(c) * dv], dv);
-        Axpy(scale * ds, qf.data(), &dk[size_t(c) * d], d);
-      }
+    if (std::max(lo, n0) < std::min(hi, n0 + cols)) {
+      i_begin = std::min(i_begin, i);
+      i_end = i + 1;
     }
   }
+  QBlock qb;
+  const int group = p.num_heads / p.num_kv_heads;
+  const size_t ld = size_t(kBlockM) * group;  // row stride of pt, dst: one key's pairs
+  std::vector<float> pt(size_t(cols) * ld), dst(size_t(cols) * ld);
+  std::vector<float> sc(ld * kBlockN), dp(ld * kBlockN);
+  for (int m0 = i_begin; m0 < i_end; m0 += kBlockM) {
+    qb.Load<T>(bp, b, kh, s, m0, std::min(kBlockM, i_end - m0));
+    const int nq = qb.rows * group;
+    std::fill(pt.begin(), pt.end(), 0.f);
+    std::fill(dst.begin(), dst.end(), 0.f);
+    ScoresAndDp(qb, kv, d, dv, sc.data(), dp.data());
+    for (int i = 0; i < nq; ++i) {
+      int c_lo, c_hi;
+      kv.Cols(qb, i / group, &c_lo, &c_hi);
+      if (c_lo >= c_hi || qb.grad[i].dead()) continue;
+      const float* si = &sc[size_t(i) * kBlockN];
+      const float* dpi = &dp[size_t(i) * kBlockN];
+      for (int c = c_lo; c < c_hi; ++c)
+        pt[c * ld + i] = qb.grad[i](si[c], dpi[c], &dst[c * ld + i]);
+    }
+    // dV += P^T dO, dK += dS^T (scale q): weights of pairs that do not see a key are zero.
+    MultiplyRows(pt.data(), int(ld), cols, qb.dout.data(), dv, nq, dv, dvv.data(), dv);
+    MultiplyRows(dst.data(), int(ld), cols, qb.q.data(), d, nq, d, dk.data(), d);
+  }
+  const Strides st(p);
   auto* dk_out = static_cast<T*>(bp.dk);
   auto* dv_out = static_cast<T*>(bp.dv);
   for (int c = 0; c < cols; ++c) {
@@ -161,63 +241,40 @@ void DkDvBlock(const AttentionBwdParams& bp, int b, int kh, const SeqBounds& s, 
 template <typename T>
 void DqBlock(const AttentionBwdParams& bp, int b, int kh, const SeqBounds& s, int m0, int rows) {
   const AttentionParams& p = bp.fwd;
-  const Strides st(p);
   const int group = p.num_heads / p.num_kv_heads;
   const int d = p.head_dim, dv = p.head_dim_v;
-  const float scale = p.softmax_scale;
-  const auto* q = static_cast<const T*>(p.q);
-  const auto* k = static_cast<const T*>(p.k);
-  const auto* v = static_cast<const T*>(p.v);
-  const auto* dout = static_cast<const T*>(bp.dout);
-
-  const int nq = rows * group;  // (row, head) pairs, row-major in row
-  std::vector<float> qf(size_t(nq) * d), gf(size_t(nq) * dv), dq(size_t(nq) * d, 0.f);
-  std::vector<ScoreGrad> grads(nq);
-  std::vector<int> lo(rows), hi(rows);
+  QBlock qb;
+  qb.Load<T>(bp, b, kh, s, m0, rows);
+  const int nq = rows * group;
+  std::vector<float> dq(size_t(nq) * d, 0.f);
   int key_begin = s.k_len, key_end = 0;
-  for (int r = 0; r < rows; ++r) {
-    KeyRange(p, s, m0 + r, &lo[r], &hi[r]);
-    if (lo[r] < hi[r]) {
-      key_begin = std::min(key_begin, lo[r]);
-      key_end = std::max(key_end, hi[r]);
+  for (int r = 0; r < rows; ++r)
+    if (qb.lo[r] < qb.hi[r]) {
+      key_begin = std::min(key_begin, qb.lo[r]);
+      key_end = std::max(key_end, qb.hi[r]);
     }
-    const int64_t qrow = s.q_row0 + m0 + r;
-    for (int g = 0; g < group; ++g) {
-      const int h = kh * group + g, i = r * group + g;
-      const int64_t idx = LseIndex(p, s, b, h, m0 + r);
-      grads[i] = ScoreGrad{p.softcap, p.lse[idx], bp.softmax_d[idx]};
-      LoadRow(q + qrow * st.q + int64_t(h) * d, &qf[size_t(i) * d], d);
-      LoadRow(dout + qrow * st.o + int64_t(h) * dv, &gf[size_t(i) * dv], dv);
-    }
-  }
 
-  std::vector<float> kf(size_t(kBlockN) * d), vf(size_t(kBlockN) * dv);
+  KvBlock kv;
+  std::vector<float> sc(size_t(nq) * kBlockN), dp(size_t(nq) * kBlockN);
+  std::vector<float> ds(size_t(nq) * kBlockN);  // scale * dS, zero where a pair sees no key
   for (int n0 = key_begin; n0 < key_end; n0 += kBlockN) {
-    const int cols = std::min(kBlockN, key_end - n0);
-    for (int c = 0; c < cols; ++c) {
-      const int64_t row = s.k_row0 + n0 + c;
-      LoadRow(k + row * st.k + int64_t(kh) * d, &kf[size_t(c) * d], d);
-      LoadRow(v + row * st.v + int64_t(kh) * dv, &vf[size_t(c) * dv], dv);
-    }
-    for (int r = 0; r < rows; ++r) {
-      const int c_lo = std::max(lo[r] - n0, 0), c_hi = std::min(hi[r] - n0, cols);
-      if (c_lo >= c_hi) continue;
-      for (int g = 0; g < group; ++g) {
-        const int i = r * group + g;
-        if (grads[i].lse == kNegInf) continue;
-        const float* qi = &qf[size_t(i) * d];
-        const float* gi = &gf[size_t(i) * dv];
-        float* dqi = &dq[size_t(i) * d];
-        for (int c = c_lo; c < c_hi; ++c) {
-          float ds;
-          grads[i](scale * Dot(qi, &kf[size_t(c) * d], d), Dot(gi, &vf[size_t(c) * dv], dv),
-                   &ds);
-          Axpy(scale * ds, &kf[size_t(c) * d], dqi, d);
-        }
+    kv.Load<T>(p, kh, s, n0, std::min(kBlockN, key_end - n0));
+    ScoresAndDp(qb, kv, d, dv, sc.data(), dp.data());
+    std::fill(ds.begin(), ds.end(), 0.f);
+    for (int i = 0; i < nq; ++i) {
+      int c_lo, c_hi;
+      kv.Cols(qb, i / group, &c_lo, &c_hi);
+      if (c_lo >= c_hi || qb.grad[i].dead()) continue;
+      const size_t row = size_t(i) * kBlockN;
+      for (int c = c_lo; c < c_hi; ++c) {
+        qb.grad[i](sc[row + c], dp[row + c], &ds[row + c]);
+        ds[row + c] *= p.softmax_scale;
       }
     }
+    MultiplyRows(ds.data(), kBlockN, nq, kv.k.data(), d, kv.cols, d, dq.data(), d);
   }
 
+  const Strides st(p);
   auto* dq_out = static_cast<T*>(bp.dq);
   for (int r = 0; r < rows; ++r)
     for (int g = 0; g < group; ++g) {
