@@ -9,35 +9,18 @@
 
 namespace jax_sgl {
 
+// The forward's operands (page_table and descales must be [0]: paged KV and fp8 are forward-only),
+// then the forward's results and their cotangents.
 template <typename Binding>
-auto BindAttentionBwd(Binding binding) {
-  return std::move(binding)
-      .template Arg<ffi::AnyBuffer>()           // q: [B, Sq, H, D] or [total_q, H, D]
-      .template Arg<ffi::AnyBuffer>()           // k: [B, Sk, Hkv, D] or [total_k, Hkv, D]
-      .template Arg<ffi::AnyBuffer>()           // v: as k, with head_dim_v
-      .template Arg<ffi::Buffer<ffi::S32>>()    // cu_seqlens_q [B + 1] or [0]
-      .template Arg<ffi::Buffer<ffi::S32>>()    // cu_seqlens_k [B + 1] or [0]
-      .template Arg<ffi::Buffer<ffi::S32>>()    // seqused_k [B] or [0]
-      .template Arg<ffi::Buffer<ffi::S32>>()    // page_table: must be [0] (paged is forward-only)
-      .template Arg<ffi::Buffer<ffi::F32>>()    // q_descale: must be [0] (fp8 is forward-only)
-      .template Arg<ffi::Buffer<ffi::F32>>()    // k_descale: must be [0]
-      .template Arg<ffi::Buffer<ffi::F32>>()    // v_descale: must be [0]
-      .template Arg<ffi::AnyBuffer>()           // out: the forward's output
-      .template Arg<ffi::Buffer<ffi::F32>>()    // lse: the forward's [B, H, Sq] or [H, total_q]
-      .template Arg<ffi::AnyBuffer>()           // dout: as out
-      .template Arg<ffi::Buffer<ffi::F32>>()    // dlse: as lse
-      .template Ret<ffi::AnyBuffer>()           // dq: as q
-      .template Ret<ffi::AnyBuffer>()           // dk: as k
-      .template Ret<ffi::AnyBuffer>()           // dv: as v
-      .template Attr<int64_t>("kv_layout")
-      .template Attr<bool>("varlen_q")
-      .template Attr<int64_t>("batch")
-      .template Attr<int64_t>("max_seqlen_q")
-      .template Attr<float>("softmax_scale")
-      .template Attr<float>("softcap")
-      .template Attr<bool>("causal")
-      .template Attr<int64_t>("window_left")
-      .template Attr<int64_t>("window_right");
+auto BindAttentionBwd(Binding&& binding) {
+  return BindAttentionAttrs(BindAttentionOperands(std::move(binding))
+                                .template Arg<ffi::AnyBuffer>()          // out: the forward's
+                                .template Arg<ffi::Buffer<ffi::F32>>()   // lse: the forward's
+                                .template Arg<ffi::AnyBuffer>()          // dout: as out
+                                .template Arg<ffi::Buffer<ffi::F32>>()   // dlse: as lse
+                                .template Ret<ffi::AnyBuffer>()          // dq: as q
+                                .template Ret<ffi::AnyBuffer>()          // dk: as k
+                                .template Ret<ffi::AnyBuffer>());        // dv: as v
 }
 
 inline bool SameDims(ffi::AnyBuffer::Dimensions a, ffi::AnyBuffer::Dimensions b) {

@@ -8,8 +8,9 @@
 
 namespace jax_sgl {
 
+// The ten operands every attention target (forward and backward) starts with.
 template <typename Binding>
-auto BindAttentionFwd(Binding binding) {
+auto BindAttentionOperands(Binding&& binding) {
   return std::move(binding)
       .template Arg<ffi::AnyBuffer>()           // q: [B, Sq, H, D] or [total_q, H, D]
       .template Arg<ffi::AnyBuffer>()           // k: [B, Sk, Hkv, D], [total_k, Hkv, D] or [P, page, Hkv, D]
@@ -20,9 +21,13 @@ auto BindAttentionFwd(Binding binding) {
       .template Arg<ffi::Buffer<ffi::S32>>()    // page_table [B, max_pages] or [0]
       .template Arg<ffi::Buffer<ffi::F32>>()    // q_descale [B, Hkv] or [0]
       .template Arg<ffi::Buffer<ffi::F32>>()    // k_descale [B, Hkv] or [0]
-      .template Arg<ffi::Buffer<ffi::F32>>()    // v_descale [B, Hkv] or [0]
-      .template Ret<ffi::AnyBuffer>()           // out: q's layout with head_dim_v
-      .template Ret<ffi::Buffer<ffi::F32>>()    // lse: [B, H, Sq] or [H, total_q]
+      .template Arg<ffi::Buffer<ffi::F32>>();   // v_descale [B, Hkv] or [0]
+}
+
+// The attributes every attention target ends with.
+template <typename Binding>
+auto BindAttentionAttrs(Binding&& binding) {
+  return std::move(binding)
       .template Attr<int64_t>("kv_layout")
       .template Attr<bool>("varlen_q")
       .template Attr<int64_t>("batch")
@@ -32,6 +37,13 @@ auto BindAttentionFwd(Binding binding) {
       .template Attr<bool>("causal")
       .template Attr<int64_t>("window_left")
       .template Attr<int64_t>("window_right");
+}
+
+template <typename Binding>
+auto BindAttentionFwd(Binding&& binding) {
+  return BindAttentionAttrs(BindAttentionOperands(std::move(binding))
+                                .template Ret<ffi::AnyBuffer>()            // out: q's layout, head_dim_v
+                                .template Ret<ffi::Buffer<ffi::F32>>());  // lse: [B, H, Sq] or [H, total_q]
 }
 
 inline ffi::Error MakeAttentionParams(
