@@ -1,7 +1,9 @@
-// CPU flash attention forward: for each (sequence, kv head, block of query rows), the q rows of every
-// q head sharing that kv head stream over the visible keys in blocks; each K/V block is converted to
-// float32 once and used by all of them (GQA/MQA share the load). Online softmax in float32, so
-// memory is O(block) whatever the sequence length. Fully masked rows give 0 and lse = -inf.
+// CPU flash attention forward: for each (sequence, kv head, block of query rows), the q rows of
+// every q head sharing that kv head stream over the visible keys in blocks; each K/V block is
+// converted to float32 once and used by all of them (GQA/MQA share the load). Their scores against
+// the block and their P V update are one register-tiled matrix product each (MultiplyRows).
+// Online softmax in float32, so memory is O(block) whatever the sequence length. Fully masked
+// rows give 0 and lse = -inf.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -61,7 +63,10 @@ void AttendBlock(const AttentionParams& p, int b, int kh, const SeqBounds& s, in
   const int key_begin = *std::min_element(lo.begin(), lo.end());
   const int key_end = *std::max_element(hi.begin(), hi.end());
 
-  std::vector<float> kf(size_t(kBlockN) * d), vf(size_t(kBlockN) * dv), sc(kBlockN);
+  // K transposed (feature-major) is the right operand of the scores Q K^T, V row-major that of
+  // P V: each is one register-tiled MultiplyRows over every (row, head) pair of the task.
+  std::vector<float> kf(size_t(kBlockN) * d), kt(size_t(d) * kBlockN), vf(size_t(kBlockN) * dv);
+  std::vector<float> sc(size_t(nq) * kBlockN);  // scores, then P; [pair][kBlockN]
   std::vector<char> valid(kBlockN);
   for (int n0 = key_begin; n0 < key_end; n0 += kBlockN) {
     const int cols = std::min(kBlockN, key_end - n0);
@@ -76,38 +81,47 @@ void AttendBlock(const AttentionParams& p, int b, int kh, const SeqBounds& s, in
       LoadRow(k + row * k_row_stride + int64_t(kh) * d, &kf[size_t(c) * d], d, 1.f);
       LoadRow(v + row * v_row_stride + int64_t(kh) * dv, &vf[size_t(c) * dv], dv, 1.f);
     }
-    for (int r = 0; r < rows; ++r) {
+    // Transposed after conversion, feature by feature: contiguous stores, and the conversion
+    // loops above stay vectorized.
+    for (int e = 0; e < d; ++e)
+      for (int c = 0; c < cols; ++c) kt[size_t(e) * kBlockN + c] = kf[size_t(c) * d + e];
+    std::fill(sc.begin(), sc.end(), 0.f);
+    MultiplyRows(qf.data(), d, nq, kt.data(), kBlockN, d, cols, sc.data(), kBlockN);
+    // Scores -> P in place, with the online-softmax rescale of each pair's accumulator. Keys a
+    // pair does not see get weight 0, so P V below adds nothing for them.
+    for (int i = 0; i < nq; ++i) {
+      const int r = i / group;
       const int c_lo = std::max(lo[r] - n0, 0), c_hi = std::min(hi[r] - n0, cols);
-      if (c_lo >= c_hi) continue;
-      for (int g = 0; g < group; ++g) {
-        const int i = r * group + g;
-        const float* qi = &qf[size_t(i) * d];
-        const int n = c_hi - c_lo;
-        DotRows(qi, &kf[size_t(c_lo) * d], d, d, n, &sc[c_lo]);
-        float block_max = kNegInf;
-        for (int c = c_lo; c < c_hi; ++c) {
-          float x = sc[c];
-          if (!valid[c]) x = kNegInf;
-          else if (p.softcap > 0.f) x = p.softcap * std::tanh(x / p.softcap);
-          sc[c] = x;
-          block_max = std::max(block_max, x);
-        }
-        if (block_max == kNegInf) continue;
-        const float m_new = std::max(m[i], block_max);
-        const float corr = std::exp(m[i] - m_new);  // 0 when m[i] is -inf
-        float* ai = &acc[size_t(i) * dv];
-        float row_sum = 0.f;
-        for (int c = c_lo; c < c_hi; ++c) {
-          sc[c] = std::exp(sc[c] - m_new);  // masked keys: exp(-inf) = 0
-          row_sum += sc[c];
-        }
-        if (corr != 1.f)
-          for (int e = 0; e < dv; ++e) ai[e] *= corr;
-        AccumulateRows(&sc[c_lo], &vf[size_t(c_lo) * dv], dv, dv, n, ai);
-        l[i] = l[i] * corr + row_sum;
-        m[i] = m_new;
+      float* si = &sc[size_t(i) * kBlockN];
+      float block_max = kNegInf;
+      for (int c = c_lo; c < c_hi; ++c) {
+        float x = si[c];
+        if (!valid[c]) x = kNegInf;
+        else if (p.softcap > 0.f) x = p.softcap * std::tanh(x / p.softcap);
+        si[c] = x;
+        block_max = std::max(block_max, x);
       }
+      if (block_max == kNegInf) {  // nothing visible here: the pair's state is unchanged
+        std::fill_n(si, cols, 0.f);
+        continue;
+      }
+      std::fill_n(si, c_lo, 0.f);
+      std::fill(si + c_hi, si + cols, 0.f);
+      const float m_new = std::max(m[i], block_max);
+      const float corr = std::exp(m[i] - m_new);  // 0 when m[i] is -inf
+      float row_sum = 0.f;
+      for (int c = c_lo; c < c_hi; ++c) {
+        si[c] = std::exp(si[c] - m_new);  // masked keys: exp(-inf) = 0
+        row_sum += si[c];
+      }
+      if (corr != 1.f) {
+        float* ai = &acc[size_t(i) * dv];
+        for (int e = 0; e < dv; ++e) ai[e] *= corr;
+      }
+      l[i] = l[i] * corr + row_sum;
+      m[i] = m_new;
     }
+    MultiplyRows(sc.data(), kBlockN, nq, vf.data(), dv, cols, dv, acc.data(), dv);
   }
 
   for (int r = 0; r < rows; ++r) {

@@ -1,6 +1,5 @@
-// See simd_kernels.h. DotRows and AccumulateRows take four rows per step: the shared operand is
-// loaded once for four FMAs, and the accumulator of AccumulateRows is read and written once per
-// four rows instead of once per row. MultiplyRows keeps a 4 x 16 tile of out in registers.
+// See simd_kernels.h. MultiplyRows keeps a 4 x 16 tile of out in registers: each element of B
+// loaded serves four rows, and out is read and written once per tile, not once per step.
 #include "ffi/cpu/simd_kernels.h"
 
 #include <cstring>
@@ -18,57 +17,6 @@
 #endif
 
 namespace jax_sgl::cpu {
-
-JAX_SGL_ISA_CLONES
-void DotRows(const float* a, const float* b, int len, int ld, int n, float* out) {
-  int c = 0;
-  for (; c + 4 <= n; c += 4) {
-    const float* b0 = b + c * ld;
-    const float* b1 = b0 + ld;
-    const float* b2 = b1 + ld;
-    const float* b3 = b2 + ld;
-    float s0 = 0.f, s1 = 0.f, s2 = 0.f, s3 = 0.f;
-#pragma omp simd reduction(+ : s0, s1, s2, s3)
-    for (int i = 0; i < len; ++i) {
-      const float x = a[i];
-      s0 += x * b0[i];
-      s1 += x * b1[i];
-      s2 += x * b2[i];
-      s3 += x * b3[i];
-    }
-    out[c] = s0;
-    out[c + 1] = s1;
-    out[c + 2] = s2;
-    out[c + 3] = s3;
-  }
-  for (; c < n; ++c) {
-    const float* bc = b + c * ld;
-    float s = 0.f;
-#pragma omp simd reduction(+ : s)
-    for (int i = 0; i < len; ++i) s += a[i] * bc[i];
-    out[c] = s;
-  }
-}
-
-JAX_SGL_ISA_CLONES
-void AccumulateRows(const float* p, const float* v, int len, int ld, int n, float* acc) {
-  int c = 0;
-  for (; c + 4 <= n; c += 4) {
-    const float p0 = p[c], p1 = p[c + 1], p2 = p[c + 2], p3 = p[c + 3];
-    const float* v0 = v + c * ld;
-    const float* v1 = v0 + ld;
-    const float* v2 = v1 + ld;
-    const float* v3 = v2 + ld;
-#pragma omp simd
-    for (int e = 0; e < len; ++e) acc[e] += p0 * v0[e] + p1 * v1[e] + p2 * v2[e] + p3 * v3[e];
-  }
-  for (; c < n; ++c) {
-    const float pc = p[c];
-    const float* vc = v + c * ld;
-#pragma omp simd
-    for (int e = 0; e < len; ++e) acc[e] += pc * vc[e];
-  }
-}
 
 namespace {
 
