@@ -3,7 +3,7 @@ pure-JAX reference, on fresh random inputs: dense and varlen layouts, causal/win
 GQA/MQA, float32/float16/bfloat16, awkward sizes; numerical checks; jit, vmap; the backward does
 not re-run the forward; paged KV and fp8 refuse to differentiate."""
 
-import math
+import functools
 import warnings
 
 import jax
@@ -14,9 +14,8 @@ import pytest
 from jax.test_util import check_grads
 
 import jax_sgl
-from jax_sgl import reference
+from attention_cases import reference_attention
 
-KV_DENSE, KV_VARLEN = 0, 1
 
 # Max abs error of a gradient, relative to the largest reference gradient entry: about 4x what
 # the kernel shows (float32 ~1e-6 from summation order; float16 ~5e-4 and bfloat16 ~4e-3 from
@@ -28,16 +27,8 @@ def _rand(rng, shape, dtype):
   return jnp.asarray(rng.standard_normal(shape), jnp.float32).astype(dtype)
 
 
-def _reference(q, k, v, *, causal=False, window=(-1, -1), softcap=0.0, cu_seqlens_q=None,
-               cu_seqlens_k=None, seqused_k=None):
-  """(out, lse) of the reference, with the public function's argument conventions."""
-  varlen = cu_seqlens_q is not None
-  return reference.attention(
-      q, k, v, kv_layout=KV_VARLEN if varlen else KV_DENSE, varlen_q=varlen,
-      batch=(cu_seqlens_q.shape[0] - 1) if varlen else q.shape[0],
-      softmax_scale=1.0 / math.sqrt(q.shape[-1]), softcap=softcap, causal=causal,
-      window_left=window[0], window_right=0 if causal else window[1],
-      cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k)
+# (out, lse) of the float32 reference, with the public function's argument conventions.
+_reference = functools.partial(reference_attention, return_lse=True)
 
 
 def _loss(attn, w_out, w_lse=None):

@@ -15,7 +15,7 @@ before each call, so an element the kernels forget to write shows up as NaN.
 
 from __future__ import annotations
 
-import math
+import functools
 import os
 
 import jax
@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 import jax_sgl
-from jax_sgl import reference
+from attention_cases import reference_attention
 
 pytestmark = pytest.mark.gpu
 
@@ -34,7 +34,6 @@ if "xla_gpu_autotune_level" not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                              " --xla_gpu_autotune_level=0").strip()
 
-KV_DENSE, KV_VARLEN = 0, 1
 LAYOUTS = ("dense", "varlen")
 MASKS = ("none", "causal", "window", "softcap")
 HEAD_DIMS = (64, 96, 128)
@@ -90,16 +89,8 @@ def _make_case(layout, head_dim, head_dim_v, heads, dtype, seed, q_lens=Q_LENS, 
   return q, k, v, {"cu_seqlens_q": jnp.asarray(cu_q), "cu_seqlens_k": jnp.asarray(cu_k)}
 
 
-def _reference(q, k, v, *, causal=False, window=(-1, -1), softcap=0.0, cu_seqlens_q=None,
-               cu_seqlens_k=None, seqused_k=None):
-  """(out, lse) of the reference in float32, with the public function's conventions."""
-  varlen = cu_seqlens_q is not None
-  return reference.attention(
-      q, k, v, kv_layout=KV_VARLEN if varlen else KV_DENSE, varlen_q=varlen,
-      batch=(cu_seqlens_q.shape[0] - 1) if varlen else q.shape[0],
-      softmax_scale=1.0 / math.sqrt(q.shape[-1]), softcap=softcap, causal=causal,
-      window_left=window[0], window_right=0 if causal else window[1],
-      cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k)
+# (out, lse) of the float32 reference, with the public function's argument conventions.
+_reference = functools.partial(reference_attention, return_lse=True)
 
 
 def _loss(attn, w_out, w_lse=None):
