@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 import jax_sgl
+from attention_cases import poison_allocator
 from jax_sgl import reference
 from jax_sgl._checks import check_attention
 
@@ -49,13 +50,6 @@ K_LENS = (70, 9, 20, 131)
 
 def _rand(key, shape, dtype):
   return jax.random.normal(key, shape, jnp.float32).astype(dtype)
-
-
-def _poison(nbytes):
-  """Leaves a NaN-filled block in the device allocator so the next outputs likely land on it."""
-  x = jnp.full((max(nbytes // 4, 1),), jnp.nan, jnp.float32)
-  x.block_until_ready()
-  del x
 
 
 def _reference(q, k, v, **kw):
@@ -128,7 +122,7 @@ def _make_case(layout, head_dim, head_dim_v, heads, dtype, seed, q_lens=Q_LENS, 
 
 def _check(q, k, v, kw):
   want_out, want_lse = _reference(q, k, v, **kw)
-  _poison(want_out.size * want_out.dtype.itemsize + want_lse.size * 4)
+  poison_allocator(want_out.size * want_out.dtype.itemsize + want_lse.size * 4)
   out, lse = jax_sgl.attention(q, k, v, return_lse=True, **kw)
   assert out.dtype == q.dtype and out.shape == want_out.shape
   tol = TOL[jnp.dtype(q.dtype)]

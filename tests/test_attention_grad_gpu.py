@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 import jax_sgl
-from attention_cases import reference_attention
+from attention_cases import poison_allocator, reference_attention
 
 pytestmark = pytest.mark.gpu
 
@@ -60,13 +60,6 @@ def _cuda_bwd(monkeypatch):
 
 def _rand(key, shape, dtype):
   return jax.random.normal(key, shape, jnp.float32).astype(dtype)
-
-
-def _poison(nbytes):
-  """Leaves a NaN-filled block in the device allocator so the next outputs likely land on it."""
-  x = jnp.full((max(nbytes // 4, 1),), jnp.nan, jnp.float32)
-  x.block_until_ready()
-  del x
 
 
 def _make_case(layout, head_dim, head_dim_v, heads, dtype, seed, q_lens=Q_LENS, k_lens=K_LENS):
@@ -121,7 +114,7 @@ def _check(q, k, v, kw, *, with_lse=False):
   with jax.default_matmul_precision("highest"):   # a float32 oracle, not TF32
     want = jax.jit(jax.grad(_loss(lambda q, k, v: _reference(q, k, v, **kw), w_out, w_lse),
                             argnums=(0, 1, 2)))(*f32)
-  _poison(sum(x.size * x.dtype.itemsize for x in (q, k, v)))
+  poison_allocator(sum(x.size * x.dtype.itemsize for x in (q, k, v)))
   got = _grads(q, k, v, kw, w_out, w_lse)
   tol = TOL[jnp.dtype(q.dtype)]
   for name, x, g, r in zip("qkv", (q, k, v), got, want):
