@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import zlib
 
 import jax
 import jax.numpy as jnp
@@ -141,7 +142,7 @@ def _check(q, k, v, kw):
 @pytest.mark.parametrize("mask", MASKS)
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_matrix(layout, mask, head_dim, dtype):
-  seed = hash((layout, mask, head_dim)) % 1000
+  seed = zlib.crc32(f"{layout}{mask}{head_dim}".encode()) % 1000
   q, k, v, kw = _make_case(layout, head_dim, head_dim, HEADS[mask], dtype, seed)
   _check(q, k, v, {**kw, **MASK_KW[mask]})
 
