@@ -3,8 +3,8 @@
   cudnn    jax.grad of jax.nn.dot_product_attention(implementation="cudnn");
   xla      jax.grad of jax.nn.dot_product_attention(implementation="xla") (skipped where its
            score matrices would not fit comfortably);
-  jax_sgl  jax.grad of jax_sgl.attention, with the CUDA backward kernel (JAX_SGL_CUDA_BWD=1,
-           set by this script unless --reference-bwd asks for the reference lowering).
+  jax_sgl  jax.grad of jax_sgl.attention, with the CUDA backward kernel (the default; --reference-bwd
+           sets JAX_SGL_CUDA_BWD=0, the reference lowering).
 
 Issue 4's cases: bf16, D=128, H=16 (MHA), B*S = 32768 tokens, S in {4k, 8k}, causal and not.
 TFLOP/s count the forward's 4*B*H*S^2*D (halved when causal) times 3.5 for forward+backward
@@ -70,8 +70,8 @@ def main():
   parser.add_argument("--reference-bwd", action="store_true",
                       help="time jax_sgl with the reference backward lowering instead")
   args = parser.parse_args()
-  if not args.reference_bwd:
-    os.environ["JAX_SGL_CUDA_BWD"] = "1"
+  if args.reference_bwd:
+    os.environ["JAX_SGL_CUDA_BWD"] = "0"
   print(f"device: {jax.devices()[0].device_kind}, jax {jax.__version__}")
   print(f"jax_sgl attention backend: {jax_sgl.attention_backend_info()}, "
         f"JAX_SGL_CUDA_BWD={os.environ.get('JAX_SGL_CUDA_BWD', '')}")

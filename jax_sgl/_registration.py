@@ -25,18 +25,17 @@ def attention_backend_info() -> dict:
   """Which CUDA attention kernels this build holds and would use, so benchmarks can name them.
 
   sm90_kernels: the sm_90a (Hopper wgmma + TMA) instantiations compiled in, e.g.
-  ("hdim128_bf16",). sm90_mode: JAX_SGL_SM90 as the CUDA handler reads it at every call:
-  "verified" (unset: the instantiations verified on a GPU, hdim128_bf16, serve the dense calls
-  they cover on a compute-capability-9.0 device), "all" (=1: every built instantiation) or "off"
-  (=0). Everything else runs on the portable sm80 kernel.
-  cuda_bwd_kernel: the CUDA backward kernel is compiled in. cuda_bwd_opt_in: JAX_SGL_CUDA_BWD=1
-  is set, the opt-in that lowers gradients traced from now on (float16/bfloat16, head dims up to
-  128) to it; otherwise CUDA runs the backward as the vjp of the pure-JAX reference.
+  ("hdim128_bf16",). sm90_mode: JAX_SGL_SM90 as the CUDA handler reads it at every call: "on"
+  (unset or anything but "0": the built instantiations serve the dense calls they cover on a
+  compute-capability-9.0 device) or "off" (=0). Everything else runs on the portable sm80 kernel.
+  cuda_bwd_kernel: the CUDA backward kernel is compiled in. cuda_bwd_mode: "on" unless
+  JAX_SGL_CUDA_BWD=0, which lowers gradients traced from then on to the vjp of the pure-JAX
+  reference instead of the kernel (float16/bfloat16, head dims up to 128).
   """
-  mode = {"0": "off", "1": "all"}.get(os.environ.get("JAX_SGL_SM90"), "verified")
+  mode = "off" if os.environ.get("JAX_SGL_SM90") == "0" else "on"
   return {"sm90_kernels": tuple(_ext.sm90_attention_kernels().split()), "sm90_mode": mode,
           "cuda_bwd_kernel": "jax_sgl_attention_bwd" in CUDA_TARGETS,
-          "cuda_bwd_opt_in": os.environ.get("JAX_SGL_CUDA_BWD") == "1"}
+          "cuda_bwd_mode": "off" if os.environ.get("JAX_SGL_CUDA_BWD") == "0" else "on"}
 
 
 def native_platforms(target: str) -> tuple[str, ...]:

@@ -182,10 +182,9 @@ def _attention_bwd_abstract_eval(q, k, v, *rest, spec, present):
 
 _native_bwd_rule = ffi_rule(BWD_TARGET)
 
-# The CUDA backward kernel (ffi/cuda/attention/flash_bwd_sm80.cuh) is opt-in until it has been
-# verified on a GPU: with JAX_SGL_CUDA_BWD=1 set when a gradient is traced, CUDA lowers the backward
-# to it for the combinations it serves; otherwise (and for every other combination) CUDA lowers
-# to the vjp of the pure-JAX reference, as before the kernel existed.
+# The CUDA backward kernel (ffi/cuda/attention/flash_bwd_sm80.cuh, verified on an H200 on
+# 2026-12-02) serves the combinations below; CUDA lowers every other one, and every gradient traced
+# while JAX_SGL_CUDA_BWD=0 is set, to the vjp of the pure-JAX reference.
 CUDA_BWD_ENV = "JAX_SGL_CUDA_BWD"
 # Largest head_dim / head_dim_v with a CUDA backward (kBwdHeadDimCapacities in flash_bwd_launch.h).
 CUDA_BWD_MAX_HEAD_DIM = 128
@@ -193,8 +192,8 @@ CUDA_BWD_MAX_HEAD_DIM = 128
 
 def cuda_bwd_unsupported(spec: AttentionSpec, q_dtype) -> str | None:
   """Why the CUDA backward kernel does not serve this call (None when it does)."""
-  if os.environ.get(CUDA_BWD_ENV) != "1":
-    return f"{CUDA_BWD_ENV}=1 is not set (the CUDA backward is opt-in)"
+  if os.environ.get(CUDA_BWD_ENV) == "0":
+    return f"{CUDA_BWD_ENV}=0 is set"
   if jnp.dtype(q_dtype) not in (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16)):
     return f"q/k/v are {jnp.dtype(q_dtype)}, the CUDA backward runs float16 and bfloat16"
   if (max(spec.head_dim, spec.head_dim_v) > CUDA_BWD_MAX_HEAD_DIM or spec.head_dim % 8
@@ -329,9 +328,9 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, window=(-1, -1), sof
   handled exactly: d lse / d scores = P). The backward kernel recomputes the probabilities from
   the saved lse (no second forward). Index arrays get no gradient. Paged KV and fp8 inputs are
   forward-only: differentiating through them raises NotImplementedError at trace time.
-  On CUDA the native backward kernel (float16/bfloat16, head dims up to 128) is opt-in for now:
-  set JAX_SGL_CUDA_BWD=1 before the gradient is traced; without it, and for float32 or larger
-  head dims, CUDA runs the backward as the vjp of the pure-JAX reference (correct, slower).
+  On CUDA the native backward kernel serves float16/bfloat16 with head dims up to 128; for
+  float32, larger head dims, or gradients traced while JAX_SGL_CUDA_BWD=0 is set, CUDA runs the
+  backward as the vjp of the pure-JAX reference (correct, slower) and warns once.
 
   Returns:
     out in q's layout with head_dim_v (q's dtype; bfloat16 for fp8), and with `return_lse` also

@@ -270,12 +270,12 @@ def test_backward_lowers_to_reference_without_native_kernel():
 
 @pytest.mark.skipif("jax_sgl_attention_bwd" not in jax_sgl.CUDA_TARGETS,
                     reason="built without the CUDA backward")
-@pytest.mark.parametrize("opt_in", [True, False])
-def test_cuda_backward_is_opt_in(monkeypatch, opt_in):
-  """Exported for CUDA (no GPU needed): the backward lowers to the native kernel only with
-  JAX_SGL_CUDA_BWD=1 and a head dim it serves; otherwise to the reference's vjp."""
-  if opt_in:
-    monkeypatch.setenv("JAX_SGL_CUDA_BWD", "1")
+@pytest.mark.parametrize("opt_out", [False, True])
+def test_cuda_backward_lowering(monkeypatch, opt_out):
+  """Exported for CUDA (no GPU needed): the backward lowers to the native kernel for a head dim it
+  serves unless JAX_SGL_CUDA_BWD=0; otherwise to the reference's vjp."""
+  if opt_out:
+    monkeypatch.setenv("JAX_SGL_CUDA_BWD", "0")
   else:
     monkeypatch.delenv("JAX_SGL_CUDA_BWD", raising=False)
 
@@ -290,5 +290,5 @@ def test_cuda_backward_is_opt_in(monkeypatch, opt_in):
                                disabled_checks=allow)(q, k, v).mlir_module()
 
   native = "custom_call @jax_sgl_attention_bwd"
-  assert (native in exported_text(64)) == opt_in
+  assert (native in exported_text(64)) != opt_out
   assert native not in exported_text(192)   # no CUDA backward above head dim 128

@@ -1,4 +1,4 @@
-"""Gradients of jax_sgl.attention through the CUDA backward kernel (JAX_SGL_CUDA_BWD=1) against
+"""Gradients of jax_sgl.attention through the CUDA backward kernel (the default on CUDA) against
 jax.grad of the pure-JAX reference (float32 oracle) on fresh random inputs.
 
 The matrix: layout (dense with seqused_k, varlen with uncovered rows) x mask (none, causal,
@@ -56,7 +56,7 @@ K_LENS = (70, 9, 140, 300)
 
 @pytest.fixture(autouse=True)
 def _cuda_bwd(monkeypatch):
-  monkeypatch.setenv("JAX_SGL_CUDA_BWD", "1")
+  monkeypatch.delenv("JAX_SGL_CUDA_BWD", raising=False)
 
 
 def _rand(key, shape, dtype):
@@ -137,13 +137,13 @@ def _lowered_text(q, k, v, kw):
   return jax.jit(jax.grad(fn, argnums=(0, 1, 2))).lower(q, k, v).as_text()
 
 
-def test_native_kernel_is_used_only_when_opted_in(monkeypatch):
-  """The matrix below tests the kernel, not the reference lowering: with the opt-in the backward
-  lowers to the jax_sgl_attention_bwd custom call, without it to the reference."""
+def test_native_kernel_is_used_unless_opted_out(monkeypatch):
+  """The matrix below tests the kernel, not the reference lowering: by default the backward
+  lowers to the jax_sgl_attention_bwd custom call, with JAX_SGL_CUDA_BWD=0 to the reference."""
   assert "jax_sgl_attention_bwd" in jax_sgl.CUDA_TARGETS
   q, k, v, kw = _make_case("dense", 64, 64, (4, 2), jnp.bfloat16, 0)
   assert BWD_CALL in _lowered_text(q, k, v, kw)
-  monkeypatch.delenv("JAX_SGL_CUDA_BWD")
+  monkeypatch.setenv("JAX_SGL_CUDA_BWD", "0")
   assert BWD_CALL not in _lowered_text(q, k, v, kw)
 
 

@@ -1,7 +1,8 @@
 """The Hopper (sm_90a, wgmma + TMA) flash forward against the pure-JAX reference.
 
-Only GPU-verified instantiations run by default; JAX_SGL_SM90=1 (read by the CUDA handler at every
-call) routes every built one, so every test here sets it through monkeypatch; on anything but a compute-capability-9.0 device, or in a build
+Every built instantiation runs by default on compute capability 9.0 (JAX_SGL_SM90=0, read by the
+CUDA handler at every call, turns it off: every test here clears it through monkeypatch); on
+anything but a compute-capability-9.0 device, or in a build
 without the (dtype, head dim) instantiation, the test is skipped rather than silently testing the
 portable kernel. Outputs are poisoned beforehand so unwritten elements show up as NaN.
 """
@@ -48,7 +49,7 @@ def _sm90(monkeypatch):
   devices = jax.devices("cuda") if jax.default_backend() == "gpu" else []
   if not devices or getattr(devices[0], "compute_capability", "") != "9.0":
     pytest.skip("the sm90 kernel needs a compute capability 9.0 device")
-  monkeypatch.setenv("JAX_SGL_SM90", "1")
+  monkeypatch.delenv("JAX_SGL_SM90", raising=False)
 
 
 def _need(head_dim, dtype):
@@ -117,7 +118,7 @@ def test_long(causal):
 
 
 def test_runs_the_sm90_kernel(monkeypatch):
-  """The opt-in changes the kernel: sm90 and sm80 results differ somewhere (other summation
+  """The switch changes the kernel: sm90 and sm80 results differ somewhere (other summation
   order), while both match the reference (above)."""
   _need(128, jnp.bfloat16)
   q, k, v = _inputs((2, 512, 512, 4, 4), 128, jnp.bfloat16, seed=9)

@@ -49,7 +49,7 @@ const char* PlanFlashFwd(const AttentionParams& p, int num_sms, FlashPlan* plan)
   // the GPU-verified instantiations); everything else falls through to the portable sm80 kernel.
   plan->sm90 = false;
 #ifdef JAX_SGL_HAVE_SM90
-  if (Sm90Unsupported(p) == nullptr && Sm90Enabled(p)) {
+  if (Sm90Unsupported(p) == nullptr && Sm90Enabled()) {
     plan->sm90 = true;
     plan->scratch_bytes = 0;
     return nullptr;

@@ -17,9 +17,8 @@ namespace jax_sgl::cuda {
 const char* Sm90Unsupported(const AttentionParams& p);
 
 // Whether a call the sm90 kernel covers runs on it: the current device is compute capability 9.0
-// and JAX_SGL_SM90 (read at each call) allows it: "0" never, "1" every built instantiation,
-// unset or anything else only the instantiations verified on a GPU (Sm90Verified).
-bool Sm90Enabled(const AttentionParams& p);
+// and JAX_SGL_SM90 (read at each call) is not "0".
+bool Sm90Enabled();
 
 // The instantiations this build holds, space separated ("hdim128_bf16 hdim128_fp16"; leading
 // space), for jax_sgl.attention_backend_info().
