@@ -55,7 +55,7 @@ def init_params(cfg: Config, key, dtype):
   def dense(key, shape):
     return (jax.random.normal(key, shape, jnp.float32) / np.sqrt(shape[0])).astype(dtype)
   keys = iter(jax.random.split(key, 2 + 4 * cfg.layers))
-  hq, hkv, d = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim, cfg.head_dim
+  hq, hkv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
   def kv_blocks(w):   # wk and wv as separate matrices, so each splits by heads on its own
     return {"wk": w[:, :hkv], "wv": w[:, hkv:]}
   return {

@@ -10,11 +10,10 @@ the same semantics: bottom-right causal alignment, masked keys for out-of-range 
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_sgl._checks import KV_DENSE, KV_PAGED, KV_VARLEN
+from jax_sgl._checks import KV_DENSE, KV_VARLEN
 
 
 # --------------------------------------------------------------------------------------------
