@@ -16,6 +16,7 @@ huge), also inside a used range (those keys are masked). Outputs are poisoned be
 from __future__ import annotations
 
 import math
+import os
 import zlib
 
 import jax
@@ -27,6 +28,11 @@ import jax_sgl
 from attention_cases import poison_allocator, reference_attention
 
 pytestmark = pytest.mark.gpu
+
+# Every case has new shapes; the oracle's einsums need no tuned GEMM (as in test_attention_gpu.py).
+if "xla_gpu_autotune_level" not in os.environ.get("XLA_FLAGS", ""):
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                             " --xla_gpu_autotune_level=0").strip()
 
 TOL = {jnp.dtype(jnp.bfloat16): 2.5e-2, jnp.dtype(jnp.float16): 4e-3}
 K_LENS = (1000, 0, 1, 517, 2053)
