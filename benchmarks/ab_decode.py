@@ -69,7 +69,7 @@ def run_config(b, s, batches, copy_bw):
   k_pool, v_pool, table = paged_copy(k, v, np.random.default_rng(b))
   seqused = jnp.full((b,), s, jnp.int32)
   nbytes = 2 * b * s * HKV * D * 2
-  calls = max(3, int(4e10 // nbytes))  # ~10 ms of K/V reads per batch at 4 TB/s
+  calls = min(200, max(3, int(4e10 // nbytes)))  # ~10 ms of K/V reads per batch at 4 TB/s
 
   paged = jax.jit(lambda q, kp, vp, t, u: jax_sgl.attention(q, kp, vp, page_table=t,
                                                             seqused_k=u))
