@@ -27,7 +27,9 @@ foreach(d 64 96 128 192 256)
   if(d IN_LIST JAX_SGL_ATTN_HEAD_DIMS)
     list(APPEND JAX_SGL_CUDA_SOURCES
       ffi/cuda/attention/instantiations/flash_fwd_sm80_hdim${d}_bf16.cu
-      ffi/cuda/attention/instantiations/flash_fwd_sm80_hdim${d}_fp16.cu)
+      ffi/cuda/attention/instantiations/flash_fwd_sm80_hdim${d}_fp16.cu
+      ffi/cuda/attention/instantiations/flash_decode_hdim${d}_bf16.cu
+      ffi/cuda/attention/instantiations/flash_decode_hdim${d}_fp16.cu)
     # The backward (flash_bwd_sm80.cuh) has capacities up to 128 only.
     if(d LESS_EQUAL 128)
       list(APPEND JAX_SGL_CUDA_SOURCES

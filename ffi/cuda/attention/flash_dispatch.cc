@@ -1,15 +1,126 @@
-// Picks the CUDA attention kernel for a call and launches it: head-dim capacity, warp layout
-// (prefill or decode), and the number of KV splits, from the shapes alone (no device reads), so
-// the same plan holds when XLA replays the call. Host code only: the kernels live in the
-// generated instantiations/ files.
+// Picks the CUDA attention kernel for a call and launches it: head-dim capacity, kernel (the
+// dedicated decode kernel for at most kDecodeMaxQLen q rows per sequence, else sm90 or the sm80
+// prefill / decode layouts), and the number of KV splits, from the shapes and the device alone (no
+// device reads), so the same plan holds when XLA replays the call. Host code only: the kernels
+// live in the generated instantiations/ files.
+//
+// Run-time switches, read at every call (documented in flash_decode_launch.h):
+//   JAX_SGL_DECODE=old|new, JAX_SGL_DECODE_SPLITS=N, JAX_SGL_DECODE_STAGES=N.
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 
 #include "ffi/common/attention_seq.h"
+#include "ffi/cuda/attention/flash_decode_launch.h"
 #include "ffi/cuda/attention/flash_fwd_launch.h"
 #include "ffi/cuda/attention/sm90/launch.h"
 
 namespace jax_sgl::cuda {
 namespace {
+
+// Decode split heuristic: enough CTAs for kDecodeWaves full waves of the resident slots, so that
+// the last, partial wave still keeps hundreds of CTAs' loads in flight; but never a split of
+// fewer than kDecodeMinTilesPerSplit stages, whose prologue (q + page-table reads) would show.
+constexpr int kDecodeWaves = 2;
+constexpr int kDecodeMinTilesPerSplit = 8;
+// CTAs of 128 threads per SM the decode kernel's registers allow (ptxas -v, sm_90a: 94-127
+// registers up to d = 128, 160 at 192, 206 at 256); shared memory usually binds first.
+int DecodeMaxCtasPerSm(int cap) { return cap <= 128 ? 4 : (cap <= 192 ? 3 : 2); }
+
+// An integer environment variable, or `fallback` when unset or not a number.
+int EnvInt(const char* name, int fallback) {
+  const char* env = std::getenv(name);
+  if (env == nullptr || *env == '\0') return fallback;
+  char* end = nullptr;
+  const long v = std::strtol(env, &end, 10);
+  return *end == '\0' ? int(v) : fallback;
+}
+
+bool DecodeKernelSelected() {
+  const char* env = std::getenv("JAX_SGL_DECODE");
+  return env == nullptr || std::strcmp(env, "old") != 0;
+}
+
+int DeviceAttr(cudaDeviceAttr attr, int fallback) {
+  int device = 0, value = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&value, attr, device) != cudaSuccess)
+    return fallback;
+  return value;
+}
+
+// Keys per sequence at most (the split heuristic sizes by it; kernels clamp to the real lengths).
+int64_t KeyBound(const AttentionParams& p) {
+  switch (p.kv_layout) {
+    case KvLayout::kDense: return p.seqlen_k;
+    case KvLayout::kVarlen: return p.total_k;
+    default: return int64_t(p.max_pages) * p.page_size;
+  }
+}
+
+// Whether the portable kernels take the call's dtypes and head dims; sets the head-dim capacity.
+const char* CheckSm80Support(const AttentionParams& p, int* cap) {
+  const bool half = p.q_type == DType::kBF16 || p.q_type == DType::kF16;
+  if (!half || p.k_type != p.q_type || p.v_type != p.q_type || p.out_type != p.q_type)
+    return "jax_sgl.attention: the CUDA kernel supports float16 and bfloat16 q/k/v only "
+           "(float32 and fp8 inputs run on the CPU backend)";
+  const int need = std::max(p.head_dim, p.head_dim_v);
+  *cap = 0;
+  for (int d : kHeadDimCapacities) {
+    if (d >= need) {
+      *cap = d;
+      break;
+    }
+  }
+  if (*cap == 0 || p.head_dim % 8 || p.head_dim_v % 8)
+    return "jax_sgl.attention: the CUDA kernel supports head dims that are multiples of 8 up to 256";
+  if (!HeadDimBuilt(*cap))
+    return "jax_sgl.attention: this build left out the CUDA kernel for the head dim "
+           "(JAX_SGL_ATTN_DISABLE_HDIM*)";
+  return nullptr;
+}
+
+void SetScratch(const AttentionParams& p, FlashPlan* plan) {
+  plan->scratch_bytes = 0;
+  if (plan->num_splits > 1) {
+    const size_t per_split = size_t(p.total_q) * p.num_heads;
+    plan->scratch_bytes = size_t(plan->num_splits) * per_split * (size_t(p.head_dim_v) + 1) * 4;
+  }
+}
+
+// The decode kernel's plan: rows per CTA, ring depth (shrunk if the device's shared memory per
+// block cannot hold it), and splits that fill every SM's CTA slots.
+void PlanDecodeKernel(const AttentionParams& p, int cap, int num_sms, FlashPlan* plan) {
+  const int group = p.num_heads / p.num_kv_heads;
+  const int64_t rows = int64_t(p.seqlen_q) * group;
+  const int64_t rows_cta = std::min<int64_t>(rows, kDecodeMaxRows);
+  plan->head_dim_cap = cap;
+  plan->decode_kernel = true;
+  plan->decode = false;
+  plan->block_m = kDecodeMaxRows;
+  plan->m_blocks = int(std::max<int64_t>(1, (rows + kDecodeMaxRows - 1) / kDecodeMaxRows));
+  plan->decode_m_tiles = rows_cta > 32 ? 4 : (rows_cta > 16 ? 2 : 1);
+  int stages = std::clamp(EnvInt("JAX_SGL_DECODE_STAGES", kDecodeDefaultStages), 2,
+                          kDecodeMaxStages);
+  const int optin = DeviceAttr(cudaDevAttrMaxSharedMemoryPerBlockOptin, 227 * 1024);
+  while (stages > 2 && DecodeSmemBytes(cap, stages, plan->decode_m_tiles) > optin) --stages;
+  plan->decode_stages = stages;
+
+  const int smem = DecodeSmemBytes(cap, stages, plan->decode_m_tiles);
+  const int per_sm = DeviceAttr(cudaDevAttrMaxSharedMemoryPerMultiprocessor, 228 * 1024);
+  const int reserved = DeviceAttr(cudaDevAttrReservedSharedMemoryPerBlock, 1024);
+  const int ctas_per_sm = std::clamp(per_sm / (smem + reserved), 1, DecodeMaxCtasPerSm(cap));
+  const int64_t slots = int64_t(ctas_per_sm) * std::max(num_sms, 1);
+  const int64_t base = int64_t(plan->m_blocks) * p.batch * p.num_kv_heads;
+  int64_t splits = EnvInt("JAX_SGL_DECODE_SPLITS", 0);
+  if (splits <= 0) {
+    const int64_t n_tiles = (KeyBound(p) + DecodeBlockN(cap) - 1) / DecodeBlockN(cap);
+    splits = base > 0 ? (kDecodeWaves * slots + base - 1) / base : 1;
+    splits = std::min<int64_t>(splits, n_tiles / kDecodeMinTilesPerSplit);
+  }
+  plan->num_splits = int(std::clamp<int64_t>(splits, 1, kMaxSplits));
+  SetScratch(p, plan);
+}
 
 // Keys per tile of each layout (FlashConfig::kBlockN), for the split heuristic.
 int BlockN(int head_dim_cap, bool decode) { return decode || head_dim_cap <= 128 ? 64 : 32; }
@@ -18,6 +129,29 @@ template <typename T, int kD>
 cudaError_t LaunchForHeadDim(const FlashPlan& plan, const FlashFwdArgs& args, cudaStream_t stream) {
   return plan.decode ? LaunchFlashFwd<T, kD, true>(args, plan.m_blocks, stream)
                      : LaunchFlashFwd<T, kD, false>(args, plan.m_blocks, stream);
+}
+
+template <typename T>
+cudaError_t LaunchDecodeForType(int head_dim_cap, const FlashDecodeArgs& args,
+                                cudaStream_t stream) {
+  switch (head_dim_cap) {
+#ifndef JAX_SGL_ATTN_DISABLE_HDIM64
+    case 64: return LaunchFlashDecode<T, 64>(args, stream);
+#endif
+#ifndef JAX_SGL_ATTN_DISABLE_HDIM96
+    case 96: return LaunchFlashDecode<T, 96>(args, stream);
+#endif
+#ifndef JAX_SGL_ATTN_DISABLE_HDIM128
+    case 128: return LaunchFlashDecode<T, 128>(args, stream);
+#endif
+#ifndef JAX_SGL_ATTN_DISABLE_HDIM192
+    case 192: return LaunchFlashDecode<T, 192>(args, stream);
+#endif
+#ifndef JAX_SGL_ATTN_DISABLE_HDIM256
+    case 256: return LaunchFlashDecode<T, 256>(args, stream);
+#endif
+    default: return cudaErrorInvalidValue;
+  }
 }
 
 template <typename T>
@@ -45,9 +179,18 @@ cudaError_t LaunchForType(const FlashPlan& plan, const FlashFwdArgs& args, cudaS
 }  // namespace
 
 const char* PlanFlashFwd(const AttentionParams& p, int num_sms, FlashPlan* plan) {
+  plan->sm90 = false;
+  plan->decode_kernel = false;
+  int cap = 0;
+  // Decode-shaped calls (a bound of kDecodeMaxQLen q rows per sequence: dense q, or varlen q
+  // with that few rows in all) take the dedicated decode kernel unless JAX_SGL_DECODE=old.
+  const bool decode_shape = p.seqlen_q >= 1 && p.seqlen_q <= kDecodeMaxQLen;
+  if (decode_shape && DecodeKernelSelected() && CheckSm80Support(p, &cap) == nullptr) {
+    PlanDecodeKernel(p, cap, num_sms, plan);
+    return nullptr;
+  }
   // The Hopper kernel on a 9.0 device, for what it covers and JAX_SGL_SM90 allows (by default
   // the GPU-verified instantiations); everything else falls through to the portable sm80 kernel.
-  plan->sm90 = false;
 #ifdef JAX_SGL_HAVE_SM90
   if (Sm90Unsupported(p) == nullptr && Sm90Enabled()) {
     plan->sm90 = true;
@@ -55,23 +198,7 @@ const char* PlanFlashFwd(const AttentionParams& p, int num_sms, FlashPlan* plan)
     return nullptr;
   }
 #endif
-  const bool half = p.q_type == DType::kBF16 || p.q_type == DType::kF16;
-  if (!half || p.k_type != p.q_type || p.v_type != p.q_type || p.out_type != p.q_type)
-    return "jax_sgl.attention: the CUDA kernel supports float16 and bfloat16 q/k/v only "
-           "(float32 and fp8 inputs run on the CPU backend)";
-  const int need = std::max(p.head_dim, p.head_dim_v);
-  int cap = 0;
-  for (int d : kHeadDimCapacities) {
-    if (d >= need) {
-      cap = d;
-      break;
-    }
-  }
-  if (cap == 0 || p.head_dim % 8 || p.head_dim_v % 8)
-    return "jax_sgl.attention: the CUDA kernel supports head dims that are multiples of 8 up to 256";
-  if (!HeadDimBuilt(cap))
-    return "jax_sgl.attention: this build left out the CUDA kernel for the head dim "
-           "(JAX_SGL_ATTN_DISABLE_HDIM*)";
+  if (const char* why = CheckSm80Support(p, &cap)) return why;
   if (int64_t(p.batch) * p.num_kv_heads > 65535)
     return "jax_sgl.attention: the CUDA kernel supports batch * num_kv_heads <= 65535";
   const int group = p.num_heads / p.num_kv_heads;
@@ -83,23 +210,16 @@ const char* PlanFlashFwd(const AttentionParams& p, int num_sms, FlashPlan* plan)
 
   // Split the keys when the grid would leave SMs idle: decode (few rows, long KV) wants several
   // CTAs per SM to keep enough loads in flight; prefill splits only when it lacks one full wave.
-  int64_t k_bound;
-  switch (p.kv_layout) {
-    case KvLayout::kDense: k_bound = p.seqlen_k; break;
-    case KvLayout::kVarlen: k_bound = p.total_k; break;
-    default: k_bound = int64_t(p.max_pages) * p.page_size; break;
-  }
   const int64_t ctas = int64_t(plan->m_blocks) * p.batch * p.num_kv_heads;
-  const int64_t blocks_n = (k_bound + BlockN(cap, plan->decode) - 1) / BlockN(cap, plan->decode);
+  const int64_t blocks_n = (KeyBound(p) + BlockN(cap, plan->decode) - 1) / BlockN(cap, plan->decode);
   const int64_t target = plan->decode ? 8LL * num_sms : (ctas < num_sms ? 2LL * num_sms : ctas);
   int64_t splits = ctas > 0 ? (target + ctas - 1) / ctas : 1;
   splits = std::min<int64_t>({splits, kMaxSplits, std::max<int64_t>(1, blocks_n / 4)});
+  // JAX_SGL_DECODE_SPLITS overrides the count for decode-shaped calls here too (A/B of the paths).
+  if (const int forced = EnvInt("JAX_SGL_DECODE_SPLITS", 0); decode_shape && forced > 0)
+    splits = std::min(forced, kMaxSplits);
   plan->num_splits = int(std::max<int64_t>(1, splits));
-  plan->scratch_bytes = 0;
-  if (plan->num_splits > 1) {
-    const size_t per_split = size_t(p.total_q) * p.num_heads;
-    plan->scratch_bytes = size_t(plan->num_splits) * per_split * (size_t(p.head_dim_v) + 1) * 4;
-  }
+  SetScratch(p, plan);
   return nullptr;
 }
 
@@ -127,8 +247,15 @@ const char* RunFlashFwd(const AttentionParams& p, const FlashPlan& plan, void* s
     args.lse_partial =
         args.o_partial + size_t(plan.num_splits) * p.total_q * p.num_heads * p.head_dim_v;
   }
-  const cudaError_t err = p.q_type == DType::kBF16 ? LaunchForType<bf16_t>(plan, args, stream)
-                                                   : LaunchForType<f16_t>(plan, args, stream);
+  cudaError_t err;
+  if (plan.decode_kernel) {
+    const FlashDecodeArgs d{args, plan.decode_stages, plan.decode_m_tiles, plan.m_blocks};
+    err = p.q_type == DType::kBF16 ? LaunchDecodeForType<bf16_t>(plan.head_dim_cap, d, stream)
+                                   : LaunchDecodeForType<f16_t>(plan.head_dim_cap, d, stream);
+  } else {
+    err = p.q_type == DType::kBF16 ? LaunchForType<bf16_t>(plan, args, stream)
+                                   : LaunchForType<f16_t>(plan, args, stream);
+  }
   if (err != cudaSuccess) return cudaGetErrorString(err);
   if (plan.num_splits == 1) return nullptr;
   SplitCombineArgs c;

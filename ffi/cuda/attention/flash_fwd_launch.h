@@ -54,7 +54,10 @@ inline constexpr int kMaxSplits = 32;
 struct FlashPlan {
   bool sm90;             // the sm_90a kernel (sm90/) runs the call; the fields below are unused
   int head_dim_cap;      // compiled head dim the call runs on
-  bool decode;           // decode warp layout (16 packed rows) instead of prefill (64)
+  bool decode_kernel;    // the dedicated decode kernel (flash_decode.cuh) instead of sm80
+  int decode_stages;     // decode kernel: cp.async ring depth
+  int decode_m_tiles;    // decode kernel: m16 tiles of q per CTA (shared-memory sizing)
+  bool decode;           // sm80: decode warp layout (16 packed rows) instead of prefill (64)
   int block_m;           // packed rows per CTA
   int m_blocks;          // CTAs along packed rows per (sequence, kv head)
   int num_splits;        // CTAs along the key range; > 1 uses the scratch and the combine kernel

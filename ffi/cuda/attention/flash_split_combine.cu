@@ -1,7 +1,8 @@
 // The two small kernels around the flash forward:
 //  - SplitCombineKernel merges the split-KV partials (float32 out normalized per split + natural-log
 //    lse per split) into out and lse: out = sum_s exp(lse_s - lse) * o_s, lse = log sum_s exp(lse_s).
-//    One warp per (packed row); each lane holds one split's lse, so kMaxSplits <= 32.
+//    One warp per (packed row); each lane holds one split's lse, so kMaxSplits <= 32, and 8 of
+//    d_v's features (d_v <= 256).
 //  - ClearUncoveredRowsKernel defines the rows of a varlen q that no sequence covers (padding past
 //    cu_seqlens_q[batch]) as out 0 / lse -inf, as the CPU kernel does, instead of leaving them unset.
 #include <cuda_bf16.h>
@@ -50,24 +51,53 @@ __global__ void __launch_bounds__(32 * kCombineWarps) SplitCombineKernel(const S
   const float lse = sum > 0.f ? m + logf(sum) : -INFINITY;
   const float w = sum > 0.f ? __expf(mine - lse) : 0.f;  // this lane's split weight
 
+  // The partials of kBatch splits are loaded before any is used, so their latencies overlap (a
+  // plain loop over splits waits for each load in turn: ~1 us per split on an H200). Each lane
+  // owns features [4 lane, +4) and [4 lane + 128, +4) (d_v <= 256); the shuffles of the split
+  // weights run on all 32 lanes, outside the per-feature branches.
+  constexpr int kBatch = 8;
+  constexpr int kPerLane = 2;
   const int dv = p.head_dim_v;
-  T* out = static_cast<T*>(p.out) + row_head * dv;
-  for (int c = lane * 4; c < dv; c += 128) {
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int sp = 0; sp < a.num_splits; ++sp) {
-      const float ws = __shfl_sync(0xffffffffu, w, sp);
-      if (ws == 0.f) continue;  // empty split: its partial may be all zeros, skip the read
-      const float4 x =
-          *reinterpret_cast<const float4*>(a.o_partial + (sp * split_stride + row_head) * dv + c);
-      acc.x += ws * x.x;
-      acc.y += ws * x.y;
-      acc.z += ws * x.z;
-      acc.w += ws * x.w;
+  float4 acc[kPerLane];
+#pragma unroll
+  for (int k = 0; k < kPerLane; ++k) acc[k] = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int s0 = 0; s0 < a.num_splits; s0 += kBatch) {
+    float ws[kBatch];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) ws[u] = __shfl_sync(0xffffffffu, w, (s0 + u) % 32);
+#pragma unroll
+    for (int k = 0; k < kPerLane; ++k) {
+      const int c = lane * 4 + 128 * k;
+      if (c >= dv) continue;
+      float4 x[kBatch];
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const int sp = s0 + u;
+        // Splits past num_splits have weight 0 (their lane's lse is -inf); an empty split's
+        // partial may be all zeros: skip the read of both.
+        x[u] = sp < a.num_splits && ws[u] != 0.f
+                   ? *reinterpret_cast<const float4*>(a.o_partial +
+                                                      (sp * split_stride + row_head) * dv + c)
+                   : make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        acc[k].x += ws[u] * x[u].x;
+        acc[k].y += ws[u] * x[u].y;
+        acc[k].z += ws[u] * x[u].z;
+        acc[k].w += ws[u] * x[u].w;
+      }
     }
-    out[c] = StoreOf<T>(acc.x);
-    out[c + 1] = StoreOf<T>(acc.y);
-    out[c + 2] = StoreOf<T>(acc.z);
-    out[c + 3] = StoreOf<T>(acc.w);
+  }
+  T* out = static_cast<T*>(p.out) + row_head * dv;
+#pragma unroll
+  for (int k = 0; k < kPerLane; ++k) {
+    const int c = lane * 4 + 128 * k;
+    if (c >= dv) continue;
+    out[c] = StoreOf<T>(acc[k].x);
+    out[c + 1] = StoreOf<T>(acc[k].y);
+    out[c + 2] = StoreOf<T>(acc[k].z);
+    out[c + 3] = StoreOf<T>(acc[k].w);
   }
   if (lane == 0) {
     const int64_t idx = p.cu_seqlens_q ? int64_t(head) * p.total_q + s.lse_row0 + i
@@ -100,6 +130,7 @@ const char* LaunchSplitCombine(const SplitCombineArgs& a, cudaStream_t stream) {
   if (a.lse_partial_type != DType::kF32) return "LSE partial tensor must be Float32";
   if (a.o_type != a.p.out_type) return "O tensor must match dtype";
   if (a.num_splits < 1 || a.num_splits > kMaxSplits) return "jax_sgl.attention: bad split count";
+  if (a.p.head_dim_v > 256) return "jax_sgl.attention: split combine supports head_dim_v <= 256";
   const int rows = a.p.seqlen_q * a.group;  // packed rows per sequence, an upper bound
   const dim3 grid((rows + kCombineWarps - 1) / kCombineWarps, a.p.batch * a.p.num_kv_heads);
   if (grid.x == 0 || grid.y == 0) return nullptr;

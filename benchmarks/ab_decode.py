@@ -1,0 +1,145 @@
+"""A/B of jax_sgl's CUDA decode paths, in one process, against cuDNN and XLA.
+
+Variants are run-time switches the host dispatch reads at every call (flash_decode_launch.h):
+JAX_SGL_DECODE=old|new, JAX_SGL_DECODE_SPLITS=N (0: heuristic), JAX_SGL_DECODE_STAGES=N; so one
+jitted function serves them all. Configs: the issue's decode (batch 64, KV 4k and 32k, 32 q / 8 kv
+heads, D=128, bf16, one query per sequence; jax_sgl reads a shuffled pool of 16-token pages, the
+anchors the same keys contiguously) plus batch 8 at KV 32k (few sequences: the split count
+matters most). GB/s counts the K/V bytes read once. Timings: every variant and anchor runs one
+batch of back-to-back calls in turn, `--batches` times (interleaved, so drift hits all alike);
+the median batch is reported. K/V are far larger than the 60 MB L2.
+
+One 'SUMMARY ' line per config: the new kernel's default vs cuDNN and XLA, the old path, and the
+best variant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import jax_sgl
+from timing import median_seconds
+
+PAGE = 16
+H, HKV, D = 32, 8, 128
+ENV = ("JAX_SGL_DECODE", "JAX_SGL_DECODE_SPLITS", "JAX_SGL_DECODE_STAGES")
+
+
+def variants(batch):
+  """name -> environment of each jax_sgl variant."""
+  v = {"new": {}, "old": {"JAX_SGL_DECODE": "old"}}
+  for s in ((1, 2, 3, 4, 8) if batch >= 32 else (4, 8, 16, 32)):
+    v[f"new splits={s}"] = {"JAX_SGL_DECODE_SPLITS": str(s)}
+  for st in (3, 6, 8):
+    v[f"new stages={st}"] = {"JAX_SGL_DECODE_STAGES": str(st)}
+  return v
+
+
+def set_env(env):
+  for name in ENV:
+    os.environ.pop(name, None)
+  os.environ.update(env)
+
+
+def normal(key, shape):
+  return jax.random.normal(key, shape, jnp.float32).astype(jnp.bfloat16)
+
+
+def paged_copy(k, v, rng):
+  """The same keys in a shuffled page pool: [num_pages, PAGE, Hkv, D] + page table [B, pages]."""
+  b, s, hkv, d = k.shape
+  pages = s // PAGE
+  perm = jnp.asarray(rng.permutation(b * pages), jnp.int32)
+  inv = jnp.argsort(perm)
+  to_pool = lambda x: x.reshape(b * pages, PAGE, hkv, d)[inv]
+  return to_pool(k), to_pool(v), perm.reshape(b, pages)
+
+
+def run_config(b, s, batches, copy_bw):
+  keys = jax.random.split(jax.random.PRNGKey(s + b), 3)
+  q = normal(keys[0], (b, 1, H, D))
+  k, v = normal(keys[1], (b, s, HKV, D)), normal(keys[2], (b, s, HKV, D))
+  k_pool, v_pool, table = paged_copy(k, v, np.random.default_rng(b))
+  seqused = jnp.full((b,), s, jnp.int32)
+  nbytes = 2 * b * s * HKV * D * 2
+  calls = min(200, max(3, int(4e10 // nbytes)))  # ~10 ms of K/V reads per batch at 4 TB/s
+
+  paged = jax.jit(lambda q, kp, vp, t, u: jax_sgl.attention(q, kp, vp, page_table=t,
+                                                            seqused_k=u))
+  anchor = lambda impl: jax.jit(
+      lambda q, k, v: jax.nn.dot_product_attention(q, k, v, implementation=impl))
+  want = anchor("xla")(q, k, v).astype(jnp.float32)
+  # name -> (fn, args, env); None env: an anchor (the jax_sgl switches do not matter).
+  runs = {}
+  for name, env in variants(b).items():
+    set_env(env)
+    err = float(jnp.max(jnp.abs(paged(q, k_pool, v_pool, table, seqused).astype(jnp.float32)
+                                - want)))
+    if err > 3e-2:
+      print(f"  {name}: differs from XLA by {err}: skipped")
+      continue
+    runs[name] = (paged, (q, k_pool, v_pool, table, seqused), env)
+  set_env({})
+  runs["jax_sgl contiguous"] = (jax.jit(jax_sgl.attention), (q, k, v), {})
+  for impl in ("cudnn", "xla"):
+    try:
+      jax.block_until_ready(anchor(impl)(q, k, v))
+      runs[impl] = (anchor(impl), (q, k, v), None)
+    except Exception as e:  # an anchor that cannot run the case
+      print(f"  ({impl}: {type(e).__name__}: {str(e).splitlines()[0][:100]})")
+
+  times = {name: [] for name in runs}
+  for _ in range(batches):
+    for name, (fn, args, env) in runs.items():
+      set_env(env or {})
+      jax.block_until_ready(fn(*args))  # settles allocations of this variant's split count
+      t0 = time.perf_counter()
+      for _ in range(calls):
+        out = fn(*args)
+      jax.block_until_ready(out)
+      times[name].append((time.perf_counter() - t0) / calls)
+  set_env({})
+  med = {name: statistics.median(t) for name, t in times.items()}
+
+  cud, xla = med.get("cudnn"), med.get("xla")
+  print(f"\ndecode B={b} KV={s} q 1, {H}/{HKV} heads, D={D}, bf16, page {PAGE} "
+        f"(K/V {nbytes / 2**30:.2f} GiB, {calls} calls x {batches} batches)")
+  print(f"{'impl':<22} {'us':>9} {'GB/s':>7} {'% copy':>7} {'vs cudnn':>8} {'vs xla':>7}")
+  for name, t in med.items():
+    ratio = lambda a: f"{a / t:7.2f}x" if a else f"{'-':>8}"
+    print(f"{name:<22} {t * 1e6:9.1f} {nbytes / t / 1e9:7.0f} {100 * nbytes / t / copy_bw:6.1f}% "
+          f"{ratio(cud)} {ratio(xla)}")
+  ours = [n for n in med if n.startswith("new") or n == "old"]
+  best = min(ours, key=med.get)
+  fmt = lambda n: (f"{nbytes / med[n] / 1e9:.0f} GB/s = {(cud or np.nan) / med[n]:.2f}x cudnn, "
+                   f"{(xla or np.nan) / med[n]:.2f}x xla")
+  print(f"SUMMARY ab_decode B={b} KV={s}: new {fmt('new')}; old {fmt('old')}; "
+        f"best '{best}' {fmt(best)}; cudnn {nbytes / cud / 1e9 if cud else float('nan'):.0f} GB/s")
+  del q, k, v, k_pool, v_pool
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--batches", type=int, default=7)
+  parser.add_argument("--configs", nargs="+", default=["64x4096", "64x32768", "8x32768"],
+                      help="BATCHxKV")
+  args = parser.parse_args()
+  print(f"jax {jax.__version__}, {jax.devices()[0].device_kind}")
+  x = jnp.arange(1 << 28, dtype=jnp.uint32)
+  copy_bw = 2 * x.nbytes / median_seconds(jax.jit(lambda a: ~a), (x,), 20, args.batches)
+  del x
+  print(f"copy bandwidth (read + write): {copy_bw / 1e9:.0f} GB/s")
+  for c in args.configs:
+    b, s = (int(t) for t in c.split("x"))
+    run_config(b, s, args.batches, copy_bw)
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,63 @@
+// Host-side contract of the dedicated decode kernel (flash_decode.cuh): its tile geometry as
+// constexpr functions (so the dispatch can size shared memory, occupancy and splits without CUDA
+// syntax), the launch arguments, and the per-(dtype, head dim) launcher the instantiations define.
+//
+// The kernel serves calls with at most kDecodeMaxQLen query rows per sequence (decode and short
+// speculative / chunked steps): one CTA takes all q heads of one kv head (q length x group packed
+// rows, up to kDecodeMaxRows) over a share of the keys, so each K/V byte is read once per CTA,
+// through a kStages-deep cp.async ring. Partials of a split go to the same float32 scratch the
+// sm80 kernel uses, merged by LaunchSplitCombine.
+//
+// Run-time switches (read by flash_dispatch.cc at every call, so one process can A/B them):
+//   JAX_SGL_DECODE=old|new        the sm80 split-KV path or this kernel (default new)
+//   JAX_SGL_DECODE_SPLITS=N       KV splits (1..32) for decode-shaped calls, either path; 0 or
+//                                 unset: the heuristic
+//   JAX_SGL_DECODE_STAGES=N       cp.async ring depth of the new kernel (2..8, default 4)
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "ffi/cuda/attention/flash_fwd_launch.h"
+
+namespace jax_sgl::cuda {
+
+// Query rows per sequence the decode kernel takes (longer q runs on the prefill kernel).
+inline constexpr int kDecodeMaxQLen = 8;
+// Packed rows per CTA: 4 warps x one m16 tile each when the rows need them all.
+inline constexpr int kDecodeMaxRows = 64;
+inline constexpr int kDecodeThreads = 128;
+inline constexpr int kDecodeMaxStages = 8;
+inline constexpr int kDecodeDefaultStages = 4;
+
+// Keys per pipeline stage: 16 KiB of K+V per stage at d = 64 and 128 (12 KiB at 96 and 192, 16 at
+// 256), so 3 stages in flight keep 36-48 KiB of loads outstanding per CTA; every thread of the CTA
+// then stages exactly one key row (a quarter, half or eighth of it).
+constexpr int DecodeBlockN(int d) { return d <= 64 ? 64 : (d <= 128 ? 32 : 16); }
+
+// Shared memory of one CTA: q rows, then `stages` x (K tile, V tile, key-valid flags); the
+// epilogue reuses it for the per-warp float32 outputs and (m, l) of the merge.
+constexpr int DecodeStride(int d) { return d + 8; }  // +16 bytes per row: conflict-free ldmatrix
+constexpr int DecodeTileBytes(int d) { return DecodeBlockN(d) * DecodeStride(d) * 2; }
+constexpr int DecodeFlagBytes(int d) { return (DecodeBlockN(d) + 15) / 16 * 16; }
+constexpr int DecodeStageBytes(int d) { return 2 * DecodeTileBytes(d) + DecodeFlagBytes(d); }
+constexpr int DecodeQBytes(int d, int m_tiles) { return m_tiles * 16 * DecodeStride(d) * 2; }
+constexpr int DecodeEpilogueBytes(int d) {
+  return 4 * 16 * (d + 4) * 4 + 2 * 4 * 16 * 4 + kDecodeMaxRows * 4;
+}
+constexpr int DecodeSmemBytes(int d, int stages, int m_tiles) {
+  const int main = DecodeQBytes(d, m_tiles) + stages * DecodeStageBytes(d);
+  return main > DecodeEpilogueBytes(d) ? main : DecodeEpilogueBytes(d);
+}
+
+struct FlashDecodeArgs {
+  FlashFwdArgs fwd;  // params, group, splits and the split-KV scratch, as the sm80 kernel takes
+  int stages;        // cp.async ring depth, 2..kDecodeMaxStages
+  int m_tiles;       // m16 tiles of q the shared memory holds (1, 2 or 4: rows bound / 16)
+  int m_blocks;      // CTAs along packed rows per (sequence, kv head): ceil(rows / 64)
+};
+
+// One instantiation per (storage type, head-dim capacity), in instantiations/flash_decode_*.cu.
+template <typename T, int kHeadDim>
+cudaError_t LaunchFlashDecode(const FlashDecodeArgs& args, cudaStream_t stream);
+
+}  // namespace jax_sgl::cuda

@@ -1,0 +1,209 @@
+"""The CUDA decode kernel (flash_decode.cuh) against the pure-JAX reference (float32 oracle).
+
+Decode-shaped calls (at most 8 q rows per sequence) run on the dedicated decode kernel unless
+JAX_SGL_DECODE=old; the host dispatch reads JAX_SGL_DECODE, JAX_SGL_DECODE_SPLITS and
+JAX_SGL_DECODE_STAGES at every call, so these tests switch kernels and knobs per test.
+
+The matrix: KV layout (page pools of page size 1, 16 and 64, dense, varlen) x q length 1..8 x
+mask (none, causal, window, softcap) x GQA ratio (MHA, 4, 8, MQA, 16 with two row blocks), then
+head dims 64..256 (and d != d_v) x dtype, the split and ring-depth knobs, varlen q, and the old
+path for comparison. Sequences are ragged: empty, one key, lengths that are no multiple of the
+page size, KV shorter than q (rows that see no key), and long enough for many tiles per split.
+Page tables are shuffled and carry padding and out-of-range entries (negative, past the pool,
+huge), also inside a used range (those keys are masked). Outputs are poisoned before each call.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import zlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_sgl
+from attention_cases import poison_allocator, reference_attention
+
+pytestmark = pytest.mark.gpu
+
+# Every case has new shapes; the oracle's einsums need no tuned GEMM (as in test_attention_gpu.py).
+if "xla_gpu_autotune_level" not in os.environ.get("XLA_FLAGS", ""):
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                             " --xla_gpu_autotune_level=0").strip()
+
+TOL = {jnp.dtype(jnp.bfloat16): 2.5e-2, jnp.dtype(jnp.float16): 4e-3}
+K_LENS = (1000, 0, 1, 517, 2053)
+MASK_KW = {"none": {}, "causal": {"causal": True}, "window": {"window": (300, 2)},
+           "softcap": {"softcap": 5.0, "causal": True}}
+
+
+@pytest.fixture
+def decode_env(monkeypatch):
+  """Sets the decode switches for one test (unset ones fall back to the defaults)."""
+  def set_env(mode="new", splits=None, stages=None):
+    monkeypatch.setenv("JAX_SGL_DECODE", mode)
+    for name, value in (("JAX_SGL_DECODE_SPLITS", splits), ("JAX_SGL_DECODE_STAGES", stages)):
+      if value is None:
+        monkeypatch.delenv(name, raising=False)
+      else:
+        monkeypatch.setenv(name, str(value))
+  return set_env
+
+
+def _rand(key, shape, dtype):
+  return jax.random.normal(key, shape, jnp.float32).astype(dtype)
+
+
+def _page_table(rng, k_lens, page_size, num_pages):
+  """Shuffled pages, then padding / out-of-range entries past the used ones; sequence 0 also has
+  out-of-range entries inside its used range (those keys are masked, never read)."""
+  need = [math.ceil(n / page_size) for n in k_lens]
+  max_pages = max(need) + 3
+  perm = rng.permutation(num_pages)
+  table = np.full((len(k_lens), max_pages), -1, np.int32)
+  at = 0
+  for b, n in enumerate(need):
+    table[b, :n] = perm[at:at + n]
+    at += n
+    table[b, n + 1:] = num_pages + 3
+    table[b, n + 2:] = 2**30
+  if need[0] > 2:
+    table[0, 1] = num_pages
+    table[0, need[0] // 2] = -5
+  return jnp.asarray(table)
+
+
+def _make(layout, q_len, heads, head_dim, dtype, seed, k_lens=K_LENS, head_dim_v=None,
+          varlen_q=False):
+  """(q, k, v, kwargs) of a decode step: dense q [B, q_len, H, D] over the given KV layout
+  ("paged1", "paged16", "paged64", "dense", "varlen"); varlen_q packs q with cu_seqlens_q."""
+  h, hkv = heads
+  dv = head_dim if head_dim_v is None else head_dim_v
+  rng = np.random.default_rng(seed)
+  keys = jax.random.split(jax.random.PRNGKey(seed), 3)
+  batch = len(k_lens)
+  kw = {}
+  if varlen_q:
+    q_lens = [min(q_len, 1 + b % 2) for b in range(batch)]  # ragged, total <= 8
+    cu_q = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+    q = _rand(keys[0], (int(cu_q[-1]) + 1, h, head_dim), dtype)  # one uncovered row
+    kw["cu_seqlens_q"] = jnp.asarray(cu_q)
+  else:
+    q = _rand(keys[0], (batch, q_len, h, head_dim), dtype)
+  if layout == "dense":
+    sk = max(k_lens)
+    k = _rand(keys[1], (batch, sk, hkv, head_dim), dtype)
+    v = _rand(keys[2], (batch, sk, hkv, dv), dtype)
+    kw["seqused_k"] = jnp.asarray(k_lens, jnp.int32)
+    return q, k, v, kw
+  if layout == "varlen":
+    cu_k = np.concatenate([[0], np.cumsum(k_lens)]).astype(np.int32)
+    k = _rand(keys[1], (int(cu_k[-1]), hkv, head_dim), dtype)
+    v = _rand(keys[2], (int(cu_k[-1]), hkv, dv), dtype)
+    kw["cu_seqlens_k"] = jnp.asarray(cu_k)
+    if not varlen_q:  # a varlen KV comes with a varlen q in the public API
+      kw["cu_seqlens_q"] = jnp.asarray(np.arange(batch + 1, dtype=np.int32) * q_len)
+      q = q.reshape(batch * q_len, h, head_dim)
+    return q, k, v, kw
+  page_size = int(layout.removeprefix("paged"))
+  num_pages = sum(math.ceil(n / page_size) for n in k_lens) + 5
+  pool = (num_pages,) if page_size == 1 else (num_pages, page_size)
+  k = _rand(keys[1], pool + (hkv, head_dim), dtype)
+  v = _rand(keys[2], pool + (hkv, dv), dtype)
+  kw["page_table"] = _page_table(rng, k_lens, page_size, num_pages)
+  kw["seqused_k"] = jnp.asarray(k_lens, jnp.int32)
+  return q, k, v, kw
+
+
+def _check(q, k, v, kw):
+  want_out, want_lse = jax.jit(lambda q, k, v: reference_attention(
+      q, k, v, return_lse=True, **kw))(q, k, v)
+  poison_allocator(want_out.size * want_out.dtype.itemsize + want_lse.size * 4)
+  out, lse = jax_sgl.attention(q, k, v, return_lse=True, **kw)
+  assert out.dtype == q.dtype and out.shape == want_out.shape
+  tol = TOL[jnp.dtype(q.dtype)]
+  out_np = np.asarray(out.astype(jnp.float32))
+  assert np.isfinite(out_np).all(), "unwritten (NaN) or non-finite output elements"
+  np.testing.assert_allclose(out_np, np.asarray(want_out.astype(jnp.float32)), atol=tol, rtol=tol)
+  lse_np, want_lse_np = np.asarray(lse), np.asarray(want_lse)
+  np.testing.assert_array_equal(np.isneginf(lse_np), np.isneginf(want_lse_np))
+  fin = np.isfinite(want_lse_np)
+  np.testing.assert_allclose(lse_np[fin], want_lse_np[fin], atol=2e-3, rtol=1e-3)
+  assert not np.isnan(lse_np).any()
+
+
+def _seed(*parts):
+  return zlib.crc32(repr(parts).encode()) % 1000
+
+
+# (num_heads, num_kv_heads) per mask: GQA 4, GQA 8, MHA, MQA.
+HEADS = {"none": (32, 8), "causal": (16, 2), "window": (4, 4), "softcap": (8, 1)}
+
+
+@pytest.mark.parametrize("mask", MASK_KW)
+@pytest.mark.parametrize("q_len", (1, 3, 8))
+@pytest.mark.parametrize("layout", ("paged1", "paged16", "paged64", "dense", "varlen"))
+def test_decode_layouts(decode_env, layout, q_len, mask):
+  decode_env("new")
+  q, k, v, kw = _make(layout, q_len, HEADS[mask], 128, jnp.bfloat16,
+                      _seed(layout, q_len, mask))
+  _check(q, k, v, {**kw, **MASK_KW[mask]})
+
+
+@pytest.mark.parametrize("heads", ((4, 4), (8, 1), (32, 8), (48, 4), (64, 4)),
+                         ids=lambda h: f"{h[0]}x{h[1]}")
+@pytest.mark.parametrize("q_len", (1, 2, 5, 8))
+def test_decode_gqa(decode_env, heads, q_len):
+  """Packed rows from 1 to 128 per (sequence, kv head): one to four m16 tiles per CTA, and two
+  row blocks (64 q heads / 4 kv heads x 8 rows)."""
+  decode_env("new")
+  q, k, v, kw = _make("paged16", q_len, heads, 128, jnp.bfloat16, _seed(heads, q_len))
+  _check(q, k, v, {**kw, "causal": True})
+
+
+@pytest.mark.parametrize("dtype", (jnp.bfloat16, jnp.float16), ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("head_dim,head_dim_v",
+                         [(64, 64), (96, 96), (128, 128), (192, 192), (256, 256), (80, 80),
+                          (192, 128), (40, 24)])
+@pytest.mark.parametrize("q_len", (1, 5))
+def test_decode_head_dims(decode_env, q_len, head_dim, head_dim_v, dtype):
+  decode_env("new")
+  q, k, v, kw = _make("paged16", q_len, (8, 2), head_dim, dtype,
+                      _seed(q_len, head_dim, head_dim_v), head_dim_v=head_dim_v)
+  _check(q, k, v, {**kw, "causal": True, "softcap": 10.0})
+
+
+@pytest.mark.parametrize("stages", (None, 2, 3, 8))
+@pytest.mark.parametrize("splits", (None, 1, 2, 7, 32))
+def test_decode_knobs(decode_env, splits, stages):
+  """Every split count (empty splits included) and ring depth gives the same answer."""
+  decode_env("new", splits=splits, stages=stages)
+  q, k, v, kw = _make("paged16", 2, (32, 8), 128, jnp.bfloat16, 5)
+  _check(q, k, v, {**kw, "window": (700, 0)})
+
+
+@pytest.mark.parametrize("layout", ("paged16", "varlen"))
+def test_decode_varlen_q(decode_env, layout):
+  """A packed q of at most 8 rows in all (ragged per sequence, one uncovered row)."""
+  decode_env("new")
+  q, k, v, kw = _make(layout, 2, (8, 2), 128, jnp.bfloat16, 17, varlen_q=True)
+  _check(q, k, v, {**kw, "causal": True})
+
+
+def test_decode_long_kv(decode_env):
+  """A single long sequence (many splits of many tiles each) next to a short one."""
+  decode_env("new")
+  q, k, v, kw = _make("paged16", 1, (32, 8), 128, jnp.bfloat16, 23, k_lens=(40000, 7))
+  _check(q, k, v, kw)
+
+
+@pytest.mark.parametrize("layout", ("paged16", "dense"))
+@pytest.mark.parametrize("q_len", (1, 4))
+def test_old_decode_path(decode_env, layout, q_len):
+  """JAX_SGL_DECODE=old keeps the sm80 split-KV path (and sm90 for dense) correct for A/B runs."""
+  decode_env("old", splits=3 if q_len == 1 else None)
+  q, k, v, kw = _make(layout, q_len, (32, 8), 128, jnp.bfloat16, _seed("old", layout, q_len))
+  _check(q, k, v, {**kw, "causal": True})
