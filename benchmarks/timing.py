@@ -9,16 +9,18 @@ import time
 import jax
 
 
+def batch_seconds(fn, args, calls):
+  """Seconds per call over one batch of `calls` back-to-back calls."""
+  t0 = time.perf_counter()
+  for _ in range(calls):
+    out = fn(*args)
+  jax.block_until_ready(out)
+  return (time.perf_counter() - t0) / calls
+
+
 def median_seconds(fn, args, calls, batches):
-  out = jax.block_until_ready(fn(*args))  # warm-up (compile) outside the timings
-  times = []
-  for _ in range(batches):
-    t0 = time.perf_counter()
-    for _ in range(calls):
-      out = fn(*args)
-    jax.block_until_ready(out)
-    times.append((time.perf_counter() - t0) / calls)
-  return statistics.median(times)
+  jax.block_until_ready(fn(*args))  # warm-up (compile) outside the timings
+  return statistics.median(batch_seconds(fn, args, calls) for _ in range(batches))
 
 
 def try_time(fn, args, calls, batches):
@@ -28,3 +30,18 @@ def try_time(fn, args, calls, batches):
   except Exception as e:  # an anchor that does not support the case (or runs out of memory)
     print(f"  ({type(e).__name__}: {str(e).splitlines()[0][:100]})")
     return None
+
+
+def interleaved_medians(runs, calls, batches):
+  """Median seconds per call of each run in `runs` ({name: (fn, args, prepare)}), already warmed
+  up, timed round-robin: batch i of every run comes before batch i+1 of any, so clock or thermal
+  drift over the sweep lands on all runs alike and their ratios stay fair. `prepare` (or None)
+  runs before each of its run's batches, outside the timing: e.g. it sets an environment
+  variable that a kernel's host code reads at call time."""
+  times = {name: [] for name in runs}
+  for _ in range(batches):
+    for name, (fn, args, prepare) in runs.items():
+      if prepare is not None:
+        prepare()
+      times[name].append(batch_seconds(fn, args, calls))
+  return {name: statistics.median(t) for name, t in times.items()}
