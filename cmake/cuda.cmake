@@ -107,6 +107,9 @@ if("90a" IN_LIST JAX_SGL_CUDA_ARCHS AND TARGET jax_sgl_cutlass AND JAX_SGL_SM90_
   target_include_directories(jax_sgl_sm90 PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})
   target_link_libraries(jax_sgl_sm90 PRIVATE jax_sgl_cutlass CUDA::cudart_static)
   target_compile_options(jax_sgl_sm90 PRIVATE --expt-relaxed-constexpr -lineinfo)
+  # wgmma N other than 2^k (variant 3's 176 / 80 key tiles) is behind this switch in CuTe's
+  # MMA selectors; without it they silently pick N = 16.
+  target_compile_definitions(jax_sgl_sm90 PRIVATE CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED=1)
   target_sources(_native PRIVATE ffi/cuda/attention/sm90/dispatch.cc
                                  $<TARGET_OBJECTS:jax_sgl_sm90>)
   target_compile_definitions(_native PRIVATE JAX_SGL_HAVE_SM90=1)

@@ -52,8 +52,12 @@ struct FlashConfig {
   using TilePV = Shape<Int<kWarpgroupRows>, Int<kHeadDim>, Int<kBlockN>>;  // O += P V
 
   // S = Q K^T: both operands from smem, K-major (head dim contiguous).
+  // Needs CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED (cmake/cuda.cmake) when kBlockN is not 64 / 128 /
+  // 192 / 256, else CuTe's selector falls back to N = 16 atoms (checked below).
   using MmaQK = decltype(make_tiled_mma(
       SM90::GMMA::ss_op_selector<Element, Element, float, TileQK>()));
+  static_assert(size<1>(typename MmaQK::AtomShape_MNK{}) == kBlockN,
+                "S = Q K^T must be one wgmma per K step (define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED)");
   // O += P V: P from registers (the softmax output never touches smem); V is read transposed,
   // its head dim (the N of this GEMM) contiguous, i.e. MN-major.
   using MmaPV = decltype(make_tiled_mma(
