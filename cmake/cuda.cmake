@@ -78,15 +78,30 @@ endif()
 # picks which of them serve calls (by default those verified on a GPU; sm90/dispatch.cc).
 set(JAX_SGL_SM90_HEAD_DIMS "64;128;256" CACHE STRING "sm90 attention head dims to build")
 set(JAX_SGL_SM90_DTYPES "bf16;fp16" CACHE STRING "sm90 attention dtypes to build")
+# Kernel variants for A/B runs (sm90/variants.h, picked at run time by JAX_SGL_SM90_VARIANT):
+# variant 0 is always built; each extra one costs one more nvcc run per (head dim, dtype), so the
+# default build leaves them out and the GPU check turns them on ("0;1;2;3").
+set(JAX_SGL_SM90_VARIANTS "0" CACHE STRING "sm90 attention kernel variants to build")
 if("90a" IN_LIST JAX_SGL_CUDA_ARCHS AND TARGET jax_sgl_cutlass AND JAX_SGL_SM90_HEAD_DIMS)
   set(_jax_sgl_sm90_sources)
   foreach(d ${JAX_SGL_SM90_HEAD_DIMS})
     foreach(t ${JAX_SGL_SM90_DTYPES})
       list(APPEND _jax_sgl_sm90_sources
         ffi/cuda/attention/instantiations/flash_fwd_sm90_hdim${d}_${t}.cu)
+      foreach(v ${JAX_SGL_SM90_VARIANTS})
+        if(NOT v STREQUAL "0")
+          list(APPEND _jax_sgl_sm90_sources
+            ffi/cuda/attention/instantiations/flash_fwd_sm90_hdim${d}_${t}_variant${v}.cu)
+        endif()
+      endforeach()
       string(TOUPPER "${t}" _t)
       target_compile_definitions(_native PRIVATE JAX_SGL_SM90_HAVE_HDIM${d}_${_t}=1)
     endforeach()
+  endforeach()
+  foreach(v ${JAX_SGL_SM90_VARIANTS})
+    if(NOT v STREQUAL "0")
+      target_compile_definitions(_native PRIVATE JAX_SGL_SM90_HAVE_VARIANT${v}=1)
+    endif()
   endforeach()
   add_library(jax_sgl_sm90 OBJECT ${_jax_sgl_sm90_sources})
   set_target_properties(jax_sgl_sm90 PROPERTIES CUDA_ARCHITECTURES "90a"
@@ -94,9 +109,12 @@ if("90a" IN_LIST JAX_SGL_CUDA_ARCHS AND TARGET jax_sgl_cutlass AND JAX_SGL_SM90_
   target_include_directories(jax_sgl_sm90 PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})
   target_link_libraries(jax_sgl_sm90 PRIVATE jax_sgl_cutlass CUDA::cudart_static)
   target_compile_options(jax_sgl_sm90 PRIVATE --expt-relaxed-constexpr -lineinfo)
+  # wgmma N other than 2^k (variant 3's 176 / 80 key tiles) is behind this switch in CuTe's
+  # MMA selectors; without it they silently pick N = 16.
+  target_compile_definitions(jax_sgl_sm90 PRIVATE CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED=1)
   target_sources(_native PRIVATE ffi/cuda/attention/sm90/dispatch.cc
                                  $<TARGET_OBJECTS:jax_sgl_sm90>)
   target_compile_definitions(_native PRIVATE JAX_SGL_HAVE_SM90=1)
   message(STATUS "jax_sgl: sm90 attention: head dims ${JAX_SGL_SM90_HEAD_DIMS}, "
-                 "dtypes ${JAX_SGL_SM90_DTYPES}")
+                 "dtypes ${JAX_SGL_SM90_DTYPES}, variants ${JAX_SGL_SM90_VARIANTS}")
 endif()

@@ -5,6 +5,9 @@ CUDA handler at every call, turns it off: every test here clears it through monk
 anything but a compute-capability-9.0 device, or in a build
 without the (dtype, head dim) instantiation, the test is skipped rather than silently testing the
 portable kernel. Outputs are poisoned beforehand so unwritten elements show up as NaN.
+
+Every test runs once per kernel variant (ffi/cuda/attention/sm90/variants.h) that the build holds
+(CMake JAX_SGL_SM90_VARIANTS), picked by JAX_SGL_SM90_VARIANT like the handler reads it.
 """
 
 from __future__ import annotations
@@ -52,6 +55,17 @@ def _sm90(monkeypatch):
   monkeypatch.delenv("JAX_SGL_SM90", raising=False)
   # Decode-shaped calls (the one_row shape) would otherwise take the dedicated decode kernel.
   monkeypatch.setenv("JAX_SGL_DECODE", "old")
+
+
+VARIANTS = (0, 1, 2, 3)  # ffi/cuda/attention/sm90/variants.h
+
+
+@pytest.fixture(autouse=True, params=VARIANTS, ids=lambda v: f"variant{v}")
+def _variant(request, monkeypatch, _sm90):
+  if request.param and f"variant{request.param}" not in jax_sgl.attention_backend_info()[
+      "sm90_kernels"]:
+    pytest.skip(f"variant{request.param} not in this build (JAX_SGL_SM90_VARIANTS)")
+  monkeypatch.setenv("JAX_SGL_SM90_VARIANT", str(request.param))
 
 
 def _need(head_dim, dtype):
@@ -109,6 +123,29 @@ def test_matches_reference(dtype, head_dim, causal, shape):
   _need(head_dim, dtype)
   q, k, v = _inputs(SHAPES[shape], head_dim, dtype, seed=10 * head_dim + list(SHAPES).index(shape))
   _check(q, k, v, causal)
+
+
+# More work tiles (128 rows of one head) than the H200's 132 SMs, so each persistent CTA loops
+# over several: the K/V rings and the Q / O buffers carry across tiles, causal tiles come from the
+# atomic counter; "empty_rows" mixes in tiles whose rows see no key (causal, q longer than k).
+MANY_TILES = {
+    "multi_wave": (2, 2100, 2200, 16, 4),
+    "empty_rows": (4, 700, 200, 16, 4),
+}
+
+
+@pytest.mark.parametrize("shape", MANY_TILES, ids=str)
+@pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
+@pytest.mark.parametrize("head_dim", (64, 128, 256))
+def test_many_tiles(head_dim, causal, shape):
+  """Right, and bitwise the same on a second call (the causal tile counter restarts per call)."""
+  _need(head_dim, jnp.bfloat16)
+  q, k, v = _inputs(MANY_TILES[shape], head_dim, jnp.bfloat16, seed=7 * head_dim)
+  _check(q, k, v, causal)
+  fn = jax.jit(lambda q, k, v: jax_sgl.attention(q, k, v, causal=causal))
+  first = np.asarray(fn(q, k, v)).view(np.uint16)
+  poison_allocator(first.size * 2)
+  np.testing.assert_array_equal(first, np.asarray(fn(q, k, v)).view(np.uint16))
 
 
 @pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))

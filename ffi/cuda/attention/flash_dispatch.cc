@@ -194,7 +194,7 @@ const char* PlanFlashFwd(const AttentionParams& p, int num_sms, FlashPlan* plan)
 #ifdef JAX_SGL_HAVE_SM90
   if (Sm90Unsupported(p) == nullptr && Sm90Enabled()) {
     plan->sm90 = true;
-    plan->scratch_bytes = 0;
+    plan->scratch_bytes = kSm90ScratchBytes;
     return nullptr;
   }
 #endif
@@ -228,7 +228,7 @@ const char* RunFlashFwd(const AttentionParams& p, const FlashPlan& plan, void* s
   if (p.batch == 0 || p.total_q == 0) return nullptr;
 #ifdef JAX_SGL_HAVE_SM90
   if (plan.sm90) {
-    const cudaError_t err = RunFlashFwdSm90(p, stream);
+    const cudaError_t err = RunFlashFwdSm90(p, scratch, stream);
     return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
   }
 #endif

@@ -2,5 +2,5 @@
 #include "ffi/cuda/attention/sm90/launch.cuh"
 
 namespace jax_sgl::cuda {
-template cudaError_t LaunchFlashFwdSm90<bf16_t, 256>(const AttentionParams&, cudaStream_t);
+template cudaError_t LaunchFlashFwdSm90<bf16_t, 256, 0>(const AttentionParams&, void*, cudaStream_t);
 }  // namespace jax_sgl::cuda

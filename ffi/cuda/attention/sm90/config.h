@@ -1,6 +1,7 @@
-// Compile-time shape of the sm_90a flash forward for one (dtype, head dim): tile sizes, shared
-// memory layouts and the two warpgroup MMAs, all as CuTe types. Everything else is a run-time
-// parameter (flash_fwd_sm90_kernel.cuh), so a (dtype, head dim) pair is exactly one kernel.
+// Compile-time shape of the sm_90a flash forward for one (dtype, head dim, variant): tile sizes,
+// shared memory layouts and the two warpgroup MMAs, all as CuTe types. Everything else is a
+// run-time parameter (kernel.cuh). The variants (variants.h) differ in the key tile, in whether
+// the CTAs are persistent and in the softmax's instruction schedule.
 //
 // CTA = 3 warpgroups: warpgroup 0 loads (TMA), warpgroups 1 and 2 each own 64 query rows of the
 // 128-row tile and take turns on the tensor cores (ping-pong). The 64-row halves of Q/O are
@@ -16,19 +17,29 @@ namespace jax_sgl::cuda::sm90 {
 
 using namespace cute;
 
-template <typename Element_, int kHeadDim_>
+// Keys per tile of variant 0: 128 keeps S (64 fp32 per thread) and O (kHeadDim/2 per thread) plus
+// the P operand inside 240 registers up to hd128; hd256's O alone takes 128 registers, so its key
+// tile halves. Two stages of K and V fit smem at every head dim (hd256: 64+64+64 KiB).
+constexpr int DefaultBlockN(int head_dim) { return head_dim <= 128 ? 128 : 64; }
+
+// kPersistent: grid = #SMs, each CTA loops over work tiles (kernel.cuh) and the loads of the next
+// tile overlap the epilogue of the current one. kFastSoftmax: tree reductions for the row max and
+// sum, O rescaled only when a row max moved (softmax.h).
+template <typename Element_, int kHeadDim_, int kBlockN_ = DefaultBlockN(kHeadDim_),
+          bool kPersistent_ = false, bool kFastSoftmax_ = false>
 struct FlashConfig {
   using Element = Element_;  // cutlass::bfloat16_t or cutlass::half_t
   static constexpr int kHeadDim = kHeadDim_;
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256);
+  static constexpr bool kPersistent = kPersistent_;
+  static constexpr bool kFastSoftmax = kFastSoftmax_;
 
   static constexpr int kWarpgroupRows = 64;                   // wgmma M per warpgroup
   static constexpr int kConsumers = 2;                        // consumer warpgroups (ping-pong)
   static constexpr int kBlockM = kWarpgroupRows * kConsumers; // query rows per CTA
-  // Keys per tile: 128 keeps S (64 fp32 per thread) and O (kHeadDim/2 per thread) plus the P
-  // operand inside 240 registers up to hd128; hd256's O alone takes 128 registers, so its key
-  // tile halves. Two stages of K and V fit smem at every head dim (hd256: 64+64+64 KiB).
-  static constexpr int kBlockN = kHeadDim <= 128 ? 128 : 64;
+  // Keys per tile: a multiple of 16 (the K step of P V), at most 256 (wgmma N, TMA box).
+  static constexpr int kBlockN = kBlockN_;
+  static_assert(kBlockN % 16 == 0 && kBlockN <= 256);
   static constexpr int kStages = 2;
   static constexpr int kThreads = 128 * (1 + kConsumers);
   // Registers per thread after setmaxnreg: producers give theirs to the consumers.
@@ -41,8 +52,12 @@ struct FlashConfig {
   using TilePV = Shape<Int<kWarpgroupRows>, Int<kHeadDim>, Int<kBlockN>>;  // O += P V
 
   // S = Q K^T: both operands from smem, K-major (head dim contiguous).
+  // Needs CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED (cmake/cuda.cmake) when kBlockN is not 64 / 128 /
+  // 192 / 256, else CuTe's selector falls back to N = 16 atoms (checked below).
   using MmaQK = decltype(make_tiled_mma(
       SM90::GMMA::ss_op_selector<Element, Element, float, TileQK>()));
+  static_assert(size<1>(typename MmaQK::AtomShape_MNK{}) == kBlockN,
+                "S = Q K^T must be one wgmma per K step (define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED)");
   // O += P V: P from registers (the softmax output never touches smem); V is read transposed,
   // its head dim (the N of this GEMM) contiguous, i.e. MN-major.
   using MmaPV = decltype(make_tiled_mma(
@@ -67,14 +82,26 @@ struct FlashConfig {
 
   using Pipeline = cutlass::PipelineTmaAsync<kStages>;
 
+  // Persistent CTAs stage O in its own buffer when it fits (the next tile's Q then loads during
+  // this tile's epilogue); otherwise, and always in variant 0, O reuses the Q buffer.
+  static constexpr int kQBytes = cosize_v<SmemLayoutQ> * int(sizeof(Element));
+  static constexpr int kSmemLimit = 227 * 1024;  // sm_90 opt-in dynamic smem per block
+  static constexpr bool kSeparateO =
+      kPersistent && kQBytes * 2 + 2 * cosize_v<SmemLayoutKV> * int(sizeof(Element)) + 1024 <=
+                         kSmemLimit;
+
   struct SharedStorage {
-    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutQ>> q;  // reused for O
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutQ>> q;  // O too if !kSeparateO
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutKV>> k;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutKV>> v;
+    alignas(1024) cute::array_aligned<Element, kSeparateO ? cosize_v<SmemLayoutQ> : 8> o;
     typename Pipeline::SharedStorage pipe_k;
     typename Pipeline::SharedStorage pipe_v;
-    cutlass::arch::ClusterTransactionBarrier barrier_q;
+    cutlass::arch::ClusterTransactionBarrier barrier_q;  // Q (and, persistent, the tile) ready
+    cutlass::arch::ClusterBarrier barrier_q_empty;       // persistent: consumers done with Q
+    int tile;                                            // persistent: work tile of this Q, or -1
   };
+  static_assert(sizeof(SharedStorage) <= kSmemLimit);
 
   static constexpr int kQHalfBytes = kWarpgroupRows * kHeadDim * sizeof(Element);
   static constexpr int kKVTileBytes = kBlockN * kHeadDim * sizeof(Element);

@@ -1,5 +1,8 @@
 // Host side of the sm_90a flash forward: whether it may run a call (switch, device, coverage)
-// and the (dtype, head dim) switch over the instantiations this build compiled.
+// and the (dtype, head dim, variant) switch over the instantiations this build compiled.
+//
+// JAX_SGL_SM90_VARIANT=<0..3> (read at each call) picks the kernel variant (sm90/variants.h) for
+// A/B runs; unset, unparsable or not built (CMake JAX_SGL_SM90_VARIANTS) means variant 0.
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -8,6 +11,7 @@
 
 #include "ffi/common/numeric.h"
 #include "ffi/cuda/attention/sm90/launch.h"
+#include "ffi/cuda/attention/sm90/variants.h"
 
 namespace jax_sgl::cuda {
 namespace {
@@ -48,6 +52,42 @@ bool WithInstantiation(DType t, int d, F&& f) {
 
 bool Built(DType t, int d) {
   return WithInstantiation(t, d, [](auto, auto) {});
+}
+
+// Whether this build compiled variant v (for every built (dtype, head dim)): cmake/cuda.cmake
+// defines JAX_SGL_SM90_HAVE_VARIANT<v> for each variant beyond 0 in JAX_SGL_SM90_VARIANTS.
+constexpr bool VariantBuilt(int v) {
+  switch (v) {
+    case 0: return true;
+#ifdef JAX_SGL_SM90_HAVE_VARIANT1
+    case 1: return true;
+#endif
+#ifdef JAX_SGL_SM90_HAVE_VARIANT2
+    case 2: return true;
+#endif
+#ifdef JAX_SGL_SM90_HAVE_VARIANT3
+    case 3: return true;
+#endif
+    default: return false;
+  }
+}
+static_assert(sm90::kNumVariants == 4, "VariantBuilt, Sm90BuiltKernels and RunFlashFwdSm90 list 4");
+
+// Launches variant v of the (T, D) instantiation; v must be built.
+template <typename T, int D>
+cudaError_t LaunchVariant(int v, const AttentionParams& p, void* scratch, cudaStream_t stream) {
+  switch (v) {
+#ifdef JAX_SGL_SM90_HAVE_VARIANT1
+    case 1: return LaunchFlashFwdSm90<T, D, 1>(p, scratch, stream);
+#endif
+#ifdef JAX_SGL_SM90_HAVE_VARIANT2
+    case 2: return LaunchFlashFwdSm90<T, D, 2>(p, scratch, stream);
+#endif
+#ifdef JAX_SGL_SM90_HAVE_VARIANT3
+    case 3: return LaunchFlashFwdSm90<T, D, 3>(p, scratch, stream);
+#endif
+    default: return LaunchFlashFwdSm90<T, D, 0>(p, scratch, stream);
+  }
 }
 
 }  // namespace
@@ -112,14 +152,31 @@ const char* Sm90BuiltKernels() {
 #ifdef JAX_SGL_SM90_HAVE_HDIM256_FP16
          " hdim256_fp16"
 #endif
+#ifdef JAX_SGL_SM90_HAVE_VARIANT1
+         " variant1"
+#endif
+#ifdef JAX_SGL_SM90_HAVE_VARIANT2
+         " variant2"
+#endif
+#ifdef JAX_SGL_SM90_HAVE_VARIANT3
+         " variant3"
+#endif
       ;
 }
 
-cudaError_t RunFlashFwdSm90(const AttentionParams& p, cudaStream_t stream) {
+int Sm90Variant() {
+  const char* env = std::getenv("JAX_SGL_SM90_VARIANT");
+  if (env == nullptr || env[0] < '0' || env[0] > '9' || env[1] != '\0') return 0;
+  const int v = env[0] - '0';
+  return VariantBuilt(v) ? v : 0;
+}
+
+cudaError_t RunFlashFwdSm90(const AttentionParams& p, void* scratch, cudaStream_t stream) {
   cudaError_t err = cudaErrorInvalidValue;
+  const int variant = Sm90Variant();
   WithInstantiation(p.q_type, p.head_dim, [&](auto* tag, auto head_dim) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    err = LaunchFlashFwdSm90<T, decltype(head_dim)::value>(p, stream);
+    err = LaunchVariant<T, decltype(head_dim)::value>(variant, p, scratch, stream);
   });
   return err;
 }

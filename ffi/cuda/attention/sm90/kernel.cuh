@@ -1,5 +1,6 @@
-// The sm_90a flash attention forward kernel (dense layout): one CTA per (128 query rows, q head,
-// batch). Warpgroup 0 is the producer: one thread issues the TMA loads of Q and of the K/V tiles
+// The sm_90a flash attention forward kernel (dense layout). A work tile is 128 query rows of one
+// (q head, batch); variant 0 runs one CTA per tile, persistent variants (Cfg::kPersistent) run
+// #SMs CTAs that loop over tiles (WorkTiles below). Warpgroup 0 is the producer: one thread issues the TMA loads of Q and of the K/V tiles
 // into a kStages-deep smem ring (cutlass::PipelineTmaAsync: full/empty mbarriers per stage).
 // Warpgroups 1 and 2 are consumers, 64 query rows each:
 //   - S = Q K^T and O += P V on wgmma; P stays in registers (RS wgmma).
@@ -9,7 +10,8 @@
 //     one warpgroup's softmax hides behind the other's GEMMs.
 // Keys are walked from the last tile down: tiles that cross the causal diagonal or the end of the
 // keys come first and are the only ones masked; tiles above the diagonal are never loaded.
-// The output goes registers -> smem (the Q buffer of the same warpgroup) -> TMA store.
+// The output goes registers -> smem (the Q buffer of the same warpgroup, or its own buffer when
+// persistent and smem allows) -> TMA store.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -37,7 +39,32 @@ struct KernelParams {
   int group;                         // num_heads / num_kv_heads
   float softmax_scale;
   bool causal;                       // bottom-right aligned
+  int num_m_blocks;                  // ceil(seqlen_q / kBlockM)
+  int num_tiles;                     // num_m_blocks * num_heads * batch
+  int* tile_counter;                 // persistent causal: tiles handed out past the first wave,
+                                     // zeroed before the launch
 };
+
+// A work tile: query rows [m_block * kBlockM, +kBlockM) of one (q head, batch).
+struct WorkTile {
+  int m_block, head, batch;
+};
+
+// Persistent order of the work tiles: (batch, head) outer, so the CTAs running at once share the
+// K/V of few heads in L2 (q heads of one kv head are adjacent), row blocks inner, longest first
+// when causal (the short ones then fill the tail).
+__device__ __forceinline__ WorkTile DecodeTile(int t, int num_m_blocks, int num_heads,
+                                               bool causal) {
+  const int m = t % num_m_blocks, bh = t / num_m_blocks;
+  return {causal ? num_m_blocks - 1 - m : m, bh % num_heads, bh / num_heads};
+}
+
+// The tile a persistent CTA takes after tile t: every CTA starts at blockIdx.x; non-causal tiles
+// cost the same, so a static stride balances; causal ones differ up to num_m_blocks-fold, so the
+// next free tile is taken from a counter (greedy, in DecodeTile's longest-first order).
+__device__ __forceinline__ int NextTile(int t, int* counter, bool causal) {
+  return causal ? int(gridDim.x) + atomicAdd(counter, 1) : t + int(gridDim.x);
+}
 
 // Named barriers (ids after CUTLASS's reserved ones): one per consumer for its GEMM turn, one per
 // consumer for its epilogue.
@@ -77,6 +104,10 @@ __device__ __forceinline__ void Gemm(Mma& mma, TA const& a, TB const& b, TC& c) 
   if constexpr (kARegs) warpgroup_fence_operand(const_cast<TA&>(a));
 }
 
+// Compiler-only fence around the smem tile index that rides on the Q barrier: mbarrier.arrive
+// releases and try_wait acquires in hardware, but CUTLASS's asm statements clobber no memory.
+__device__ __forceinline__ void CompilerFence() { asm volatile("" ::: "memory"); }
+
 template <typename Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     FlashFwdSm90Kernel(CUTE_GRID_CONSTANT KernelParams<Cfg> const params) {
@@ -88,19 +119,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   constexpr int kBlockN = Cfg::kBlockN;
   constexpr int kRows = Cfg::kWarpgroupRows;
   constexpr int kConsumerThreads = 128 * Cfg::kConsumers;
+  constexpr bool kPersistent = Cfg::kPersistent;
 
   extern __shared__ __align__(1024) char smem_raw[];
   auto& shared = *reinterpret_cast<typename Cfg::SharedStorage*>(smem_raw);
 
   const int warpgroup = threadIdx.x / 128;
   const int thread_in_wg = threadIdx.x % 128;
-  // Causal CTAs with more rows have more tiles: launch them first.
-  const int m_block = params.causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
-  const int head = blockIdx.y;
-  const int batch = blockIdx.z;
-  const int kv_head = head / params.group;
-  const int m0 = m_block * kBlockM;
-  const KeyTiles tiles(m0, kBlockM, kBlockN, params.seqlen_q, params.seqlen_k, params.causal);
+  // Variant 0's one tile: causal CTAs with more rows have more key tiles, launch them first.
+  const WorkTile launch_tile{params.causal ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x),
+                            int(blockIdx.y), int(blockIdx.z)};
+  auto key_tiles = [&](WorkTile const& w) {
+    return KeyTiles(w.m_block * kBlockM, kBlockM, kBlockN, params.seqlen_q, params.seqlen_k,
+                    params.causal);
+  };
 
   // Barriers: set up by warp 0, made visible to all before any role starts.
   typename Pipeline::Params pipe_params;
@@ -111,7 +143,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   pipe_params.num_consumers = kConsumerThreads;
   Pipeline pipe_k(shared.pipe_k, pipe_params, Shape<_1, _1, _1>{});
   Pipeline pipe_v(shared.pipe_v, pipe_params, Shape<_1, _1, _1>{});
-  if (threadIdx.x == 0) shared.barrier_q.init(1);
+  if (threadIdx.x == 0) {
+    shared.barrier_q.init(1);
+    // Q is free again when every consumer thread finished its last wgmma on it (separate O), or
+    // when each consumer's O store out of the Q buffer has completed.
+    if constexpr (kPersistent)
+      shared.barrier_q_empty.init(Cfg::kSeparateO ? kConsumerThreads : Cfg::kConsumers);
+  }
   cutlass::arch::fence_barrier_init();
   __syncthreads();
 
@@ -119,95 +157,116 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   Tensor sK = make_tensor(make_smem_ptr(shared.k.data()), typename Cfg::SmemLayoutKV{});
   Tensor sV = make_tensor(make_smem_ptr(shared.v.data()), typename Cfg::SmemLayoutKV{});
   Tensor sVt = make_tensor(make_smem_ptr(shared.v.data()), typename Cfg::SmemLayoutVt{});
+  Tensor sO = make_tensor(make_smem_ptr(Cfg::kSeparateO ? shared.o.data() : shared.q.data()),
+                          typename Cfg::SmemLayoutQ{});
 
   if (warpgroup == 0) {
     // ---- Producer ------------------------------------------------------------------------
     cutlass::arch::warpgroup_reg_dealloc<Cfg::kProducerRegs>();
-    if (threadIdx.x != 0 || tiles.n_end <= 0) return;
+    if (threadIdx.x != 0) return;
     Tensor mQ = params.tma_q.get_tma_tensor(params.q_shape);
     Tensor mK = params.tma_k.get_tma_tensor(params.kv_shape);
     Tensor mV = params.tma_v.get_tma_tensor(params.kv_shape);
-    // [64, D, half] rows of this CTA; [N, D, tile] keys of this (batch, kv head).
-    Tensor gQ = local_tile(mQ(_, _, head, batch), typename Cfg::RowsD{},
-                           make_coord(_, _0{}));  // [64, D, m/64]
-    Tensor gK = local_tile(mK(_, _, kv_head, batch), Shape<Int<kBlockN>, Int<Cfg::kHeadDim>>{},
-                           make_coord(_, _0{}));  // [N, D, n]
-    Tensor gV = local_tile(mV(_, _, kv_head, batch), Shape<Int<kBlockN>, Int<Cfg::kHeadDim>>{},
-                           make_coord(_, _0{}));
-    auto tQ = tma_partition(params.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ),
-                            group_modes<0, 2>(gQ));
-    auto tK = tma_partition(params.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK),
-                            group_modes<0, 2>(gK));
-    auto tV = tma_partition(params.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV),
-                            group_modes<0, 2>(gV));
-    auto tQg = get<0>(tQ);
-    auto tQs = get<1>(tQ);
-    auto tKg = get<0>(tK);
-    auto tKs = get<1>(tK);
-    auto tVg = get<0>(tV);
-    auto tVs = get<1>(tV);
+    // The K/V ring states run on across the tiles of a persistent CTA.
     PipelineState write_k = cutlass::make_producer_start_state<Pipeline>();
     PipelineState write_v = cutlass::make_producer_start_state<Pipeline>();
-    auto load_k = [&](int n) {
-      pipe_k.producer_acquire(write_k);
-      copy(params.tma_k.with(*pipe_k.producer_get_barrier(write_k), 0), tKg(_, n),
-           tKs(_, write_k.index()));
-      ++write_k;
+    // Loads one work tile in the order the consumers use it: K[last], Q, then (K[n], V[n+1])
+    // pairs, then V[0]. claim_q() runs just before Q is written (persistent: waits for the
+    // consumers to be done with the previous Q, then publishes the tile).
+    auto load_tile = [&](WorkTile const& w, KeyTiles const& tiles, auto&& claim_q) {
+      const int kv_head = w.head / params.group;
+      // [64, D, m/64] rows of this (batch, head); [N, D, n] keys of this (batch, kv head).
+      Tensor gQ = local_tile(mQ(_, _, w.head, w.batch), typename Cfg::RowsD{},
+                             make_coord(_, _0{}));
+      Tensor gK = local_tile(mK(_, _, kv_head, w.batch), Shape<Int<kBlockN>, Int<Cfg::kHeadDim>>{},
+                             make_coord(_, _0{}));
+      Tensor gV = local_tile(mV(_, _, kv_head, w.batch), Shape<Int<kBlockN>, Int<Cfg::kHeadDim>>{},
+                             make_coord(_, _0{}));
+      auto tQ = tma_partition(params.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ),
+                              group_modes<0, 2>(gQ));
+      auto tK = tma_partition(params.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK),
+                              group_modes<0, 2>(gK));
+      auto tV = tma_partition(params.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV),
+                              group_modes<0, 2>(gV));
+      auto tQg = get<0>(tQ);
+      auto tQs = get<1>(tQ);
+      auto tKg = get<0>(tK);
+      auto tKs = get<1>(tK);
+      auto tVg = get<0>(tV);
+      auto tVs = get<1>(tV);
+      auto load_k = [&](int n) {
+        pipe_k.producer_acquire(write_k);
+        copy(params.tma_k.with(*pipe_k.producer_get_barrier(write_k), 0), tKg(_, n),
+             tKs(_, write_k.index()));
+        ++write_k;
+      };
+      auto load_v = [&](int n) {
+        pipe_v.producer_acquire(write_v);
+        copy(params.tma_v.with(*pipe_v.producer_get_barrier(write_v), 0), tVg(_, n),
+             tVs(_, write_v.index()));
+        ++write_v;
+      };
+      if (tiles.n_end > 0) load_k(tiles.n_end - 1);
+      claim_q();
+      shared.barrier_q.arrive_and_expect_tx(2 * Cfg::kQHalfBytes);
+      for (int half = 0; half < Cfg::kConsumers; ++half)
+        copy(params.tma_q.with(reinterpret_cast<uint64_t&>(shared.barrier_q), 0),
+             tQg(_, 2 * w.m_block + half), tQs(_, half));
+      for (int n = tiles.n_end - 2; n >= 0; --n) {
+        load_k(n);
+        load_v(n + 1);
+      }
+      if (tiles.n_end > 0) load_v(0);
     };
-    auto load_v = [&](int n) {
-      pipe_v.producer_acquire(write_v);
-      copy(params.tma_v.with(*pipe_v.producer_get_barrier(write_v), 0), tVg(_, n),
-           tVs(_, write_v.index()));
-      ++write_v;
-    };
-    // The order the consumers use them: K[last], then (K[n], V[n+1]) pairs, then V[0].
-    load_k(tiles.n_end - 1);
-    shared.barrier_q.arrive_and_expect_tx(2 * Cfg::kQHalfBytes);
-    for (int half = 0; half < Cfg::kConsumers; ++half)
-      copy(params.tma_q.with(reinterpret_cast<uint64_t&>(shared.barrier_q), 0),
-           tQg(_, 2 * m_block + half), tQs(_, half));
-    for (int n = tiles.n_end - 2; n >= 0; --n) {
-      load_k(n);
-      load_v(n + 1);
+    if constexpr (!kPersistent) {
+      const KeyTiles tiles = key_tiles(launch_tile);
+      if (tiles.n_end > 0) load_tile(launch_tile, tiles, [] {});
+    } else {
+      // Every tile goes through the Q barrier, also one without keys (the consumers write its
+      // zeros), and a final -1 tells the consumers to stop.
+      int iter = 0;
+      for (int t = int(blockIdx.x);; t = NextTile(t, params.tile_counter, params.causal), ++iter) {
+        const bool valid = t < params.num_tiles;
+        auto claim_q = [&] {
+          if (iter > 0) shared.barrier_q_empty.wait((iter - 1) & 1);
+          *reinterpret_cast<volatile int*>(&shared.tile) = valid ? t : -1;
+          CompilerFence();
+        };
+        if (!valid) {
+          claim_q();
+          shared.barrier_q.arrive();
+          break;
+        }
+        const WorkTile w = DecodeTile(t, params.num_m_blocks, params.num_heads, params.causal);
+        load_tile(w, key_tiles(w), claim_q);
+      }
     }
-    load_v(0);
   } else {
     // ---- Consumers -----------------------------------------------------------------------
     cutlass::arch::warpgroup_reg_alloc<Cfg::kConsumerRegs>();
     const int consumer = warpgroup - 1;
     const uint32_t my_turn = uint32_t(Barrier::kTurn0) + consumer;
     const uint32_t other_turn = uint32_t(Barrier::kTurn0) + 1 - consumer;
+    const uint32_t epilogue_barrier = uint32_t(Barrier::kEpilogue0) + consumer;
 
     typename Cfg::MmaQK mma_qk;
     typename Cfg::MmaPV mma_pv;
     auto thr_qk = mma_qk.get_thread_slice(thread_in_wg);
     auto thr_pv = mma_pv.get_thread_slice(thread_in_wg);
     Tensor sQmine = sQ(_, _, consumer);
+    Tensor sOmine = sO(_, _, consumer);
     Tensor tSrQ = thr_qk.partition_fragment_A(sQmine);
     Tensor tSrK = thr_qk.partition_fragment_B(sK);
     Tensor tOrV = thr_pv.partition_fragment_B(sVt);
     Tensor tOrO = partition_fragment_C(mma_pv, typename Cfg::RowsD{});
-    clear(tOrO);
 
     const AccCoord coord(thread_in_wg);
-    const int row_base = m0 + consumer * kRows + coord.row0;  // query row of r = 0
-    const int diag = params.seqlen_k - params.seqlen_q;
-    OnlineSoftmax softmax(params.softmax_scale);
-
-    // Masks keys past the end and, when causal, right of the diagonal, for key tile n: each row
-    // r keeps the columns below one bound, so the test per element is one compare + select.
-    auto mask = [&](auto& s, int n) {
-      int end[2];
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        end[r] = params.seqlen_k;
-        if (params.causal) end[r] = min(end[r], row_base + 8 * r + diag + 1);
-        end[r] -= n * kBlockN + coord.col0;  // relative to this thread's first column
-      }
-#pragma unroll
-      for (int i = 0; i < size(s); ++i)
-        if (AccCoord::Col(i) >= end[(i / 2) % 2]) s(i) = -INFINITY;
+    PipelineState read_k, read_v;  // run on across the tiles of a persistent CTA
+    // The first consumer goes first.
+    auto start_turns = [&] {
+      if (consumer == 1) cutlass::arch::NamedBarrier::arrive(kConsumerThreads, other_turn);
     };
+
     // P as the A operand of P V: the accumulator's (2, 2, N/8) values regrouped as
     // ((2, 2, 2), 1, N/16), same order, so the conversion is element-wise.
     auto to_p = [&](auto const& s) {
@@ -218,92 +277,151 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       return p;
     };
 
-    if (tiles.n_end > 0) {
-      PipelineState read_k, read_v;
-      // The first consumer goes first.
-      if (consumer == 1) cutlass::arch::NamedBarrier::arrive(kConsumerThreads, other_turn);
-      // Consumer 1 skips its last hand-over so every arrive meets a sync.
-      auto hand_over = [&](bool last) {
-        if (!(last && consumer == 1))
-          cutlass::arch::NamedBarrier::arrive(kConsumerThreads, other_turn);
+    // One work tile: main loop, then normalize, LSE and O -> smem -> TMA store. Q must be in smem.
+    // last_tile (variant 0): the CTA's only tile, where consumer 1 skips its last hand-over so
+    // every arrive meets a sync; persistent CTAs keep handing over and consumer 0 syncs once more
+    // at exit.
+    auto run_tile = [&](WorkTile const& w, bool last_tile) {
+      const KeyTiles tiles = key_tiles(w);
+      const int row_base = w.m_block * kBlockM + consumer * kRows + coord.row0;  // row of r = 0
+      const int diag = params.seqlen_k - params.seqlen_q;
+      OnlineSoftmax softmax(params.softmax_scale);
+      clear(tOrO);
+
+      // Masks keys past the end and, when causal, right of the diagonal, for key tile n: each row
+      // r keeps the columns below one bound, so the test per element is one compare + select.
+      auto mask = [&](auto& s, int n) {
+        int end[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          end[r] = params.seqlen_k;
+          if (params.causal) end[r] = min(end[r], row_base + 8 * r + diag + 1);
+          end[r] -= n * kBlockN + coord.col0;  // relative to this thread's first column
+        }
+#pragma unroll
+        for (int i = 0; i < size(s); ++i)
+          if (AccCoord::Col(i) >= end[(i / 2) % 2]) s(i) = -INFINITY;
       };
-      shared.barrier_q.wait(0);
 
-      int n = tiles.n_end - 1;
-      Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<kRows>, Int<kBlockN>>{});
-      pipe_k.consumer_wait(read_k);
-      cutlass::arch::NamedBarrier::sync(kConsumerThreads, my_turn);
-      Gemm<true, false>(mma_qk, tSrQ, tSrK(_, _, _, read_k.index()), tSrS);
-      hand_over(n == 0);
-      warpgroup_wait<0>();
-      pipe_k.consumer_release(read_k);
-      ++read_k;
-      mask(tSrS, n);
-      float correction[2];
-      softmax.Step(tSrS, correction);
-      Tensor tOrP = to_p(tSrS);
+      if (tiles.n_end > 0) {
+        auto hand_over = [&](bool last) {
+          if (!(last && last_tile && consumer == 1))
+            cutlass::arch::NamedBarrier::arrive(kConsumerThreads, other_turn);
+        };
 
-      // One step: S_n issued with P_{n+1} V_{n+1}; softmax of S_n while P V runs.
-      auto step = [&](int n, auto masked) {
-        Tensor s = partition_fragment_C(mma_qk, Shape<Int<kRows>, Int<kBlockN>>{});
+        int n = tiles.n_end - 1;
+        Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<kRows>, Int<kBlockN>>{});
         pipe_k.consumer_wait(read_k);
         cutlass::arch::NamedBarrier::sync(kConsumerThreads, my_turn);
-        Gemm<true, false>(mma_qk, tSrQ, tSrK(_, _, _, read_k.index()), s);
-        pipe_v.consumer_wait(read_v);
-        Gemm<false, true>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
+        Gemm<true, false>(mma_qk, tSrQ, tSrK(_, _, _, read_k.index()), tSrS);
         hand_over(n == 0);
-        warpgroup_wait<1>();
+        warpgroup_wait<0>();
         pipe_k.consumer_release(read_k);
         ++read_k;
-        if constexpr (decltype(masked)::value) mask(s, n);
-        float corr[2];
-        softmax.Step(s, corr);
+        mask(tSrS, n);
+        float correction[2];
+        softmax.template Step<Cfg::kFastSoftmax>(tSrS, correction);
+        Tensor tOrP = to_p(tSrS);
+
+        // One step: S_n issued with P_{n+1} V_{n+1}; softmax of S_n while P V runs.
+        auto step = [&](int n, auto masked) {
+          Tensor s = partition_fragment_C(mma_qk, Shape<Int<kRows>, Int<kBlockN>>{});
+          pipe_k.consumer_wait(read_k);
+          cutlass::arch::NamedBarrier::sync(kConsumerThreads, my_turn);
+          Gemm<true, false>(mma_qk, tSrQ, tSrK(_, _, _, read_k.index()), s);
+          pipe_v.consumer_wait(read_v);
+          Gemm<false, true>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
+          hand_over(n == 0);
+          warpgroup_wait<1>();
+          pipe_k.consumer_release(read_k);
+          ++read_k;
+          if constexpr (decltype(masked)::value) mask(s, n);
+          float corr[2];
+          softmax.template Step<Cfg::kFastSoftmax>(s, corr);
+          warpgroup_wait<0>();
+          pipe_v.consumer_release(read_v);
+          ++read_v;
+          if constexpr (Cfg::kFastSoftmax) {
+            // Divergence only costs the warps where some row max moved.
+            if (corr[0] != 1.f || corr[1] != 1.f) ScaleRows(tOrO, corr);
+          } else {
+            ScaleRows(tOrO, corr);
+          }
+          Tensor p = to_p(s);
+#pragma unroll
+          for (int i = 0; i < size(p); ++i) tOrP(i) = p(i);
+        };
+        for (n = tiles.n_end - 2; n >= tiles.n_mask_begin; --n) step(n, cute::true_type{});
+        for (; n >= 0; --n) step(n, cute::false_type{});
+
+        pipe_v.consumer_wait(read_v);
+        Gemm<false, true>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
         warpgroup_wait<0>();
         pipe_v.consumer_release(read_v);
         ++read_v;
-        ScaleRows(tOrO, corr);
-        Tensor p = to_p(s);
-#pragma unroll
-        for (int i = 0; i < size(p); ++i) tOrP(i) = p(i);
-      };
-      for (n = tiles.n_end - 2; n >= tiles.n_mask_begin; --n) step(n, cute::true_type{});
-      for (; n >= 0; --n) step(n, cute::false_type{});
-
-      pipe_v.consumer_wait(read_v);
-      Gemm<false, true>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
-      warpgroup_wait<0>();
-      pipe_v.consumer_release(read_v);
-    }
-
-    // ---- Epilogue: normalize, LSE, O -> smem -> TMA store ----------------------------------
-    float inv_sum[2], lse[2];
-    softmax.Finish(params.softmax_scale, inv_sum, lse);
-    ScaleRows(tOrO, inv_sum);
-    if (params.lse != nullptr && coord.col0 == 0) {
-      float* lse_row = params.lse + (int64_t(batch) * params.num_heads + head) * params.seqlen_q;
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int row = row_base + 8 * r;
-        if (row < params.seqlen_q) lse_row[row] = lse[r];
       }
-    }
-    // The Q half of this warpgroup is free: its last wgmma has completed (wait<0> above), and
-    // only this warpgroup ever read it. With no key tile, Q was never loaded at all.
-    Tensor tOsO = thr_pv.partition_C(sQmine);
+      // With a separate O buffer, Q is done: the producer may load the next tile's.
+      if constexpr (kPersistent && Cfg::kSeparateO) shared.barrier_q_empty.arrive();
+
+      // ---- Epilogue: normalize, LSE, O -> smem -> TMA store --------------------------------
+      float inv_sum[2], lse[2];
+      softmax.Finish(params.softmax_scale, inv_sum, lse);
+      ScaleRows(tOrO, inv_sum);
+      if (params.lse != nullptr && coord.col0 == 0) {
+        float* lse_row =
+            params.lse + (int64_t(w.batch) * params.num_heads + w.head) * params.seqlen_q;
 #pragma unroll
-    for (int i = 0; i < size(tOrO); ++i) tOsO(i) = Element(tOrO(i));
-    cutlass::arch::fence_view_async_shared();  // generic-proxy writes -> TMA reads
-    cutlass::arch::NamedBarrier::sync(128, uint32_t(Barrier::kEpilogue0) + consumer);
-    if (thread_in_wg == 0) {
-      // This warpgroup's 64-row block (2 m_block + consumer), from a value live anyway: keeps
-      // hd256 from spilling m_block across the main loop.
-      Tensor mO = params.tma_o.get_tma_tensor(params.q_shape);
-      Tensor gO = local_tile(mO(_, _, head, batch), typename Cfg::RowsD{},
-                             make_coord((row_base - coord.row0) / kRows, _0{}));
-      auto cta_tma = params.tma_o.get_slice(_0{});
-      copy(params.tma_o, cta_tma.partition_S(sQmine), cta_tma.partition_D(gO));
-      tma_store_arrive();
-      tma_store_wait<0>();
+        for (int r = 0; r < 2; ++r) {
+          const int row = row_base + 8 * r;
+          if (row < params.seqlen_q) lse_row[row] = lse[r];
+        }
+      }
+      // sOmine is free: in the Q buffer, this warpgroup's last wgmma has completed (wait<0>
+      // above) and only this warpgroup ever read it (with no key tile, variant 0 never loaded
+      // Q at all); in its own buffer, once the previous tile's store has read it.
+      if constexpr (Cfg::kSeparateO) {
+        if (thread_in_wg == 0) tma_store_wait<0>();
+        cutlass::arch::NamedBarrier::sync(128, epilogue_barrier);
+      }
+      Tensor tOsO = thr_pv.partition_C(sOmine);
+#pragma unroll
+      for (int i = 0; i < size(tOrO); ++i) tOsO(i) = Element(tOrO(i));
+      cutlass::arch::fence_view_async_shared();  // generic-proxy writes -> TMA reads
+      cutlass::arch::NamedBarrier::sync(128, epilogue_barrier);
+      if (thread_in_wg == 0) {
+        // This warpgroup's 64-row block (2 m_block + consumer), from a value live anyway: keeps
+        // hd256 from spilling m_block across the main loop.
+        Tensor mO = params.tma_o.get_tma_tensor(params.q_shape);
+        Tensor gO = local_tile(mO(_, _, w.head, w.batch), typename Cfg::RowsD{},
+                               make_coord((row_base - coord.row0) / kRows, _0{}));
+        auto cta_tma = params.tma_o.get_slice(_0{});
+        copy(params.tma_o, cta_tma.partition_S(sOmine), cta_tma.partition_D(gO));
+        tma_store_arrive();
+        if constexpr (!Cfg::kSeparateO) {
+          tma_store_wait<0>();
+          if constexpr (kPersistent) shared.barrier_q_empty.arrive();  // O has left the Q buffer
+        }
+      }
+    };
+
+    if constexpr (!kPersistent) {
+      if (key_tiles(launch_tile).n_end > 0) {
+        start_turns();
+        shared.barrier_q.wait(0);
+      }
+      run_tile(launch_tile, true);
+    } else {
+      start_turns();
+      for (int iter = 0;; ++iter) {
+        shared.barrier_q.wait(iter & 1);
+        CompilerFence();
+        const int t = *reinterpret_cast<volatile int*>(&shared.tile);
+        if (t < 0) break;
+        run_tile(DecodeTile(t, params.num_m_blocks, params.num_heads, params.causal), false);
+      }
+      // Meets consumer 1's last hand-over.
+      if (consumer == 0) cutlass::arch::NamedBarrier::sync(kConsumerThreads, my_turn);
+      if (thread_in_wg == 0) tma_store_wait<0>();
     }
   }
 #endif

@@ -1,11 +1,15 @@
 // Host launcher of the sm_90a flash forward: builds the TMA descriptors for one call (dense
-// [batch, seq, heads, head_dim] tensors) and launches one CTA per (128 query rows, q head, batch).
+// [batch, seq, heads, head_dim] tensors) and launches one CTA per (128 query rows, q head, batch),
+// or, for the persistent variants, one CTA per SM.
 // Included only by the generated instantiations/flash_fwd_sm90_*.cu files.
 #pragma once
+
+#include <algorithm>
 
 #include "ffi/common/numeric.h"
 #include "ffi/cuda/attention/sm90/kernel.cuh"
 #include "ffi/cuda/attention/sm90/launch.h"
+#include "ffi/cuda/attention/sm90/variants.h"
 
 namespace jax_sgl::cuda {
 namespace sm90 {
@@ -25,12 +29,20 @@ auto DenseTensor(const void* ptr, int rows, int head_dim, int heads, int batch) 
                      make_stride(row, _1{}, int64_t(head_dim), row * rows));
 }
 
+template <typename T, int kHeadDim, int kVariant>
+using VariantConfig =
+    FlashConfig<typename CutlassType<T>::type, kHeadDim,
+                Variant(kVariant).wide ? WideBlockN(kHeadDim) : DefaultBlockN(kHeadDim),
+                Variant(kVariant).persistent, Variant(kVariant).fast_softmax>;
+
 }  // namespace sm90
 
-template <typename T, int kHeadDim>
-cudaError_t LaunchFlashFwdSm90(const AttentionParams& p, cudaStream_t stream) {
-  using Cfg = sm90::FlashConfig<typename sm90::CutlassType<T>::type, kHeadDim>;
+template <typename T, int kHeadDim, int kVariant>
+cudaError_t LaunchFlashFwdSm90(const AttentionParams& p, void* scratch, cudaStream_t stream) {
+  using Cfg = sm90::VariantConfig<T, kHeadDim, kVariant>;
   using namespace cute;
+  const int num_m_blocks = (p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
+  const int num_tiles = num_m_blocks * p.num_heads * p.batch;
   auto q = sm90::DenseTensor<Cfg>(p.q, p.seqlen_q, kHeadDim, p.num_heads, p.batch);
   auto k = sm90::DenseTensor<Cfg>(p.k, p.seqlen_k, kHeadDim, p.num_kv_heads, p.batch);
   auto v = sm90::DenseTensor<Cfg>(p.v, p.seqlen_k, kHeadDim, p.num_kv_heads, p.batch);
@@ -52,6 +64,9 @@ cudaError_t LaunchFlashFwdSm90(const AttentionParams& p, cudaStream_t stream) {
       p.num_heads / p.num_kv_heads,
       p.softmax_scale,
       p.causal,
+      num_m_blocks,
+      num_tiles,
+      static_cast<int*>(scratch),
   };
   auto kernel = sm90::FlashFwdSm90Kernel<Cfg>;
   constexpr int kSmem = sizeof(typename Cfg::SharedStorage);
@@ -59,7 +74,21 @@ cudaError_t LaunchFlashFwdSm90(const AttentionParams& p, cudaStream_t stream) {
           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
       err != cudaSuccess)
     return err;
-  const dim3 grid((p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM, p.num_heads, p.batch);
+  dim3 grid(num_m_blocks, p.num_heads, p.batch);
+  if constexpr (Cfg::kPersistent) {
+    int device = 0, num_sms = 0;
+    if (cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return err;
+    if (cudaError_t err =
+            cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device);
+        err != cudaSuccess)
+      return err;
+    grid = dim3(std::min(num_tiles, num_sms));
+    // The causal scheduler's counter starts at 0 for every call (kernel.cuh NextTile).
+    if (p.causal) {
+      if (cudaError_t err = cudaMemsetAsync(scratch, 0, sizeof(int), stream); err != cudaSuccess)
+        return err;
+    }
+  }
   kernel<<<grid, Cfg::kThreads, kSmem, stream>>>(params);
   return cudaGetLastError();
 }

@@ -9,6 +9,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
+
 #include "ffi/common/attention_params.h"
 
 namespace jax_sgl::cuda {
@@ -21,14 +23,22 @@ const char* Sm90Unsupported(const AttentionParams& p);
 bool Sm90Enabled();
 
 // The instantiations this build holds, space separated ("hdim128_bf16 hdim128_fp16"; leading
-// space), for jax_sgl.attention_backend_info().
+// space), then the variants beyond 0 ("variant1 variant3"), for jax_sgl.attention_backend_info().
 const char* Sm90BuiltKernels();
 
-// Launches the sm90 kernel; the caller checked Sm90Unsupported(p) == nullptr.
-cudaError_t RunFlashFwdSm90(const AttentionParams& p, cudaStream_t stream);
+// Device scratch a call on the sm90 kernel needs (the persistent causal variants' tile counter).
+inline constexpr size_t kSm90ScratchBytes = 16;
 
-// One instantiation per (storage type, head dim), in instantiations/flash_fwd_sm90_*.cu.
-template <typename T, int kHeadDim>
-cudaError_t LaunchFlashFwdSm90(const AttentionParams& p, cudaStream_t stream);
+// Launches the sm90 kernel, in the variant JAX_SGL_SM90_VARIANT selects (sm90/variants.h);
+// the caller checked Sm90Unsupported(p) == nullptr. scratch: kSm90ScratchBytes of device memory
+// that this call may overwrite.
+cudaError_t RunFlashFwdSm90(const AttentionParams& p, void* scratch, cudaStream_t stream);
+
+// The variant a call runs now: JAX_SGL_SM90_VARIANT when this build has it, else 0.
+int Sm90Variant();
+
+// One instantiation per (storage type, head dim, variant), in instantiations/flash_fwd_sm90_*.cu.
+template <typename T, int kHeadDim, int kVariant>
+cudaError_t LaunchFlashFwdSm90(const AttentionParams& p, void* scratch, cudaStream_t stream);
 
 }  // namespace jax_sgl::cuda
