@@ -32,11 +32,21 @@ def attention_backend_info() -> dict:
   cuda_bwd_kernel: the CUDA backward kernel is compiled in. cuda_bwd_opt_in: JAX_SGL_CUDA_BWD=1
   is set, the opt-in that lowers gradients traced from now on (float16/bfloat16, head dims up to
   128) to it; otherwise CUDA runs the backward as the vjp of the pure-JAX reference.
+  sm90_bwd_kernels: the sm_90a backward instantiations compiled in. sm90_bwd_mode: JAX_SGL_SM90_BWD
+  as the backward handler reads it at every call: "verified" (unset: the GPU-verified
+  instantiations, none yet), "all" (=1) or "off" (=0); the sm90 backward serves dense calls
+  without seqused_k, window or softcap on a 9.0 device, the sm80 backward everything else.
+  bwd_deterministic: JAX_SGL_BWD_DETERMINISTIC=1, which keeps the sm90 backward's dQ on the
+  atomic-free sm80 dQ kernel (bitwise reproducible gradients).
   """
   mode = {"0": "off", "1": "all"}.get(os.environ.get("JAX_SGL_SM90"), "verified")
   return {"sm90_kernels": tuple(_ext.sm90_attention_kernels().split()), "sm90_mode": mode,
           "cuda_bwd_kernel": "jax_sgl_attention_bwd" in CUDA_TARGETS,
-          "cuda_bwd_opt_in": os.environ.get("JAX_SGL_CUDA_BWD") == "1"}
+          "cuda_bwd_opt_in": os.environ.get("JAX_SGL_CUDA_BWD") == "1",
+          "sm90_bwd_kernels": tuple(_ext.sm90_attention_bwd_kernels().split()),
+          "sm90_bwd_mode": {"0": "off", "1": "all"}.get(os.environ.get("JAX_SGL_SM90_BWD"),
+                                                        "verified"),
+          "bwd_deterministic": os.environ.get("JAX_SGL_BWD_DETERMINISTIC") == "1"}
 
 
 def native_platforms(target: str) -> tuple[str, ...]:
