@@ -115,6 +115,23 @@ __device__ __forceinline__ auto AccToA(Acc const& acc) {
   return a;
 }
 
+// Stores a 16-bit fragment in accumulator order (softmax.h's AccCoord) to its smem partition. The
+// two columns c = 0, 1 of a pair are adjacent in the smem layouts used here (dS rows-contiguous,
+// dK / dV head-dim contiguous) and inside one 16-byte swizzle chunk: one 32-bit st.shared each,
+// where the element-wise copy compiles to generic 16-bit stores.
+template <typename Frag, typename SmemTensor>
+__device__ __forceinline__ void StorePairs(Frag const& frag, SmemTensor& smem) {
+  using Element = typename Frag::value_type;
+  static_assert(sizeof(Element) == 2);
+#pragma unroll
+  for (int i = 0; i < size(frag); i += 2) {
+    const uint32_t addr = cast_smem_ptr_to_uint(raw_pointer_cast(&smem(i)));
+    const Element pair[2] = {frag(i), frag(i + 1)};
+    asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr),
+                 "r"(*reinterpret_cast<const uint32_t*>(pair)));
+  }
+}
+
 template <typename Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     FlashBwdSm90Kernel(CUTE_GRID_CONSTANT BwdKernelParams<Cfg> const params) {
@@ -301,8 +318,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
         if (params.dq_accum != nullptr) {
           Tensor tdSsdS_buf = tdSsdS(_, _, _, buf);
-#pragma unroll
-          for (int i = 0; i < size(tdSrdS); ++i) tdSsdS_buf(i) = tdSrdS(i);
+          StorePairs(tdSrdS, tdSsdS_buf);
           cutlass::arch::fence_view_async_shared();  // generic-proxy writes -> wgmma reads
           cutlass::arch::NamedBarrier::sync(kConsumerThreads, uint32_t(BwdBarrier::kDsReady));
           Tensor tdQrdQ = partition_fragment_C(mma_dq, Shape<Int<Cfg::kDqRows>,
@@ -334,10 +350,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     cutlass::arch::NamedBarrier::sync(kConsumerThreads, uint32_t(BwdBarrier::kMmaDone));
     Tensor tdKsK = thr_kv.partition_C(sK(_, _, consumer));
     Tensor tdVsV = thr_kv.partition_C(sV(_, _, consumer));
+    {
+      Tensor dk = make_tensor_like<Element>(tdKrdK);
+      Tensor dv = make_tensor_like<Element>(tdVrdV);
 #pragma unroll
-    for (int i = 0; i < size(tdKrdK); ++i) {
-      tdKsK(i) = Element(tdKrdK(i) * params.softmax_scale);
-      tdVsV(i) = Element(tdVrdV(i));
+      for (int i = 0; i < size(tdKrdK); ++i) {
+        dk(i) = Element(tdKrdK(i) * params.softmax_scale);
+        dv(i) = Element(tdVrdV(i));
+      }
+      StorePairs(dk, tdKsK);
+      StorePairs(dv, tdVsV);
     }
     cutlass::arch::fence_view_async_shared();  // generic-proxy writes -> TMA reads
     cutlass::arch::NamedBarrier::sync(128, uint32_t(BwdBarrier::kEpilogue0) + consumer);
