@@ -289,6 +289,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         const bool masked = keys_partial || row0 + kBlockM > params.seqlen_q ||
                             (params.causal && row0 + diag < n0 + kBlockN - 1);
         warpgroup_wait<1>();
+        warpgroup_fence_operand(tSrS);  // no read of S^T above the wait
         if (masked) {
 #pragma unroll
           for (int i = 0; i < size(tSrS); ++i) {
@@ -307,6 +308,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         // dS^T = P^T (dP^T - D).
         const float* dsum = shared.dsum[read_do.index()] + coord.col0;
         warpgroup_wait<0>();
+        warpgroup_fence_operand(tdPrdP);
 #pragma unroll
         for (int i = 0; i < size(tdPrdP); ++i)
           tdPrdP(i) = tSrS(i) * (tdPrdP(i) - dsum[AccCoord::Col(i)]);
@@ -325,6 +327,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                                                              Int<Cfg::kDqCols>>{});
           BwdGemm<true, false>(mma_dq, tdQrdS(_, _, _, buf), tdQrK, tdQrdQ);
           warpgroup_wait<0>();
+          warpgroup_fence_operand(tdQrdQ);
           pipe_q.consumer_release(read_q);
           pipe_do.consumer_release(read_do);
           float* dst = params.dq_accum +
@@ -347,6 +350,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
     // ---- Epilogue: dK (x softmax_scale) and dV -> the K / V smem halves -> TMA store ------
     // Both consumers' dQ GEMMs read all of K: wait for both before overwriting it.
+    warpgroup_fence_operand(tdKrdK);
+    warpgroup_fence_operand(tdVrdV);
     cutlass::arch::NamedBarrier::sync(kConsumerThreads, uint32_t(BwdBarrier::kMmaDone));
     Tensor tdKsK = thr_kv.partition_C(sK(_, _, consumer));
     Tensor tdVsV = thr_kv.partition_C(sV(_, _, consumer));
