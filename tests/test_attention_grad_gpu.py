@@ -10,9 +10,9 @@ what actually runs, and that unsupported head dims fall back to the reference lo
 
 Every test runs twice, once per CUDA backward: "sm80" (JAX_SGL_SM90_BWD=0: the portable mma.sync
 kernels) and "sm90" (JAX_SGL_SM90_BWD=1: the Hopper wgmma + TMA kernel wherever it covers the call,
-i.e. dense layouts without seqused_k, window or softcap; every other case checks the explicit
-fallback to the sm80 kernels). The sm90 runs are skipped off compute capability 9.0. Dense cases
-without seqused_k (test_dense, below) are the ones the sm90 kernel itself serves.
+i.e. dense layouts (seqused_k included) without window or softcap at head dims 64 and 128; every
+other case checks the explicit fallback to the sm80 kernels). The sm90 runs are skipped off
+compute capability 9.0. test_dense (below) adds dense shapes without seqused_k.
 
 Every gradient is taken under a fresh jax.jit, so the JAX_SGL_CUDA_BWD setting (read when the
 backward is lowered) applies to it; JAX_SGL_SM90_BWD and JAX_SGL_BWD_DETERMINISTIC are read by the
@@ -246,7 +246,7 @@ def test_unsupported_head_dim_falls_back_to_reference():
   _check(q, k, v, {**kw, "causal": True})
 
 
-# Dense calls without seqused_k: the layout the sm90 backward serves. (batch, seqlen_q, seqlen_k,
+# Dense calls without seqused_k, the common training layout. (batch, seqlen_q, seqlen_k,
 # num_heads, num_kv_heads): whole tiles, lengths that end mid-tile, GQA and MQA, q longer than k
 # (causal rows that see no key), q much shorter than k, a single query row.
 DENSE_SHAPES = {

@@ -51,8 +51,8 @@ bool Sm90BwdVerified(const AttentionParams&) { return false; }
 }  // namespace
 
 const char* Sm90BwdUnsupported(const AttentionParams& p) {
-  if (p.cu_seqlens_q != nullptr || p.kv_layout != KvLayout::kDense || p.seqused_k != nullptr)
-    return "sm90 backward: dense layout without seqused_k only";
+  if (p.cu_seqlens_q != nullptr || p.kv_layout != KvLayout::kDense)
+    return "sm90 backward: dense layout only (varlen runs on the sm80 backward)";
   const bool half = p.q_type == DType::kBF16 || p.q_type == DType::kF16;
   if (!half || p.k_type != p.q_type || p.v_type != p.q_type || p.out_type != p.q_type)
     return "sm90 backward: float16/bfloat16 q, k, v and out only";

@@ -14,6 +14,8 @@
 // the float additions varies from run to run: this dQ is not bitwise reproducible. With dq_accum
 // == nullptr the kernel skips dQ (the deterministic mode computes it with the sm80 dQ kernel).
 //
+// seqused_k (dense): keys past a sequence's count are masked like keys past seqlen_k, and the
+// causal diagonal ends at its last used key.
 // Masking: a step is masked when its rows or the CTA's keys run past the ends or, when causal
 // (bottom-right aligned), the step's rows cross the diagonal of the CTA's keys; the other steps
 // skip the mask code. Q/dO rows past seqlen_q are zero-filled by TMA; dK/dV rows past seqlen_k
@@ -43,6 +45,7 @@ struct BwdKernelParams {
   const float* lse2;  // [batch, num_heads, ws_rows]: lse * log2(e), +inf for fully masked rows
   const float* dsum;  // [batch, num_heads, ws_rows]: D = rowsum(dO * O) - dlse
   float* dq_accum;    // [batch, num_heads, m_blocks, kBlockM * head_dim] (zeroed), or nullptr
+  const int* seqused_k;  // [batch]: keys of each sequence (<= seqlen_k), or nullptr (all)
   int seqlen_q;
   int seqlen_k;
   int num_heads;
@@ -153,8 +156,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const int kv_head = blockIdx.y;
   const int batch = blockIdx.z;
   const int n0 = n_block * kBlockN;
-  const RowBlocks rows(n0, kBlockM, params.seqlen_q, params.seqlen_k, params.causal);
-  const int m_steps = rows.m_end - rows.m_begin;  // per q head
+  // Keys of this sequence: the causal diagonal and the key mask use k_len (as the sm80 kernels
+  // and the reference do); a CTA wholly past it has no step and stores zero dK, dV.
+  const int k_len = params.seqused_k == nullptr
+                        ? params.seqlen_k
+                        : min(max(params.seqused_k[batch], 0), params.seqlen_k);
+  const RowBlocks rows(n0, kBlockM, params.seqlen_q, k_len, params.causal);
+  const int m_steps = n0 < k_len ? rows.m_end - rows.m_begin : 0;  // per q head
   const int steps = m_steps * params.group;
 
   typename Pipeline::Params pipe_params;
@@ -207,7 +215,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       auto tdO = tma_partition(params.tma_do, _0{}, Layout<_1>{}, group_modes<0, 2>(sdO),
                                group_modes<0, 2>(gdO));
       const int64_t row_values = (int64_t(batch) * params.num_heads + head) * params.ws_rows;
-      for (int m = rows.m_begin; m < rows.m_end; ++m) {
+      for (int m = rows.m_begin; m < rows.m_begin + m_steps; ++m) {
         pipe_q.producer_acquire(write_q);
         uint64_t* bar_q = pipe_q.producer_get_barrier(write_q);
         copy(params.tma_q.with(*bar_q, 0), get<0>(tQ)(_, m), get<1>(tQ)(_, write_q.index()));
@@ -263,8 +271,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
     const AccCoord coord(thread_in_wg);
     const int key_base = n0 + consumer * kKeys + coord.row0;  // key of accumulator row r = 0
-    const int diag = params.seqlen_k - params.seqlen_q;
-    const bool keys_partial = n0 + kBlockN > params.seqlen_k;
+    const int diag = k_len - params.seqlen_q;
+    const bool keys_partial = n0 + kBlockN > k_len;
 
     // K and V land even when there is no step: the epilogue reuses their smem.
     shared.barrier_kv.wait(0);
@@ -295,7 +303,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           for (int i = 0; i < size(tSrS); ++i) {
             const int key = key_base + AccCoord::Row(i);
             const int row = row0 + coord.col0 + AccCoord::Col(i);
-            const bool visible = key < params.seqlen_k && row < params.seqlen_q &&
+            const bool visible = key < k_len && row < params.seqlen_q &&
                                  !(params.causal && key > row + diag);
             tSrS(i) = visible ? exp2f(fmaf(tSrS(i), params.scale_log2, -lse2[AccCoord::Col(i)]))
                               : 0.f;

@@ -38,6 +38,7 @@ cudaError_t LaunchFlashBwdSm90(const FlashBwdArgs& args, float* dq_accum, cudaSt
       args.lse_log2,
       bp.softmax_d,
       dq_accum,
+      p.seqused_k,
       p.seqlen_q,
       p.seqlen_k,
       p.num_heads,
