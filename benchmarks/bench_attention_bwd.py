@@ -8,7 +8,9 @@
            backward named in --bwd, each row labelled with the kernel that served it:
              sm80      the portable mma.sync kernels (JAX_SGL_SM90_BWD=0);
              sm90      the Hopper wgmma + TMA kernel, dQ by float32 atomics (JAX_SGL_SM90_BWD=1);
-             sm90det   the same with JAX_SGL_BWD_DETERMINISTIC=1 (dQ on the sm80 dQ kernel).
+             sm90det   the same with JAX_SGL_BWD_DETERMINISTIC=1 (dQ by the sm90 dQ kernel, no
+                       atomics: bitwise reproducible);
+             sm90det80 JAX_SGL_BWD_DETERMINISTIC=sm80 (dQ by the sm80 dQ kernel; not default).
            The sm90 variants run only where the build has the kernel and the device is 9.0;
            these dense calls are all in its coverage. Both variables are read by the handler
            at every call, so one process times all of them.
@@ -36,7 +38,8 @@ DTYPE = jnp.bfloat16
 
 
 # --bwd variant -> (JAX_SGL_SM90_BWD, JAX_SGL_BWD_DETERMINISTIC) while it is timed.
-BWD_VARIANTS = {"sm80": ("0", "0"), "sm90": ("1", "0"), "sm90det": ("1", "1")}
+BWD_VARIANTS = {"sm80": ("0", "0"), "sm90": ("1", "0"), "sm90det": ("1", "1"),
+                "sm90det80": ("1", "sm80")}
 
 
 def set_bwd_variant(name):

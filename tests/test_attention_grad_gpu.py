@@ -12,7 +12,8 @@ Every test runs twice, once per CUDA backward: "sm80" (JAX_SGL_SM90_BWD=0: the p
 kernels) and "sm90" (JAX_SGL_SM90_BWD=1: the Hopper wgmma + TMA kernel wherever it covers the call,
 i.e. dense layouts (seqused_k included) without window or softcap at head dims 64 and 128; every
 other case checks the explicit fallback to the sm80 kernels). The sm90 runs are skipped off
-compute capability 9.0. test_dense (below) adds dense shapes without seqused_k.
+compute capability 9.0. test_dense (below) adds dense shapes, mostly without seqused_k, and runs
+the sm90 backward's deterministic dQ kernel too.
 
 Every gradient is taken under a fresh jax.jit, so the JAX_SGL_CUDA_BWD setting (read when the
 backward is lowered) applies to it; JAX_SGL_SM90_BWD and JAX_SGL_BWD_DETERMINISTIC are read by the
@@ -212,14 +213,16 @@ def test_long_sequences(mask):
                    "window": {"window": (300, 17)}}[mask])
 
 
-@pytest.mark.parametrize("deterministic", [True, False], ids=["deterministic", "default"])
+@pytest.mark.parametrize("deterministic", ["1", "sm80", None], ids=["det", "det_sm80", "default"])
 def test_deterministic(bwd_kernel, deterministic, monkeypatch):
   """Two runs give bitwise-equal gradients: always on sm80 (no atomics anywhere), on sm90 with
-  JAX_SGL_BWD_DETERMINISTIC=1 (dQ on the sm80 dQ kernel). The sm90 default adds dQ with float
-  atomics: dK and dV stay bitwise equal, dQ only close."""
-  if deterministic:
-    monkeypatch.setenv("JAX_SGL_BWD_DETERMINISTIC", "1")
-  exact_dq = deterministic or bwd_kernel == "sm80"
+  JAX_SGL_BWD_DETERMINISTIC=1 (dQ by the sm90 dQ kernel) or =sm80 (by the sm80 one). The sm90
+  default adds dQ with float atomics: dK and dV stay bitwise equal, dQ only close."""
+  if deterministic is not None:
+    if bwd_kernel == "sm80":
+      pytest.skip("JAX_SGL_BWD_DETERMINISTIC only changes the sm90 backward")
+    monkeypatch.setenv("JAX_SGL_BWD_DETERMINISTIC", deterministic)
+  exact_dq = deterministic is not None or bwd_kernel == "sm80"
   keys = jax.random.split(jax.random.PRNGKey(5), 4)
   q = _rand(keys[0], (2, 700, 8, 128), jnp.bfloat16)
   k = _rand(keys[1], (2, 700, 2, 128), jnp.bfloat16)
@@ -246,35 +249,53 @@ def test_unsupported_head_dim_falls_back_to_reference():
   _check(q, k, v, {**kw, "causal": True})
 
 
-# Dense calls without seqused_k, the common training layout. (batch, seqlen_q, seqlen_k,
+# Dense calls, mostly without seqused_k (the common training layout). (batch, seqlen_q, seqlen_k,
 # num_heads, num_kv_heads): whole tiles, lengths that end mid-tile, GQA and MQA, q longer than k
-# (causal rows that see no key), q much shorter than k, a single query row.
+# (causal rows that see no key), q much shorter than k, a single query row, seqused_k.
 DENSE_SHAPES = {
     "aligned": (1, 256, 384, 2, 2),
     "square": (2, 333, 333, 8, 2),
     "q_short": (3, 19, 989, 4, 4),
     "k_short": (2, 300, 129, 6, 2),
     "one_row": (4, 1, 257, 8, 1),
+    "seqused": (3, 150, 300, 8, 2),
 }
+# seqused_k of the shapes that pass one: keys past it are masked (rows that see no key included).
+SEQUSED_K = {"seqused": (70, 9, 261)}
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("shape", DENSE_SHAPES)
-def test_dense(bwd_kernel, shape, causal, head_dim, dtype):
+@pytest.mark.parametrize("dq", ["atomic", "det"])
+def test_dense(bwd_kernel, dq, shape, causal, head_dim, dtype, monkeypatch):
+  """dq: the sm90 backward's dQ by float32 reductions (default) or by its deterministic dQ
+  kernel (JAX_SGL_BWD_DETERMINISTIC=1)."""
   _need_sm90_bwd(bwd_kernel, head_dim, dtype)
+  if dq == "det":
+    if bwd_kernel == "sm80":
+      pytest.skip("JAX_SGL_BWD_DETERMINISTIC only changes the sm90 backward")
+    monkeypatch.setenv("JAX_SGL_BWD_DETERMINISTIC", "1")
   batch, sq, sk, h, hkv = DENSE_SHAPES[shape]
   keys = jax.random.split(jax.random.PRNGKey(zlib.crc32(shape.encode()) % 1000), 3)
   q = _rand(keys[0], (batch, sq, h, head_dim), dtype)
   k = _rand(keys[1], (batch, sk, hkv, head_dim), dtype)
   v = _rand(keys[2], (batch, sk, hkv, head_dim), dtype)
-  _check(q, k, v, {"causal": causal})
+  kw = {"causal": causal}
+  if shape in SEQUSED_K:
+    kw["seqused_k"] = jnp.asarray(SEQUSED_K[shape], jnp.int32)
+  _check(q, k, v, kw)
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_dense_lse_cotangent(bwd_kernel, causal):
-  """dlse through the sm90 kernel's D values (padded row blocks: seqlen_q = 200)."""
+@pytest.mark.parametrize("dq", ["atomic", "det"])
+def test_dense_lse_cotangent(bwd_kernel, dq, causal, monkeypatch):
+  """dlse through the sm90 kernels' D values (padded row blocks: seqlen_q = 200)."""
+  if dq == "det":
+    if bwd_kernel == "sm80":
+      pytest.skip("JAX_SGL_BWD_DETERMINISTIC only changes the sm90 backward")
+    monkeypatch.setenv("JAX_SGL_BWD_DETERMINISTIC", "1")
   keys = jax.random.split(jax.random.PRNGKey(8), 3)
   q = _rand(keys[0], (2, 200, 8, 128), jnp.bfloat16)
   k = _rand(keys[1], (2, 260, 2, 128), jnp.bfloat16)

@@ -63,6 +63,7 @@ const char* PlanFlashBwd(const AttentionParams& p, FlashBwdPlan* plan) {
 
   plan->sm90 = false;
   plan->sm90_dq = false;
+  plan->sm90_dq_kernel = false;
   plan->ws_rows = p.seqlen_q;
 #ifdef JAX_SGL_HAVE_SM90
   // Anything the sm90 kernel does not cover (varlen, seqused_k, windows, softcap, other head
@@ -70,7 +71,10 @@ const char* PlanFlashBwd(const AttentionParams& p, FlashBwdPlan* plan) {
   if (Sm90BwdUnsupported(p) == nullptr && Sm90BwdEnabled(p)) {
     plan->sm90 = true;
     const char* det = std::getenv("JAX_SGL_BWD_DETERMINISTIC");
-    plan->sm90_dq = !(det != nullptr && std::strcmp(det, "1") == 0);
+    const bool det_sm90 = det != nullptr && std::strcmp(det, "1") == 0;
+    const bool det_sm80 = det != nullptr && std::strcmp(det, "sm80") == 0;
+    plan->sm90_dq = !det_sm90 && !det_sm80;
+    plan->sm90_dq_kernel = det_sm90;
     const int block = Sm90BwdRowBlock(p);
     plan->ws_rows = (p.seqlen_q + block - 1) / block * block;
   }
@@ -126,9 +130,10 @@ const char* RunFlashBwd(const AttentionBwdParams& bp, const FlashBwdPlan& plan, 
 #ifdef JAX_SGL_HAVE_SM90
   if (plan.sm90) {
     float* dq_accum = plan.sm90_dq ? args.lse_log2 + ws_floats : nullptr;
-    if (cudaError_t err = RunFlashBwdSm90(args, dq_accum, stream); err != cudaSuccess)
+    if (cudaError_t err = RunFlashBwdSm90(args, dq_accum, plan.sm90_dq_kernel, stream);
+        err != cudaSuccess)
       return cudaGetErrorString(err);
-    if (plan.sm90_dq) return nullptr;
+    if (plan.sm90_dq || plan.sm90_dq_kernel) return nullptr;
   }
 #endif
   const int cap = BwdHeadDimCap(p);

@@ -66,7 +66,8 @@ SM90_BWD_TEMPLATE = """\
 #include "ffi/cuda/attention/sm90/bwd_launch.cuh"
 
 namespace jax_sgl::cuda {{
-template cudaError_t LaunchFlashBwdSm90<{t}, {d}>(const FlashBwdArgs&, float*, cudaStream_t);
+template cudaError_t LaunchFlashBwdSm90<{t}, {d}>(const FlashBwdArgs&, float*, bool,
+                                                  cudaStream_t);
 }}  // namespace jax_sgl::cuda
 """
 

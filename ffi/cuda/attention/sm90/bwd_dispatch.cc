@@ -109,12 +109,13 @@ const char* Sm90BwdBuiltKernels() {
       ;
 }
 
-cudaError_t RunFlashBwdSm90(const FlashBwdArgs& args, float* dq_accum, cudaStream_t stream) {
+cudaError_t RunFlashBwdSm90(const FlashBwdArgs& args, float* dq_accum, bool dq_kernel,
+                            cudaStream_t stream) {
   const AttentionParams& p = args.bp.fwd;
   cudaError_t err = cudaErrorInvalidValue;
   WithInstantiation(p.q_type, p.head_dim, [&](auto* tag, auto head_dim) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    err = LaunchFlashBwdSm90<T, decltype(head_dim)::value>(args, dq_accum, stream);
+    err = LaunchFlashBwdSm90<T, decltype(head_dim)::value>(args, dq_accum, dq_kernel, stream);
   });
   return err;
 }

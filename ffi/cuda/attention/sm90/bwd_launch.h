@@ -1,9 +1,10 @@
 // Host contract of the sm_90a flash attention backward (wgmma + TMA, warp-specialized;
 // sm90/bwd_kernel.cuh). No CUDA kernel syntax: flash_bwd_dispatch.cc includes it.
 //
-// The sm90 backward replaces the sm80 dK/dV kernel and, unless the deterministic mode asks for
-// the sm80 dQ kernel, the sm80 dQ kernel too (dQ then comes from float32 reductions into a
-// workspace plus a convert kernel). It reads the workspace the shared preprocess kernel writes
+// The sm90 backward replaces the sm80 dK/dV kernel and the sm80 dQ kernel: dQ comes from float32
+// reductions into a workspace plus a convert kernel (default, not bitwise reproducible), or,
+// with JAX_SGL_BWD_DETERMINISTIC=1, from a separate sm90 dQ kernel without atomics
+// (JAX_SGL_BWD_DETERMINISTIC=sm80: the sm80 dQ kernel, for A/B). It reads the workspace the shared preprocess kernel writes
 // (flash_bwd_preprocess.cu), laid out [batch, num_heads, ws_rows] with ws_rows = seqlen_q
 // rounded up to Sm90BwdRowBlock(), so each step's row values are one in-bounds bulk copy.
 #pragma once
@@ -33,13 +34,17 @@ size_t Sm90BwdDqAccumFloats(const AttentionParams& p, int ws_rows);
 // The backward instantiations this build holds ("hdim128_bf16 ..."; leading space).
 const char* Sm90BwdBuiltKernels();
 
-// Runs the sm90 dK/dV kernel and, with dq_accum != nullptr (Sm90BwdDqAccumFloats floats), dQ
-// through it (zeroing dq_accum first, converting it after). args.ws_rows must be a multiple of
-// Sm90BwdRowBlock(p) and the workspace filled by LaunchFlashBwdPreprocess.
-cudaError_t RunFlashBwdSm90(const FlashBwdArgs& args, float* dq_accum, cudaStream_t stream);
+// Runs the sm90 dK/dV kernel and dQ: with dq_accum != nullptr (Sm90BwdDqAccumFloats floats)
+// through its float32 reductions (zeroing dq_accum first, converting it after), else with
+// dq_kernel by the deterministic sm90 dQ kernel, else not at all (the caller runs the sm80 dQ
+// kernel). args.ws_rows must be a multiple of Sm90BwdRowBlock(p) and the workspace filled by
+// LaunchFlashBwdPreprocess.
+cudaError_t RunFlashBwdSm90(const FlashBwdArgs& args, float* dq_accum, bool dq_kernel,
+                            cudaStream_t stream);
 
 // One instantiation per (storage type, head dim), in instantiations/flash_bwd_sm90_*.cu.
 template <typename T, int kHeadDim>
-cudaError_t LaunchFlashBwdSm90(const FlashBwdArgs& args, float* dq_accum, cudaStream_t stream);
+cudaError_t LaunchFlashBwdSm90(const FlashBwdArgs& args, float* dq_accum, bool dq_kernel,
+                               cudaStream_t stream);
 
 }  // namespace jax_sgl::cuda
