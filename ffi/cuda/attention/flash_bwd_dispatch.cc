@@ -1,7 +1,7 @@
 // Host side of the CUDA attention backward: which calls it serves, how much workspace they need,
 // and the launch sequence (clear unowned gradient rows, preprocess, dK/dV, dQ), on the sm_90a
-// kernel where it serves the call (sm90/bwd_launch.h) and the sm80 kernels otherwise. Host code only:
-// the kernels live in flash_bwd_preprocess.cu and the generated instantiations/ files.
+// kernels where they serve the call (sm90/bwd_launch.h) and the sm80 kernels otherwise. Host
+// code only: the kernels live in flash_bwd_preprocess.cu and the generated instantiations/ files.
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -66,8 +66,8 @@ const char* PlanFlashBwd(const AttentionParams& p, FlashBwdPlan* plan) {
   plan->sm90_dq_kernel = false;
   plan->ws_rows = p.seqlen_q;
 #ifdef JAX_SGL_HAVE_SM90
-  // Anything the sm90 kernel does not cover (varlen, seqused_k, windows, softcap, other head
-  // dims, ...) runs on the sm80 kernels below: Sm90BwdUnsupported names it.
+  // Anything the sm90 kernels do not cover (varlen, windows, softcap, other head dims, ...) runs
+  // on the sm80 kernels below: Sm90BwdUnsupported names it.
   if (Sm90BwdUnsupported(p) == nullptr && Sm90BwdEnabled(p)) {
     plan->sm90 = true;
     const char* det = std::getenv("JAX_SGL_BWD_DETERMINISTIC");

@@ -12,7 +12,8 @@
 // consumer) is added to dq_accum with red.global.add.v4.f32, in the accumulator's own register
 // order (see DqAccumIndex), and FlashBwdSm90DqConvertKernel turns the sums into dQ. The order of
 // the float additions varies from run to run: this dQ is not bitwise reproducible. With dq_accum
-// == nullptr the kernel skips dQ (the deterministic mode computes it with the sm80 dQ kernel).
+// == nullptr the kernel skips dQ (the deterministic mode computes it with the dQ kernel of
+// bwd_dq_kernel.cuh, or the sm80 one).
 //
 // seqused_k (dense): keys past a sequence's count are masked like keys past seqlen_k, and the
 // causal diagonal ends at its last used key.

@@ -4,9 +4,10 @@
 // The sm90 backward replaces the sm80 dK/dV kernel and the sm80 dQ kernel: dQ comes from float32
 // reductions into a workspace plus a convert kernel (default, not bitwise reproducible), or,
 // with JAX_SGL_BWD_DETERMINISTIC=1, from a separate sm90 dQ kernel without atomics
-// (JAX_SGL_BWD_DETERMINISTIC=sm80: the sm80 dQ kernel, for A/B). It reads the workspace the shared preprocess kernel writes
-// (flash_bwd_preprocess.cu), laid out [batch, num_heads, ws_rows] with ws_rows = seqlen_q
-// rounded up to Sm90BwdRowBlock(), so each step's row values are one in-bounds bulk copy.
+// (JAX_SGL_BWD_DETERMINISTIC=sm80: the sm80 dQ kernel, for A/B). The kernels read the workspace
+// the shared preprocess kernel writes (flash_bwd_preprocess.cu), laid out [batch, num_heads,
+// ws_rows] with ws_rows = seqlen_q rounded up to Sm90BwdRowBlock(), so each step's row values
+// are one in-bounds bulk copy.
 #pragma once
 
 #include <cuda_runtime_api.h>
