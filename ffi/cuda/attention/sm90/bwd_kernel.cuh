@@ -314,16 +314,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           for (int i = 0; i < size(tSrS); ++i)
             tSrS(i) = exp2f(fmaf(tSrS(i), params.scale_log2, -lse2[AccCoord::Col(i)]));
         }
+        // dV += P^T dO goes to the tensor cores before dP^T is waited for: it runs while dS^T
+        // is computed (groups complete in order, so wait<1> below still means dP^T is done).
+        Tensor tPrP = AccToA<Element, kBlockM>(tSrS);
+        BwdGemm<false, true>(mma_kv, tPrP, tdVrdO(_, _, _, read_do.index()), tdVrdV);
         // dS^T = P^T (dP^T - D).
         const float* dsum = shared.dsum[read_do.index()] + coord.col0;
-        warpgroup_wait<0>();
+        warpgroup_wait<1>();
         warpgroup_fence_operand(tdPrdP);
 #pragma unroll
         for (int i = 0; i < size(tdPrdP); ++i)
           tdPrdP(i) = tSrS(i) * (tdPrdP(i) - dsum[AccCoord::Col(i)]);
-
-        Tensor tPrP = AccToA<Element, kBlockM>(tSrS);
-        BwdGemm<false, true>(mma_kv, tPrP, tdVrdO(_, _, _, read_do.index()), tdVrdV);
         Tensor tdSrdS = AccToA<Element, kBlockM>(tdPrdP);
         BwdGemm<false, true>(mma_kv, tdSrdS, tdKrQ(_, _, _, read_q.index()), tdKrdK);
 
