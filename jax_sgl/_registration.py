@@ -35,9 +35,10 @@ def attention_backend_info() -> dict:
   sm90_bwd_kernels: the sm_90a backward instantiations compiled in. sm90_bwd_mode: JAX_SGL_SM90_BWD
   as the backward handler reads it at every call: "verified" (unset: the GPU-verified
   instantiations, none yet), "all" (=1) or "off" (=0); the sm90 backward serves dense calls
-  without seqused_k, window or softcap on a 9.0 device, the sm80 backward everything else.
-  bwd_deterministic: JAX_SGL_BWD_DETERMINISTIC=1, which keeps the sm90 backward's dQ on the
-  atomic-free sm80 dQ kernel (bitwise reproducible gradients).
+  (seqused_k, causal and windows included) without softcap at head dims 64 / 128 on a 9.0
+  device, the sm80 backward everything else.
+  bwd_deterministic: JAX_SGL_BWD_DETERMINISTIC is set (=1: the sm90 backward computes dQ with
+  its atomic-free dQ kernel, =sm80: with the sm80 one; either way bitwise reproducible).
   """
   mode = {"0": "off", "1": "all"}.get(os.environ.get("JAX_SGL_SM90"), "verified")
   return {"sm90_kernels": tuple(_ext.sm90_attention_kernels().split()), "sm90_mode": mode,
@@ -46,7 +47,7 @@ def attention_backend_info() -> dict:
           "sm90_bwd_kernels": tuple(_ext.sm90_attention_bwd_kernels().split()),
           "sm90_bwd_mode": {"0": "off", "1": "all"}.get(os.environ.get("JAX_SGL_SM90_BWD"),
                                                         "verified"),
-          "bwd_deterministic": os.environ.get("JAX_SGL_BWD_DETERMINISTIC") == "1"}
+          "bwd_deterministic": os.environ.get("JAX_SGL_BWD_DETERMINISTIC") in ("1", "sm80")}
 
 
 def native_platforms(target: str) -> tuple[str, ...]:

@@ -10,8 +10,8 @@ what actually runs, and that unsupported head dims fall back to the reference lo
 
 Every test runs twice, once per CUDA backward: "sm80" (JAX_SGL_SM90_BWD=0: the portable mma.sync
 kernels) and "sm90" (JAX_SGL_SM90_BWD=1: the Hopper wgmma + TMA kernel wherever it covers the call,
-i.e. dense layouts (seqused_k included) without window or softcap at head dims 64 and 128; every
-other case checks the explicit fallback to the sm80 kernels). The sm90 runs are skipped off
+i.e. dense layouts (seqused_k, causal and sliding windows included) without softcap at head dims
+64 and 128; every other case checks the explicit fallback to the sm80 kernels). The sm90 runs are skipped off
 compute capability 9.0. test_dense (below) adds dense shapes, mostly without seqused_k, and runs
 the sm90 backward's deterministic dQ kernel too.
 
@@ -301,3 +301,26 @@ def test_dense_lse_cotangent(bwd_kernel, dq, causal, monkeypatch):
   k = _rand(keys[1], (2, 260, 2, 128), jnp.bfloat16)
   v = _rand(keys[2], (2, 260, 2, 128), jnp.bfloat16)
   _check(q, k, v, {"causal": causal}, with_lse=True)
+
+
+# Sliding windows (left, right) on the sm90 kernels' geometry: left only, both sides, causal with a
+# left bound, a window wider than the keys.
+WINDOWS = {"left": ((50, -1), False), "both": ((37, 4), False), "causal_left": ((100, 0), True),
+           "wide": ((5000, 3000), False)}
+
+
+@pytest.mark.parametrize("window", WINDOWS)
+@pytest.mark.parametrize("shape", ["square", "q_short", "k_short"])
+@pytest.mark.parametrize("dq", ["atomic", "det"])
+def test_dense_window(bwd_kernel, dq, shape, window, monkeypatch):
+  if dq == "det":
+    if bwd_kernel == "sm80":
+      pytest.skip("JAX_SGL_BWD_DETERMINISTIC only changes the sm90 backward")
+    monkeypatch.setenv("JAX_SGL_BWD_DETERMINISTIC", "1")
+  batch, sq, sk, h, hkv = DENSE_SHAPES[shape]
+  keys = jax.random.split(jax.random.PRNGKey(zlib.crc32((shape + window).encode()) % 1000), 3)
+  q = _rand(keys[0], (batch, sq, h, 128), jnp.bfloat16)
+  k = _rand(keys[1], (batch, sk, hkv, 128), jnp.bfloat16)
+  v = _rand(keys[2], (batch, sk, hkv, 128), jnp.bfloat16)
+  win, causal = WINDOWS[window]
+  _check(q, k, v, {"window": win, "causal": causal})

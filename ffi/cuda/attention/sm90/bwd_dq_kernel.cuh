@@ -5,8 +5,9 @@
 // Warpgroup 0: one thread TMA-loads the CTA's Q and dO halves once and streams the visible K / V
 // tiles (both on one stage of a PipelineTmaAsync ring). Warpgroups 1 and 2: 64 rows each, lse2
 // and D of their rows in registers (rows past seqlen_q get lse2 = +inf, so their P is 0).
-// Causal (bottom-right aligned) and seqused_k as in bwd_kernel.cuh: tiles past the CTA's last
-// row's diagonal are never loaded; only tiles that cross a row's diagonal or the key end mask.
+// Causal / sliding window (bottom-right aligned) and seqused_k as in bwd_kernel.cuh: only the key
+// tiles some row of the CTA sees are loaded; only tiles that cross a row's window edge or the
+// key end mask.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -39,7 +40,8 @@ struct BwdDqKernelParams {
   int ws_rows;
   float softmax_scale;
   float scale_log2;
-  bool causal;
+  int window_left;   // as in BwdKernelParams: -1 unbounded, causal = window_right 0
+  int window_right;
 };
 
 enum class BwdDqBarrier : uint32_t { kEpilogue0 = 0, kEpilogue1 = 1 };
@@ -61,7 +63,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
   const int warpgroup = threadIdx.x / 128;
   const int thread_in_wg = threadIdx.x % 128;
-  const int m_block = params.causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;  // longest first
+  // With a right window bound (causal) later rows see more keys: launch them first.
+  const int m_block = params.window_right >= 0 ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
   const int head = blockIdx.y;
   const int batch = blockIdx.z;
   const int kv_head = head / params.group;
@@ -70,9 +73,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                         ? params.seqlen_k
                         : min(max(params.seqused_k[batch], 0), params.seqlen_k);
   const int diag = k_len - params.seqlen_q;
-  // Key tiles [0, n_end): the CTA's last row sees keys <= m0 + kBlockM - 1 + diag.
-  const int keys = params.causal ? min(k_len, max(0, m0 + kBlockM + diag)) : k_len;
-  const int n_end = (keys + kBlockN - 1) / kBlockN;
+  // Key tiles [n_begin, n_end): from the first row's window start to the last row's window end.
+  const int wl = params.window_left, wr = params.window_right;
+  const int key_begin = wl >= 0 ? max(0, m0 + diag - wl) : 0;
+  const int key_end = wr >= 0 ? min(k_len, m0 + kBlockM + diag + wr) : k_len;
+  const int n_begin = key_begin / kBlockN;
+  const int n_end = key_end > key_begin ? (key_end + kBlockN - 1) / kBlockN : n_begin;
 
   typename Pipeline::Params pipe_params;
   pipe_params.transaction_bytes = 2 * Cfg::kKVTileBytes;
@@ -119,7 +125,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     auto tV = tma_partition(params.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV),
                             group_modes<0, 2>(gV));
     PipelineState write = cutlass::make_producer_start_state<Pipeline>();
-    for (int n = 0; n < n_end; ++n) {
+    for (int n = n_begin; n < n_end; ++n) {
       pipe_kv.producer_acquire(write);
       uint64_t* bar = pipe_kv.producer_get_barrier(write);
       copy(params.tma_k.with(*bar, 0), get<0>(tK)(_, n), get<1>(tK)(_, write.index()));
@@ -158,28 +164,33 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
     shared.barrier_rows.wait(0);
     PipelineState read;
-    for (int n = 0; n < n_end; ++n) {
+    for (int n = n_begin; n < n_end; ++n) {
       Tensor tSrS = partition_fragment_C(mma_s, Shape<Int<kRows>, Int<kBlockN>>{});
       Tensor tSrdP = partition_fragment_C(mma_s, Shape<Int<kRows>, Int<kBlockN>>{});
       pipe_kv.consumer_wait(read);
       BwdGemm<true, false>(mma_s, tSrQ, tSrK(_, _, _, read.index()), tSrS);
       BwdGemm<true, false>(mma_s, tSrdO, tSrV(_, _, _, read.index()), tSrdP);
+      // Unmasked: every row of the CTA sees every key of the tile.
       const bool masked = (n + 1) * kBlockN > k_len ||
-                          (params.causal && (n + 1) * kBlockN - 1 > m0 + diag);
+                          (wr >= 0 && (n + 1) * kBlockN - 1 > m0 + diag + wr) ||
+                          (wl >= 0 && n * kBlockN < m0 + kBlockM - 1 + diag - wl);
       warpgroup_wait<1>();
       warpgroup_fence_operand(tSrS);
       if (masked) {
-        int end[2];  // per row r: keys at or past end[r] (relative to this thread's column 0)
+        // Per row r the visible keys [begin[r], end[r]), relative to this thread's column 0.
+        int begin[2], end[2];
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          end[r] = k_len;
-          if (params.causal) end[r] = min(end[r], row_base + 8 * r + diag + 1);
+          const int row_diag = row_base + 8 * r + diag;
+          end[r] = wr >= 0 ? min(k_len, row_diag + wr + 1) : k_len;
+          begin[r] = wl >= 0 ? row_diag - wl : 0;
           end[r] -= n * kBlockN + coord.col0;
+          begin[r] -= n * kBlockN + coord.col0;
         }
 #pragma unroll
         for (int i = 0; i < size(tSrS); ++i) {
           const int r = AccCoord::Row(i) / 8;
-          tSrS(i) = AccCoord::Col(i) < end[r]
+          tSrS(i) = AccCoord::Col(i) >= begin[r] && AccCoord::Col(i) < end[r]
                         ? exp2f(fmaf(tSrS(i), params.scale_log2, -lse2[r]))
                         : 0.f;
         }

@@ -16,10 +16,11 @@
 // bwd_dq_kernel.cuh, or the sm80 one).
 //
 // seqused_k (dense): keys past a sequence's count are masked like keys past seqlen_k, and the
-// causal diagonal ends at its last used key.
-// Masking: a step is masked when its rows or the CTA's keys run past the ends or, when causal
-// (bottom-right aligned), the step's rows cross the diagonal of the CTA's keys; the other steps
-// skip the mask code. Q/dO rows past seqlen_q are zero-filled by TMA; dK/dV rows past seqlen_k
+// causal diagonal / window ends at its last used key.
+// Masking: a step is masked when its rows or the CTA's keys run past the ends or a row of the
+// step does not see every key of the CTA (causal diagonal, sliding window: bottom-right
+// aligned); the other steps skip the mask code. Rows whose window misses the CTA's keys are not
+// visited at all. Q/dO rows past seqlen_q are zero-filled by TMA; dK/dV rows past seqlen_k
 // are clipped by the TMA store.
 #pragma once
 
@@ -54,21 +55,30 @@ struct BwdKernelParams {
   int ws_rows;        // seqlen_q rounded up to kBlockM: every step's row values are in bounds
   float softmax_scale;
   float scale_log2;   // softmax_scale * log2(e)
-  bool causal;        // bottom-right aligned
+  // Row i sees keys [i + diag - window_left, i + diag + window_right] (diag = k_len - seqlen_q:
+  // bottom-right aligned), -1 = unbounded; causal is window_right = 0.
+  int window_left;
+  int window_right;
 };
 
 // Named barriers (ids after CUTLASS's reserved ones).
 enum class BwdBarrier : uint32_t { kDsReady = 0, kMmaDone = 1, kEpilogue0 = 2, kEpilogue1 = 3 };
 
-// Query-row blocks a CTA visits, per q head: [m_begin, m_end). Causal row i sees keys up to
-// i + seqlen_k - seqlen_q, so rows before n0 - diag see none of the CTA's keys.
+// Query-row blocks a CTA with keys [n0, n0 + block_n) visits, per q head: [m_begin, m_end), the
+// blocks of the rows whose key window reaches one of those keys: rows from n0 - diag -
+// window_right (the first whose window ends at or past n0) to n_last - diag + window_left.
 struct RowBlocks {
   int m_begin;
   int m_end;
-  __device__ RowBlocks(int n0, int block_m, int seqlen_q, int seqlen_k, bool causal) {
-    m_end = (seqlen_q + block_m - 1) / block_m;
-    const int first_row = causal ? max(0, n0 - (seqlen_k - seqlen_q)) : 0;
-    m_begin = min(m_end, first_row / block_m);
+  __device__ RowBlocks(int n0, int block_m, int block_n, int seqlen_q, int k_len, int window_left,
+                       int window_right) {
+    const int diag = k_len - seqlen_q;
+    const int n_last = min(n0 + block_n, k_len) - 1;
+    const int first_row = window_right >= 0 ? max(0, n0 - diag - window_right) : 0;
+    const int last_row =
+        window_left >= 0 ? min(seqlen_q - 1, n_last - diag + window_left) : seqlen_q - 1;
+    m_begin = first_row / block_m;
+    m_end = last_row < first_row ? m_begin : last_row / block_m + 1;
   }
 };
 
@@ -162,7 +172,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const int k_len = params.seqused_k == nullptr
                         ? params.seqlen_k
                         : min(max(params.seqused_k[batch], 0), params.seqlen_k);
-  const RowBlocks rows(n0, kBlockM, params.seqlen_q, k_len, params.causal);
+  const RowBlocks rows(n0, kBlockM, kBlockN, params.seqlen_q, k_len, params.window_left,
+                       params.window_right);
   const int m_steps = n0 < k_len ? rows.m_end - rows.m_begin : 0;  // per q head
   const int steps = m_steps * params.group;
 
@@ -295,8 +306,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
         // P^T = exp2(S^T scale log2e - lse2), zero where masked. Columns are query rows.
         const float* lse2 = shared.lse2[read_q.index()] + coord.col0;
-        const bool masked = keys_partial || row0 + kBlockM > params.seqlen_q ||
-                            (params.causal && row0 + diag < n0 + kBlockN - 1);
+        // Unmasked: every row of the step sees every key of the CTA.
+        const bool masked =
+            keys_partial || row0 + kBlockM > params.seqlen_q ||
+            (params.window_right >= 0 && row0 + diag + params.window_right < n0 + kBlockN - 1) ||
+            (params.window_left >= 0 && row0 + kBlockM - 1 + diag - params.window_left > n0);
         warpgroup_wait<1>();
         warpgroup_fence_operand(tSrS);  // no read of S^T above the wait
         if (masked) {
@@ -304,8 +318,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           for (int i = 0; i < size(tSrS); ++i) {
             const int key = key_base + AccCoord::Row(i);
             const int row = row0 + coord.col0 + AccCoord::Col(i);
-            const bool visible = key < k_len && row < params.seqlen_q &&
-                                 !(params.causal && key > row + diag);
+            const bool visible =
+                key < k_len && row < params.seqlen_q &&
+                (params.window_right < 0 || key <= row + diag + params.window_right) &&
+                (params.window_left < 0 || key >= row + diag - params.window_left);
             tSrS(i) = visible ? exp2f(fmaf(tSrS(i), params.scale_log2, -lse2[AccCoord::Col(i)]))
                               : 0.f;
           }

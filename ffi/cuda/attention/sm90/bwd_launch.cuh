@@ -46,7 +46,8 @@ cudaError_t LaunchFlashBwdSm90Dq(const FlashBwdArgs& args, cudaStream_t stream) 
       args.ws_rows,
       p.softmax_scale,
       p.softmax_scale * 1.4426950408889634f,
-      p.causal,
+      p.window_left,
+      p.window_right,
   };
   auto kernel = FlashBwdSm90DqKernel<Cfg>;
   constexpr int kSmem = sizeof(typename Cfg::SharedStorage);
@@ -96,7 +97,8 @@ cudaError_t LaunchFlashBwdSm90(const FlashBwdArgs& args, float* dq_accum, bool d
       args.ws_rows,
       p.softmax_scale,
       p.softmax_scale * 1.4426950408889634f,
-      p.causal,
+      p.window_left,
+      p.window_right,
   };
   cudaError_t err;
   if (dq_accum != nullptr &&
