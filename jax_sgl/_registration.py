@@ -35,8 +35,8 @@ def attention_backend_info() -> dict:
   sm90_bwd_kernels: the sm_90a backward instantiations compiled in. sm90_bwd_mode: JAX_SGL_SM90_BWD
   as the backward handler reads it at every call: "verified" (unset: the GPU-verified
   instantiations, none yet), "all" (=1) or "off" (=0); the sm90 backward serves dense calls
-  (seqused_k, causal and windows included) without softcap at head dims 64 / 128 on a 9.0
-  device, the sm80 backward everything else.
+  (seqused_k, causal, windows and softcap included) at head dims 64 / 128 on a 9.0 device, the
+  sm80 backward everything else.
   bwd_deterministic: JAX_SGL_BWD_DETERMINISTIC is set (=1: the sm90 backward computes dQ with
   its atomic-free dQ kernel, =sm80: with the sm80 one; either way bitwise reproducible).
   """

@@ -10,8 +10,9 @@ what actually runs, and that unsupported head dims fall back to the reference lo
 
 Every test runs twice, once per CUDA backward: "sm80" (JAX_SGL_SM90_BWD=0: the portable mma.sync
 kernels) and "sm90" (JAX_SGL_SM90_BWD=1: the Hopper wgmma + TMA kernel wherever it covers the call,
-i.e. dense layouts (seqused_k, causal and sliding windows included) without softcap at head dims
-64 and 128; every other case checks the explicit fallback to the sm80 kernels). The sm90 runs are skipped off
+i.e. dense layouts (seqused_k, causal, sliding windows and softcap included) at head dims 64 and
+128 with head_dim == head_dim_v; every other case checks the explicit fallback to the sm80
+kernels). The sm90 runs are skipped off
 compute capability 9.0. test_dense (below) adds dense shapes, mostly without seqused_k, and runs
 the sm90 backward's deterministic dQ kernel too.
 
@@ -324,3 +325,20 @@ def test_dense_window(bwd_kernel, dq, shape, window, monkeypatch):
   v = _rand(keys[2], (batch, sk, hkv, 128), jnp.bfloat16)
   win, causal = WINDOWS[window]
   _check(q, k, v, {"window": win, "causal": causal})
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", ["square", "k_short"])
+@pytest.mark.parametrize("dq", ["atomic", "det"])
+def test_dense_softcap(bwd_kernel, dq, shape, causal, monkeypatch):
+  """Softcap on the sm90 kernels: P and dS from one pass with the tanh derivative."""
+  if dq == "det":
+    if bwd_kernel == "sm80":
+      pytest.skip("JAX_SGL_BWD_DETERMINISTIC only changes the sm90 backward")
+    monkeypatch.setenv("JAX_SGL_BWD_DETERMINISTIC", "1")
+  batch, sq, sk, h, hkv = DENSE_SHAPES[shape]
+  keys = jax.random.split(jax.random.PRNGKey(zlib.crc32(shape.encode()) % 1000 + 1), 3)
+  q = _rand(keys[0], (batch, sq, h, 128), jnp.bfloat16)
+  k = _rand(keys[1], (batch, sk, hkv, 128), jnp.bfloat16)
+  v = _rand(keys[2], (batch, sk, hkv, 128), jnp.bfloat16)
+  _check(q, k, v, {"softcap": 5.0, "causal": causal})

@@ -66,7 +66,7 @@ const char* PlanFlashBwd(const AttentionParams& p, FlashBwdPlan* plan) {
   plan->sm90_dq_kernel = false;
   plan->ws_rows = p.seqlen_q;
 #ifdef JAX_SGL_HAVE_SM90
-  // Anything the sm90 kernels do not cover (varlen, windows, softcap, other head dims, ...) runs
+  // Anything the sm90 kernels do not cover (varlen, other head dims, d != d_v, ...) runs
   // on the sm80 kernels below: Sm90BwdUnsupported names it.
   if (Sm90BwdUnsupported(p) == nullptr && Sm90BwdEnabled(p)) {
     plan->sm90 = true;

@@ -58,7 +58,6 @@ const char* Sm90BwdUnsupported(const AttentionParams& p) {
     return "sm90 backward: float16/bfloat16 q, k, v and out only";
   if (p.head_dim != p.head_dim_v || !Built(p.q_type, p.head_dim))
     return "sm90 backward: head_dim == head_dim_v in the built set (64, 128) only";
-  if (p.softcap != 0.f) return "sm90 backward: no softcap";
   if (p.seqlen_q < 1 || p.seqlen_k < 1) return "sm90 backward: non-empty q and k";
   // TMA byte strides below 2^40; the dQ accumulator's float offsets below 2^38 as well.
   if ((int64_t(p.seqlen_q) + 128) * p.num_heads * p.head_dim * p.batch >= (int64_t(1) << 36) ||

@@ -40,6 +40,8 @@ struct BwdDqKernelParams {
   int ws_rows;
   float softmax_scale;
   float scale_log2;
+  float softcap_scale;  // as in BwdKernelParams
+  float cap_log2;
   int window_left;   // as in BwdKernelParams: -1 unbounded, causal = window_right 0
   int window_right;
 };
@@ -174,36 +176,53 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       const bool masked = (n + 1) * kBlockN > k_len ||
                           (wr >= 0 && (n + 1) * kBlockN - 1 > m0 + diag + wr) ||
                           (wl >= 0 && n * kBlockN < m0 + kBlockM - 1 + diag - wl);
-      warpgroup_wait<1>();
-      warpgroup_fence_operand(tSrS);
-      if (masked) {
-        // Per row r the visible keys [begin[r], end[r]), relative to this thread's column 0.
-        int begin[2], end[2];
+      // Per row r the visible keys [begin[r], end[r]), relative to this thread's column 0.
+      int begin[2], end[2];
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int row_diag = row_base + 8 * r + diag;
-          end[r] = wr >= 0 ? min(k_len, row_diag + wr + 1) : k_len;
-          begin[r] = wl >= 0 ? row_diag - wl : 0;
-          end[r] -= n * kBlockN + coord.col0;
-          begin[r] -= n * kBlockN + coord.col0;
+      for (int r = 0; r < 2; ++r) {
+        const int row_diag = row_base + 8 * r + diag;
+        end[r] = wr >= 0 ? min(k_len, row_diag + wr + 1) : k_len;
+        begin[r] = wl >= 0 ? row_diag - wl : 0;
+        end[r] -= n * kBlockN + coord.col0;
+        begin[r] -= n * kBlockN + coord.col0;
+      }
+      auto visible = [&](int i) {
+        const int r = AccCoord::Row(i) / 8;
+        return AccCoord::Col(i) >= begin[r] && AccCoord::Col(i) < end[r];
+      };
+      if (params.cap_log2 == 0.f) {
+        warpgroup_wait<1>();
+        warpgroup_fence_operand(tSrS);
+        if (masked) {
+#pragma unroll
+          for (int i = 0; i < size(tSrS); ++i)
+            tSrS(i) = visible(i)
+                          ? exp2f(fmaf(tSrS(i), params.scale_log2, -lse2[AccCoord::Row(i) / 8]))
+                          : 0.f;
+        } else {
+#pragma unroll
+          for (int i = 0; i < size(tSrS); ++i)
+            tSrS(i) = exp2f(fmaf(tSrS(i), params.scale_log2, -lse2[AccCoord::Row(i) / 8]));
         }
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(tSrdP);
+#pragma unroll
+        for (int i = 0; i < size(tSrdP); ++i)
+          tSrdP(i) = tSrS(i) * (tSrdP(i) - dsum[AccCoord::Row(i) / 8]);
+      } else {
+        // Softcap (as in bwd_kernel.cuh): P and dS in one pass after both GEMMs.
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(tSrS);
+        warpgroup_fence_operand(tSrdP);
 #pragma unroll
         for (int i = 0; i < size(tSrS); ++i) {
           const int r = AccCoord::Row(i) / 8;
-          tSrS(i) = AccCoord::Col(i) >= begin[r] && AccCoord::Col(i) < end[r]
-                        ? exp2f(fmaf(tSrS(i), params.scale_log2, -lse2[r]))
-                        : 0.f;
+          const float t = tanhf(tSrS(i) * params.softcap_scale);
+          const float p =
+              !masked || visible(i) ? exp2f(fmaf(t, params.cap_log2, -lse2[r])) : 0.f;
+          tSrdP(i) = p * (tSrdP(i) - dsum[r]) * (1.f - t * t);
         }
-      } else {
-#pragma unroll
-        for (int i = 0; i < size(tSrS); ++i)
-          tSrS(i) = exp2f(fmaf(tSrS(i), params.scale_log2, -lse2[AccCoord::Row(i) / 8]));
       }
-      warpgroup_wait<0>();
-      warpgroup_fence_operand(tSrdP);
-#pragma unroll
-      for (int i = 0; i < size(tSrdP); ++i)
-        tSrdP(i) = tSrS(i) * (tSrdP(i) - dsum[AccCoord::Row(i) / 8]);
       Tensor tdSrdS = AccToA<Element, kBlockN>(tSrdP);
       BwdGemm<false, true>(mma_dq, tdSrdS, tdQrK(_, _, _, read.index()), tdQrdQ);
       warpgroup_wait<0>();

@@ -55,6 +55,8 @@ struct BwdKernelParams {
   int ws_rows;        // seqlen_q rounded up to kBlockM: every step's row values are in bounds
   float softmax_scale;
   float scale_log2;   // softmax_scale * log2(e)
+  float softcap_scale;  // softmax_scale / softcap (softcap only)
+  float cap_log2;       // softcap * log2(e); 0: no softcap
   // Row i sees keys [i + diag - window_left, i + diag + window_right] (diag = k_len - seqlen_q:
   // bottom-right aligned), -1 = unbounded; causal is window_right = 0.
   int window_left;
@@ -306,41 +308,65 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
         // P^T = exp2(S^T scale log2e - lse2), zero where masked. Columns are query rows.
         const float* lse2 = shared.lse2[read_q.index()] + coord.col0;
+        const float* dsum = shared.dsum[read_do.index()] + coord.col0;
         // Unmasked: every row of the step sees every key of the CTA.
         const bool masked =
             keys_partial || row0 + kBlockM > params.seqlen_q ||
             (params.window_right >= 0 && row0 + diag + params.window_right < n0 + kBlockN - 1) ||
             (params.window_left >= 0 && row0 + kBlockM - 1 + diag - params.window_left > n0);
-        warpgroup_wait<1>();
-        warpgroup_fence_operand(tSrS);  // no read of S^T above the wait
-        if (masked) {
+        auto visible = [&](int i) {
+          const int key = key_base + AccCoord::Row(i);
+          const int row = row0 + coord.col0 + AccCoord::Col(i);
+          return key < k_len && row < params.seqlen_q &&
+                 (params.window_right < 0 || key <= row + diag + params.window_right) &&
+                 (params.window_left < 0 || key >= row + diag - params.window_left);
+        };
+        Tensor tPrP = make_tensor<Element>(
+            Layout<Shape<Shape<_2, _2, _2>, _1, Int<kBlockM / 16>>>{});  // AccToA's layout
+        if (params.cap_log2 == 0.f) {
+          warpgroup_wait<1>();
+          warpgroup_fence_operand(tSrS);  // no read of S^T above the wait
+          if (masked) {
+#pragma unroll
+            for (int i = 0; i < size(tSrS); ++i)
+              tSrS(i) = visible(i)
+                            ? exp2f(fmaf(tSrS(i), params.scale_log2, -lse2[AccCoord::Col(i)]))
+                            : 0.f;
+          } else {
+#pragma unroll
+            for (int i = 0; i < size(tSrS); ++i)
+              tSrS(i) = exp2f(fmaf(tSrS(i), params.scale_log2, -lse2[AccCoord::Col(i)]));
+          }
+          // dV += P^T dO goes to the tensor cores before dP^T is waited for: it runs while dS^T
+          // is computed (groups complete in order, so wait<1> below still means dP^T is done).
+#pragma unroll
+          for (int i = 0; i < size(tSrS); ++i) tPrP(i) = Element(tSrS(i));
+          BwdGemm<false, true>(mma_kv, tPrP, tdVrdO(_, _, _, read_do.index()), tdVrdV);
+          // dS^T = P^T (dP^T - D).
+          warpgroup_wait<1>();
+          warpgroup_fence_operand(tdPrdP);
+#pragma unroll
+          for (int i = 0; i < size(tdPrdP); ++i)
+            tdPrdP(i) = tSrS(i) * (tdPrdP(i) - dsum[AccCoord::Col(i)]);
+        } else {
+          // Softcap: x = cap tanh(s scale / cap), so dS^T also takes x' = 1 - tanh^2: P^T and
+          // dS^T come from one pass once both GEMMs are done.
+          warpgroup_wait<0>();
+          warpgroup_fence_operand(tSrS);
+          warpgroup_fence_operand(tdPrdP);
 #pragma unroll
           for (int i = 0; i < size(tSrS); ++i) {
-            const int key = key_base + AccCoord::Row(i);
-            const int row = row0 + coord.col0 + AccCoord::Col(i);
-            const bool visible =
-                key < k_len && row < params.seqlen_q &&
-                (params.window_right < 0 || key <= row + diag + params.window_right) &&
-                (params.window_left < 0 || key >= row + diag - params.window_left);
-            tSrS(i) = visible ? exp2f(fmaf(tSrS(i), params.scale_log2, -lse2[AccCoord::Col(i)]))
-                              : 0.f;
+            const float t = tanhf(tSrS(i) * params.softcap_scale);
+            const float p = !masked || visible(i)
+                                ? exp2f(fmaf(t, params.cap_log2, -lse2[AccCoord::Col(i)]))
+                                : 0.f;
+            tdPrdP(i) = p * (tdPrdP(i) - dsum[AccCoord::Col(i)]) * (1.f - t * t);
+            tSrS(i) = p;
           }
-        } else {
 #pragma unroll
-          for (int i = 0; i < size(tSrS); ++i)
-            tSrS(i) = exp2f(fmaf(tSrS(i), params.scale_log2, -lse2[AccCoord::Col(i)]));
+          for (int i = 0; i < size(tSrS); ++i) tPrP(i) = Element(tSrS(i));
+          BwdGemm<false, true>(mma_kv, tPrP, tdVrdO(_, _, _, read_do.index()), tdVrdV);
         }
-        // dV += P^T dO goes to the tensor cores before dP^T is waited for: it runs while dS^T
-        // is computed (groups complete in order, so wait<1> below still means dP^T is done).
-        Tensor tPrP = AccToA<Element, kBlockM>(tSrS);
-        BwdGemm<false, true>(mma_kv, tPrP, tdVrdO(_, _, _, read_do.index()), tdVrdV);
-        // dS^T = P^T (dP^T - D).
-        const float* dsum = shared.dsum[read_do.index()] + coord.col0;
-        warpgroup_wait<1>();
-        warpgroup_fence_operand(tdPrdP);
-#pragma unroll
-        for (int i = 0; i < size(tdPrdP); ++i)
-          tdPrdP(i) = tSrS(i) * (tdPrdP(i) - dsum[AccCoord::Col(i)]);
         Tensor tdSrdS = AccToA<Element, kBlockM>(tdPrdP);
         BwdGemm<false, true>(mma_kv, tdSrdS, tdKrQ(_, _, _, read_q.index()), tdKrdK);
 

@@ -46,6 +46,8 @@ cudaError_t LaunchFlashBwdSm90Dq(const FlashBwdArgs& args, cudaStream_t stream) 
       args.ws_rows,
       p.softmax_scale,
       p.softmax_scale * 1.4426950408889634f,
+      p.softcap > 0.f ? p.softmax_scale / p.softcap : 0.f,
+      p.softcap > 0.f ? p.softcap * 1.4426950408889634f : 0.f,
       p.window_left,
       p.window_right,
   };
@@ -97,6 +99,8 @@ cudaError_t LaunchFlashBwdSm90(const FlashBwdArgs& args, float* dq_accum, bool d
       args.ws_rows,
       p.softmax_scale,
       p.softmax_scale * 1.4426950408889634f,
+      p.softcap > 0.f ? p.softmax_scale / p.softcap : 0.f,
+      p.softcap > 0.f ? p.softcap * 1.4426950408889634f : 0.f,
       p.window_left,
       p.window_right,
   };
