@@ -4,7 +4,16 @@
   xla      jax.grad of jax.nn.dot_product_attention(implementation="xla") (skipped where its
            score matrices would not fit comfortably);
   jax_sgl  jax.grad of jax_sgl.attention, with the CUDA backward kernel (the default; --reference-bwd
-           sets JAX_SGL_CUDA_BWD=0, the reference lowering).
+           sets JAX_SGL_CUDA_BWD=0, the reference lowering), once per
+           backward named in --bwd, each row labelled with the kernel that served it:
+             sm80      the portable mma.sync kernels (JAX_SGL_SM90_BWD=0);
+             sm90      the Hopper wgmma + TMA kernel, dQ by float32 atomics (JAX_SGL_SM90_BWD=1);
+             sm90det   the same with JAX_SGL_BWD_DETERMINISTIC=1 (dQ by the sm90 dQ kernel, no
+                       atomics: bitwise reproducible);
+             sm90det80 JAX_SGL_BWD_DETERMINISTIC=sm80 (dQ by the sm80 dQ kernel; not default).
+           The sm90 variants run only where the build has the kernel and the device is 9.0;
+           these dense calls are all in its coverage. Both variables are read by the handler
+           at every call, so one process times all of them.
 
 Issue 4's cases: bf16, D=128, H=16 (MHA), B*S = 32768 tokens, S in {4k, 8k}, causal and not.
 TFLOP/s count the forward's 4*B*H*S^2*D (halved when causal) times 3.5 for forward+backward
@@ -28,9 +37,28 @@ from timing import median_seconds, try_time
 DTYPE = jnp.bfloat16
 
 
+# --bwd variant -> (JAX_SGL_SM90_BWD, JAX_SGL_BWD_DETERMINISTIC) while it is timed.
+BWD_VARIANTS = {"sm80": ("0", "0"), "sm90": ("1", "0"), "sm90det": ("1", "1"),
+                "sm90det80": ("1", "sm80")}
+
+
+def set_bwd_variant(name):
+  sm90, det = BWD_VARIANTS[name]
+  os.environ["JAX_SGL_SM90_BWD"] = sm90
+  os.environ["JAX_SGL_BWD_DETERMINISTIC"] = det
+
+
+def sm90_bwd_available(head_dim):
+  """The sm90 backward for bf16 at head_dim is built and the device is compute capability 9.0."""
+  info = jax_sgl.attention_backend_info()
+  device = jax.devices()[0]
+  return (f"hdim{head_dim}_bf16" in info.get("sm90_bwd_kernels", ())
+          and getattr(device, "compute_capability", "") == "9.0")
+
+
 def attention_fns(impl, causal):
   """(forward, forward+backward) jitted for one implementation."""
-  if impl == "jax_sgl":
+  if impl.startswith("jax_sgl"):
     attn = lambda q, k, v: jax_sgl.attention(q, k, v, causal=causal)
   else:
     attn = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=causal,
@@ -69,16 +97,26 @@ def main():
   parser.add_argument("--batches", type=int, default=5)
   parser.add_argument("--reference-bwd", action="store_true",
                       help="time jax_sgl with the reference backward lowering instead")
+  parser.add_argument("--bwd", nargs="+", choices=sorted(BWD_VARIANTS),
+                      default=["sm80", "sm90", "sm90det"],
+                      help="CUDA backward variants to time (sm90 ones only where available)")
   args = parser.parse_args()
   if args.reference_bwd:
     os.environ["JAX_SGL_CUDA_BWD"] = "0"
+  variants = [b for b in args.bwd if b == "sm80" or sm90_bwd_available(args.head_dim)]
+  if args.reference_bwd or not variants:
+    variants = ["sm80"]
+  # The SUMMARY line reports the fastest path this build offers by default-able means: sm90 when
+  # it ran, else sm80.
+  primary = "sm90" if "sm90" in variants else variants[0]
   print(f"device: {jax.devices()[0].device_kind}, jax {jax.__version__}")
   print(f"jax_sgl attention backend: {jax_sgl.attention_backend_info()}, "
-        f"JAX_SGL_CUDA_BWD={os.environ.get('JAX_SGL_CUDA_BWD', '')}")
+        f"JAX_SGL_CUDA_BWD={os.environ.get('JAX_SGL_CUDA_BWD', '')}, backward variants: "
+        f"{' '.join(variants)}")
   h, d = args.heads, args.head_dim
   print(f"\nforward+backward, B*S = {args.tokens} tokens, H={h}, D={d}, bf16; TFLOP/s "
         "(fwd+bwd counts 3.5x the forward's flops, bwd alone 2.5x)")
-  print(f"{'S':>6} {'causal':>6} {'impl':<8} {'fwd+bwd ms':>10} {'fwd+bwd':>8} {'bwd':>8} "
+  print(f"{'S':>6} {'causal':>6} {'impl':<14} {'fwd+bwd ms':>10} {'fwd+bwd':>8} {'bwd':>8} "
         f"{'jax_sgl vs':>10}")
   for s in args.seqlens:
     b = max(1, args.tokens // s)
@@ -88,31 +126,51 @@ def main():
       flops = 4 * b * h * s * s * d * (0.5 if causal else 1.0)
       calls = max(3, int(3e13 // (3.5 * flops)))
       rows = {}
-      for impl in ("jax_sgl", "cudnn", "xla"):
+      for impl in [f"jax_sgl/{name}" for name in variants] + ["cudnn", "xla"]:
         # XLA materializes float32 scores and probabilities [B, H, S, S] (and their gradients):
         # keep the pair under 20 GiB of the H200's 141.
         if impl == "xla" and 2 * b * h * s * s * 4 > 20 << 30:
           rows[impl] = None
           continue
+        if impl.startswith("jax_sgl/"):
+          set_bwd_variant(impl.split("/")[1])
         fwd, fwd_bwd = attention_fns(impl, causal)
         t_all = try_time(fwd_bwd, (q, k, v), calls, args.batches)
         t_fwd = try_time(fwd, (q, k, v), calls, args.batches) if t_all else None
         rows[impl] = (t_all, t_fwd) if t_all else None
-      ours = rows["jax_sgl"][0]
+      # A variant that failed (printed above) leaves the ratios to the next one that ran.
+      ran = [name for name in variants if rows[f"jax_sgl/{name}"]]
+      if not ran:
+        print(f"SUMMARY attention fwd+bwd S={s // 1024}k H{h} D{d} causal={causal}: "
+              "jax_sgl FAILED")
+        continue
+      shown = primary if primary in ran else ran[0]
+      ours = rows[f"jax_sgl/{shown}"][0]
       for impl, r in rows.items():
         if r is None:
-          print(f"{s:>6} {str(causal):>6} {impl:<8} {'-':>10}")
+          print(f"{s:>6} {str(causal):>6} {impl:<14} {'-':>10}")
           continue
         t_all, t_fwd = r
         bwd = 2.5 * flops / (t_all - t_fwd) / 1e12 if t_fwd and t_all > t_fwd else float("nan")
-        print(f"{s:>6} {str(causal):>6} {impl:<8} {t_all * 1e3:10.2f} "
+        print(f"{s:>6} {str(causal):>6} {impl:<14} {t_all * 1e3:10.2f} "
               f"{3.5 * flops / t_all / 1e12:8.0f} {bwd:8.0f} {t_all / ours:9.2f}x")
-      err = check_close(q, k, v, causal)
-      print(f"       max |dq,dk,dv - anchor| / max |anchor| = {err if err is not None else '-'}")
+      errs = {}
+      for name in ran:
+        set_bwd_variant(name)
+        try:
+          errs[name] = check_close(q, k, v, causal)
+        except Exception as e:  # report, keep benchmarking the other cases
+          print(f"  ({name} check: {type(e).__name__}: {str(e).splitlines()[0][:100]})")
+          errs[name] = None
+        print(f"       {name}: max |dq,dk,dv - anchor| / max |anchor| = "
+              f"{errs[name] if errs[name] is not None else '-'}")
+      err = errs[shown]
+      others = "".join(f", {name} {3.5 * flops / rows[f'jax_sgl/{name}'][0] / 1e12:.0f}"
+                       for name in ran if name != shown)
       cud = rows["cudnn"][0] if rows["cudnn"] else None
       xla = rows["xla"][0] if rows["xla"] else None
       print(f"SUMMARY attention fwd+bwd S={s // 1024}k H{h} D{d} causal={causal}: "
-            f"{3.5 * flops / ours / 1e12:.0f} TFLOP/s, "
+            f"{3.5 * flops / ours / 1e12:.0f} TFLOP/s ({shown} bwd{others}), "
             f"cudnn {3.5 * flops / cud / 1e12 if cud else 0:.0f} "
             f"({cud / ours if cud else float('nan'):.2f}x), "
             f"xla {3.5 * flops / xla / 1e12 if xla else 0:.0f}; rel err vs anchor "

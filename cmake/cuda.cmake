@@ -71,11 +71,12 @@ else()
                  "need CuTe are skipped")
 endif()
 
-# Hopper flash forward (ffi/cuda/attention/sm90, CuTe wgmma + TMA): built when 90a is among the
-# archs and CuTe is found, for sm_90a only (its own object library, so other archs never see
-# wgmma). One file per (head dim, dtype) of JAX_SGL_SM90_HEAD_DIMS x JAX_SGL_SM90_DTYPES; each
+# Hopper flash forward and backward (ffi/cuda/attention/sm90, CuTe wgmma + TMA): built when 90a is
+# among the archs and CuTe is found, for sm_90a only (its own object library, so other archs never
+# see wgmma). One file per (head dim, dtype) of JAX_SGL_SM90_HEAD_DIMS x JAX_SGL_SM90_DTYPES; each
 # defines JAX_SGL_SM90_HAVE_HDIM<D>_<DTYPE> so the dispatch knows it. At run time JAX_SGL_SM90
-# picks which of them serve calls (by default those verified on a GPU; sm90/dispatch.cc).
+# picks which of them serve calls (by default those verified on a GPU; sm90/dispatch.cc), and
+# JAX_SGL_SM90_BWD which backward ones (sm90/bwd_dispatch.cc).
 set(JAX_SGL_SM90_HEAD_DIMS "64;128;256" CACHE STRING "sm90 attention head dims to build")
 set(JAX_SGL_SM90_DTYPES "bf16;fp16" CACHE STRING "sm90 attention dtypes to build")
 # Kernel variants for A/B runs (sm90/variants.h, picked at run time by JAX_SGL_SM90_VARIANT):
@@ -96,6 +97,12 @@ if("90a" IN_LIST JAX_SGL_CUDA_ARCHS AND TARGET jax_sgl_cutlass AND JAX_SGL_SM90_
       endforeach()
       string(TOUPPER "${t}" _t)
       target_compile_definitions(_native PRIVATE JAX_SGL_SM90_HAVE_HDIM${d}_${_t}=1)
+      # The backward (sm90/bwd_*) exists for head dims 64 and 128.
+      if(d EQUAL 64 OR d EQUAL 128)
+        list(APPEND _jax_sgl_sm90_sources
+          ffi/cuda/attention/instantiations/flash_bwd_sm90_hdim${d}_${t}.cu)
+        target_compile_definitions(_native PRIVATE JAX_SGL_SM90_BWD_HAVE_HDIM${d}_${_t}=1)
+      endif()
     endforeach()
   endforeach()
   foreach(v ${JAX_SGL_SM90_VARIANTS})
@@ -113,6 +120,7 @@ if("90a" IN_LIST JAX_SGL_CUDA_ARCHS AND TARGET jax_sgl_cutlass AND JAX_SGL_SM90_
   # MMA selectors; without it they silently pick N = 16.
   target_compile_definitions(jax_sgl_sm90 PRIVATE CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED=1)
   target_sources(_native PRIVATE ffi/cuda/attention/sm90/dispatch.cc
+                                 ffi/cuda/attention/sm90/bwd_dispatch.cc
                                  $<TARGET_OBJECTS:jax_sgl_sm90>)
   target_compile_definitions(_native PRIVATE JAX_SGL_HAVE_SM90=1)
   message(STATUS "jax_sgl: sm90 attention: head dims ${JAX_SGL_SM90_HEAD_DIMS}, "

@@ -27,7 +27,8 @@ XLA_FFI_Error* JaxSglAttentionFwdApple(XLA_FFI_CallFrame*);
 
 #ifdef JAX_SGL_HAVE_SM90
 namespace jax_sgl::cuda {
-const char* Sm90BuiltKernels();  // ffi/cuda/attention/sm90/dispatch.cc
+const char* Sm90BuiltKernels();     // ffi/cuda/attention/sm90/dispatch.cc
+const char* Sm90BwdBuiltKernels();  // ffi/cuda/attention/sm90/bwd_dispatch.cc
 }
 #endif
 
@@ -66,6 +67,14 @@ NB_MODULE(_native, m) {
   m.def("sm90_attention_kernels", []() -> std::string {
 #ifdef JAX_SGL_HAVE_SM90
     return jax_sgl::cuda::Sm90BuiltKernels();
+#else
+    return "";
+#endif
+  });
+  // The sm_90a attention backward instantiations in this build.
+  m.def("sm90_attention_bwd_kernels", []() -> std::string {
+#ifdef JAX_SGL_HAVE_SM90
+    return jax_sgl::cuda::Sm90BwdBuiltKernels();
 #else
     return "";
 #endif

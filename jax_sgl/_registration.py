@@ -31,11 +31,22 @@ def attention_backend_info() -> dict:
   cuda_bwd_kernel: the CUDA backward kernel is compiled in. cuda_bwd_mode: "on" unless
   JAX_SGL_CUDA_BWD=0, which lowers gradients traced from then on to the vjp of the pure-JAX
   reference instead of the kernel (float16/bfloat16, head dims up to 128).
+  sm90_bwd_kernels: the sm_90a backward instantiations compiled in. sm90_bwd_mode: JAX_SGL_SM90_BWD
+  as the backward handler reads it at every call: "verified" (unset: the GPU-verified
+  instantiations, none yet), "all" (=1) or "off" (=0); the sm90 backward serves dense calls
+  (seqused_k, causal, windows and softcap included) at head dims 64 / 128 on a 9.0 device, the
+  sm80 backward everything else.
+  bwd_deterministic: JAX_SGL_BWD_DETERMINISTIC is set (=1: the sm90 backward computes dQ with
+  its atomic-free dQ kernel, =sm80: with the sm80 one; either way bitwise reproducible).
   """
   mode = "off" if os.environ.get("JAX_SGL_SM90") == "0" else "on"
   return {"sm90_kernels": tuple(_ext.sm90_attention_kernels().split()), "sm90_mode": mode,
           "cuda_bwd_kernel": "jax_sgl_attention_bwd" in CUDA_TARGETS,
-          "cuda_bwd_mode": "off" if os.environ.get("JAX_SGL_CUDA_BWD") == "0" else "on"}
+          "cuda_bwd_mode": "off" if os.environ.get("JAX_SGL_CUDA_BWD") == "0" else "on",
+          "sm90_bwd_kernels": tuple(_ext.sm90_attention_bwd_kernels().split()),
+          "sm90_bwd_mode": {"0": "off", "1": "all"}.get(os.environ.get("JAX_SGL_SM90_BWD"),
+                                                        "verified"),
+          "bwd_deterministic": os.environ.get("JAX_SGL_BWD_DETERMINISTIC") in ("1", "sm80")}
 
 
 def native_platforms(target: str) -> tuple[str, ...]:

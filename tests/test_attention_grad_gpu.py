@@ -8,9 +8,18 @@ shorter than q. Then: other head dims (zero-padded onto a capacity, d_v != d), a
 long sequences, determinism (bitwise-equal gradients from two runs), that the native kernel is
 what actually runs, and that unsupported head dims fall back to the reference lowering.
 
+Every test runs twice, once per CUDA backward: "sm80" (JAX_SGL_SM90_BWD=0: the portable mma.sync
+kernels) and "sm90" (JAX_SGL_SM90_BWD=1: the Hopper wgmma + TMA kernel wherever it covers the call,
+i.e. dense layouts (seqused_k, causal, sliding windows and softcap included) at head dims 64 and
+128 with head_dim == head_dim_v; every other case checks the explicit fallback to the sm80
+kernels). The sm90 runs are skipped off
+compute capability 9.0. test_dense (below) adds dense shapes, mostly without seqused_k, and runs
+the sm90 backward's deterministic dQ kernel too.
+
 Every gradient is taken under a fresh jax.jit, so the JAX_SGL_CUDA_BWD setting (read when the
-backward is lowered) applies to it. Gradient buffers are poisoned (NaN left in the allocator)
-before each call, so an element the kernels forget to write shows up as NaN.
+backward is lowered) applies to it; JAX_SGL_SM90_BWD and JAX_SGL_BWD_DETERMINISTIC are read by the
+handler at every call. Gradient buffers are poisoned (NaN left in the allocator) before each call,
+so an element the kernels forget to write shows up as NaN.
 """
 
 from __future__ import annotations
@@ -54,9 +63,30 @@ Q_LENS = (5, 0, 150, 19)
 K_LENS = (70, 9, 140, 300)
 
 
-@pytest.fixture(autouse=True)
-def _cuda_bwd(monkeypatch):
+def _is_sm90_device():
+  devices = jax.devices("cuda") if jax.default_backend() == "gpu" else []
+  return bool(devices) and getattr(devices[0], "compute_capability", "") == "9.0"
+
+
+@pytest.fixture(autouse=True, params=["sm80", "sm90"])
+def bwd_kernel(request, monkeypatch):
+  """Which CUDA backward serves the covered calls of the test (see the module docstring)."""
   monkeypatch.delenv("JAX_SGL_CUDA_BWD", raising=False)
+  monkeypatch.delenv("JAX_SGL_BWD_DETERMINISTIC", raising=False)
+  if request.param == "sm90":
+    if not _is_sm90_device():
+      pytest.skip("the sm90 backward needs a compute capability 9.0 device")
+    if "hdim128_bf16" not in jax_sgl.attention_backend_info().get("sm90_bwd_kernels", ()):
+      pytest.skip("this build has no sm90 backward (JAX_SGL_SM90_HEAD_DIMS)")
+  monkeypatch.setenv("JAX_SGL_SM90_BWD", "1" if request.param == "sm90" else "0")
+  return request.param
+
+
+def _need_sm90_bwd(bwd_kernel, head_dim, dtype):
+  """Skips an sm90 run whose (head dim, dtype) this build left out: it would test sm80 again."""
+  name = f"hdim{head_dim}_{'bf16' if jnp.dtype(dtype) == jnp.bfloat16 else 'fp16'}"
+  if bwd_kernel == "sm90" and name not in jax_sgl.attention_backend_info()["sm90_bwd_kernels"]:
+    pytest.skip(f"sm90 backward {name} not in this build")
 
 
 def _rand(key, shape, dtype):
@@ -184,8 +214,16 @@ def test_long_sequences(mask):
                    "window": {"window": (300, 17)}}[mask])
 
 
-def test_deterministic():
-  """No atomics anywhere: two runs give bitwise-equal gradients."""
+@pytest.mark.parametrize("deterministic", ["1", "sm80", None], ids=["det", "det_sm80", "default"])
+def test_deterministic(bwd_kernel, deterministic, monkeypatch):
+  """Two runs give bitwise-equal gradients: always on sm80 (no atomics anywhere), on sm90 with
+  JAX_SGL_BWD_DETERMINISTIC=1 (dQ by the sm90 dQ kernel) or =sm80 (by the sm80 one). The sm90
+  default adds dQ with float atomics: dK and dV stay bitwise equal, dQ only close."""
+  if deterministic is not None:
+    if bwd_kernel == "sm80":
+      pytest.skip("JAX_SGL_BWD_DETERMINISTIC only changes the sm90 backward")
+    monkeypatch.setenv("JAX_SGL_BWD_DETERMINISTIC", deterministic)
+  exact_dq = deterministic is not None or bwd_kernel == "sm80"
   keys = jax.random.split(jax.random.PRNGKey(5), 4)
   q = _rand(keys[0], (2, 700, 8, 128), jnp.bfloat16)
   k = _rand(keys[1], (2, 700, 2, 128), jnp.bfloat16)
@@ -196,8 +234,12 @@ def test_deterministic():
                         argnums=(0, 1, 2)))
   first = [np.asarray(x) for x in fn(q, k, v)]
   second = [np.asarray(x) for x in fn(q, k, v)]
-  for a, b in zip(first, second):
-    np.testing.assert_array_equal(a.view(np.uint16), b.view(np.uint16))
+  for name, a, b in zip("qkv", first, second):
+    if name == "q" and not exact_dq:
+      a, b = a.astype(np.float32), b.astype(np.float32)
+      assert np.max(np.abs(a - b)) <= 1e-2 * np.max(np.abs(a)), "dq differs between runs"
+    else:
+      np.testing.assert_array_equal(a.view(np.uint16), b.view(np.uint16), err_msg=f"d{name}")
 
 
 def test_unsupported_head_dim_falls_back_to_reference():
@@ -206,3 +248,97 @@ def test_unsupported_head_dim_falls_back_to_reference():
                            k_lens=(30, 17))
   assert BWD_CALL not in _lowered_text(q, k, v, kw)
   _check(q, k, v, {**kw, "causal": True})
+
+
+# Dense calls, mostly without seqused_k (the common training layout). (batch, seqlen_q, seqlen_k,
+# num_heads, num_kv_heads): whole tiles, lengths that end mid-tile, GQA and MQA, q longer than k
+# (causal rows that see no key), q much shorter than k, a single query row, seqused_k.
+DENSE_SHAPES = {
+    "aligned": (1, 256, 384, 2, 2),
+    "square": (2, 333, 333, 8, 2),
+    "q_short": (3, 19, 989, 4, 4),
+    "k_short": (2, 300, 129, 6, 2),
+    "one_row": (4, 1, 257, 8, 1),
+    "seqused": (3, 150, 300, 8, 2),
+}
+# seqused_k of the shapes that pass one: keys past it are masked (rows that see no key included).
+SEQUSED_K = {"seqused": (70, 9, 261)}
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", DENSE_SHAPES)
+@pytest.mark.parametrize("dq", ["atomic", "det"])
+def test_dense(bwd_kernel, dq, shape, causal, head_dim, dtype, monkeypatch):
+  """dq: the sm90 backward's dQ by float32 reductions (default) or by its deterministic dQ
+  kernel (JAX_SGL_BWD_DETERMINISTIC=1)."""
+  _need_sm90_bwd(bwd_kernel, head_dim, dtype)
+  if dq == "det":
+    if bwd_kernel == "sm80":
+      pytest.skip("JAX_SGL_BWD_DETERMINISTIC only changes the sm90 backward")
+    monkeypatch.setenv("JAX_SGL_BWD_DETERMINISTIC", "1")
+  batch, sq, sk, h, hkv = DENSE_SHAPES[shape]
+  keys = jax.random.split(jax.random.PRNGKey(zlib.crc32(shape.encode()) % 1000), 3)
+  q = _rand(keys[0], (batch, sq, h, head_dim), dtype)
+  k = _rand(keys[1], (batch, sk, hkv, head_dim), dtype)
+  v = _rand(keys[2], (batch, sk, hkv, head_dim), dtype)
+  kw = {"causal": causal}
+  if shape in SEQUSED_K:
+    kw["seqused_k"] = jnp.asarray(SEQUSED_K[shape], jnp.int32)
+  _check(q, k, v, kw)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dq", ["atomic", "det"])
+def test_dense_lse_cotangent(bwd_kernel, dq, causal, monkeypatch):
+  """dlse through the sm90 kernels' D values (padded row blocks: seqlen_q = 200)."""
+  if dq == "det":
+    if bwd_kernel == "sm80":
+      pytest.skip("JAX_SGL_BWD_DETERMINISTIC only changes the sm90 backward")
+    monkeypatch.setenv("JAX_SGL_BWD_DETERMINISTIC", "1")
+  keys = jax.random.split(jax.random.PRNGKey(8), 3)
+  q = _rand(keys[0], (2, 200, 8, 128), jnp.bfloat16)
+  k = _rand(keys[1], (2, 260, 2, 128), jnp.bfloat16)
+  v = _rand(keys[2], (2, 260, 2, 128), jnp.bfloat16)
+  _check(q, k, v, {"causal": causal}, with_lse=True)
+
+
+# Sliding windows (left, right) on the sm90 kernels' geometry: left only, both sides, causal with a
+# left bound, a window wider than the keys.
+WINDOWS = {"left": ((50, -1), False), "both": ((37, 4), False), "causal_left": ((100, 0), True),
+           "wide": ((5000, 3000), False)}
+
+
+@pytest.mark.parametrize("window", WINDOWS)
+@pytest.mark.parametrize("shape", ["square", "q_short", "k_short"])
+@pytest.mark.parametrize("dq", ["atomic", "det"])
+def test_dense_window(bwd_kernel, dq, shape, window, monkeypatch):
+  if dq == "det":
+    if bwd_kernel == "sm80":
+      pytest.skip("JAX_SGL_BWD_DETERMINISTIC only changes the sm90 backward")
+    monkeypatch.setenv("JAX_SGL_BWD_DETERMINISTIC", "1")
+  batch, sq, sk, h, hkv = DENSE_SHAPES[shape]
+  keys = jax.random.split(jax.random.PRNGKey(zlib.crc32((shape + window).encode()) % 1000), 3)
+  q = _rand(keys[0], (batch, sq, h, 128), jnp.bfloat16)
+  k = _rand(keys[1], (batch, sk, hkv, 128), jnp.bfloat16)
+  v = _rand(keys[2], (batch, sk, hkv, 128), jnp.bfloat16)
+  win, causal = WINDOWS[window]
+  _check(q, k, v, {"window": win, "causal": causal})
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", ["square", "k_short"])
+@pytest.mark.parametrize("dq", ["atomic", "det"])
+def test_dense_softcap(bwd_kernel, dq, shape, causal, monkeypatch):
+  """Softcap on the sm90 kernels: P and dS from one pass with the tanh derivative."""
+  if dq == "det":
+    if bwd_kernel == "sm80":
+      pytest.skip("JAX_SGL_BWD_DETERMINISTIC only changes the sm90 backward")
+    monkeypatch.setenv("JAX_SGL_BWD_DETERMINISTIC", "1")
+  batch, sq, sk, h, hkv = DENSE_SHAPES[shape]
+  keys = jax.random.split(jax.random.PRNGKey(zlib.crc32(shape.encode()) % 1000 + 1), 3)
+  q = _rand(keys[0], (batch, sq, h, 128), jnp.bfloat16)
+  k = _rand(keys[1], (batch, sk, hkv, 128), jnp.bfloat16)
+  v = _rand(keys[2], (batch, sk, hkv, 128), jnp.bfloat16)
+  _check(q, k, v, {"softcap": 5.0, "causal": causal})

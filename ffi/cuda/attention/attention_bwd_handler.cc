@@ -1,7 +1,8 @@
 // CUDA FFI handler of jax_sgl_attention_bwd: binds the signature shared with the CPU backward
-// (attention_bwd_ffi.h), takes the float32 workspace (softmax_d and the log2-domain lse) from
-// XLA's scratch allocator and launches the kernels (flash_bwd_dispatch.cc). No CUDA syntax here;
-// errors come back as ffi::Error, nothing synchronizes.
+// (attention_bwd_ffi.h), plans the call (PlanFlashBwd: which kernels, how much workspace), takes
+// the float32 workspace (softmax_d, the log2-domain lse and, for the sm90 kernel's dQ, a float32
+// accumulator) from XLA's scratch allocator and launches the kernels (flash_bwd_dispatch.cc). No
+// CUDA syntax here; errors come back as ffi::Error, nothing synchronizes.
 #include <cuda_runtime_api.h>
 
 #include "ffi/common/attention_bwd_ffi.h"
@@ -28,17 +29,18 @@ ffi::Error AttentionBwdCuda(cudaStream_t stream, ffi::ScratchAllocator scratch, 
           softmax_scale, softcap, causal, window_left, window_right, &bp);
       err.failure())
     return err;
-  if (const char* why = FlashBwdUnsupported(bp.fwd))
+  FlashBwdPlan plan;
+  if (const char* why = PlanFlashBwd(bp.fwd, &plan))
     return ffi::Error(ffi::ErrorCode::kUnimplemented, why);
   void* workspace = nullptr;
-  if (const size_t bytes = FlashBwdScratchBytes(bp.fwd); bytes > 0) {
+  if (const size_t bytes = plan.scratch_bytes; bytes > 0) {
     auto buffer = scratch.Allocate(bytes, 16);
     if (!buffer.has_value())
       return ffi::Error(ffi::ErrorCode::kResourceExhausted,
                         "jax_sgl.attention: no scratch memory for the backward's workspace");
     workspace = *buffer;
   }
-  if (const char* why = RunFlashBwd(bp, workspace, stream)) return ffi::Error::Internal(why);
+  if (const char* why = RunFlashBwd(bp, plan, workspace, stream)) return ffi::Error::Internal(why);
   return ffi::Error::Success();
 }
 

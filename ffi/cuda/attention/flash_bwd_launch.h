@@ -19,6 +19,8 @@
 #include <cstddef>
 
 #include "ffi/common/attention_bwd_params.h"
+#include "ffi/common/attention_seq.h"
+#include "ffi/common/host_device.h"
 #include "ffi/common/numeric.h"
 
 namespace jax_sgl::cuda {
@@ -34,17 +36,39 @@ struct FlashBwdArgs {
   AttentionBwdParams bp;
   int group;        // num_heads / num_kv_heads
   float* lse_log2;  // lse's layout: lse * log2(e), +inf for fully masked rows
+  // Dense calls: rows per (batch, head) of softmax_d and lse_log2, seqlen_q or (sm90 backward)
+  // seqlen_q rounded up to its row block; varlen calls use lse's layout as it is.
+  int ws_rows;
+  bool skip_dkdv;   // LaunchFlashBwd runs the dQ kernel only (the sm90 kernel did dK, dV)
 };
 
-// Bytes of float32 workspace a call needs: softmax_d and lse_log2, each in lse's layout.
-size_t FlashBwdScratchBytes(const AttentionParams& p);
+// Index of (sequence b, head h, row i of that sequence) in softmax_d and lse_log2.
+JAX_SGL_HD int64_t WsIndex(const FlashBwdArgs& a, const SeqBounds& s, int b, int h, int i) {
+  const AttentionParams& p = a.bp.fwd;
+  return p.cu_seqlens_q ? LseIndex(p, s, b, h, i) : (int64_t(b) * p.num_heads + h) * a.ws_rows + i;
+}
 
-// Returns nullptr, or the reason the combination has no CUDA backward (names what is missing).
-const char* FlashBwdUnsupported(const AttentionParams& p);
+// How one call's backward runs (PlanFlashBwd), decided from the shapes and the environment once
+// per call, so the workspace size and the launches agree.
+struct FlashBwdPlan {
+  bool sm90;             // dK/dV on the sm_90a kernel (sm90/bwd_launch.h), else on the sm80 one
+  bool sm90_dq;          // sm90 only: dQ from its float32 reductions (fast, not bitwise
+                         // reproducible); false: a deterministic dQ kernel, which is
+  bool sm90_dq_kernel;   // the sm90 one (wgmma), or else the sm80 one
+  int ws_rows;           // dense calls: rows per (batch, head) of softmax_d and lse_log2
+  size_t scratch_bytes;  // softmax_d, lse_log2 and (sm90_dq) the float32 dQ accumulator
+};
 
-// Launches the backward of bp on stream; `scratch` holds FlashBwdScratchBytes. Returns nullptr
+// Fills *plan and returns nullptr, or returns the reason the combination has no CUDA backward
+// (names what is missing). The sm90 kernel serves a call when it covers it, the build has it and
+// JAX_SGL_SM90_BWD allows it (sm90/bwd_launch.h); JAX_SGL_BWD_DETERMINISTIC=1 computes its dQ
+// with the atomic-free sm90 dQ kernel (=sm80: the sm80 dQ kernel). Both read at each call.
+const char* PlanFlashBwd(const AttentionParams& p, FlashBwdPlan* plan);
+
+// Launches the backward of bp on stream; `scratch` holds plan.scratch_bytes. Returns nullptr
 // or an error text (a CUDA launch error).
-const char* RunFlashBwd(const AttentionBwdParams& bp, void* scratch, cudaStream_t stream);
+const char* RunFlashBwd(const AttentionBwdParams& bp, const FlashBwdPlan& plan, void* scratch,
+                        cudaStream_t stream);
 
 // One instantiation per (storage type, head-dim capacity), in instantiations/: the dK/dV and dQ
 // kernels. The preprocess kernel is not templated on the head dim (flash_bwd_preprocess.cu).

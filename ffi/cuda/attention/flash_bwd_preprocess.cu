@@ -1,7 +1,8 @@
 // Preprocess step of the CUDA attention backward, one warp per (q row, head):
 //   softmax_d = rowsum(dO * O) - dlse      (dS = P (dP - D) then covers a loss on lse too)
 //   lse_log2  = lse * log2(e), +inf where lse = -inf (a fully masked row: P = exp2(x - inf) = 0)
-// Both in lse's layout. Varlen rows that no sequence covers get values nothing reads.
+// Both in lse's layout (dense: rows padded to args.ws_rows). Varlen rows that no sequence covers
+// get values nothing reads.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -43,13 +44,19 @@ __global__ void __launch_bounds__(kThreads) FlashBwdPreprocessKernel(const Flash
 #pragma unroll
   for (int off = 16; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
   if (lane != 0) return;
-  // lse index: varlen [H, total_q]; dense [B, H, Sq] with row = b * Sq + i.
-  const int64_t idx = p.cu_seqlens_q
-                          ? int64_t(h) * p.total_q + row
-                          : ((row / p.seqlen_q) * p.num_heads + h) * p.seqlen_q + row % p.seqlen_q;
-  bp.softmax_d[idx] = acc - bp.dlse[idx];
+  // lse index: varlen [H, total_q]; dense [B, H, Sq] with row = b * Sq + i. The workspace is
+  // the same but for dense rows padded to ws_rows per (b, h).
+  int64_t idx, ws;
+  if (p.cu_seqlens_q) {
+    idx = ws = int64_t(h) * p.total_q + row;
+  } else {
+    const int64_t b = row / p.seqlen_q, i = row % p.seqlen_q;
+    idx = (b * p.num_heads + h) * p.seqlen_q + i;
+    ws = (b * p.num_heads + h) * args.ws_rows + i;
+  }
+  bp.softmax_d[ws] = acc - bp.dlse[idx];
   const float lse = p.lse[idx];
-  args.lse_log2[idx] = lse == -INFINITY ? INFINITY : lse * 1.4426950408889634f;
+  args.lse_log2[ws] = lse == -INFINITY ? INFINITY : lse * 1.4426950408889634f;
 }
 
 }  // namespace

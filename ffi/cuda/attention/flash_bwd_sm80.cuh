@@ -269,7 +269,7 @@ __global__ void __launch_bounds__(256, 1) FlashBwdDkDvKernel(const FlashBwdArgs 
       int lo = 0, hi = 0;
       if (m0 + r < m_end) {
         const int i = (m0 + r) / group, h = kv_head * group + (m0 + r) % group;
-        const int64_t idx = LseIndex(p, s, b, h, i);
+        const int64_t idx = WsIndex(args, s, b, h, i);
         lse2 = args.lse_log2[idx];
         d = bp.softmax_d[idx];
         KeyRange(p, s, i, &lo, &hi);
@@ -441,7 +441,7 @@ __global__ void __launch_bounds__(128) FlashBwdDqKernel(const FlashBwdArgs args)
     row_lo[h] = row_hi[h] = 0;
     if (r < rows) {
       const int i = r / group, head = kv_head * group + r % group;
-      const int64_t idx = LseIndex(p, s, b, head, i);
+      const int64_t idx = WsIndex(args, s, b, head, i);
       lse2[h] = args.lse_log2[idx];
       dd[h] = bp.softmax_d[idx];
       KeyRange(p, s, i, &row_lo[h], &row_hi[h]);
@@ -530,7 +530,7 @@ cudaError_t LaunchFlashBwd(const FlashBwdArgs& args, cudaStream_t stream) {
   err = cudaFuncSetAttribute(q_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              QCfg::kSmemBytes);
   if (err != cudaSuccess) return err;
-  if (kv_blocks > 0) {
+  if (kv_blocks > 0 && !args.skip_dkdv) {
     kv_kernel<<<dim3(kv_blocks, p.num_kv_heads, p.batch), KvCfg::kThreads, KvCfg::kSmemBytes,
                 stream>>>(args);
     if ((err = cudaGetLastError()) != cudaSuccess) return err;
