@@ -12,6 +12,7 @@
 //   JAX_SGL_DECODE=old|new|warp   the sm80 split-KV path, this kernel (default new), or the
 //                                 warp-sliced CUDA-core kernel (flash_decode_warp.cuh) for calls
 //                                 of at most kDecodeWarpMaxRows packed rows (others: new)
+//                 |warpmma        or its mma form for at most kDecodeWarpMmaMaxRows rows
 //   JAX_SGL_DECODE_SPLITS=N       KV splits (1..32) for decode-shaped calls, either path; 0 or
 //                                 unset: the heuristic
 //   JAX_SGL_DECODE_STAGES=N       cp.async ring depth of the new kernel (2..8, default 4), or of
@@ -70,11 +71,24 @@ constexpr int DecodeWarpSmemBytes(int d, int stages, int rows_cap) {
   return main > epilogue ? main : epilogue;
 }
 
+// Warp-sliced mma kernel (JAX_SGL_DECODE=warpmma, same file): the same per-warp rings and
+// copies, stages of 16 keys in ldmatrix-padded rows, one m16 tile of q (rows bound <= 16).
+inline constexpr int kDecodeWarpMmaMaxRows = 16;
+constexpr int DecodeWarpMmaRingBytes(int d, int stages) {
+  return kDecodeWarpThreads / 32 * stages * 2 * 16 * DecodeStride(d) * 2;
+}
+constexpr int DecodeWarpMmaSmemBytes(int d, int stages) {
+  const int main = 16 * DecodeStride(d) * 2 + DecodeWarpMmaRingBytes(d, stages) +
+                   kDecodeWarpThreads / 32 * kDecodeMaxStages * 4;
+  const int epilogue = kDecodeWarpThreads / 32 * 16 * (d + 4) * 4 + 2 * 4 * 16 * 4 + 16 * 4;
+  return main > epilogue ? main : epilogue;
+}
+
 struct FlashDecodeArgs {
   FlashFwdArgs fwd;  // params, group, splits and the split-KV scratch, as the sm80 kernel takes
   int stages;        // cp.async ring depth, 2..kDecodeMaxStages
   int m_tiles;       // m16 tiles of q the shared memory holds (1, 2 or 4: rows bound / 16);
-                     // warp kernel: its row capacity (4 or 8)
+                     // warp kernel: its row capacity (4 or 8; 16 = the warp mma kernel)
   int m_blocks;      // CTAs along packed rows per (sequence, kv head): ceil(rows / 64)
 };
 

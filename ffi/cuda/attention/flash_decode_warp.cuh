@@ -34,6 +34,10 @@ using decode::CpAsync16;
 using decode::CpAsyncCommit;
 using decode::CpAsyncWaitPending;
 using decode::KeySourceRow;
+using flash::Ldmatrix4;
+using flash::Ldmatrix4Trans;
+using flash::QuadMax;
+using flash::QuadSum;
 
 template <int kD, int kRows>
 struct WarpConfig {
@@ -392,17 +396,320 @@ int CtasPerSm(int stages) {
   return n > 0 ? n : 1;
 }
 
+// The mma form (JAX_SGL_DECODE=warpmma): per-warp rings and copies as above, but a stage is 16
+// keys in ldmatrix-padded rows and the warp runs the m16n8k16 chunk of flash_decode.cuh on it
+// (one m16 tile of packed rows: ~12 instructions per key instead of ~75 on CUDA cores), with its
+// own online softmax; the warps merge at the end as the mma kernel's warps do. 2 CTAs per SM at
+// d = 128 and 3 stages (8.5 KiB each per warp).
+template <typename T, int kD>
+__global__ void __launch_bounds__(kDecodeWarpThreads, kD <= 128 ? 2 : 1)
+    FlashDecodeWarpMmaKernel(const FlashDecodeArgs args) {
+  constexpr int kStride = DecodeStride(kD);
+  constexpr int kKeys = 16;
+  constexpr int kWarps = kDecodeWarpThreads / 32;
+  constexpr int kChunks = kD / 8;
+  constexpr int kCopies = kKeys * kChunks / 32;
+  constexpr int kTileElems = kKeys * kStride;
+  constexpr int kDT = kD / 8;  // n8 tiles of the output
+  constexpr int kOStride = kD + 4;
+  static_assert(kKeys * kChunks % 32 == 0, "whole copies per lane");
+  extern __shared__ __align__(16) uint8_t smem[];
+  const AttentionParams& p = args.fwd.p;
+  const int group = args.fwd.group;
+  const int num_splits = args.fwd.num_splits;
+  const int stages = args.stages;
+  const int b = blockIdx.x / p.num_kv_heads, kv_head = blockIdx.x % p.num_kv_heads;
+  const SeqBounds s = GetSeqBounds(p, b);
+  const int rows_here = min(kDecodeWarpMmaMaxRows, s.q_len * group);  // the host checked the bound
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+
+  int n_lo = 0, n_hi = 0, unused;
+  if (rows_here > 0) {
+    KeyRange(p, s, 0, &n_lo, &unused);
+    KeyRange(p, s, (rows_here - 1) / group, &unused, &n_hi);
+  }
+  const int n_tiles = n_hi > n_lo ? (n_hi - n_lo + kKeys - 1) / kKeys : 0;
+  const int t_begin = int(int64_t(n_tiles) * blockIdx.y / num_splits);
+  const int t_end = int(int64_t(n_tiles) * (blockIdx.y + 1) / num_splits);
+  const int my_tiles =
+      t_end - t_begin > warp ? (t_end - t_begin - warp + kWarps - 1) / kWarps : 0;
+
+  T* sq = reinterpret_cast<T*>(smem);
+  T* ring = sq + 16 * kStride + warp * stages * 2 * kTileElems;
+  uint32_t* masks = reinterpret_cast<uint32_t*>(smem + 16 * kStride * 2 +
+                                                DecodeWarpMmaRingBytes(kD, stages)) +
+                    warp * kDecodeMaxStages;
+  const T* k = static_cast<const T*>(p.k);
+  const T* v = static_cast<const T*>(p.v);
+
+  auto source_row = [&](int i, int key) -> int64_t {
+    if (i >= my_tiles || key >= kKeys) return -1;
+    const int j = n_lo + (t_begin + warp + i * kWarps) * kKeys + key;
+    return KeySourceRow(p, b, s, j, n_hi);
+  };
+  auto issue = [&](int64_t my_row, int lane0, int st) {
+    T* sk = ring + st * 2 * kTileElems;
+    T* sv = sk + kTileElems;
+#pragma unroll
+    for (int i = 0; i < kCopies; ++i) {
+      const int idx = i * 32 + lane;
+      const int key = idx / kChunks, c = (idx % kChunks) * 8;
+      const int64_t row = __shfl_sync(0xffffffffu, my_row, lane0 + key);
+      const bool ok = row >= 0;
+      const int64_t head_row = row * p.num_kv_heads + kv_head;
+      const bool kok = ok && c < p.head_dim, vok = ok && c < p.head_dim_v;
+      CpAsync16<kD * 2>(sk + key * kStride + c, kok ? k + head_row * p.head_dim + c : k,
+                        kok ? 16 : 0);
+      CpAsync16<kD * 2>(sv + key * kStride + c, vok ? v + head_row * p.head_dim_v + c : v,
+                        vok ? 16 : 0);
+    }
+    const uint32_t valid = __ballot_sync(0xffffffffu, my_row >= 0) >> lane0;
+    if (lane == 0) masks[st] = valid & 0xffffu;
+  };
+
+  // Prologue: two stages' page-table entries per lane register (lane l: key l % 16 of stage
+  // l / 16), the first stages - 1 stages' copies, then q (plain loads: one barrier, once).
+  constexpr int kRegs = (kDecodeMaxStages - 1 + 1) / 2;
+  int64_t first_rows[kRegs];
+#pragma unroll
+  for (int g = 0; g < kRegs; ++g) {
+    const int i = g * 2 + lane / kKeys;
+    first_rows[g] = i < stages - 1 ? source_row(i, lane % kKeys) : -1;
+  }
+  int64_t next_row = source_row(stages - 1, lane);
+#pragma unroll
+  for (int i = 0; i < kDecodeMaxStages - 1; ++i) {
+    if (i < stages - 1) {
+      if (i < my_tiles) issue(first_rows[i / 2], (i % 2) * kKeys, i);
+      CpAsyncCommit();
+    }
+  }
+  {
+    const T* qp = static_cast<const T*>(p.q);
+    for (int idx = threadIdx.x; idx < 16 * kChunks; idx += kDecodeWarpThreads) {
+      const int r = idx / kChunks, c = (idx % kChunks) * 8;
+      uint4 u = make_uint4(0, 0, 0, 0);
+      if (r < rows_here && c < p.head_dim) {
+        const int64_t row_head = (s.q_row0 + r / group) * p.num_heads + kv_head * group + r % group;
+        u = *reinterpret_cast<const uint4*>(qp + row_head * p.head_dim + c);
+      }
+      *reinterpret_cast<uint4*>(sq + r * kStride + c) = u;
+    }
+  }
+  __syncthreads();
+
+  int row_lo[2], row_hi[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = lane / 4 + 8 * h;
+    row_lo[h] = row_hi[h] = 0;
+    if (r < rows_here) KeyRange(p, s, r / group, &row_lo[h], &row_hi[h]);
+  }
+  const bool use_softcap = p.softcap > 0.f;
+  const float score_scale = use_softcap ? p.softmax_scale / p.softcap : p.softmax_scale * kLog2e;
+  const float cap_log2 = p.softcap * kLog2e;
+
+  // q's A fragments stay in registers for the whole loop (kD / 16 x 4 registers).
+  uint32_t qa[kD / 16][4];
+#pragma unroll
+  for (int k0 = 0; k0 < kD; k0 += 16)
+    Ldmatrix4(qa[k0 / 16], sq + (lane % 16) * kStride + k0 + (lane / 16) * 8);
+
+  float o[kDT][4];
+#pragma unroll
+  for (int t = 0; t < kDT; ++t) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.f;
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+
+  int st_read = 0, st_write = stages - 1;
+  for (int it = 0; it < my_tiles; ++it) {
+    CpAsyncWaitPending(stages - 2);
+    __syncwarp();
+    if (it + stages - 1 < my_tiles) issue(next_row, 0, st_write);
+    CpAsyncCommit();
+    next_row = source_row(it + stages, lane);
+    st_write = st_write + 1 == stages ? 0 : st_write + 1;
+
+    const T* sk = ring + st_read * 2 * kTileElems;
+    const T* sv = sk + kTileElems;
+    const uint32_t valid = masks[st_read];
+    st_read = st_read + 1 == stages ? 0 : st_read + 1;
+    const int key0 = n_lo + (t_begin + warp + it * kWarps) * kKeys;
+
+    float sc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+    for (int k0 = 0; k0 < kD; k0 += 16) {
+      uint32_t bk[4];
+      Ldmatrix4(bk, sk + (lane % 8 + (lane / 16) * 8) * kStride + k0 + ((lane / 8) % 2) * 8);
+      Elem<T>::Mma(sc[0], qa[k0 / 16], bk);
+      Elem<T>::Mma(sc[1], qa[k0 / 16], bk + 2);
+    }
+    float blk_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int t = 0; t < 2; ++t) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int h = e / 2;
+        const int c = t * 8 + (lane % 4) * 2 + (e % 2);
+        const int j = key0 + c;
+        float x = sc[t][e] * score_scale;
+        if (use_softcap) x = cap_log2 * tanhf(x);
+        const bool ok = j >= row_lo[h] && j < row_hi[h] && ((valid >> c) & 1u);
+        x = ok ? x : -INFINITY;
+        sc[t][e] = x;
+        blk_max[h] = fmaxf(blk_max[h], x);
+      }
+    }
+    float corr[2], m_use[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float m_new = fmaxf(m_run[h], QuadMax(blk_max[h]));
+      m_use[h] = m_new == -INFINITY ? 0.f : m_new;
+      corr[h] = exp2f(m_run[h] - m_use[h]);
+      m_run[h] = m_new;
+      l_run[h] *= corr[h];
+    }
+#pragma unroll
+    for (int t = 0; t < 2; ++t) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float pe = exp2f(sc[t][e] - m_use[e / 2]);
+        sc[t][e] = pe;
+        l_run[e / 2] += pe;
+      }
+    }
+#pragma unroll
+    for (int t = 0; t < kDT; ++t) {
+      o[t][0] *= corr[0];
+      o[t][1] *= corr[0];
+      o[t][2] *= corr[1];
+      o[t][3] *= corr[1];
+    }
+    const uint32_t pa[4] = {Elem<T>::Pack(sc[0][0], sc[0][1]), Elem<T>::Pack(sc[0][2], sc[0][3]),
+                            Elem<T>::Pack(sc[1][0], sc[1][1]), Elem<T>::Pack(sc[1][2], sc[1][3])};
+#pragma unroll
+    for (int dt = 0; dt < kDT; dt += 2) {
+      uint32_t bv[4];
+      Ldmatrix4Trans(bv, sv + (lane % 8 + ((lane / 8) % 2) * 8) * kStride + dt * 8 +
+                             (lane / 16) * 8);
+      Elem<T>::Mma(o[dt], pa, bv);
+      Elem<T>::Mma(o[dt + 1], pa, bv + 2);
+    }
+  }
+  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+
+  // Epilogue: the 4 warps' (m, l, o) of the same 16 rows merge through shared memory.
+  __syncthreads();
+  float* so = reinterpret_cast<float*>(smem);     // [warps][16][kOStride]
+  float* sm = so + kWarps * 16 * kOStride;        // [warps][16]
+  float* sl = sm + kWarps * 16;                   // [warps][16]
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l_run[h] = QuadSum(l_run[h]);
+    if (lane % 4 == 0) {
+      sm[warp * 16 + lane / 4 + 8 * h] = m_run[h];
+      sl[warp * 16 + lane / 4 + 8 * h] = l_run[h];
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < kDT; ++t) {
+    const int c = t * 8 + (lane % 4) * 2;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float* dst = so + (warp * 16 + lane / 4 + 8 * h) * kOStride + c;
+      dst[0] = o[t][2 * h];
+      dst[1] = o[t][2 * h + 1];
+    }
+  }
+  __syncthreads();
+
+  const bool split = num_splits > 1;
+  const int dv = p.head_dim_v;
+  for (int idx = threadIdx.x; idx < rows_here * kChunks; idx += kDecodeWarpThreads) {
+    const int r = idx / kChunks, c = (idx % kChunks) * 8;
+    if (c >= dv) continue;
+    float m_all = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) m_all = fmaxf(m_all, sm[w * 16 + r]);
+    float l_all = 0.f;
+    float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    if (m_all != -INFINITY) {
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) {
+        const float f = exp2f(sm[w * 16 + r] - m_all);
+        l_all += sl[w * 16 + r] * f;
+        const float4* src = reinterpret_cast<const float4*>(so + (w * 16 + r) * kOStride + c);
+        const float4 x0 = src[0], x1 = src[1];
+        acc[0] += x0.x * f; acc[1] += x0.y * f; acc[2] += x0.z * f; acc[3] += x0.w * f;
+        acc[4] += x1.x * f; acc[5] += x1.y * f; acc[6] += x1.z * f; acc[7] += x1.w * f;
+      }
+    }
+    const float inv = l_all > 0.f ? 1.f / l_all : 0.f;
+    const float lse = l_all > 0.f ? (m_all + log2f(l_all)) * kLn2 : -INFINITY;
+    const int i = r / group, head = kv_head * group + r % group;
+    const int64_t row_head = (s.q_row0 + i) * p.num_heads + head;
+    if (split) {
+      float4* dst = reinterpret_cast<float4*>(
+          args.fwd.o_partial + (int64_t(blockIdx.y) * p.total_q * p.num_heads + row_head) * dv + c);
+      dst[0] = make_float4(acc[0] * inv, acc[1] * inv, acc[2] * inv, acc[3] * inv);
+      dst[1] = make_float4(acc[4] * inv, acc[5] * inv, acc[6] * inv, acc[7] * inv);
+      if (c == 0)
+        args.fwd.lse_partial[int64_t(blockIdx.y) * p.total_q * p.num_heads + row_head] = lse;
+    } else {
+      uint4 packed;
+      packed.x = Elem<T>::Pack(acc[0] * inv, acc[1] * inv);
+      packed.y = Elem<T>::Pack(acc[2] * inv, acc[3] * inv);
+      packed.z = Elem<T>::Pack(acc[4] * inv, acc[5] * inv);
+      packed.w = Elem<T>::Pack(acc[6] * inv, acc[7] * inv);
+      *reinterpret_cast<uint4*>(static_cast<T*>(p.out) + row_head * dv + c) = packed;
+      if (c == 0) {
+        const int64_t li = p.cu_seqlens_q ? int64_t(head) * p.total_q + s.lse_row0 + i
+                                          : (int64_t(b) * p.num_heads + head) * p.seqlen_q + i;
+        p.lse[li] = lse;
+      }
+    }
+  }
+}
+
+template <typename T, int kD>
+cudaError_t LaunchMma(const FlashDecodeArgs& args, cudaStream_t stream) {
+  auto kernel = FlashDecodeWarpMmaKernel<T, kD>;
+  const int smem = DecodeWarpMmaSmemBytes(kD, args.stages);
+  cudaError_t err =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (err != cudaSuccess) return err;
+  const AttentionParams& p = args.fwd.p;
+  const dim3 grid(unsigned(int64_t(p.batch) * p.num_kv_heads), unsigned(args.fwd.num_splits));
+  kernel<<<grid, kDecodeWarpThreads, smem, stream>>>(args);
+  return cudaGetLastError();
+}
+
+template <typename T, int kD>
+int CtasPerSmMma(int stages) {
+  auto kernel = FlashDecodeWarpMmaKernel<T, kD>;
+  const int smem = DecodeWarpMmaSmemBytes(kD, stages);
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) !=
+      cudaSuccess)
+    return 1;
+  int n = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kDecodeWarpThreads, smem) !=
+      cudaSuccess)
+    return 1;
+  return n > 0 ? n : 1;
+}
+
 }  // namespace decode_warp
 
-// args.m_tiles carries the row capacity here: 4 or 8 (kDecodeWarpMaxRows).
+// args.m_tiles carries the row capacity here: 4 or 8 (CUDA-core kernel), 16 (mma kernel).
 template <typename T, int kHeadDim>
 cudaError_t LaunchFlashDecodeWarp(const FlashDecodeArgs& args, cudaStream_t stream) {
+  if (args.m_tiles > kDecodeWarpMaxRows) return decode_warp::LaunchMma<T, kHeadDim>(args, stream);
   return args.m_tiles <= 4 ? decode_warp::Launch<T, kHeadDim, 4>(args, stream)
                            : decode_warp::Launch<T, kHeadDim, 8>(args, stream);
 }
 
 template <typename T, int kHeadDim>
 int FlashDecodeWarpCtasPerSm(int stages, int rows_cap) {
+  if (rows_cap > kDecodeWarpMaxRows) return decode_warp::CtasPerSmMma<T, kHeadDim>(stages);
   return rows_cap <= 4 ? decode_warp::CtasPerSm<T, kHeadDim, 4>(stages)
                        : decode_warp::CtasPerSm<T, kHeadDim, 8>(stages);
 }

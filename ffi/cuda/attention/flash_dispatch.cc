@@ -5,7 +5,7 @@
 // live in the generated instantiations/ files.
 //
 // Run-time switches, read at every call (documented in flash_decode_launch.h):
-//   JAX_SGL_DECODE=old|new|warp, JAX_SGL_DECODE_SPLITS=N, JAX_SGL_DECODE_STAGES=N,
+//   JAX_SGL_DECODE=old|new|warp|warpmma, JAX_SGL_DECODE_SPLITS=N, JAX_SGL_DECODE_STAGES=N,
 //   JAX_SGL_DECODE_WAVES=N.
 #include <algorithm>
 #include <cstdlib>
@@ -42,9 +42,14 @@ bool DecodeKernelSelected() {
   return env == nullptr || std::strcmp(env, "old") != 0;
 }
 
-bool DecodeWarpSelected() {
+// Row capacity of the warp-sliced decode variant JAX_SGL_DECODE names: 8 (warp, CUDA cores),
+// 16 (warpmma), or 0 when neither is selected.
+int DecodeWarpRowsCap() {
   const char* env = std::getenv("JAX_SGL_DECODE");
-  return env != nullptr && std::strcmp(env, "warp") == 0;
+  if (env == nullptr) return 0;
+  if (std::strcmp(env, "warp") == 0) return kDecodeWarpMaxRows;
+  if (std::strcmp(env, "warpmma") == 0) return kDecodeWarpMmaMaxRows;
+  return 0;
 }
 
 int DeviceAttr(cudaDeviceAttr attr, int fallback) {
@@ -151,23 +156,28 @@ int DecodeWarpCtasPerSm(int cap, int stages, int rows_cap) {
   }
 }
 
-// The warp-sliced decode kernel's plan (rows bound <= kDecodeWarpMaxRows): row capacity, ring
-// depth per warp, and splits for JAX_SGL_DECODE_WAVES (default 2) full waves of the resident
+// The warp-sliced decode kernels' plan (rows bound <= the variant's capacity): row capacity (4
+// or 8 on CUDA cores, 16 = the mma form), ring depth per warp (default 4, 3 for the mma form's
+// 8.5 KiB stages: 2 CTAs per SM at d = 128), and splits for JAX_SGL_DECODE_WAVES (default 2) full waves of the resident
 // CTA slots the occupancy API reports, never under kDecodeWarpMinStagesPerWarp stages per warp.
 constexpr int kDecodeWarpMinStagesPerWarp = 4;
 void PlanDecodeWarpKernel(const AttentionParams& p, int cap, int num_sms, int64_t rows,
-                          FlashPlan* plan) {
+                          int rows_cap, FlashPlan* plan) {
+  const bool mma = rows_cap > kDecodeWarpMaxRows;
   plan->head_dim_cap = cap;
   plan->decode_kernel = true;
   plan->decode_warp = true;
   plan->decode = false;
   plan->block_m = kDecodeWarpMaxRows;
   plan->m_blocks = 1;
-  plan->decode_m_tiles = rows <= 4 ? 4 : 8;
-  int stages = std::clamp(EnvInt("JAX_SGL_DECODE_STAGES", kDecodeDefaultStages), 2,
+  plan->decode_m_tiles = mma ? kDecodeWarpMmaMaxRows : (rows <= 4 ? 4 : 8);
+  int stages = std::clamp(EnvInt("JAX_SGL_DECODE_STAGES", mma ? 3 : kDecodeDefaultStages), 2,
                           kDecodeMaxStages);
   const int optin = DeviceAttr(cudaDevAttrMaxSharedMemoryPerBlockOptin, 227 * 1024);
-  while (stages > 2 && DecodeWarpSmemBytes(cap, stages, plan->decode_m_tiles) > optin) --stages;
+  auto smem = [&](int st) {
+    return mma ? DecodeWarpMmaSmemBytes(cap, st) : DecodeWarpSmemBytes(cap, st, plan->decode_m_tiles);
+  };
+  while (stages > 2 && smem(stages) > optin) --stages;
   plan->decode_stages = stages;
   const int ctas_per_sm = p.q_type == DType::kBF16
                               ? DecodeWarpCtasPerSm<bf16_t>(cap, stages, plan->decode_m_tiles)
@@ -177,7 +187,7 @@ void PlanDecodeWarpKernel(const AttentionParams& p, int cap, int num_sms, int64_
   int64_t splits = EnvInt("JAX_SGL_DECODE_SPLITS", 0);
   if (splits <= 0) {
     const int waves = std::clamp(EnvInt("JAX_SGL_DECODE_WAVES", 2), 1, 8);
-    const int64_t stage_keys = DecodeWarpStageKeys(cap);
+    const int64_t stage_keys = mma ? 16 : DecodeWarpStageKeys(cap);
     const int64_t n_tiles = (KeyBound(p) + stage_keys - 1) / stage_keys;
     splits = base > 0 ? (waves * slots + base - 1) / base : 1;
     splits = std::min<int64_t>(
@@ -258,8 +268,9 @@ const char* PlanFlashFwd(const AttentionParams& p, int num_sms, FlashPlan* plan)
   const bool decode_shape = p.seqlen_q >= 1 && p.seqlen_q <= kDecodeMaxQLen;
   if (decode_shape && DecodeKernelSelected() && CheckSm80Support(p, &cap) == nullptr) {
     const int64_t rows = int64_t(p.seqlen_q) * (p.num_heads / p.num_kv_heads);
-    if (DecodeWarpSelected() && rows <= kDecodeWarpMaxRows)
-      PlanDecodeWarpKernel(p, cap, num_sms, rows, plan);
+    const int warp_rows_cap = DecodeWarpRowsCap();
+    if (rows <= warp_rows_cap)
+      PlanDecodeWarpKernel(p, cap, num_sms, rows, warp_rows_cap, plan);
     else
       PlanDecodeKernel(p, cap, num_sms, plan);
     return nullptr;
