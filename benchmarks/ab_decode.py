@@ -1,7 +1,8 @@
 """A/B of jax_sgl's CUDA decode paths, in one process, against cuDNN and XLA.
 
 Variants are run-time switches the host dispatch reads at every call (flash_decode_launch.h):
-JAX_SGL_DECODE=old|new, JAX_SGL_DECODE_SPLITS=N (0: heuristic), JAX_SGL_DECODE_STAGES=N; so one
+JAX_SGL_DECODE=old|new|warp|warpmma, JAX_SGL_DECODE_SPLITS=N (0: heuristic),
+JAX_SGL_DECODE_STAGES=N, JAX_SGL_DECODE_WAVES=N (warp variants' split heuristic); so one
 jitted function serves them all. Configs: the issue's decode (batch 64, KV 4k and 32k, 32 q / 8 kv
 heads, D=128, bf16, one query per sequence; jax_sgl reads a shuffled pool of 16-token pages, the
 anchors the same keys contiguously) plus batch 8 at KV 32k (few sequences: the split count
@@ -29,16 +30,22 @@ from timing import median_seconds
 
 PAGE = 16
 H, HKV, D = 32, 8, 128
-ENV = ("JAX_SGL_DECODE", "JAX_SGL_DECODE_SPLITS", "JAX_SGL_DECODE_STAGES")
+ENV = ("JAX_SGL_DECODE", "JAX_SGL_DECODE_SPLITS", "JAX_SGL_DECODE_STAGES", "JAX_SGL_DECODE_WAVES")
 
 
 def variants(batch):
   """name -> environment of each jax_sgl variant."""
   v = {"new": {}, "old": {"JAX_SGL_DECODE": "old"}}
-  for s in ((1, 2, 3, 4, 8) if batch >= 32 else (4, 8, 16, 32)):
-    v[f"new splits={s}"] = {"JAX_SGL_DECODE_SPLITS": str(s)}
-  for st in (3, 6, 8):
-    v[f"new stages={st}"] = {"JAX_SGL_DECODE_STAGES": str(st)}
+  v["new splits=3" if batch >= 32 else "new splits=16"] = {
+      "JAX_SGL_DECODE_SPLITS": "3" if batch >= 32 else "16"}
+  for mode in ("warp", "warpmma"):
+    v[mode] = {"JAX_SGL_DECODE": mode}
+    for s in ((1, 2, 3, 4) if batch >= 32 else (8, 16, 32)):
+      v[f"{mode} splits={s}"] = {"JAX_SGL_DECODE": mode, "JAX_SGL_DECODE_SPLITS": str(s)}
+    for st in ((2, 3, 6) if mode == "warp" else (2, 4)):
+      v[f"{mode} stages={st}"] = {"JAX_SGL_DECODE": mode, "JAX_SGL_DECODE_STAGES": str(st)}
+    v[f"{mode} waves=1"] = {"JAX_SGL_DECODE": mode, "JAX_SGL_DECODE_WAVES": "1"}
+    v[f"{mode} waves=4"] = {"JAX_SGL_DECODE": mode, "JAX_SGL_DECODE_WAVES": "4"}
   return v
 
 
@@ -116,10 +123,13 @@ def run_config(b, s, batches, copy_bw):
     ratio = lambda a: f"{a / t:7.2f}x" if a else f"{'-':>8}"
     print(f"{name:<22} {t * 1e6:9.1f} {nbytes / t / 1e9:7.0f} {100 * nbytes / t / copy_bw:6.1f}% "
           f"{ratio(cud)} {ratio(xla)}")
-  ours = [n for n in med if n.startswith("new") or n == "old"]
+  ours = [n for n in med if n.startswith(("new", "warp")) or n == "old"]
   best = min(ours, key=med.get)
   fmt = lambda n: (f"{nbytes / med[n] / 1e9:.0f} GB/s = {(cud or np.nan) / med[n]:.2f}x cudnn, "
                    f"{(xla or np.nan) / med[n]:.2f}x xla")
+  for mode in ("warp", "warpmma"):
+    if mode in med:
+      print(f"SUMMARY ab_decode B={b} KV={s}: {mode} {fmt(mode)}")
   print(f"SUMMARY ab_decode B={b} KV={s}: new {fmt('new')}; old {fmt('old')}; "
         f"best '{best}' {fmt(best)}; cudnn {nbytes / cud / 1e9 if cud else float('nan'):.0f} GB/s")
   del q, k, v, k_pool, v_pool

@@ -7,7 +7,8 @@ JAX_SGL_DECODE_STAGES at every call, so these tests switch kernels and knobs per
 The matrix: KV layout (page pools of page size 1, 16 and 64, dense, varlen) x q length 1..8 x
 mask (none, causal, window, softcap) x GQA ratio (MHA, 4, 8, MQA, 16 with two row blocks), then
 head dims 64..256 (and d != d_v) x dtype, the split and ring-depth knobs, varlen q, and the old
-path for comparison. Sequences are ragged: empty, one key, lengths that are no multiple of the
+path for comparison. The warp-sliced variants (JAX_SGL_DECODE=warp: CUDA cores, up to 8 packed rows; warpmma: mma,
+up to 16; more rows fall back to the mma kernel) run the same matrices. Sequences are ragged: empty, one key, lengths that are no multiple of the
 page size, KV shorter than q (rows that see no key), and long enough for many tiles per split.
 Page tables are shuffled and carry padding and out-of-range entries (negative, past the pool,
 huge), also inside a used range (those keys are masked). Outputs are poisoned before each call.
@@ -143,11 +144,15 @@ def _seed(*parts):
 HEADS = {"none": (32, 8), "causal": (16, 2), "window": (4, 4), "softcap": (8, 1)}
 
 
+MODES = ("new", "warp", "warpmma")
+
+
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("mask", MASK_KW)
 @pytest.mark.parametrize("q_len", (1, 3, 8))
 @pytest.mark.parametrize("layout", ("paged1", "paged16", "paged64", "dense", "varlen"))
-def test_decode_layouts(decode_env, layout, q_len, mask):
-  decode_env("new")
+def test_decode_layouts(decode_env, layout, q_len, mask, mode):
+  decode_env(mode)
   q, k, v, kw = _make(layout, q_len, HEADS[mask], 128, jnp.bfloat16,
                       _seed(layout, q_len, mask))
   _check(q, k, v, {**kw, **MASK_KW[mask]})
@@ -155,11 +160,12 @@ def test_decode_layouts(decode_env, layout, q_len, mask):
 
 @pytest.mark.parametrize("heads", ((4, 4), (8, 1), (32, 8), (48, 4), (64, 4)),
                          ids=lambda h: f"{h[0]}x{h[1]}")
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("q_len", (1, 2, 5, 8))
-def test_decode_gqa(decode_env, heads, q_len):
+def test_decode_gqa(decode_env, heads, q_len, mode):
   """Packed rows from 1 to 128 per (sequence, kv head): one to four m16 tiles per CTA, and two
-  row blocks (64 q heads / 4 kv heads x 8 rows)."""
-  decode_env("new")
+  row blocks (64 q heads / 4 kv heads x 8 rows); the warp variants' 4 / 8 / 16 row capacities."""
+  decode_env(mode)
   q, k, v, kw = _make("paged16", q_len, heads, 128, jnp.bfloat16, _seed(heads, q_len))
   _check(q, k, v, {**kw, "causal": True})
 
@@ -168,34 +174,39 @@ def test_decode_gqa(decode_env, heads, q_len):
 @pytest.mark.parametrize("head_dim,head_dim_v",
                          [(64, 64), (96, 96), (128, 128), (192, 192), (256, 256), (80, 80),
                           (192, 128), (40, 24)])
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("q_len", (1, 5))
-def test_decode_head_dims(decode_env, q_len, head_dim, head_dim_v, dtype):
-  decode_env("new")
+def test_decode_head_dims(decode_env, q_len, head_dim, head_dim_v, dtype, mode):
+  decode_env(mode)
   q, k, v, kw = _make("paged16", q_len, (8, 2), head_dim, dtype,
                       _seed(q_len, head_dim, head_dim_v), head_dim_v=head_dim_v)
   _check(q, k, v, {**kw, "causal": True, "softcap": 10.0})
 
 
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("stages", (None, 2, 3, 8))
 @pytest.mark.parametrize("splits", (None, 1, 2, 7, 32))
-def test_decode_knobs(decode_env, splits, stages):
-  """Every split count (empty splits included) and ring depth gives the same answer."""
-  decode_env("new", splits=splits, stages=stages)
-  q, k, v, kw = _make("paged16", 2, (32, 8), 128, jnp.bfloat16, 5)
+def test_decode_knobs(decode_env, splits, stages, mode):
+  """Every split count (empty splits included) and ring depth gives the same answer (q length 1
+  too, so the warp variants' 4-row form runs)."""
+  decode_env(mode, splits=splits, stages=stages)
+  q, k, v, kw = _make("paged16", 1 if splits == 7 else 2, (32, 8), 128, jnp.bfloat16, 5)
   _check(q, k, v, {**kw, "window": (700, 0)})
 
 
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("layout", ("paged16", "varlen"))
-def test_decode_varlen_q(decode_env, layout):
+def test_decode_varlen_q(decode_env, layout, mode):
   """A packed q of at most 8 rows in all (ragged per sequence, one uncovered row)."""
-  decode_env("new")
+  decode_env(mode)
   q, k, v, kw = _make(layout, 2, (8, 2), 128, jnp.bfloat16, 17, varlen_q=True)
   _check(q, k, v, {**kw, "causal": True})
 
 
-def test_decode_long_kv(decode_env):
+@pytest.mark.parametrize("mode", MODES)
+def test_decode_long_kv(decode_env, mode):
   """A single long sequence (many splits of many tiles each) next to a short one."""
-  decode_env("new")
+  decode_env(mode)
   q, k, v, kw = _make("paged16", 1, (32, 8), 128, jnp.bfloat16, 23, k_lens=(40000, 7))
   _check(q, k, v, kw)
 

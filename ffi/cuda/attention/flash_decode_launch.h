@@ -9,10 +9,16 @@
 // sm80 kernel uses, merged by LaunchSplitCombine.
 //
 // Run-time switches (read by flash_dispatch.cc at every call, so one process can A/B them):
-//   JAX_SGL_DECODE=old|new        the sm80 split-KV path or this kernel (default new)
+//   JAX_SGL_DECODE=old|new|warp   the sm80 split-KV path, this kernel (default new), or the
+//                                 warp-sliced CUDA-core kernel (flash_decode_warp.cuh) for calls
+//                                 of at most kDecodeWarpMaxRows packed rows (others: new)
+//                 |warpmma        or its mma form for at most kDecodeWarpMmaMaxRows rows
 //   JAX_SGL_DECODE_SPLITS=N       KV splits (1..32) for decode-shaped calls, either path; 0 or
 //                                 unset: the heuristic
-//   JAX_SGL_DECODE_STAGES=N       cp.async ring depth of the new kernel (2..8, default 4)
+//   JAX_SGL_DECODE_STAGES=N       cp.async ring depth of the new kernel (2..8, default 4), or of
+//                                 each warp's ring in the warp kernel (default 4)
+//   JAX_SGL_DECODE_WAVES=N        warp kernel split heuristic: CTAs for N full waves of the
+//                                 resident slots (1..8, default 2)
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -49,15 +55,50 @@ constexpr int DecodeSmemBytes(int d, int stages, int m_tiles) {
   return main > DecodeEpilogueBytes(d) ? main : DecodeEpilogueBytes(d);
 }
 
+// Warp-sliced kernel (flash_decode_warp.cuh): 4 warps, each with its own ring of stages of
+// DecodeWarpStageKeys keys (K + V: 4 KiB at d = 64 / 128 / 256, 3 KiB at 96 / 192); a group of
+// DecodeWarpVecLanes lanes (8 dims, 16 bytes each) holds one key; row capacity 4 or 8.
+inline constexpr int kDecodeWarpThreads = 128;
+inline constexpr int kDecodeWarpMaxRows = 8;
+constexpr int DecodeWarpVecLanes(int d) { return d <= 64 ? 8 : (d <= 128 ? 16 : 32); }
+constexpr int DecodeWarpStageKeys(int d) { return d <= 64 ? 16 : (d <= 128 ? 8 : 4); }
+constexpr int DecodeWarpRingBytes(int d, int stages) {
+  return kDecodeWarpThreads / 32 * stages * 2 * DecodeWarpStageKeys(d) * d * 2;
+}
+constexpr int DecodeWarpSmemBytes(int d, int stages, int rows_cap) {
+  const int main = DecodeWarpRingBytes(d, stages) + kDecodeWarpThreads / 32 * kDecodeMaxStages * 4;
+  const int epilogue = kDecodeWarpThreads / 32 * rows_cap * (d + 2) * 4;
+  return main > epilogue ? main : epilogue;
+}
+
+// Warp-sliced mma kernel (JAX_SGL_DECODE=warpmma, same file): the same per-warp rings and
+// copies, stages of 16 keys in ldmatrix-padded rows, one m16 tile of q (rows bound <= 16).
+inline constexpr int kDecodeWarpMmaMaxRows = 16;
+constexpr int DecodeWarpMmaRingBytes(int d, int stages) {
+  return kDecodeWarpThreads / 32 * stages * 2 * 16 * DecodeStride(d) * 2;
+}
+constexpr int DecodeWarpMmaSmemBytes(int d, int stages) {
+  const int main = 16 * DecodeStride(d) * 2 + DecodeWarpMmaRingBytes(d, stages) +
+                   kDecodeWarpThreads / 32 * kDecodeMaxStages * 4;
+  const int epilogue = kDecodeWarpThreads / 32 * 16 * (d + 4) * 4 + 2 * 4 * 16 * 4 + 16 * 4;
+  return main > epilogue ? main : epilogue;
+}
+
 struct FlashDecodeArgs {
   FlashFwdArgs fwd;  // params, group, splits and the split-KV scratch, as the sm80 kernel takes
   int stages;        // cp.async ring depth, 2..kDecodeMaxStages
-  int m_tiles;       // m16 tiles of q the shared memory holds (1, 2 or 4: rows bound / 16)
+  int m_tiles;       // m16 tiles of q the shared memory holds (1, 2 or 4: rows bound / 16);
+                     // warp kernel: its row capacity (4 or 8; 16 = the warp mma kernel)
   int m_blocks;      // CTAs along packed rows per (sequence, kv head): ceil(rows / 64)
 };
 
 // One instantiation per (storage type, head-dim capacity), in instantiations/flash_decode_*.cu.
 template <typename T, int kHeadDim>
 cudaError_t LaunchFlashDecode(const FlashDecodeArgs& args, cudaStream_t stream);
+template <typename T, int kHeadDim>
+cudaError_t LaunchFlashDecodeWarp(const FlashDecodeArgs& args, cudaStream_t stream);
+// Resident CTAs per SM of the warp kernel at this ring depth and row capacity (occupancy API).
+template <typename T, int kHeadDim>
+int FlashDecodeWarpCtasPerSm(int stages, int rows_cap);
 
 }  // namespace jax_sgl::cuda

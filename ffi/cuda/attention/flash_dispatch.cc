@@ -5,7 +5,8 @@
 // live in the generated instantiations/ files.
 //
 // Run-time switches, read at every call (documented in flash_decode_launch.h):
-//   JAX_SGL_DECODE=old|new, JAX_SGL_DECODE_SPLITS=N, JAX_SGL_DECODE_STAGES=N.
+//   JAX_SGL_DECODE=old|new|warp|warpmma, JAX_SGL_DECODE_SPLITS=N, JAX_SGL_DECODE_STAGES=N,
+//   JAX_SGL_DECODE_WAVES=N.
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -39,6 +40,16 @@ int EnvInt(const char* name, int fallback) {
 bool DecodeKernelSelected() {
   const char* env = std::getenv("JAX_SGL_DECODE");
   return env == nullptr || std::strcmp(env, "old") != 0;
+}
+
+// Row capacity of the warp-sliced decode variant JAX_SGL_DECODE names: 8 (warp, CUDA cores),
+// 16 (warpmma), or 0 when neither is selected.
+int DecodeWarpRowsCap() {
+  const char* env = std::getenv("JAX_SGL_DECODE");
+  if (env == nullptr) return 0;
+  if (std::strcmp(env, "warp") == 0) return kDecodeWarpMaxRows;
+  if (std::strcmp(env, "warpmma") == 0) return kDecodeWarpMmaMaxRows;
+  return 0;
 }
 
 int DeviceAttr(cudaDeviceAttr attr, int fallback) {
@@ -96,6 +107,7 @@ void PlanDecodeKernel(const AttentionParams& p, int cap, int num_sms, FlashPlan*
   const int64_t rows_cta = std::min<int64_t>(rows, kDecodeMaxRows);
   plan->head_dim_cap = cap;
   plan->decode_kernel = true;
+  plan->decode_warp = false;
   plan->decode = false;
   plan->block_m = kDecodeMaxRows;
   plan->m_blocks = int(std::max<int64_t>(1, (rows + kDecodeMaxRows - 1) / kDecodeMaxRows));
@@ -122,6 +134,69 @@ void PlanDecodeKernel(const AttentionParams& p, int cap, int num_sms, FlashPlan*
   SetScratch(p, plan);
 }
 
+template <typename T>
+int DecodeWarpCtasPerSm(int cap, int stages, int rows_cap) {
+  switch (cap) {
+#ifndef JAX_SGL_ATTN_DISABLE_HDIM64
+    case 64: return FlashDecodeWarpCtasPerSm<T, 64>(stages, rows_cap);
+#endif
+#ifndef JAX_SGL_ATTN_DISABLE_HDIM96
+    case 96: return FlashDecodeWarpCtasPerSm<T, 96>(stages, rows_cap);
+#endif
+#ifndef JAX_SGL_ATTN_DISABLE_HDIM128
+    case 128: return FlashDecodeWarpCtasPerSm<T, 128>(stages, rows_cap);
+#endif
+#ifndef JAX_SGL_ATTN_DISABLE_HDIM192
+    case 192: return FlashDecodeWarpCtasPerSm<T, 192>(stages, rows_cap);
+#endif
+#ifndef JAX_SGL_ATTN_DISABLE_HDIM256
+    case 256: return FlashDecodeWarpCtasPerSm<T, 256>(stages, rows_cap);
+#endif
+    default: return 1;
+  }
+}
+
+// The warp-sliced decode kernels' plan (rows bound <= the variant's capacity): row capacity (4
+// or 8 on CUDA cores, 16 = the mma form), ring depth per warp (default 4, 3 for the mma form's
+// 8.5 KiB stages: 2 CTAs per SM at d = 128), and splits for JAX_SGL_DECODE_WAVES (default 2) full waves of the resident
+// CTA slots the occupancy API reports, never under kDecodeWarpMinStagesPerWarp stages per warp.
+constexpr int kDecodeWarpMinStagesPerWarp = 4;
+void PlanDecodeWarpKernel(const AttentionParams& p, int cap, int num_sms, int64_t rows,
+                          int rows_cap, FlashPlan* plan) {
+  const bool mma = rows_cap > kDecodeWarpMaxRows;
+  plan->head_dim_cap = cap;
+  plan->decode_kernel = true;
+  plan->decode_warp = true;
+  plan->decode = false;
+  plan->block_m = kDecodeWarpMaxRows;
+  plan->m_blocks = 1;
+  plan->decode_m_tiles = mma ? kDecodeWarpMmaMaxRows : (rows <= 4 ? 4 : 8);
+  int stages = std::clamp(EnvInt("JAX_SGL_DECODE_STAGES", mma ? 3 : kDecodeDefaultStages), 2,
+                          kDecodeMaxStages);
+  const int optin = DeviceAttr(cudaDevAttrMaxSharedMemoryPerBlockOptin, 227 * 1024);
+  auto smem = [&](int st) {
+    return mma ? DecodeWarpMmaSmemBytes(cap, st) : DecodeWarpSmemBytes(cap, st, plan->decode_m_tiles);
+  };
+  while (stages > 2 && smem(stages) > optin) --stages;
+  plan->decode_stages = stages;
+  const int ctas_per_sm = p.q_type == DType::kBF16
+                              ? DecodeWarpCtasPerSm<bf16_t>(cap, stages, plan->decode_m_tiles)
+                              : DecodeWarpCtasPerSm<f16_t>(cap, stages, plan->decode_m_tiles);
+  const int64_t slots = int64_t(ctas_per_sm) * std::max(num_sms, 1);
+  const int64_t base = int64_t(p.batch) * p.num_kv_heads;
+  int64_t splits = EnvInt("JAX_SGL_DECODE_SPLITS", 0);
+  if (splits <= 0) {
+    const int waves = std::clamp(EnvInt("JAX_SGL_DECODE_WAVES", 2), 1, 8);
+    const int64_t stage_keys = mma ? 16 : DecodeWarpStageKeys(cap);
+    const int64_t n_tiles = (KeyBound(p) + stage_keys - 1) / stage_keys;
+    splits = base > 0 ? (waves * slots + base - 1) / base : 1;
+    splits = std::min<int64_t>(
+        splits, n_tiles / (int64_t(kDecodeWarpThreads / 32) * kDecodeWarpMinStagesPerWarp));
+  }
+  plan->num_splits = int(std::clamp<int64_t>(splits, 1, kMaxSplits));
+  SetScratch(p, plan);
+}
+
 // Keys per tile of each layout (FlashConfig::kBlockN), for the split heuristic.
 int BlockN(int head_dim_cap, bool decode) { return decode || head_dim_cap <= 128 ? 64 : 32; }
 
@@ -131,24 +206,29 @@ cudaError_t LaunchForHeadDim(const FlashPlan& plan, const FlashFwdArgs& args, cu
                      : LaunchFlashFwd<T, kD, false>(args, plan.m_blocks, stream);
 }
 
+template <typename T, int kD>
+cudaError_t LaunchDecodeForHeadDim(bool warp, const FlashDecodeArgs& args, cudaStream_t stream) {
+  return warp ? LaunchFlashDecodeWarp<T, kD>(args, stream) : LaunchFlashDecode<T, kD>(args, stream);
+}
+
 template <typename T>
-cudaError_t LaunchDecodeForType(int head_dim_cap, const FlashDecodeArgs& args,
+cudaError_t LaunchDecodeForType(int head_dim_cap, bool warp, const FlashDecodeArgs& args,
                                 cudaStream_t stream) {
   switch (head_dim_cap) {
 #ifndef JAX_SGL_ATTN_DISABLE_HDIM64
-    case 64: return LaunchFlashDecode<T, 64>(args, stream);
+    case 64: return LaunchDecodeForHeadDim<T, 64>(warp, args, stream);
 #endif
 #ifndef JAX_SGL_ATTN_DISABLE_HDIM96
-    case 96: return LaunchFlashDecode<T, 96>(args, stream);
+    case 96: return LaunchDecodeForHeadDim<T, 96>(warp, args, stream);
 #endif
 #ifndef JAX_SGL_ATTN_DISABLE_HDIM128
-    case 128: return LaunchFlashDecode<T, 128>(args, stream);
+    case 128: return LaunchDecodeForHeadDim<T, 128>(warp, args, stream);
 #endif
 #ifndef JAX_SGL_ATTN_DISABLE_HDIM192
-    case 192: return LaunchFlashDecode<T, 192>(args, stream);
+    case 192: return LaunchDecodeForHeadDim<T, 192>(warp, args, stream);
 #endif
 #ifndef JAX_SGL_ATTN_DISABLE_HDIM256
-    case 256: return LaunchFlashDecode<T, 256>(args, stream);
+    case 256: return LaunchDecodeForHeadDim<T, 256>(warp, args, stream);
 #endif
     default: return cudaErrorInvalidValue;
   }
@@ -181,12 +261,18 @@ cudaError_t LaunchForType(const FlashPlan& plan, const FlashFwdArgs& args, cudaS
 const char* PlanFlashFwd(const AttentionParams& p, int num_sms, FlashPlan* plan) {
   plan->sm90 = false;
   plan->decode_kernel = false;
+  plan->decode_warp = false;
   int cap = 0;
   // Decode-shaped calls (a bound of kDecodeMaxQLen q rows per sequence: dense q, or varlen q
   // with that few rows in all) take the dedicated decode kernel unless JAX_SGL_DECODE=old.
   const bool decode_shape = p.seqlen_q >= 1 && p.seqlen_q <= kDecodeMaxQLen;
   if (decode_shape && DecodeKernelSelected() && CheckSm80Support(p, &cap) == nullptr) {
-    PlanDecodeKernel(p, cap, num_sms, plan);
+    const int64_t rows = int64_t(p.seqlen_q) * (p.num_heads / p.num_kv_heads);
+    const int warp_rows_cap = DecodeWarpRowsCap();
+    if (rows <= warp_rows_cap)
+      PlanDecodeWarpKernel(p, cap, num_sms, rows, warp_rows_cap, plan);
+    else
+      PlanDecodeKernel(p, cap, num_sms, plan);
     return nullptr;
   }
   // The Hopper kernel on a 9.0 device, for what it covers and JAX_SGL_SM90 allows (by default
@@ -250,8 +336,9 @@ const char* RunFlashFwd(const AttentionParams& p, const FlashPlan& plan, void* s
   cudaError_t err;
   if (plan.decode_kernel) {
     const FlashDecodeArgs d{args, plan.decode_stages, plan.decode_m_tiles, plan.m_blocks};
-    err = p.q_type == DType::kBF16 ? LaunchDecodeForType<bf16_t>(plan.head_dim_cap, d, stream)
-                                   : LaunchDecodeForType<f16_t>(plan.head_dim_cap, d, stream);
+    err = p.q_type == DType::kBF16
+              ? LaunchDecodeForType<bf16_t>(plan.head_dim_cap, plan.decode_warp, d, stream)
+              : LaunchDecodeForType<f16_t>(plan.head_dim_cap, plan.decode_warp, d, stream);
   } else {
     err = p.q_type == DType::kBF16 ? LaunchForType<bf16_t>(plan, args, stream)
                                    : LaunchForType<f16_t>(plan, args, stream);

@@ -55,8 +55,10 @@ struct FlashPlan {
   bool sm90;             // the sm_90a kernel (sm90/) runs the call; the fields below are unused
   int head_dim_cap;      // compiled head dim the call runs on
   bool decode_kernel;    // the dedicated decode kernel (flash_decode.cuh) instead of sm80
+  bool decode_warp;      // decode kernel: the warp-sliced variant (flash_decode_warp.cuh)
   int decode_stages;     // decode kernel: cp.async ring depth
-  int decode_m_tiles;    // decode kernel: m16 tiles of q per CTA (shared-memory sizing)
+  int decode_m_tiles;    // decode kernel: m16 tiles of q per CTA (shared-memory sizing); warp
+                         // variant: its row capacity (4 or 8)
   bool decode;           // sm80: decode warp layout (16 packed rows) instead of prefill (64)
   int block_m;           // packed rows per CTA
   int m_blocks;          // CTAs along packed rows per (sequence, kv head)
