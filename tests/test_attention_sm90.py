@@ -7,7 +7,9 @@ without the (dtype, head dim) instantiation, the test is skipped rather than sil
 portable kernel. Outputs are poisoned beforehand so unwritten elements show up as NaN.
 
 Every test runs once per kernel variant (ffi/cuda/attention/sm90/variants.h) that the build holds
-(CMake JAX_SGL_SM90_VARIANTS), picked by JAX_SGL_SM90_VARIANT like the handler reads it.
+for its (head dim, dtype) (the defaults of CMake JAX_SGL_SM90_DEFAULT_VARIANTS plus the extra
+JAX_SGL_SM90_VARIANTS), picked by JAX_SGL_SM90_VARIANT like the handler reads it, and once with
+it unset (the default path).
 """
 
 from __future__ import annotations
@@ -57,21 +59,27 @@ def _sm90(monkeypatch):
   monkeypatch.setenv("JAX_SGL_DECODE", "old")
 
 
-VARIANTS = (0, 1, 2, 3)  # ffi/cuda/attention/sm90/variants.h
+VARIANTS = (None,) + tuple(range(8))  # ffi/cuda/attention/sm90/variants.h; None: unset
 
 
-@pytest.fixture(autouse=True, params=VARIANTS, ids=lambda v: f"variant{v}")
+@pytest.fixture(autouse=True, params=VARIANTS,
+                ids=lambda v: "default" if v is None else f"variant{v}")
 def _variant(request, monkeypatch, _sm90):
-  if request.param and f"variant{request.param}" not in jax_sgl.attention_backend_info()[
-      "sm90_kernels"]:
-    pytest.skip(f"variant{request.param} not in this build (JAX_SGL_SM90_VARIANTS)")
-  monkeypatch.setenv("JAX_SGL_SM90_VARIANT", str(request.param))
+  if request.param is None:
+    monkeypatch.delenv("JAX_SGL_SM90_VARIANT", raising=False)
+  else:
+    monkeypatch.setenv("JAX_SGL_SM90_VARIANT", str(request.param))
 
 
 def _need(head_dim, dtype):
+  """Skips unless the build has the (head dim, dtype) kernel in the variant the test runs."""
+  kernels = jax_sgl.attention_backend_info()["sm90_kernels"]
   kernel = f"hdim{head_dim}_{_name(dtype)}"
-  if kernel not in jax_sgl.attention_backend_info()["sm90_kernels"]:
+  if kernel not in kernels:
     pytest.skip(f"{kernel} not in this build (JAX_SGL_SM90_HEAD_DIMS / JAX_SGL_SM90_DTYPES)")
+  variant = os.environ.get("JAX_SGL_SM90_VARIANT")
+  if variant is not None and f"{kernel}_variant{variant}" not in kernels:
+    pytest.skip(f"{kernel} variant{variant} not in this build (JAX_SGL_SM90_VARIANTS)")
 
 
 def _inputs(shape, head_dim, dtype, seed):

@@ -319,6 +319,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         pipe_k.consumer_release(read_k);
         ++read_k;
         mask(tSrS, n);
+        // Early rescale: the correction of the latest softmax step waits here until the next
+        // step's S is issued (the first one scales O = 0: harmless).
         float correction[2];
         softmax.template Step<Cfg::kFastSoftmax>(tSrS, correction);
         Tensor tOrP = to_p(tSrS);
@@ -329,6 +331,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           pipe_k.consumer_wait(read_k);
           cutlass::arch::NamedBarrier::sync(kConsumerThreads, my_turn);
           Gemm<true, false>(mma_qk, tSrQ, tSrK(_, _, _, read_k.index()), s);
+          // O is idle here (the last P V completed); the tensor cores are busy with S.
+          if constexpr (Cfg::kEarlyRescale) ScaleRows(tOrO, correction);
           pipe_v.consumer_wait(read_v);
           Gemm<false, true>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
           hand_over(n == 0);
@@ -341,7 +345,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           warpgroup_wait<0>();
           pipe_v.consumer_release(read_v);
           ++read_v;
-          if constexpr (Cfg::kFastSoftmax) {
+          if constexpr (Cfg::kEarlyRescale) {
+            correction[0] = corr[0];
+            correction[1] = corr[1];
+          } else if constexpr (Cfg::kFastSoftmax) {
             // Divergence only costs the warps where some row max moved.
             if (corr[0] != 1.f || corr[1] != 1.f) ScaleRows(tOrO, corr);
           } else {
@@ -354,6 +361,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         for (n = tiles.n_end - 2; n >= tiles.n_mask_begin; --n) step(n, cute::true_type{});
         for (; n >= 0; --n) step(n, cute::false_type{});
 
+        if constexpr (Cfg::kEarlyRescale) ScaleRows(tOrO, correction);
         pipe_v.consumer_wait(read_v);
         Gemm<false, true>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
         warpgroup_wait<0>();

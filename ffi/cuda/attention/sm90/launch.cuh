@@ -33,7 +33,8 @@ template <typename T, int kHeadDim, int kVariant>
 using VariantConfig =
     FlashConfig<typename CutlassType<T>::type, kHeadDim,
                 Variant(kVariant).wide ? WideBlockN(kHeadDim) : DefaultBlockN(kHeadDim),
-                Variant(kVariant).persistent, Variant(kVariant).fast_softmax>;
+                Variant(kVariant).persistent, Variant(kVariant).fast_softmax,
+                Variant(kVariant).early_rescale>;
 
 }  // namespace sm90
 
