@@ -322,7 +322,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         // Early rescale: the correction of the latest softmax step waits here until the next
         // step's S is issued (the first one scales O = 0: harmless).
         float correction[2];
-        softmax.template Step<Cfg::kFastSoftmax>(tSrS, correction);
+        softmax.template Step<Cfg::kFastSoftmax, Cfg::kLeanSoftmax>(tSrS, correction);
         Tensor tOrP = to_p(tSrS);
 
         // One step: S_n issued with P_{n+1} V_{n+1}; softmax of S_n while P V runs.
@@ -341,7 +341,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           ++read_k;
           if constexpr (decltype(masked)::value) mask(s, n);
           float corr[2];
-          softmax.template Step<Cfg::kFastSoftmax>(s, corr);
+          softmax.template Step<Cfg::kFastSoftmax, Cfg::kLeanSoftmax>(s, corr);
           warpgroup_wait<0>();
           pipe_v.consumer_release(read_v);
           ++read_v;

@@ -11,19 +11,21 @@
 //   2 "fast"       1 + tree reductions in the softmax and no O rescale when no row max moved
 //                  (measured 6% slower than 1 at hd128 / hd64: kept for reference only).
 //   3 "wide fast"  2 with wider key tiles (WideBlockN): fewer softmax rounds per FLOP.
-//   4 "wide"       1 with wide key tiles, 1's softmax.
-//   5 "early"      1 with the O rescale moved into the warpgroup's own GEMM turn (FA3's order):
-//                  issued right after S = Q K^T, before P V, so the rescale runs while the tensor
-//                  cores compute S instead of in the softmax window the other warpgroup hides.
-//   6 "wide early" 5 with wide key tiles.
-//   7 "np early"   0 (one CTA per tile) with 5's early rescale and wide key tiles (hd64 best was
-//                  non-persistent).
+//   4 "lean"       1 with a branch-free softmax on ex2.approx.ftz: the branch around 1's
+//                  correction exp made ptxas wait for this warpgroup's P V before the softmax
+//                  (no intra-warpgroup overlap in 0-3; softmax.h).
+//   5 "lean early" 4 with the O rescale moved into the warpgroup's own GEMM turn (FA3's order):
+//                  right after S = Q K^T is issued, before P V, so the rescale runs while the
+//                  tensor cores compute S instead of in the window the other warpgroup hides.
+//   6 "lean early wide" 5 with wide key tiles.
+//   7 "np lean early wide" 6 with one CTA per tile (hd64's best measured was the non-persistent 0).
+//   8 "np lean early" 5 with one CTA per tile.
 // No CUDA or CuTe here: the host dispatch includes it.
 #pragma once
 
 namespace jax_sgl::cuda::sm90 {
 
-inline constexpr int kNumVariants = 8;
+inline constexpr int kNumVariants = 9;
 
 // Keys per tile of the wide variants. hd128: 176 (FA3's choice: S 88 + P 44 + O 64 registers per
 // thread still fit 240); hd64: 192; hd256: 80 (Q 64 KiB + 2 x 2 stages x 40 KiB = 224 KiB of smem).
@@ -36,18 +38,21 @@ struct VariantTraits {
   bool fast_softmax;
   bool wide;
   bool early_rescale;
+  bool lean_softmax;
 };
 
 constexpr VariantTraits Variant(int v) {
   switch (v) {
-    case 1: return {true, false, false, false};
-    case 2: return {true, true, false, false};
-    case 3: return {true, true, true, false};
-    case 4: return {true, false, true, false};
-    case 5: return {true, false, false, true};
-    case 6: return {true, false, true, true};
-    case 7: return {false, false, true, true};
-    default: return {false, false, false, false};
+    //              persistent fast   wide   early  lean
+    case 1: return {true,      false, false, false, false};
+    case 2: return {true,      true,  false, false, false};
+    case 3: return {true,      true,  true,  false, false};
+    case 4: return {true,      false, false, false, true};
+    case 5: return {true,      false, false, true,  true};
+    case 6: return {true,      false, true,  true,  true};
+    case 7: return {false,     false, true,  true,  true};
+    case 8: return {false,     false, false, true,  true};
+    default: return {false,    false, false, false, false};
   }
 }
 
