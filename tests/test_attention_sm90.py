@@ -188,3 +188,21 @@ def test_deterministic(dtype):
   out2, lse2 = fn(q, k, v)
   np.testing.assert_array_equal(np.asarray(out1).view(np.uint16), np.asarray(out2).view(np.uint16))
   np.testing.assert_array_equal(np.asarray(lse1), np.asarray(lse2))
+
+
+@pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
+def test_default_runs_the_configured_variant(monkeypatch, causal):
+  """With JAX_SGL_SM90_VARIANT unset, a call runs the default the build lists for its (head
+  dim, causal) (CMake JAX_SGL_SM90_DEFAULT_VARIANTS): bitwise the same output as naming it."""
+  if "JAX_SGL_SM90_VARIANT" in os.environ:
+    pytest.skip("runs once, in the 'default' parametrization")
+  _need(128, jnp.bfloat16)
+  kernels = jax_sgl.attention_backend_info()["sm90_kernels"]
+  [default] = [k for k in kernels if k.startswith("hdim128_default_v")]
+  variant = default.split("_v")[2 if causal else 1]
+  q, k, v = _inputs((2, 700, 900, 4, 2), 128, jnp.bfloat16, seed=17)
+  fn = jax.jit(lambda q, k, v: jax_sgl.attention(q, k, v, causal=causal))
+  unset = np.asarray(fn(q, k, v)).view(np.uint16)
+  monkeypatch.setenv("JAX_SGL_SM90_VARIANT", variant)
+  named = np.asarray(fn(q, k, v)).view(np.uint16)
+  np.testing.assert_array_equal(unset, named)
