@@ -358,10 +358,49 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #pragma unroll
           for (int i = 0; i < size(p); ++i) tOrP(i) = p(i);
         };
-        for (n = tiles.n_end - 2; n >= tiles.n_mask_begin; --n) step(n, cute::true_type{});
-        for (; n >= 0; --n) step(n, cute::false_type{});
+        // Deferred P V wait (Cfg::kDeferPvWait, implies the early rescale): ptxas hoists a
+        // wait_group 0 that follows the softmax up above it (NOTES_sm90.md v3), so this step
+        // has none. The P V issued in step n is waited for at the top of step n-1, after the K
+        // wait loop, a basic block ptxas does not hoist across; P is packed there from tSrS,
+        // which then takes the next S. The softmax thus runs under this warpgroup's P V.
+        bool pv_in_flight = false;
+        auto finish_pv = [&] {
+          warpgroup_wait<0>();
+          if (pv_in_flight) {
+            pipe_v.consumer_release(read_v);
+            ++read_v;
+          }
+          Tensor p = to_p(tSrS);
+#pragma unroll
+          for (int i = 0; i < size(p); ++i) tOrP(i) = p(i);
+        };
+        auto step_deferred = [&](int n, auto masked) {
+          pipe_k.consumer_wait(read_k);
+          finish_pv();
+          cutlass::arch::NamedBarrier::sync(kConsumerThreads, my_turn);
+          Gemm<true, false>(mma_qk, tSrQ, tSrK(_, _, _, read_k.index()), tSrS);
+          ScaleRows(tOrO, correction);
+          pipe_v.consumer_wait(read_v);
+          Gemm<false, true>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
+          pv_in_flight = true;
+          hand_over(n == 0);
+          warpgroup_wait<1>();
+          pipe_k.consumer_release(read_k);
+          ++read_k;
+          if constexpr (decltype(masked)::value) mask(tSrS, n);
+          softmax.template Step<Cfg::kFastSoftmax, Cfg::kLeanSoftmax>(tSrS, correction);
+        };
+        if constexpr (Cfg::kDeferPvWait) {
+          for (n = tiles.n_end - 2; n >= tiles.n_mask_begin; --n)
+            step_deferred(n, cute::true_type{});
+          for (; n >= 0; --n) step_deferred(n, cute::false_type{});
+          finish_pv();
+        } else {
+          for (n = tiles.n_end - 2; n >= tiles.n_mask_begin; --n) step(n, cute::true_type{});
+          for (; n >= 0; --n) step(n, cute::false_type{});
+        }
 
-        if constexpr (Cfg::kEarlyRescale) ScaleRows(tOrO, correction);
+        if constexpr (Cfg::kEarlyRescale || Cfg::kDeferPvWait) ScaleRows(tOrO, correction);
         pipe_v.consumer_wait(read_v);
         Gemm<false, true>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
         warpgroup_wait<0>();

@@ -20,12 +20,14 @@
 //   6 "lean early wide" 5 with wide key tiles.
 //   7 "np lean early wide" 6 with one CTA per tile (hd64's best measured was the non-persistent 0).
 //   8 "np lean early" 5 with one CTA per tile.
+//   9 "deferred"   5 with the wait for a step's P V moved to the top of the next step, so ptxas
+//                  cannot put it ahead of the softmax (kernel.cuh, NOTES_sm90.md v3).
 // No CUDA or CuTe here: the host dispatch includes it.
 #pragma once
 
 namespace jax_sgl::cuda::sm90 {
 
-inline constexpr int kNumVariants = 9;
+inline constexpr int kNumVariants = 10;
 
 // Keys per tile of the wide variants. hd128: 176 (FA3's choice: S 88 + P 44 + O 64 registers per
 // thread still fit 240); hd64: 192; hd256: 80 (Q 64 KiB + 2 x 2 stages x 40 KiB = 224 KiB of smem).
@@ -39,20 +41,22 @@ struct VariantTraits {
   bool wide;
   bool early_rescale;
   bool lean_softmax;
+  bool defer_pv_wait;
 };
 
 constexpr VariantTraits Variant(int v) {
   switch (v) {
-    //              persistent fast   wide   early  lean
-    case 1: return {true,      false, false, false, false};
-    case 2: return {true,      true,  false, false, false};
-    case 3: return {true,      true,  true,  false, false};
-    case 4: return {true,      false, false, false, true};
-    case 5: return {true,      false, false, true,  true};
-    case 6: return {true,      false, true,  true,  true};
-    case 7: return {false,     false, true,  true,  true};
-    case 8: return {false,     false, false, true,  true};
-    default: return {false,    false, false, false, false};
+    //              persistent fast   wide   early  lean   defer
+    case 1: return {true,      false, false, false, false, false};
+    case 2: return {true,      true,  false, false, false, false};
+    case 3: return {true,      true,  true,  false, false, false};
+    case 4: return {true,      false, false, false, true,  false};
+    case 5: return {true,      false, false, true,  true,  false};
+    case 6: return {true,      false, true,  true,  true,  false};
+    case 7: return {false,     false, true,  true,  true,  false};
+    case 8: return {false,     false, false, true,  true,  false};
+    case 9: return {true,      false, false, true,  true,  true};
+    default: return {false,    false, false, false, false, false};
   }
 }
 
