@@ -5,7 +5,8 @@
 // Warpgroups 1 and 2 are consumers, 64 query rows each:
 //   - S = Q K^T and O += P V on wgmma; P stays in registers (RS wgmma).
 //   - Intra-warpgroup overlap: the S of tile j is issued together with the P V of tile j+1, so the
-//     softmax of tile j runs while the tensor cores finish P V.
+//     softmax of tile j runs while the tensor cores finish P V (in SASS only with
+//     Cfg::kDeferPvWait: otherwise ptxas hoists the P V wait above the softmax).
 //   - Ping-pong: a pair of named barriers makes the two consumers issue their GEMMs in turn, so
 //     one warpgroup's softmax hides behind the other's GEMMs.
 // Keys are walked from the last tile down: tiles that cross the causal diagonal or the end of the
