@@ -3,15 +3,15 @@ all in one process on one H200: bf16, S = 8k, B*S = 32k tokens, hd64 / hd128 / h
 heads and hd128 with GQA 32/8, causal and not.
 
 Each variant runs through the same jitted jax_sgl.attention call; JAX_SGL_SM90_VARIANT (read by
-the CUDA handler at every call) picks it, and JAX_SGL_SM90=1 lets the not-yet-default
-instantiations (hd64, hd256) run. The implementations are interleaved: every round times one batch
+the CUDA handler at every call) picks it; the 'default' row runs with it unset (the build's
+default variant of the (head dim, causal): CMake JAX_SGL_SM90_DEFAULT_VARIANTS). The implementations are interleaved: every round times one batch
 of back-to-back calls of each, in turn, so drifting clocks hit all alike; a result is the median
 over the rounds. TFLOP/s counts 4*B*H*S^2*D, halved when causal (as bench_attention.py).
 Prints one line per (config, implementation) and one 'SUMMARY ' line per config with the best
 variant and its ratio to cuDNN (tools/gpu_check.sh collects those).
 
 Run from outside the source tree (so `import jax_sgl` is the installed package):
-  python3 /path/to/benchmarks/ab_sm90.py [--rounds 7] [--variants 0 1 2 3]
+  python3 /path/to/benchmarks/ab_sm90.py [--rounds 7] [--variants 0 1 4 5]
 """
 
 from __future__ import annotations
@@ -32,22 +32,23 @@ SEQLEN = 8192
 CONFIGS = ((128, 16, 16), (128, 32, 8), (64, 16, 16), (256, 16, 16))
 
 
-def built_variants():
+def built_variants(head_dim):
+  """The variants this build compiled for (head_dim, bf16)."""
   kernels = jax_sgl.attention_backend_info()["sm90_kernels"]
-  return [0] + [v for v in range(1, 10) if f"variant{v}" in kernels]
+  return [v for v in range(10) if f"hdim{head_dim}_bf16_variant{v}" in kernels]
 
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--rounds", type=int, default=7, help="batches per implementation (median)")
-  parser.add_argument("--variants", type=int, nargs="+", help="default: every built variant")
+  parser.add_argument("--variants", type=int, nargs="+",
+                      help="default: every variant built for the head dim")
   parser.add_argument("--head-dims", type=int, nargs="+", default=[64, 128, 256])
   args = parser.parse_args()
   os.environ["JAX_SGL_SM90"] = "1"
-  variants = args.variants if args.variants is not None else built_variants()
   print(f"device: {jax.devices()[0].device_kind}, jax {jax.__version__}")
   print(f"jax_sgl attention backend: {jax_sgl.attention_backend_info()}")
-  print(f"variants: {variants}, rounds: {args.rounds}")
+  print(f"rounds: {args.rounds}")
   b, s = TOKENS // SEQLEN, SEQLEN
   for d, h, hkv in CONFIGS:
     if d not in args.head_dims:
@@ -62,11 +63,15 @@ def main():
       ours = jax.jit(lambda q, k, v, c=causal: jax_sgl.attention(q, k, v, causal=c))
       cudnn = jax.jit(lambda q, k, v, c=causal: jax.nn.dot_product_attention(
           q, k, v, is_causal=c, implementation="cudnn"))
-      impls = [("cudnn", cudnn, None)] + [(f"variant{x}", ours, x) for x in variants]
+      variants = [x for x in built_variants(d) if args.variants is None or x in args.variants]
+      impls = ([("cudnn", cudnn, None), ("default", ours, "")] +
+               [(f"variant{x}", ours, x) for x in variants])
       times = {name: [] for name, _, _ in impls}
       for _ in range(args.rounds):
         for name, fn, variant in impls:
-          if variant is not None:
+          if variant == "":
+            os.environ.pop("JAX_SGL_SM90_VARIANT", None)
+          elif variant is not None:
             os.environ["JAX_SGL_SM90_VARIANT"] = str(variant)
           try:
             times[name].append(median_seconds(fn, (q, k, v), calls, 1))
@@ -80,7 +85,7 @@ def main():
         spread = (max(times[name]) - min(times[name])) / statistics.median(times[name])
         print(f"{label:<32} {name:<9} {value:7.1f} TFLOP/s  {value / base:5.3f}x cudnn  "
               f"(spread {100 * spread:4.1f}%)")
-      best = max((n for n in tflops if n != "cudnn"), key=lambda n: tflops[n])
+      best = max((n for n in tflops if n not in ("cudnn", "default")), key=lambda n: tflops[n])
       print(f"SUMMARY sm90 A/B {label}: best {best} {tflops[best]:.0f} TFLOP/s = "
             f"{tflops[best] / base:.3f}x cudnn {base:.0f}; "
             + ", ".join(f"{n} {tflops[n] / base:.3f}x" for n in tflops if n != "cudnn"))

@@ -7,7 +7,9 @@ without the (dtype, head dim) instantiation, the test is skipped rather than sil
 portable kernel. Outputs are poisoned beforehand so unwritten elements show up as NaN.
 
 Every test runs once per kernel variant (ffi/cuda/attention/sm90/variants.h) that the build holds
-(CMake JAX_SGL_SM90_VARIANTS), picked by JAX_SGL_SM90_VARIANT like the handler reads it.
+for its (head dim, dtype) (the defaults of CMake JAX_SGL_SM90_DEFAULT_VARIANTS plus the extra
+JAX_SGL_SM90_VARIANTS), picked by JAX_SGL_SM90_VARIANT like the handler reads it, and once with
+it unset (the default path).
 """
 
 from __future__ import annotations
@@ -57,21 +59,27 @@ def _sm90(monkeypatch):
   monkeypatch.setenv("JAX_SGL_DECODE", "old")
 
 
-VARIANTS = (0, 1, 2, 3)  # ffi/cuda/attention/sm90/variants.h
+VARIANTS = (None,) + tuple(range(10))  # ffi/cuda/attention/sm90/variants.h; None: unset
 
 
-@pytest.fixture(autouse=True, params=VARIANTS, ids=lambda v: f"variant{v}")
+@pytest.fixture(autouse=True, params=VARIANTS,
+                ids=lambda v: "default" if v is None else f"variant{v}")
 def _variant(request, monkeypatch, _sm90):
-  if request.param and f"variant{request.param}" not in jax_sgl.attention_backend_info()[
-      "sm90_kernels"]:
-    pytest.skip(f"variant{request.param} not in this build (JAX_SGL_SM90_VARIANTS)")
-  monkeypatch.setenv("JAX_SGL_SM90_VARIANT", str(request.param))
+  if request.param is None:
+    monkeypatch.delenv("JAX_SGL_SM90_VARIANT", raising=False)
+  else:
+    monkeypatch.setenv("JAX_SGL_SM90_VARIANT", str(request.param))
 
 
 def _need(head_dim, dtype):
+  """Skips unless the build has the (head dim, dtype) kernel in the variant the test runs."""
+  kernels = jax_sgl.attention_backend_info()["sm90_kernels"]
   kernel = f"hdim{head_dim}_{_name(dtype)}"
-  if kernel not in jax_sgl.attention_backend_info()["sm90_kernels"]:
+  if kernel not in kernels:
     pytest.skip(f"{kernel} not in this build (JAX_SGL_SM90_HEAD_DIMS / JAX_SGL_SM90_DTYPES)")
+  variant = os.environ.get("JAX_SGL_SM90_VARIANT")
+  if variant is not None and f"{kernel}_variant{variant}" not in kernels:
+    pytest.skip(f"{kernel} variant{variant} not in this build (JAX_SGL_SM90_VARIANTS)")
 
 
 def _inputs(shape, head_dim, dtype, seed):
@@ -180,3 +188,21 @@ def test_deterministic(dtype):
   out2, lse2 = fn(q, k, v)
   np.testing.assert_array_equal(np.asarray(out1).view(np.uint16), np.asarray(out2).view(np.uint16))
   np.testing.assert_array_equal(np.asarray(lse1), np.asarray(lse2))
+
+
+@pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
+def test_default_runs_the_configured_variant(monkeypatch, causal):
+  """With JAX_SGL_SM90_VARIANT unset, a call runs the default the build lists for its (head
+  dim, causal) (CMake JAX_SGL_SM90_DEFAULT_VARIANTS): bitwise the same output as naming it."""
+  if "JAX_SGL_SM90_VARIANT" in os.environ:
+    pytest.skip("runs once, in the 'default' parametrization")
+  _need(128, jnp.bfloat16)
+  kernels = jax_sgl.attention_backend_info()["sm90_kernels"]
+  [default] = [k for k in kernels if k.startswith("hdim128_default_v")]
+  variant = default.split("_v")[2 if causal else 1]
+  q, k, v = _inputs((2, 700, 900, 4, 2), 128, jnp.bfloat16, seed=17)
+  fn = jax.jit(lambda q, k, v: jax_sgl.attention(q, k, v, causal=causal))
+  unset = np.asarray(fn(q, k, v)).view(np.uint16)
+  monkeypatch.setenv("JAX_SGL_SM90_VARIANT", variant)
+  named = np.asarray(fn(q, k, v)).view(np.uint16)
+  np.testing.assert_array_equal(unset, named)

@@ -24,15 +24,22 @@ constexpr int DefaultBlockN(int head_dim) { return head_dim <= 128 ? 128 : 64; }
 
 // kPersistent: grid = #SMs, each CTA loops over work tiles (kernel.cuh) and the loads of the next
 // tile overlap the epilogue of the current one. kFastSoftmax: tree reductions for the row max and
-// sum, O rescaled only when a row max moved (softmax.h).
+// sum, O rescaled only when a row max moved (softmax.h). kEarlyRescale: the O rescale of a step
+// runs between the issue of S = Q K^T and of P V (kernel.cuh). kLeanSoftmax: branch-free softmax
+// with ex2.approx.ftz (softmax.h). kDeferPvWait: the wait for a step's P V moves to the top of
+// the next step (kernel.cuh).
 template <typename Element_, int kHeadDim_, int kBlockN_ = DefaultBlockN(kHeadDim_),
-          bool kPersistent_ = false, bool kFastSoftmax_ = false>
+          bool kPersistent_ = false, bool kFastSoftmax_ = false, bool kEarlyRescale_ = false,
+          bool kLeanSoftmax_ = false, bool kDeferPvWait_ = false>
 struct FlashConfig {
   using Element = Element_;  // cutlass::bfloat16_t or cutlass::half_t
   static constexpr int kHeadDim = kHeadDim_;
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256);
   static constexpr bool kPersistent = kPersistent_;
   static constexpr bool kFastSoftmax = kFastSoftmax_;
+  static constexpr bool kEarlyRescale = kEarlyRescale_;
+  static constexpr bool kLeanSoftmax = kLeanSoftmax_;
+  static constexpr bool kDeferPvWait = kDeferPvWait_;
 
   static constexpr int kWarpgroupRows = 64;                   // wgmma M per warpgroup
   static constexpr int kConsumers = 2;                        // consumer warpgroups (ping-pong)

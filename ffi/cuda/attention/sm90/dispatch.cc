@@ -1,13 +1,14 @@
 // Host side of the sm_90a flash forward: whether it may run a call (switch, device, coverage)
 // and the (dtype, head dim, variant) switch over the instantiations this build compiled.
 //
-// JAX_SGL_SM90_VARIANT=<0..3> (read at each call) picks the kernel variant (sm90/variants.h) for
-// A/B runs; unset, unparsable or not built (CMake JAX_SGL_SM90_VARIANTS) means variant 0.
+// JAX_SGL_SM90_VARIANT=<0..9> (read at each call) picks the kernel variant (sm90/variants.h) for
+// A/B runs; unset, unparsable or not built for the call's (dtype, head dim) means the default of
+// its (head dim, causal) (CMake JAX_SGL_SM90_DEFAULT_VARIANTS, always built).
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <initializer_list>
-#include <type_traits>
+#include <string>
 
 #include "ffi/common/numeric.h"
 #include "ffi/cuda/attention/sm90/launch.h"
@@ -16,78 +17,56 @@
 namespace jax_sgl::cuda {
 namespace {
 
-// The instantiations this build compiled: cmake/cuda.cmake defines JAX_SGL_SM90_HAVE_HDIM<D>_<DTYPE>
-// for each file it builds. Calls f(T* tag, integral_constant<int, D>) for the matching storage
-// type T and head dim D, or returns false when (dtype, head dim) was left out.
-template <typename F>
-bool WithInstantiation(DType t, int d, F&& f) {
-  const bool bf16 = t == DType::kBF16;
-  (void)bf16, (void)d, (void)f;  // unused when no instantiation is built
-#define JAX_SGL_SM90_CASE(D, TYPE, IS_BF16)                         \
-  if (d == D && bf16 == IS_BF16) {                                  \
-    f(static_cast<TYPE*>(nullptr), std::integral_constant<int, D>{}); \
-    return true;                                                    \
-  }
-#ifdef JAX_SGL_SM90_HAVE_HDIM64_BF16
-  JAX_SGL_SM90_CASE(64, bf16_t, true)
-#endif
-#ifdef JAX_SGL_SM90_HAVE_HDIM64_FP16
-  JAX_SGL_SM90_CASE(64, f16_t, false)
-#endif
-#ifdef JAX_SGL_SM90_HAVE_HDIM128_BF16
-  JAX_SGL_SM90_CASE(128, bf16_t, true)
-#endif
-#ifdef JAX_SGL_SM90_HAVE_HDIM128_FP16
-  JAX_SGL_SM90_CASE(128, f16_t, false)
-#endif
-#ifdef JAX_SGL_SM90_HAVE_HDIM256_BF16
-  JAX_SGL_SM90_CASE(256, bf16_t, true)
-#endif
-#ifdef JAX_SGL_SM90_HAVE_HDIM256_FP16
-  JAX_SGL_SM90_CASE(256, f16_t, false)
-#endif
-#undef JAX_SGL_SM90_CASE
+// cmake/cuda.cmake's sm90_kernels.inc names, as X-macros, each compiled instantiation
+// (JAX_SGL_SM90_KERNEL(head dim, bf16|fp16, variant)) and each built head dim's default variants
+// (JAX_SGL_SM90_DEFAULT(head dim, non-causal, causal)).
+using Sm90Type_bf16 = bf16_t;
+using Sm90Type_fp16 = f16_t;
+constexpr DType kSm90DType_bf16 = DType::kBF16;
+constexpr DType kSm90DType_fp16 = DType::kF16;
+
+// Whether this build compiled variant v of the (dtype, head dim) kernel; v < 0: any variant.
+bool Built(DType t, int d, int v = -1) {
+  (void)t, (void)d, (void)v;
+#define JAX_SGL_SM90_KERNEL(D, T, V) \
+  if (t == kSm90DType_##T && d == D && (v < 0 || v == V)) return true;
+#define JAX_SGL_SM90_DEFAULT(D, NON_CAUSAL, CAUSAL)
+#include "sm90_kernels.inc"
+#undef JAX_SGL_SM90_KERNEL
+#undef JAX_SGL_SM90_DEFAULT
   return false;
 }
 
-bool Built(DType t, int d) {
-  return WithInstantiation(t, d, [](auto, auto) {});
+int DefaultVariant(int d, bool causal) {
+  (void)d, (void)causal;
+#define JAX_SGL_SM90_KERNEL(D, T, V)
+#define JAX_SGL_SM90_DEFAULT(D, NON_CAUSAL, CAUSAL) \
+  if (d == D) return causal ? CAUSAL : NON_CAUSAL;
+#include "sm90_kernels.inc"
+#undef JAX_SGL_SM90_KERNEL
+#undef JAX_SGL_SM90_DEFAULT
+  return 0;
 }
 
-// Whether this build compiled variant v (for every built (dtype, head dim)): cmake/cuda.cmake
-// defines JAX_SGL_SM90_HAVE_VARIANT<v> for each variant beyond 0 in JAX_SGL_SM90_VARIANTS.
-constexpr bool VariantBuilt(int v) {
-  switch (v) {
-    case 0: return true;
-#ifdef JAX_SGL_SM90_HAVE_VARIANT1
-    case 1: return true;
-#endif
-#ifdef JAX_SGL_SM90_HAVE_VARIANT2
-    case 2: return true;
-#endif
-#ifdef JAX_SGL_SM90_HAVE_VARIANT3
-    case 3: return true;
-#endif
-    default: return false;
-  }
+// Launches variant v of the (dtype, head dim) instantiation, which must be built.
+cudaError_t Launch(DType t, int d, int v, const AttentionParams& p, void* scratch,
+                   cudaStream_t stream) {
+  (void)t, (void)d, (void)v, (void)p, (void)scratch, (void)stream;
+#define JAX_SGL_SM90_KERNEL(D, T, V)              \
+  if (t == kSm90DType_##T && d == D && v == V) \
+    return LaunchFlashFwdSm90<Sm90Type_##T, D, V>(p, scratch, stream);
+#define JAX_SGL_SM90_DEFAULT(D, NON_CAUSAL, CAUSAL)
+#include "sm90_kernels.inc"
+#undef JAX_SGL_SM90_KERNEL
+#undef JAX_SGL_SM90_DEFAULT
+  return cudaErrorInvalidValue;
 }
-static_assert(sm90::kNumVariants == 4, "VariantBuilt, Sm90BuiltKernels and RunFlashFwdSm90 list 4");
 
-// Launches variant v of the (T, D) instantiation; v must be built.
-template <typename T, int D>
-cudaError_t LaunchVariant(int v, const AttentionParams& p, void* scratch, cudaStream_t stream) {
-  switch (v) {
-#ifdef JAX_SGL_SM90_HAVE_VARIANT1
-    case 1: return LaunchFlashFwdSm90<T, D, 1>(p, scratch, stream);
-#endif
-#ifdef JAX_SGL_SM90_HAVE_VARIANT2
-    case 2: return LaunchFlashFwdSm90<T, D, 2>(p, scratch, stream);
-#endif
-#ifdef JAX_SGL_SM90_HAVE_VARIANT3
-    case 3: return LaunchFlashFwdSm90<T, D, 3>(p, scratch, stream);
-#endif
-    default: return LaunchFlashFwdSm90<T, D, 0>(p, scratch, stream);
-  }
+// JAX_SGL_SM90_VARIANT as a variant index, or -1 (unset or not one digit).
+int RequestedVariant() {
+  const char* env = std::getenv("JAX_SGL_SM90_VARIANT");
+  if (env == nullptr || env[0] < '0' || env[0] > '9' || env[1] != '\0') return -1;
+  return env[0] - '0';
 }
 
 }  // namespace
@@ -133,52 +112,42 @@ bool Sm90Enabled() {
 }
 
 const char* Sm90BuiltKernels() {
-  return ""
-#ifdef JAX_SGL_SM90_HAVE_HDIM64_BF16
-         " hdim64_bf16"
-#endif
-#ifdef JAX_SGL_SM90_HAVE_HDIM64_FP16
-         " hdim64_fp16"
-#endif
-#ifdef JAX_SGL_SM90_HAVE_HDIM128_BF16
-         " hdim128_bf16"
-#endif
-#ifdef JAX_SGL_SM90_HAVE_HDIM128_FP16
-         " hdim128_fp16"
-#endif
-#ifdef JAX_SGL_SM90_HAVE_HDIM256_BF16
-         " hdim256_bf16"
-#endif
-#ifdef JAX_SGL_SM90_HAVE_HDIM256_FP16
-         " hdim256_fp16"
-#endif
-#ifdef JAX_SGL_SM90_HAVE_VARIANT1
-         " variant1"
-#endif
-#ifdef JAX_SGL_SM90_HAVE_VARIANT2
-         " variant2"
-#endif
-#ifdef JAX_SGL_SM90_HAVE_VARIANT3
-         " variant3"
-#endif
-      ;
+  // " hdim128_bf16 hdim128_bf16_variant1 ... hdim128_default_v1_v1": each (head dim, dtype)
+  // once, each of its variants, then per head dim the default variants (non-causal, causal).
+  // Built once: the list is fixed at compile time.
+  static const std::string kernels = [] {
+    std::string s;
+    auto add = [&s](const std::string& token) {
+      if ((s + " ").find(" " + token + " ") == std::string::npos) s += " " + token;
+    };
+#define JAX_SGL_SM90_KERNEL(D, T, V) add("hdim" #D "_" #T);
+#define JAX_SGL_SM90_DEFAULT(D, NON_CAUSAL, CAUSAL)
+#include "sm90_kernels.inc"
+#undef JAX_SGL_SM90_KERNEL
+#undef JAX_SGL_SM90_DEFAULT
+#define JAX_SGL_SM90_KERNEL(D, T, V) add("hdim" #D "_" #T "_variant" #V);
+#define JAX_SGL_SM90_DEFAULT(D, NON_CAUSAL, CAUSAL)
+#include "sm90_kernels.inc"
+#undef JAX_SGL_SM90_KERNEL
+#undef JAX_SGL_SM90_DEFAULT
+#define JAX_SGL_SM90_KERNEL(D, T, V)
+#define JAX_SGL_SM90_DEFAULT(D, NON_CAUSAL, CAUSAL) \
+  add("hdim" #D "_default_v" #NON_CAUSAL "_v" #CAUSAL);
+#include "sm90_kernels.inc"
+#undef JAX_SGL_SM90_KERNEL
+#undef JAX_SGL_SM90_DEFAULT
+    return s;
+  }();
+  return kernels.c_str();
 }
 
-int Sm90Variant() {
-  const char* env = std::getenv("JAX_SGL_SM90_VARIANT");
-  if (env == nullptr || env[0] < '0' || env[0] > '9' || env[1] != '\0') return 0;
-  const int v = env[0] - '0';
-  return VariantBuilt(v) ? v : 0;
+int Sm90Variant(const AttentionParams& p) {
+  const int v = RequestedVariant();
+  return v >= 0 && Built(p.q_type, p.head_dim, v) ? v : DefaultVariant(p.head_dim, p.causal);
 }
 
 cudaError_t RunFlashFwdSm90(const AttentionParams& p, void* scratch, cudaStream_t stream) {
-  cudaError_t err = cudaErrorInvalidValue;
-  const int variant = Sm90Variant();
-  WithInstantiation(p.q_type, p.head_dim, [&](auto* tag, auto head_dim) {
-    using T = std::remove_pointer_t<decltype(tag)>;
-    err = LaunchVariant<T, decltype(head_dim)::value>(variant, p, scratch, stream);
-  });
-  return err;
+  return Launch(p.q_type, p.head_dim, Sm90Variant(p), p, scratch, stream);
 }
 
 }  // namespace jax_sgl::cuda

@@ -5,7 +5,8 @@
 // Warpgroups 1 and 2 are consumers, 64 query rows each:
 //   - S = Q K^T and O += P V on wgmma; P stays in registers (RS wgmma).
 //   - Intra-warpgroup overlap: the S of tile j is issued together with the P V of tile j+1, so the
-//     softmax of tile j runs while the tensor cores finish P V.
+//     softmax of tile j runs while the tensor cores finish P V (in SASS only with
+//     Cfg::kDeferPvWait: otherwise ptxas hoists the P V wait above the softmax).
 //   - Ping-pong: a pair of named barriers makes the two consumers issue their GEMMs in turn, so
 //     one warpgroup's softmax hides behind the other's GEMMs.
 // Keys are walked from the last tile down: tiles that cross the causal diagonal or the end of the
@@ -319,8 +320,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         pipe_k.consumer_release(read_k);
         ++read_k;
         mask(tSrS, n);
+        // Early rescale: the correction of the latest softmax step waits here until the next
+        // step's S is issued (the first one scales O = 0: harmless).
         float correction[2];
-        softmax.template Step<Cfg::kFastSoftmax>(tSrS, correction);
+        softmax.template Step<Cfg::kFastSoftmax, Cfg::kLeanSoftmax>(tSrS, correction);
         Tensor tOrP = to_p(tSrS);
 
         // One step: S_n issued with P_{n+1} V_{n+1}; softmax of S_n while P V runs.
@@ -329,6 +332,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           pipe_k.consumer_wait(read_k);
           cutlass::arch::NamedBarrier::sync(kConsumerThreads, my_turn);
           Gemm<true, false>(mma_qk, tSrQ, tSrK(_, _, _, read_k.index()), s);
+          // O is idle here (the last P V completed); the tensor cores are busy with S.
+          if constexpr (Cfg::kEarlyRescale) ScaleRows(tOrO, correction);
           pipe_v.consumer_wait(read_v);
           Gemm<false, true>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
           hand_over(n == 0);
@@ -337,11 +342,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           ++read_k;
           if constexpr (decltype(masked)::value) mask(s, n);
           float corr[2];
-          softmax.template Step<Cfg::kFastSoftmax>(s, corr);
+          softmax.template Step<Cfg::kFastSoftmax, Cfg::kLeanSoftmax>(s, corr);
           warpgroup_wait<0>();
           pipe_v.consumer_release(read_v);
           ++read_v;
-          if constexpr (Cfg::kFastSoftmax) {
+          if constexpr (Cfg::kEarlyRescale) {
+            correction[0] = corr[0];
+            correction[1] = corr[1];
+          } else if constexpr (Cfg::kFastSoftmax) {
             // Divergence only costs the warps where some row max moved.
             if (corr[0] != 1.f || corr[1] != 1.f) ScaleRows(tOrO, corr);
           } else {
@@ -351,9 +359,49 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #pragma unroll
           for (int i = 0; i < size(p); ++i) tOrP(i) = p(i);
         };
-        for (n = tiles.n_end - 2; n >= tiles.n_mask_begin; --n) step(n, cute::true_type{});
-        for (; n >= 0; --n) step(n, cute::false_type{});
+        // Deferred P V wait (Cfg::kDeferPvWait, implies the early rescale): ptxas hoists a
+        // wait_group 0 that follows the softmax up above it (NOTES_sm90.md v3), so this step
+        // has none. The P V issued in step n is waited for at the top of step n-1, after the K
+        // wait loop, a basic block ptxas does not hoist across; P is packed there from tSrS,
+        // which then takes the next S. The softmax thus runs under this warpgroup's P V.
+        bool pv_in_flight = false;
+        auto finish_pv = [&] {
+          warpgroup_wait<0>();
+          if (pv_in_flight) {
+            pipe_v.consumer_release(read_v);
+            ++read_v;
+          }
+          Tensor p = to_p(tSrS);
+#pragma unroll
+          for (int i = 0; i < size(p); ++i) tOrP(i) = p(i);
+        };
+        auto step_deferred = [&](int n, auto masked) {
+          pipe_k.consumer_wait(read_k);
+          finish_pv();
+          cutlass::arch::NamedBarrier::sync(kConsumerThreads, my_turn);
+          Gemm<true, false>(mma_qk, tSrQ, tSrK(_, _, _, read_k.index()), tSrS);
+          ScaleRows(tOrO, correction);
+          pipe_v.consumer_wait(read_v);
+          Gemm<false, true>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
+          pv_in_flight = true;
+          hand_over(n == 0);
+          warpgroup_wait<1>();
+          pipe_k.consumer_release(read_k);
+          ++read_k;
+          if constexpr (decltype(masked)::value) mask(tSrS, n);
+          softmax.template Step<Cfg::kFastSoftmax, Cfg::kLeanSoftmax>(tSrS, correction);
+        };
+        if constexpr (Cfg::kDeferPvWait) {
+          for (n = tiles.n_end - 2; n >= tiles.n_mask_begin; --n)
+            step_deferred(n, cute::true_type{});
+          for (; n >= 0; --n) step_deferred(n, cute::false_type{});
+          finish_pv();
+        } else {
+          for (n = tiles.n_end - 2; n >= tiles.n_mask_begin; --n) step(n, cute::true_type{});
+          for (; n >= 0; --n) step(n, cute::false_type{});
+        }
 
+        if constexpr (Cfg::kEarlyRescale || Cfg::kDeferPvWait) ScaleRows(tOrO, correction);
         pipe_v.consumer_wait(read_v);
         Gemm<false, true>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
         warpgroup_wait<0>();

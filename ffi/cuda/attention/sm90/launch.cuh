@@ -33,7 +33,9 @@ template <typename T, int kHeadDim, int kVariant>
 using VariantConfig =
     FlashConfig<typename CutlassType<T>::type, kHeadDim,
                 Variant(kVariant).wide ? WideBlockN(kHeadDim) : DefaultBlockN(kHeadDim),
-                Variant(kVariant).persistent, Variant(kVariant).fast_softmax>;
+                Variant(kVariant).persistent, Variant(kVariant).fast_softmax,
+                Variant(kVariant).early_rescale, Variant(kVariant).lean_softmax,
+                Variant(kVariant).defer_pv_wait>;
 
 }  // namespace sm90
 

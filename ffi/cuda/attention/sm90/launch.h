@@ -22,8 +22,10 @@ const char* Sm90Unsupported(const AttentionParams& p);
 // and JAX_SGL_SM90 (read at each call) is not "0".
 bool Sm90Enabled();
 
-// The instantiations this build holds, space separated ("hdim128_bf16 hdim128_fp16"; leading
-// space), then the variants beyond 0 ("variant1 variant3"), for jax_sgl.attention_backend_info().
+// The instantiations this build holds, space separated with a leading space: each (head dim,
+// dtype) (" hdim128_bf16"), each of its variants (" hdim128_bf16_variant1"), then per built head
+// dim its default variants, non-causal then causal (" hdim128_default_v1_v1"), for
+// jax_sgl.attention_backend_info().
 const char* Sm90BuiltKernels();
 
 // Device scratch a call on the sm90 kernel needs (the persistent causal variants' tile counter).
@@ -34,8 +36,9 @@ inline constexpr size_t kSm90ScratchBytes = 16;
 // that this call may overwrite.
 cudaError_t RunFlashFwdSm90(const AttentionParams& p, void* scratch, cudaStream_t stream);
 
-// The variant a call runs now: JAX_SGL_SM90_VARIANT when this build has it, else 0.
-int Sm90Variant();
+// The variant a call runs now: JAX_SGL_SM90_VARIANT when this build has it for the call's
+// (dtype, head dim), else the default of its (head dim, causal).
+int Sm90Variant(const AttentionParams& p);
 
 // One instantiation per (storage type, head dim, variant), in instantiations/flash_fwd_sm90_*.cu.
 template <typename T, int kHeadDim, int kVariant>

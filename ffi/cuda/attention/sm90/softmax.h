@@ -33,6 +33,14 @@ __device__ __forceinline__ float QuadSum(float x) {
   return x + __shfl_xor_sync(0xffffffff, x, 2);
 }
 
+// 2^x in one MUFU.EX2, subnormal results flushed to zero. exp2f() compiles to ex2.approx.f32,
+// which ptxas wraps in a range check and two predicated multiplies per element.
+__device__ __forceinline__ float Exp2Ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 struct OnlineSoftmax {
   float row_max[2];
   float row_sum[2];  // partial: this thread's columns only until Finish()
@@ -47,7 +55,11 @@ struct OnlineSoftmax {
   // kFast: the row max and sum run as four independent chains per row (a 64-long dependent
   // chain of FMNMX / FADD is latency bound), and correction[r] is exactly 1 when row r's max did
   // not move, so the caller can skip the O rescale.
-  template <bool kFast = false, typename Tensor>
+  // kLean: no branch anywhere (the correction of a row without keys yet is 0 instead of 1: its
+  // sum and output are 0 either way) and Exp2Ftz. A branch in the softmax makes ptxas wait for
+  // the in-flight P V wgmma before it (SASS: WARPGROUP.DEPBAR.LE gsb0, 0x0 ahead of the whole
+  // softmax), which undoes the overlap of the softmax with this warpgroup's P V.
+  template <bool kFast = false, bool kLean = false, typename Tensor>
   __device__ void Step(Tensor& s, float (&correction)[2]) {
     constexpr int kSize = decltype(cute::size(s))::value;
     constexpr int kChains = 4;
@@ -80,7 +92,9 @@ struct OnlineSoftmax {
       const float new_max = fmaxf(row_max[r], QuadMax(tile_max[r]));
       // A row with no unmasked key yet keeps max -inf: use 0 as its offset so exp2 gives 0, not
       // NaN, and leave its (zero) sums alone.
-      if constexpr (kFast)
+      if constexpr (kLean)
+        correction[r] = Exp2Ftz((row_max[r] - (new_max == -INFINITY ? 0.f : new_max)) * scale_log2);
+      else if constexpr (kFast)
         correction[r] = new_max == row_max[r] || new_max == -INFINITY
                             ? 1.f
                             : exp2f((row_max[r] - new_max) * scale_log2);
@@ -105,7 +119,8 @@ struct OnlineSoftmax {
 #pragma unroll
       for (int i = 0; i < kSize; ++i) {
         const int r = (i / 2) % 2;
-        s(i) = exp2f(fmaf(s(i), scale_log2, -offset[r]));
+        const float x = fmaf(s(i), scale_log2, -offset[r]);
+        s(i) = kLean ? Exp2Ftz(x) : exp2f(x);
         row_sum[r] += s(i);
       }
     }
