@@ -35,7 +35,7 @@ def attention_backend_info() -> dict:
   reference instead of the kernel (float16/bfloat16, head dims up to 128).
   sm90_bwd_kernels: the sm_90a backward instantiations compiled in. sm90_bwd_mode: JAX_SGL_SM90_BWD
   as the backward handler reads it at every call: "verified" (unset: the GPU-verified
-  instantiations, none yet), "all" (=1) or "off" (=0); the sm90 backward serves dense calls
+  instantiations, hdim128_bf16), "all" (=1) or "off" (=0); the sm90 backward serves dense calls
   (seqused_k, causal, windows and softcap included) at head dims 64 / 128 on a 9.0 device, the
   sm80 backward everything else.
   bwd_deterministic: JAX_SGL_BWD_DETERMINISTIC is set (=1: the sm90 backward computes dQ with
