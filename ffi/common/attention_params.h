@@ -62,4 +62,10 @@ struct AttentionParams {
   DType out_type;
 };
 
+// q is float16 or bfloat16 and k, v and out share its type: what every CUDA kernel computes.
+inline bool HalfPrecisionOperands(const AttentionParams& p) {
+  return (p.q_type == DType::kBF16 || p.q_type == DType::kF16) && p.k_type == p.q_type &&
+         p.v_type == p.q_type && p.out_type == p.q_type;
+}
+
 }  // namespace jax_sgl

@@ -47,8 +47,7 @@ size_t Bytes(int64_t rows, int64_t heads, int dim, DType t) {
 }  // namespace
 
 const char* PlanFlashBwd(const AttentionParams& p, FlashBwdPlan* plan) {
-  const bool half = p.q_type == DType::kBF16 || p.q_type == DType::kF16;
-  if (!half || p.k_type != p.q_type || p.v_type != p.q_type || p.out_type != p.q_type)
+  if (!HalfPrecisionOperands(p))
     return "jax_sgl.attention: the CUDA backward supports float16 and bfloat16 q/k/v only";
   if (p.kv_layout == KvLayout::kPaged)
     return "jax_sgl.attention: gradients through paged KV are not supported";

@@ -72,8 +72,7 @@ int64_t KeyBound(const AttentionParams& p) {
 
 // Whether the portable kernels take the call's dtypes and head dims; sets the head-dim capacity.
 const char* CheckSm80Support(const AttentionParams& p, int* cap) {
-  const bool half = p.q_type == DType::kBF16 || p.q_type == DType::kF16;
-  if (!half || p.k_type != p.q_type || p.v_type != p.q_type || p.out_type != p.q_type)
+  if (!HalfPrecisionOperands(p))
     return "jax_sgl.attention: the CUDA kernel supports float16 and bfloat16 q/k/v only "
            "(float32 and fp8 inputs run on the CPU backend)";
   const int need = std::max(p.head_dim, p.head_dim_v);

@@ -8,6 +8,7 @@
 
 #include "ffi/common/numeric.h"
 #include "ffi/cuda/attention/sm90/bwd_launch.h"
+#include "ffi/cuda/attention/sm90/launch.h"
 
 namespace jax_sgl::cuda {
 namespace {
@@ -55,8 +56,7 @@ bool Sm90BwdVerified(const AttentionParams& p) {
 const char* Sm90BwdUnsupported(const AttentionParams& p) {
   if (p.cu_seqlens_q != nullptr || p.kv_layout != KvLayout::kDense)
     return "sm90 backward: dense layout only (varlen runs on the sm80 backward)";
-  const bool half = p.q_type == DType::kBF16 || p.q_type == DType::kF16;
-  if (!half || p.k_type != p.q_type || p.v_type != p.q_type || p.out_type != p.q_type)
+  if (!HalfPrecisionOperands(p))
     return "sm90 backward: float16/bfloat16 q, k, v and out only";
   if (p.head_dim != p.head_dim_v || !Built(p.q_type, p.head_dim))
     return "sm90 backward: head_dim == head_dim_v in the built set (64, 128) only";
@@ -77,12 +77,7 @@ bool Sm90BwdEnabled(const AttentionParams& p) {
   if (env != nullptr && std::strcmp(env, "0") == 0) return false;
   const bool all = env != nullptr && std::strcmp(env, "1") == 0;
   if (!all && !Sm90BwdVerified(p)) return false;
-  int device = 0, major = 0, minor = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess)
-    return false;
-  return major == 9 && minor == 0;  // sm_90a code runs on exactly compute capability 9.0
+  return IsComputeCapability90();
 }
 
 int Sm90BwdRowBlock(const AttentionParams& p) { return p.head_dim == 128 ? 64 : 128; }

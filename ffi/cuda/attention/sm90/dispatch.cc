@@ -74,8 +74,7 @@ int RequestedVariant() {
 const char* Sm90Unsupported(const AttentionParams& p) {
   if (p.cu_seqlens_q != nullptr || p.kv_layout != KvLayout::kDense || p.seqused_k != nullptr)
     return "sm90 kernel: dense layout only (varlen and paged run on the sm80 kernel)";
-  const bool half = p.q_type == DType::kBF16 || p.q_type == DType::kF16;
-  if (!half || p.k_type != p.q_type || p.v_type != p.q_type || p.out_type != p.q_type)
+  if (!HalfPrecisionOperands(p))
     return "sm90 kernel: float16/bfloat16 q, k, v and out only";
   if (p.head_dim != p.head_dim_v || !Built(p.q_type, p.head_dim))
     return "sm90 kernel: head_dim == head_dim_v in the built set (JAX_SGL_SM90_HEAD_DIMS) only";
@@ -102,6 +101,10 @@ bool Sm90Enabled() {
   // a test, can switch kernels between calls without recompiling anything.
   const char* env = std::getenv("JAX_SGL_SM90");
   if (env != nullptr && std::strcmp(env, "0") == 0) return false;
+  return IsComputeCapability90();
+}
+
+bool IsComputeCapability90() {
   int device = 0, major = 0, minor = 0;
   if (cudaGetDevice(&device) != cudaSuccess ||
       cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||

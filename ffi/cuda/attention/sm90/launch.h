@@ -22,6 +22,10 @@ const char* Sm90Unsupported(const AttentionParams& p);
 // and JAX_SGL_SM90 (read at each call) is not "0".
 bool Sm90Enabled();
 
+// The current device is compute capability 9.0, the only one sm_90a code runs on (the forward's
+// and the backward's switches both ask).
+bool IsComputeCapability90();
+
 // The instantiations this build holds, space separated with a leading space: each (head dim,
 // dtype) (" hdim128_bf16"), each of its variants (" hdim128_bf16_variant1"), then per built head
 // dim its default variants, non-causal then causal (" hdim128_default_v1_v1"), for
