@@ -7,6 +7,7 @@ float32 reference on the same arguments (normalizing them the way the public fun
 from __future__ import annotations
 
 import numpy as np
+import jax
 import jax.numpy as jnp
 
 from jax_sgl import reference
@@ -150,6 +151,12 @@ def naive_attention(q, k, v, *, causal=False, window=(-1, -1), softcap=0.0, **ar
         o[i, hh] = (p / p.sum()) @ vb[m, hh // group]
     outs.append(o)
   return np.concatenate(outs) if cu_q is not None else np.stack(outs)
+
+
+def is_sm90_device():
+  """The default backend is a GPU of compute capability 9.0, the only one sm_90a kernels run on."""
+  devices = jax.devices("cuda") if jax.default_backend() == "gpu" else []
+  return bool(devices) and getattr(devices[0], "compute_capability", "") == "9.0"
 
 
 def poison_allocator(nbytes):

@@ -34,7 +34,7 @@ import numpy as np
 import pytest
 
 import jax_sgl
-from attention_cases import poison_allocator, reference_attention
+from attention_cases import is_sm90_device, poison_allocator, reference_attention
 
 pytestmark = pytest.mark.gpu
 
@@ -63,18 +63,13 @@ Q_LENS = (5, 0, 150, 19)
 K_LENS = (70, 9, 140, 300)
 
 
-def _is_sm90_device():
-  devices = jax.devices("cuda") if jax.default_backend() == "gpu" else []
-  return bool(devices) and getattr(devices[0], "compute_capability", "") == "9.0"
-
-
 @pytest.fixture(autouse=True, params=["sm80", "sm90"])
 def bwd_kernel(request, monkeypatch):
   """Which CUDA backward serves the covered calls of the test (see the module docstring)."""
   monkeypatch.delenv("JAX_SGL_CUDA_BWD", raising=False)
   monkeypatch.delenv("JAX_SGL_BWD_DETERMINISTIC", raising=False)
   if request.param == "sm90":
-    if not _is_sm90_device():
+    if not is_sm90_device():
       pytest.skip("the sm90 backward needs a compute capability 9.0 device")
     if "hdim128_bf16" not in jax_sgl.attention_backend_info().get("sm90_bwd_kernels", ()):
       pytest.skip("this build has no sm90 backward (JAX_SGL_SM90_HEAD_DIMS)")

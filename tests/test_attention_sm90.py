@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 import jax_sgl
-from attention_cases import check_kernel_output, poison_allocator
+from attention_cases import check_kernel_output, is_sm90_device, poison_allocator
 from jax_sgl import reference
 from jax_sgl._checks import check_attention
 
@@ -51,8 +51,7 @@ def _name(dtype):
 
 @pytest.fixture(autouse=True)
 def _sm90(monkeypatch):
-  devices = jax.devices("cuda") if jax.default_backend() == "gpu" else []
-  if not devices or getattr(devices[0], "compute_capability", "") != "9.0":
+  if not is_sm90_device():
     pytest.skip("the sm90 kernel needs a compute capability 9.0 device")
   monkeypatch.delenv("JAX_SGL_SM90", raising=False)
   # Decode-shaped calls (the one_row shape) would otherwise take the dedicated decode kernel.
