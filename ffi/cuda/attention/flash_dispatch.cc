@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 
 #include "ffi/common/attention_seq.h"
 #include "ffi/cuda/attention/flash_decode_launch.h"
@@ -99,6 +100,18 @@ void SetScratch(const AttentionParams& p, FlashPlan* plan) {
   }
 }
 
+// KV splits of a decode plan: JAX_SGL_DECODE_SPLITS when set, else enough CTAs for `waves` full
+// waves of the `slots` resident CTA slots over `base` CTAs per split, but at most `max_by_keys`
+// (each split keeps enough key tiles that its prologue does not show); within 1..kMaxSplits.
+int DecodeSplits(int64_t base, int64_t slots, int waves, int64_t max_by_keys) {
+  int64_t splits = EnvInt("JAX_SGL_DECODE_SPLITS", 0);
+  if (splits <= 0) {
+    splits = base > 0 ? (waves * slots + base - 1) / base : 1;
+    splits = std::min<int64_t>(splits, max_by_keys);
+  }
+  return int(std::clamp<int64_t>(splits, 1, kMaxSplits));
+}
+
 // The decode kernel's plan: rows per CTA, ring depth (shrunk if the device's shared memory per
 // block cannot hold it), and splits that fill every SM's CTA slots.
 void PlanDecodeKernel(const AttentionParams& p, int cap, int num_sms, FlashPlan* plan) {
@@ -124,36 +137,41 @@ void PlanDecodeKernel(const AttentionParams& p, int cap, int num_sms, FlashPlan*
   const int ctas_per_sm = std::clamp(per_sm / (smem + reserved), 1, DecodeMaxCtasPerSm(cap));
   const int64_t slots = int64_t(ctas_per_sm) * std::max(num_sms, 1);
   const int64_t base = int64_t(plan->m_blocks) * p.batch * p.num_kv_heads;
-  int64_t splits = EnvInt("JAX_SGL_DECODE_SPLITS", 0);
-  if (splits <= 0) {
-    const int64_t n_tiles = (KeyBound(p) + DecodeBlockN(cap) - 1) / DecodeBlockN(cap);
-    splits = base > 0 ? (kDecodeWaves * slots + base - 1) / base : 1;
-    splits = std::min<int64_t>(splits, n_tiles / kDecodeMinTilesPerSplit);
-  }
-  plan->num_splits = int(std::clamp<int64_t>(splits, 1, kMaxSplits));
+  const int64_t n_tiles = (KeyBound(p) + DecodeBlockN(cap) - 1) / DecodeBlockN(cap);
+  plan->num_splits = DecodeSplits(base, slots, kDecodeWaves, n_tiles / kDecodeMinTilesPerSplit);
   SetScratch(p, plan);
+}
+
+// Calls f(std::integral_constant<int, D>{}) for the head-dim capacity D == cap when this build
+// compiled it (JAX_SGL_ATTN_DISABLE_HDIM<D> unset), else returns `fallback`: the one switch from a
+// run-time capacity to the instantiation of every per-head-dim kernel entry point.
+template <typename R, typename F>
+R WithHeadDimCap(int cap, R fallback, F&& f) {
+  switch (cap) {
+#ifndef JAX_SGL_ATTN_DISABLE_HDIM64
+    case 64: return f(std::integral_constant<int, 64>{});
+#endif
+#ifndef JAX_SGL_ATTN_DISABLE_HDIM96
+    case 96: return f(std::integral_constant<int, 96>{});
+#endif
+#ifndef JAX_SGL_ATTN_DISABLE_HDIM128
+    case 128: return f(std::integral_constant<int, 128>{});
+#endif
+#ifndef JAX_SGL_ATTN_DISABLE_HDIM192
+    case 192: return f(std::integral_constant<int, 192>{});
+#endif
+#ifndef JAX_SGL_ATTN_DISABLE_HDIM256
+    case 256: return f(std::integral_constant<int, 256>{});
+#endif
+    default: return fallback;
+  }
 }
 
 template <typename T>
 int DecodeWarpCtasPerSm(int cap, int stages, int rows_cap) {
-  switch (cap) {
-#ifndef JAX_SGL_ATTN_DISABLE_HDIM64
-    case 64: return FlashDecodeWarpCtasPerSm<T, 64>(stages, rows_cap);
-#endif
-#ifndef JAX_SGL_ATTN_DISABLE_HDIM96
-    case 96: return FlashDecodeWarpCtasPerSm<T, 96>(stages, rows_cap);
-#endif
-#ifndef JAX_SGL_ATTN_DISABLE_HDIM128
-    case 128: return FlashDecodeWarpCtasPerSm<T, 128>(stages, rows_cap);
-#endif
-#ifndef JAX_SGL_ATTN_DISABLE_HDIM192
-    case 192: return FlashDecodeWarpCtasPerSm<T, 192>(stages, rows_cap);
-#endif
-#ifndef JAX_SGL_ATTN_DISABLE_HDIM256
-    case 256: return FlashDecodeWarpCtasPerSm<T, 256>(stages, rows_cap);
-#endif
-    default: return 1;
-  }
+  return WithHeadDimCap(cap, 1, [&](auto d) {
+    return FlashDecodeWarpCtasPerSm<T, decltype(d)::value>(stages, rows_cap);
+  });
 }
 
 // The warp-sliced decode kernels' plan (rows bound <= the variant's capacity): row capacity (4
@@ -185,18 +203,13 @@ void PlanDecodeWarpKernel(const AttentionParams& p, int cap, int num_sms, int64_
                               : DecodeWarpCtasPerSm<f16_t>(cap, stages, plan->decode_m_tiles);
   const int64_t slots = int64_t(ctas_per_sm) * std::max(num_sms, 1);
   const int64_t base = int64_t(p.batch) * p.num_kv_heads;
-  int64_t splits = EnvInt("JAX_SGL_DECODE_SPLITS", 0);
-  if (splits <= 0) {
-    // One wave measured best for the mma form (B=64, KV 4k: 3842 vs 3710 GB/s at two), two for
-    // the CUDA-core form.
-    const int waves = std::clamp(EnvInt("JAX_SGL_DECODE_WAVES", mma ? 1 : 2), 1, 8);
-    const int64_t stage_keys = mma ? 16 : DecodeWarpStageKeys(cap);
-    const int64_t n_tiles = (KeyBound(p) + stage_keys - 1) / stage_keys;
-    splits = base > 0 ? (waves * slots + base - 1) / base : 1;
-    splits = std::min<int64_t>(
-        splits, n_tiles / (int64_t(kDecodeWarpThreads / 32) * kDecodeWarpMinStagesPerWarp));
-  }
-  plan->num_splits = int(std::clamp<int64_t>(splits, 1, kMaxSplits));
+  // One wave measured best for the mma form (B=64, KV 4k: 3842 vs 3710 GB/s at two), two for the
+  // CUDA-core form.
+  const int waves = std::clamp(EnvInt("JAX_SGL_DECODE_WAVES", mma ? 1 : 2), 1, 8);
+  const int64_t stage_keys = mma ? 16 : DecodeWarpStageKeys(cap);
+  const int64_t n_tiles = (KeyBound(p) + stage_keys - 1) / stage_keys;
+  plan->num_splits = DecodeSplits(
+      base, slots, waves, n_tiles / (int64_t(kDecodeWarpThreads / 32) * kDecodeWarpMinStagesPerWarp));
   SetScratch(p, plan);
 }
 
@@ -217,46 +230,16 @@ cudaError_t LaunchDecodeForHeadDim(bool warp, const FlashDecodeArgs& args, cudaS
 template <typename T>
 cudaError_t LaunchDecodeForType(int head_dim_cap, bool warp, const FlashDecodeArgs& args,
                                 cudaStream_t stream) {
-  switch (head_dim_cap) {
-#ifndef JAX_SGL_ATTN_DISABLE_HDIM64
-    case 64: return LaunchDecodeForHeadDim<T, 64>(warp, args, stream);
-#endif
-#ifndef JAX_SGL_ATTN_DISABLE_HDIM96
-    case 96: return LaunchDecodeForHeadDim<T, 96>(warp, args, stream);
-#endif
-#ifndef JAX_SGL_ATTN_DISABLE_HDIM128
-    case 128: return LaunchDecodeForHeadDim<T, 128>(warp, args, stream);
-#endif
-#ifndef JAX_SGL_ATTN_DISABLE_HDIM192
-    case 192: return LaunchDecodeForHeadDim<T, 192>(warp, args, stream);
-#endif
-#ifndef JAX_SGL_ATTN_DISABLE_HDIM256
-    case 256: return LaunchDecodeForHeadDim<T, 256>(warp, args, stream);
-#endif
-    default: return cudaErrorInvalidValue;
-  }
+  return WithHeadDimCap(head_dim_cap, cudaErrorInvalidValue, [&](auto d) {
+    return LaunchDecodeForHeadDim<T, decltype(d)::value>(warp, args, stream);
+  });
 }
 
 template <typename T>
 cudaError_t LaunchForType(const FlashPlan& plan, const FlashFwdArgs& args, cudaStream_t stream) {
-  switch (plan.head_dim_cap) {
-#ifndef JAX_SGL_ATTN_DISABLE_HDIM64
-    case 64: return LaunchForHeadDim<T, 64>(plan, args, stream);
-#endif
-#ifndef JAX_SGL_ATTN_DISABLE_HDIM96
-    case 96: return LaunchForHeadDim<T, 96>(plan, args, stream);
-#endif
-#ifndef JAX_SGL_ATTN_DISABLE_HDIM128
-    case 128: return LaunchForHeadDim<T, 128>(plan, args, stream);
-#endif
-#ifndef JAX_SGL_ATTN_DISABLE_HDIM192
-    case 192: return LaunchForHeadDim<T, 192>(plan, args, stream);
-#endif
-#ifndef JAX_SGL_ATTN_DISABLE_HDIM256
-    case 256: return LaunchForHeadDim<T, 256>(plan, args, stream);
-#endif
-    default: return cudaErrorInvalidValue;
-  }
+  return WithHeadDimCap(plan.head_dim_cap, cudaErrorInvalidValue, [&](auto d) {
+    return LaunchForHeadDim<T, decltype(d)::value>(plan, args, stream);
+  });
 }
 
 }  // namespace
