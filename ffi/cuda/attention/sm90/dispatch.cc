@@ -79,9 +79,6 @@ const char* Sm90Unsupported(const AttentionParams& p) {
     return "sm90 kernel: float16/bfloat16 q, k, v and out only";
   if (p.head_dim != p.head_dim_v || !Built(p.q_type, p.head_dim))
     return "sm90 kernel: head_dim == head_dim_v in the built set (JAX_SGL_SM90_HEAD_DIMS) only";
-  if (p.softcap != 0.f) return "sm90 kernel: no softcap";
-  if (p.window_left != -1 || (p.window_right != -1 && !(p.causal && p.window_right == 0)))
-    return "sm90 kernel: no sliding window";
   // TMA descriptors need every dimension >= 1 (an empty KV runs on the sm80 kernel) and byte
   // strides below 2^40; the grid's y/z take heads and batch.
   if (p.seqlen_q < 1 || p.seqlen_k < 1) return "sm90 kernel: non-empty q and k";

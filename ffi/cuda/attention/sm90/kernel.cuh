@@ -9,8 +9,10 @@
 //     Cfg::kDeferPvWait: otherwise ptxas hoists the P V wait above the softmax).
 //   - Ping-pong: a pair of named barriers makes the two consumers issue their GEMMs in turn, so
 //     one warpgroup's softmax hides behind the other's GEMMs.
-// Keys are walked from the last tile down: tiles that cross the causal diagonal or the end of the
-// keys come first and are the only ones masked; tiles above the diagonal are never loaded.
+// Keys are walked from the last tile down: tiles that cross the causal diagonal / right window
+// edge or the end of the keys come first, those that cross the left window edge last, and only
+// these are masked; tiles wholly outside the window (or above the diagonal) are never loaded.
+// Softcap (cap tanh(scale s / cap) before the mask) runs every tile through the masked step.
 // The output goes registers -> smem (the Q buffer of the same warpgroup, or its own buffer when
 // persistent and smem allows) -> TMA store.
 #pragma once
@@ -38,8 +40,15 @@ struct KernelParams {
   int seqlen_k;
   int num_heads;
   int group;                         // num_heads / num_kv_heads
-  float softmax_scale;
-  bool causal;                       // bottom-right aligned
+  float softmax_scale;               // 1 under softcap (the capped scores are already scaled)
+  bool causal;                       // bottom-right aligned; orders the tiles (longest first)
+  // Visible keys of query row i: i + diag - window_left <= j <= i + diag + window_right, with
+  // diag = seqlen_k - seqlen_q (bottom-right aligned); < 0: no bound on that side. Causal comes
+  // in as window_right = 0.
+  int window_left;
+  int window_right;
+  float softcap;                     // 0: off; else scores -> softcap * tanh(scale * s / softcap)
+  float softcap_exp2_scale;          // 2 log2(e) scale / softcap: tanh(x) = 1 - 2 / (1 + e^{2x})
   int num_m_blocks;                  // ceil(seqlen_q / kBlockM)
   int num_tiles;                     // num_m_blocks * num_heads * batch
   int* tile_counter;                 // persistent causal: tiles handed out past the first wave,
@@ -71,20 +80,31 @@ __device__ __forceinline__ int NextTile(int t, int* counter, bool causal) {
 // consumer for its epilogue.
 enum class Barrier : uint32_t { kTurn0 = 0, kTurn1 = 1, kEpilogue0 = 2, kEpilogue1 = 3 };
 
-// Key tiles [0, n_end) a CTA visits, and from which tile on masking is needed.
+// Key tiles [n_begin, n_end) a CTA visits (producer and consumers both derive them from here),
+// and which of them need masking: those >= n_mask_begin (right edge: causal / window right, end
+// of the keys) and those < n_mask_end (left edge: window left). Tiles outside the range hold no
+// visible key for any row of the CTA and are never loaded.
 struct KeyTiles {
-  int n_end;         // one past the last tile with an unmasked key for some row of the CTA
-  int n_mask_begin;  // tiles >= this may hold a masked (causal or past-the-end) key
-  __device__ KeyTiles(int m0, int block_m, int block_n, int seqlen_q, int seqlen_k, bool causal) {
-    int keys = seqlen_k;
-    // Row i sees keys <= i + seqlen_k - seqlen_q; the CTA's last row bounds the key range.
+  int n_begin;
+  int n_end;         // <= n_begin: no visible key at all (the rows get 0 and LSE -inf)
+  int n_mask_begin;
+  int n_mask_end;
+  __device__ KeyTiles(int m0, int block_m, int block_n, int seqlen_q, int seqlen_k, int left,
+                      int right) {
+    // Row i sees keys [i + diag - left, i + diag + right]: the CTA's last row bounds the range
+    // above, its first row below; every row sees [last - left, first + right] unmasked.
     const int diag = seqlen_k - seqlen_q;
-    if (causal) keys = min(keys, max(0, m0 + block_m + diag));
-    n_end = (keys + block_n - 1) / block_n;
-    int unmasked = seqlen_k;  // keys every row of the CTA sees unmasked
-    if (causal) unmasked = min(unmasked, max(0, m0 + diag + 1));
-    n_mask_begin = min(n_end, unmasked / block_n);
+    const int first = m0 + diag, last = m0 + block_m - 1 + diag;
+    const int hi = right < 0 ? seqlen_k : min(seqlen_k, max(0, last + right + 1));
+    const int lo = left < 0 ? 0 : max(0, first - left);
+    n_begin = lo / block_n;
+    n_end = lo < hi ? (hi + block_n - 1) / block_n : n_begin;
+    const int unmasked_hi = right < 0 ? seqlen_k : min(seqlen_k, max(0, first + right + 1));
+    const int unmasked_lo = left < 0 ? 0 : max(0, last - left);
+    n_mask_begin = max(n_begin, min(n_end, unmasked_hi / block_n));
+    n_mask_end = min(n_end, max(n_begin, (unmasked_lo + block_n - 1) / block_n));
   }
+  __device__ bool empty() const { return n_end <= n_begin; }
 };
 
 // One wgmma GEMM batch: C (+)= A B over the K blocks, committed as one group; the caller waits.
@@ -132,7 +152,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                             int(blockIdx.y), int(blockIdx.z)};
   auto key_tiles = [&](WorkTile const& w) {
     return KeyTiles(w.m_block * kBlockM, kBlockM, kBlockN, params.seqlen_q, params.seqlen_k,
-                    params.causal);
+                    params.window_left, params.window_right);
   };
 
   // Barriers: set up by warp 0, made visible to all before any role starts.
@@ -172,7 +192,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     PipelineState write_k = cutlass::make_producer_start_state<Pipeline>();
     PipelineState write_v = cutlass::make_producer_start_state<Pipeline>();
     // Loads one work tile in the order the consumers use it: K[last], Q, then (K[n], V[n+1])
-    // pairs, then V[0]. claim_q() runs just before Q is written (persistent: waits for the
+    // pairs, then V[first]. claim_q() runs just before Q is written (persistent: waits for the
     // consumers to be done with the previous Q, then publishes the tile).
     auto load_tile = [&](WorkTile const& w, KeyTiles const& tiles, auto&& claim_q) {
       const int kv_head = w.head / params.group;
@@ -207,21 +227,21 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
              tVs(_, write_v.index()));
         ++write_v;
       };
-      if (tiles.n_end > 0) load_k(tiles.n_end - 1);
+      if (!tiles.empty()) load_k(tiles.n_end - 1);
       claim_q();
       shared.barrier_q.arrive_and_expect_tx(2 * Cfg::kQHalfBytes);
       for (int half = 0; half < Cfg::kConsumers; ++half)
         copy(params.tma_q.with(reinterpret_cast<uint64_t&>(shared.barrier_q), 0),
              tQg(_, 2 * w.m_block + half), tQs(_, half));
-      for (int n = tiles.n_end - 2; n >= 0; --n) {
+      for (int n = tiles.n_end - 2; n >= tiles.n_begin; --n) {
         load_k(n);
         load_v(n + 1);
       }
-      if (tiles.n_end > 0) load_v(0);
+      if (!tiles.empty()) load_v(tiles.n_begin);
     };
     if constexpr (!kPersistent) {
       const KeyTiles tiles = key_tiles(launch_tile);
-      if (tiles.n_end > 0) load_tile(launch_tile, tiles, [] {});
+      if (!tiles.empty()) load_tile(launch_tile, tiles, [] {});
     } else {
       // Every tile goes through the Q barrier, also one without keys (the consumers write its
       // zeros), and a final -1 tells the consumers to stop.
@@ -289,22 +309,37 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       OnlineSoftmax softmax(params.softmax_scale);
       clear(tOrO);
 
-      // Masks keys past the end and, when causal, right of the diagonal, for key tile n: each row
-      // r keeps the columns below one bound, so the test per element is one compare + select.
+      // Masks keys past the end, right of the diagonal / window and left of the window, for key
+      // tile n: each row r keeps the columns in [begin, end), so the test per element is two
+      // compares + select, branch-free (a branch here would make ptxas wait for P V).
       auto mask = [&](auto& s, int n) {
-        int end[2];
+        int begin[2], end[2];
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
+          const int row_diag = row_base + 8 * r + diag;
           end[r] = params.seqlen_k;
-          if (params.causal) end[r] = min(end[r], row_base + 8 * r + diag + 1);
+          if (params.window_right >= 0) end[r] = min(end[r], row_diag + params.window_right + 1);
+          begin[r] = params.window_left >= 0 ? row_diag - params.window_left : 0;
           end[r] -= n * kBlockN + coord.col0;  // relative to this thread's first column
+          begin[r] -= n * kBlockN + coord.col0;
         }
 #pragma unroll
-        for (int i = 0; i < size(s); ++i)
-          if (AccCoord::Col(i) >= end[(i / 2) % 2]) s(i) = -INFINITY;
+        for (int i = 0; i < size(s); ++i) {
+          const int r = (i / 2) % 2;
+          if (AccCoord::Col(i) >= end[r] || AccCoord::Col(i) < begin[r]) s(i) = -INFINITY;
+        }
+      };
+      // Softcap, before the mask: s -> cap tanh(scale s / cap), as cap - 2 cap / (1 + e^{2x})
+      // (one MUFU.EX2 + one MUFU.RCP; saturates to +-cap without NaN for large |x|).
+      auto apply_softcap = [&](auto& s) {
+#pragma unroll
+        for (int i = 0; i < size(s); ++i) {
+          const float e = Exp2Ftz(s(i) * params.softcap_exp2_scale);
+          s(i) = fmaf(-2.f * params.softcap, __fdividef(1.f, 1.f + e), params.softcap);
+        }
       };
 
-      if (tiles.n_end > 0) {
+      if (!tiles.empty()) {
         auto hand_over = [&](bool last) {
           if (!(last && last_tile && consumer == 1))
             cutlass::arch::NamedBarrier::arrive(kConsumerThreads, other_turn);
@@ -315,10 +350,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         pipe_k.consumer_wait(read_k);
         cutlass::arch::NamedBarrier::sync(kConsumerThreads, my_turn);
         Gemm<true, false>(mma_qk, tSrQ, tSrK(_, _, _, read_k.index()), tSrS);
-        hand_over(n == 0);
+        hand_over(n == tiles.n_begin);
         warpgroup_wait<0>();
         pipe_k.consumer_release(read_k);
         ++read_k;
+        // No P V in flight yet: this branch costs no overlap.
+        if (params.softcap != 0.f) apply_softcap(tSrS);
         mask(tSrS, n);
         // Early rescale: the correction of the latest softmax step waits here until the next
         // step's S is issued (the first one scales O = 0: harmless).
@@ -336,11 +373,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           if constexpr (Cfg::kEarlyRescale) ScaleRows(tOrO, correction);
           pipe_v.consumer_wait(read_v);
           Gemm<false, true>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
-          hand_over(n == 0);
+          hand_over(n == tiles.n_begin);
           warpgroup_wait<1>();
           pipe_k.consumer_release(read_k);
           ++read_k;
-          if constexpr (decltype(masked)::value) mask(s, n);
+          if constexpr (decltype(masked)::value) {
+            if (params.softcap != 0.f) apply_softcap(s);
+            mask(s, n);
+          }
           float corr[2];
           softmax.template Step<Cfg::kFastSoftmax, Cfg::kLeanSoftmax>(s, corr);
           warpgroup_wait<0>();
@@ -384,21 +424,38 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           pipe_v.consumer_wait(read_v);
           Gemm<false, true>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
           pv_in_flight = true;
-          hand_over(n == 0);
+          hand_over(n == tiles.n_begin);
           warpgroup_wait<1>();
           pipe_k.consumer_release(read_k);
           ++read_k;
-          if constexpr (decltype(masked)::value) mask(tSrS, n);
+          if constexpr (decltype(masked)::value) {
+            if (params.softcap != 0.f) apply_softcap(tSrS);
+            mask(tSrS, n);
+          }
           softmax.template Step<Cfg::kFastSoftmax, Cfg::kLeanSoftmax>(tSrS, correction);
         };
+        // The remaining tiles, n_end - 2 down to n_begin: the masked ones at either edge one at
+        // a time, the unmasked middle in a tight loop of its own, unchanged by window and
+        // softcap. Softcap (the slow path anyway) runs every tile through the masked step, where
+        // its test costs no extra copy of the step.
+        const int unmasked_begin = params.softcap != 0.f ? tiles.n_end : tiles.n_mask_end;
+        const int unmasked_end = params.softcap != 0.f ? tiles.n_end : tiles.n_mask_begin;
+        auto walk = [&](auto&& step_fn) {
+          n = tiles.n_end - 2;
+          while (n >= tiles.n_begin) {
+            if (n >= unmasked_end || n < unmasked_begin) {
+              step_fn(n, cute::true_type{});
+              --n;
+            } else {
+              for (; n >= unmasked_begin; --n) step_fn(n, cute::false_type{});
+            }
+          }
+        };
         if constexpr (Cfg::kDeferPvWait) {
-          for (n = tiles.n_end - 2; n >= tiles.n_mask_begin; --n)
-            step_deferred(n, cute::true_type{});
-          for (; n >= 0; --n) step_deferred(n, cute::false_type{});
+          walk(step_deferred);
           finish_pv();
         } else {
-          for (n = tiles.n_end - 2; n >= tiles.n_mask_begin; --n) step(n, cute::true_type{});
-          for (; n >= 0; --n) step(n, cute::false_type{});
+          walk(step);
         }
 
         if constexpr (Cfg::kEarlyRescale || Cfg::kDeferPvWait) ScaleRows(tOrO, correction);
@@ -453,7 +510,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     };
 
     if constexpr (!kPersistent) {
-      if (key_tiles(launch_tile).n_end > 0) {
+      if (!key_tiles(launch_tile).empty()) {
         start_turns();
         shared.barrier_q.wait(0);
       }

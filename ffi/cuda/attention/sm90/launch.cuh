@@ -50,6 +50,13 @@ cudaError_t LaunchFlashFwdSm90(const AttentionParams& p, void* scratch, cudaStre
   auto v = sm90::DenseTensor<Cfg>(p.v, p.seqlen_k, kHeadDim, p.num_kv_heads, p.batch);
   auto o = sm90::DenseTensor<Cfg>(p.out, p.seqlen_q, kHeadDim, p.num_heads, p.batch);
   using KVTile = Shape<Int<Cfg::kBlockN>, Int<kHeadDim>>;
+  // Window bounds as the kernel wants them (kernel.cuh KernelParams): causal is a right bound of
+  // 0, and a bound that no row reaches (left >= seqlen_k - 1, right >= seqlen_q - 1) is none,
+  // which also keeps the kernel's index sums far from int overflow.
+  int window_left = p.window_left, window_right = p.causal ? 0 : p.window_right;
+  if (window_left >= p.seqlen_k - 1) window_left = -1;
+  if (window_right >= p.seqlen_q - 1) window_right = -1;
+  const bool softcap = p.softcap > 0.f;
   sm90::KernelParams<Cfg> params{
       make_tma_copy(SM90_TMA_LOAD{}, q, typename Cfg::SmemLayoutQHalf{}, typename Cfg::RowsD{},
                     _1{}),
@@ -64,8 +71,12 @@ cudaError_t LaunchFlashFwdSm90(const AttentionParams& p, void* scratch, cudaStre
       p.seqlen_k,
       p.num_heads,
       p.num_heads / p.num_kv_heads,
-      p.softmax_scale,
+      softcap ? 1.f : p.softmax_scale,
       p.causal,
+      window_left,
+      window_right,
+      softcap ? p.softcap : 0.f,
+      softcap ? 2.f * float(M_LOG2E) * p.softmax_scale / p.softcap : 0.f,
       num_m_blocks,
       num_tiles,
       static_cast<int*>(scratch),
