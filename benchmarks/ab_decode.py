@@ -10,8 +10,8 @@ matters most). GB/s counts the K/V bytes read once. Timings: every variant and a
 batch of back-to-back calls in turn, `--batches` times (interleaved, so drift hits all alike);
 the median batch is reported. K/V are far larger than the 60 MB L2.
 
-One 'SUMMARY ' line per config: the new kernel's default vs cuDNN and XLA, the old path, and the
-best variant.
+One 'SUMMARY ' line per config: the default (JAX_SGL_DECODE unset: warpmma) vs cuDNN and XLA, the
+block-wide decode kernel (new), the old path, and the best variant.
 """
 
 from __future__ import annotations
@@ -35,9 +35,9 @@ ENV = ("JAX_SGL_DECODE", "JAX_SGL_DECODE_SPLITS", "JAX_SGL_DECODE_STAGES", "JAX_
 
 def variants(batch):
   """name -> environment of each jax_sgl variant."""
-  v = {"new": {}, "old": {"JAX_SGL_DECODE": "old"}}
+  v = {"default": {}, "new": {"JAX_SGL_DECODE": "new"}, "old": {"JAX_SGL_DECODE": "old"}}
   v["new splits=3" if batch >= 32 else "new splits=16"] = {
-      "JAX_SGL_DECODE_SPLITS": "3" if batch >= 32 else "16"}
+      "JAX_SGL_DECODE": "new", "JAX_SGL_DECODE_SPLITS": "3" if batch >= 32 else "16"}
   for mode in ("warp", "warpmma"):
     v[mode] = {"JAX_SGL_DECODE": mode}
     for s in ((1, 2, 3, 4) if batch >= 32 else (8, 16, 32)):
@@ -123,14 +123,15 @@ def run_config(b, s, batches, copy_bw):
     ratio = lambda a: f"{a / t:7.2f}x" if a else f"{'-':>8}"
     print(f"{name:<22} {t * 1e6:9.1f} {nbytes / t / 1e9:7.0f} {100 * nbytes / t / copy_bw:6.1f}% "
           f"{ratio(cud)} {ratio(xla)}")
-  ours = [n for n in med if n.startswith(("new", "warp")) or n == "old"]
+  ours = [n for n in med if n.startswith(("new", "warp")) or n in ("old", "default")]
   best = min(ours, key=med.get)
   fmt = lambda n: (f"{nbytes / med[n] / 1e9:.0f} GB/s = {(cud or np.nan) / med[n]:.2f}x cudnn, "
                    f"{(xla or np.nan) / med[n]:.2f}x xla")
   for mode in ("warp", "warpmma"):
     if mode in med:
       print(f"SUMMARY ab_decode B={b} KV={s}: {mode} {fmt(mode)}")
-  print(f"SUMMARY ab_decode B={b} KV={s}: new {fmt('new')}; old {fmt('old')}; "
+  print(f"SUMMARY ab_decode B={b} KV={s}: default {fmt('default')}; new {fmt('new')}; "
+        f"old {fmt('old')}; "
         f"best '{best}' {fmt(best)}; cudnn {nbytes / cud / 1e9 if cud else float('nan'):.0f} GB/s")
   del q, k, v, k_pool, v_pool
 

@@ -328,7 +328,10 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, window=(-1, -1), sof
   handled exactly: d lse / d scores = P). The backward kernel recomputes the probabilities from
   the saved lse (no second forward). Index arrays get no gradient. Paged KV and fp8 inputs are
   forward-only: differentiating through them raises NotImplementedError at trace time.
-  On CUDA the native backward kernel serves float16/bfloat16 with head dims up to 128; for
+  On a compute-capability-9.0 GPU, dense bfloat16 calls at head dim 128 run the Hopper backward,
+  whose dQ is summed with float32 atomics (dK/dV are deterministic; dQ can differ in the last bits
+  between runs): set JAX_SGL_BWD_DETERMINISTIC=1 for its atomic-free dQ kernel (2-3% slower).
+  On CUDA the native backward kernels serve float16/bfloat16 with head dims up to 128; for
   float32, larger head dims, or gradients traced while JAX_SGL_CUDA_BWD=0 is set, CUDA runs the
   backward as the vjp of the pure-JAX reference (correct, slower) and warns once.
 

@@ -158,3 +158,21 @@ def poison_allocator(nbytes):
   x = jnp.full((max(nbytes // 4, 1),), jnp.nan, jnp.float32)
   x.block_until_ready()
   del x
+
+
+def check_kernel_output(run, want_out, want_lse, dtype, tol):
+  """Runs `run()` -> (out, lse) of jax_sgl.attention right after poisoning the allocator, and
+  checks it against the reference's (want_out, want_lse): dtype and shape, every output element
+  written and finite, within `tol`; lse -inf exactly where the reference's is (rows with no key),
+  close elsewhere, never NaN."""
+  poison_allocator(want_out.size * want_out.dtype.itemsize + want_lse.size * 4)
+  out, lse = run()
+  assert out.dtype == dtype and out.shape == want_out.shape
+  out_np = np.asarray(out.astype(jnp.float32))
+  assert np.isfinite(out_np).all(), "unwritten (NaN) or non-finite output elements"
+  np.testing.assert_allclose(out_np, np.asarray(want_out.astype(jnp.float32)), atol=tol, rtol=tol)
+  lse_np, want_lse_np = np.asarray(lse), np.asarray(want_lse)
+  np.testing.assert_array_equal(np.isneginf(lse_np), np.isneginf(want_lse_np))
+  fin = np.isfinite(want_lse_np)
+  np.testing.assert_allclose(lse_np[fin], want_lse_np[fin], atol=2e-3, rtol=1e-3)
+  assert not np.isnan(lse_np).any()

@@ -9,16 +9,17 @@
 // sm80 kernel uses, merged by LaunchSplitCombine.
 //
 // Run-time switches (read by flash_dispatch.cc at every call, so one process can A/B them):
-//   JAX_SGL_DECODE=old|new|warp   the sm80 split-KV path, this kernel (default new), or the
-//                                 warp-sliced CUDA-core kernel (flash_decode_warp.cuh) for calls
-//                                 of at most kDecodeWarpMaxRows packed rows (others: new)
-//                 |warpmma        or its mma form for at most kDecodeWarpMmaMaxRows rows
+//   JAX_SGL_DECODE=old|new|warp   the sm80 split-KV path, this kernel, or the warp-sliced
+//                                 CUDA-core kernel (flash_decode_warp.cuh) for calls of at most
+//                                 kDecodeWarpMaxRows packed rows (others: new)
+//                 |warpmma        or its mma form for at most kDecodeWarpMmaMaxRows rows (the
+//                                 default; calls with more packed rows run this kernel)
 //   JAX_SGL_DECODE_SPLITS=N       KV splits (1..32) for decode-shaped calls, either path; 0 or
 //                                 unset: the heuristic
 //   JAX_SGL_DECODE_STAGES=N       cp.async ring depth of the new kernel (2..8, default 4), or of
 //                                 each warp's ring in the warp kernel (default 4)
 //   JAX_SGL_DECODE_WAVES=N        warp kernel split heuristic: CTAs for N full waves of the
-//                                 resident slots (1..8, default 2)
+//                                 resident slots (1..8, default 1 for warpmma, 2 for warp)
 #pragma once
 
 #include <cuda_runtime_api.h>

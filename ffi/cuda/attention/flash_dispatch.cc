@@ -42,13 +42,14 @@ bool DecodeKernelSelected() {
   return env == nullptr || std::strcmp(env, "old") != 0;
 }
 
-// Row capacity of the warp-sliced decode variant JAX_SGL_DECODE names: 8 (warp, CUDA cores),
-// 16 (warpmma), or 0 when neither is selected.
+// Row capacity of the warp-sliced decode variant in force: 16 for the mma form (warpmma, the
+// default: 0.87-0.93x cuDNN's contiguous decode on the H200, 2026-12-02, benchmarks/RESULTS.md),
+// 8 for the CUDA-core form (warp), 0 for JAX_SGL_DECODE=new (the block-wide decode kernel).
 int DecodeWarpRowsCap() {
   const char* env = std::getenv("JAX_SGL_DECODE");
-  if (env == nullptr) return 0;
+  if (env == nullptr || *env == '\0' || std::strcmp(env, "warpmma") == 0)
+    return kDecodeWarpMmaMaxRows;
   if (std::strcmp(env, "warp") == 0) return kDecodeWarpMaxRows;
-  if (std::strcmp(env, "warpmma") == 0) return kDecodeWarpMmaMaxRows;
   return 0;
 }
 
@@ -158,7 +159,8 @@ int DecodeWarpCtasPerSm(int cap, int stages, int rows_cap) {
 
 // The warp-sliced decode kernels' plan (rows bound <= the variant's capacity): row capacity (4
 // or 8 on CUDA cores, 16 = the mma form), ring depth per warp (default 4, 3 for the mma form's
-// 8.5 KiB stages: 2 CTAs per SM at d = 128), and splits for JAX_SGL_DECODE_WAVES (default 2) full waves of the resident
+// 8.5 KiB stages: 2 CTAs per SM at d = 128), and splits for JAX_SGL_DECODE_WAVES (default 1 for
+// the mma form, 2 for CUDA cores) full waves of the resident
 // CTA slots the occupancy API reports, never under kDecodeWarpMinStagesPerWarp stages per warp.
 constexpr int kDecodeWarpMinStagesPerWarp = 4;
 void PlanDecodeWarpKernel(const AttentionParams& p, int cap, int num_sms, int64_t rows,
@@ -186,7 +188,9 @@ void PlanDecodeWarpKernel(const AttentionParams& p, int cap, int num_sms, int64_
   const int64_t base = int64_t(p.batch) * p.num_kv_heads;
   int64_t splits = EnvInt("JAX_SGL_DECODE_SPLITS", 0);
   if (splits <= 0) {
-    const int waves = std::clamp(EnvInt("JAX_SGL_DECODE_WAVES", 2), 1, 8);
+    // One wave measured best for the mma form (B=64, KV 4k: 3842 vs 3710 GB/s at two), two for
+    // the CUDA-core form.
+    const int waves = std::clamp(EnvInt("JAX_SGL_DECODE_WAVES", mma ? 1 : 2), 1, 8);
     const int64_t stage_keys = mma ? 16 : DecodeWarpStageKeys(cap);
     const int64_t n_tiles = (KeyBound(p) + stage_keys - 1) / stage_keys;
     splits = base > 0 ? (waves * slots + base - 1) / base : 1;
