@@ -22,10 +22,14 @@
 #include <cutlass/arch/reg_reconfig.h>
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
+#include "ffi/common/attention_geometry.h"
 #include "ffi/cuda/attention/sm90/config.h"
 #include "ffi/cuda/attention/sm90/softmax.h"
 
 namespace jax_sgl::cuda::sm90 {
+
+template <typename Cfg>
+using Element_t = typename Cfg::Element;
 
 template <typename Cfg>
 struct KernelParams {
@@ -53,12 +57,67 @@ struct KernelParams {
   int num_tiles;                     // num_m_blocks * num_heads * batch
   int* tile_counter;                 // persistent causal: tiles handed out past the first wave,
                                      // zeroed before the launch
+  // Varlen kernel only (kVarlen; launch.cuh): the TMA views are packed [total, head_dim, heads,
+  // 1] and each sequence's rows start at its own offset; geometry as in attention_seq.h.
+  const int32_t* cu_seqlens_q;       // [batch + 1] or nullptr (dense q: seqlen_q rows each)
+  const int32_t* cu_seqlens_k;       // [batch + 1] or nullptr (dense k: seqlen_k rows each)
+  const int32_t* seqused_k;          // [batch] or nullptr
+  int total_q;
+  int total_k;
+  int batch;
+  Element_t<Cfg>* out;               // O, stored row by row (never past a sequence's end)
 };
 
-// A work tile: query rows [m_block * kBlockM, +kBlockM) of one (q head, batch).
+// A work tile: query rows [m_block * kBlockM, +kBlockM) of one (q head, batch). The varlen
+// kernel also carries the sequence's geometry (rows of q / k in the packed buffers, lengths).
 struct WorkTile {
   int m_block, head, batch;
+  int q_row0 = 0, q_len = 0, k_row0 = 0, k_len = 0;
 };
+
+// Varlen: the linear row block `lin` (sequences in order, each ceil(q_len / block_m) blocks)
+// of q head `head` as a work tile, or false past the last sequence's last block. An O(batch) scan
+// of cu_seqlens per tile instead of a prefix-sum pass: batch is small next to a tile's work.
+// Lengths clamp like attention_seq.h GetSeqBounds, so bad index arrays never leave the buffers.
+template <typename Params>
+__device__ bool VarlenTile(Params const& params, int lin, int head, int block_m, WorkTile& w) {
+  w.head = head;
+  if (params.cu_seqlens_q == nullptr) {
+    const int blocks = (params.seqlen_q + block_m - 1) / block_m;
+    w.batch = lin / blocks;
+    w.m_block = lin % blocks;
+    w.q_row0 = w.batch * params.seqlen_q;
+    w.q_len = params.seqlen_q;
+  } else {
+    int acc = 0, b = 0;
+    for (; b < params.batch; ++b) {
+      const RowRange r = ClampedRows(params.cu_seqlens_q[b], params.cu_seqlens_q[b + 1],
+                                     params.total_q);
+      const int blocks = (int(r.len) + block_m - 1) / block_m;
+      if (lin < acc + blocks) {
+        w.m_block = lin - acc;
+        w.q_row0 = int(r.begin);
+        w.q_len = int(r.len);
+        break;
+      }
+      acc += blocks;
+    }
+    w.batch = b;
+  }
+  if (w.batch >= params.batch) return false;
+  int cap;
+  if (params.cu_seqlens_k != nullptr) {
+    const RowRange r = ClampedRows(params.cu_seqlens_k[w.batch], params.cu_seqlens_k[w.batch + 1],
+                                   params.total_k);
+    w.k_row0 = int(r.begin);
+    cap = int(r.len);
+  } else {
+    w.k_row0 = w.batch * params.seqlen_k;
+    cap = params.seqlen_k;
+  }
+  w.k_len = params.seqused_k != nullptr ? int(ClampIndex(params.seqused_k[w.batch], 0, cap)) : cap;
+  return true;
+}
 
 // Persistent order of the work tiles: (batch, head) outer, so the CTAs running at once share the
 // K/V of few heads in L2 (q heads of one kv head are adjacent), row blocks inner, longest first
@@ -129,7 +188,10 @@ __device__ __forceinline__ void Gemm(Mma& mma, TA const& a, TB const& b, TC& c) 
 // releases and try_wait acquires in hardware, but CUTLASS's asm statements clobber no memory.
 __device__ __forceinline__ void CompilerFence() { asm volatile("" ::: "memory"); }
 
-template <typename Cfg>
+// kVarlen: packed q / k / v (cu_seqlens_q / cu_seqlens_k, seqused_k): per-tile sequence geometry
+// (VarlenTile), row offsets into the TMA views, O stored row by row with a predicate per row.
+// A separate instantiation, so the dense kernel's code is exactly what it was.
+template <typename Cfg, bool kVarlen = false>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     FlashFwdSm90Kernel(CUTE_GRID_CONSTANT KernelParams<Cfg> const params) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -148,11 +210,29 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const int warpgroup = threadIdx.x / 128;
   const int thread_in_wg = threadIdx.x % 128;
   // Variant 0's one tile: causal CTAs with more rows have more key tiles, launch them first.
-  const WorkTile launch_tile{params.causal ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x),
-                            int(blockIdx.y), int(blockIdx.z)};
+  WorkTile launch_tile{params.causal ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x),
+                      int(blockIdx.y), int(blockIdx.z)};
+  // Persistent and varlen: tile indices name (linear row block, head); the sequence comes from
+  // VarlenTile. Blocks past the last sequence's rows (the grid is a bound) do nothing.
+  auto resolve = [&](WorkTile& w) {
+    if constexpr (kVarlen) return VarlenTile(params, w.m_block, w.head, kBlockM, w);
+    else return true;
+  };
+  if constexpr (kVarlen && !kPersistent) {
+    if (!resolve(launch_tile)) return;  // the whole CTA, before any barrier
+  }
+  // The sequence geometry of a tile: the call's (dense) or the tile's own (varlen).
+  auto seqlen_q = [&](WorkTile const& w) { return kVarlen ? w.q_len : params.seqlen_q; };
+  auto seqlen_k = [&](WorkTile const& w) { return kVarlen ? w.k_len : params.seqlen_k; };
   auto key_tiles = [&](WorkTile const& w) {
-    return KeyTiles(w.m_block * kBlockM, kBlockM, kBlockN, params.seqlen_q, params.seqlen_k,
+    return KeyTiles(w.m_block * kBlockM, kBlockM, kBlockN, seqlen_q(w), seqlen_k(w),
                     params.window_left, params.window_right);
+  };
+  // [rows, head dim] view of one head's rows of a TMA tensor: dense picks the batch, varlen
+  // starts at the sequence's row of the packed tensor (its batch extent is 1).
+  auto head_rows = [&](auto const& m, int head, int batch, int row0) {
+    if constexpr (kVarlen) return domain_offset(make_coord(row0, _0{}), m(_, _, head, _0{}));
+    else return m(_, _, head, batch);
   };
 
   // Barriers: set up by warp 0, made visible to all before any role starts.
@@ -197,12 +277,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     auto load_tile = [&](WorkTile const& w, KeyTiles const& tiles, auto&& claim_q) {
       const int kv_head = w.head / params.group;
       // [64, D, m/64] rows of this (batch, head); [N, D, n] keys of this (batch, kv head).
-      Tensor gQ = local_tile(mQ(_, _, w.head, w.batch), typename Cfg::RowsD{},
+      // Varlen: boxes that run past a sequence's end read the next sequence's rows (or TMA's
+      // zero fill past the buffer): masked as keys past k_len, unused as q rows past q_len.
+      Tensor gQ = local_tile(head_rows(mQ, w.head, w.batch, w.q_row0), typename Cfg::RowsD{},
                              make_coord(_, _0{}));
-      Tensor gK = local_tile(mK(_, _, kv_head, w.batch), Shape<Int<kBlockN>, Int<Cfg::kHeadDim>>{},
-                             make_coord(_, _0{}));
-      Tensor gV = local_tile(mV(_, _, kv_head, w.batch), Shape<Int<kBlockN>, Int<Cfg::kHeadDim>>{},
-                             make_coord(_, _0{}));
+      Tensor gK = local_tile(head_rows(mK, kv_head, w.batch, w.k_row0),
+                             Shape<Int<kBlockN>, Int<Cfg::kHeadDim>>{}, make_coord(_, _0{}));
+      Tensor gV = local_tile(head_rows(mV, kv_head, w.batch, w.k_row0),
+                             Shape<Int<kBlockN>, Int<Cfg::kHeadDim>>{}, make_coord(_, _0{}));
       auto tQ = tma_partition(params.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ),
                               group_modes<0, 2>(gQ));
       auto tK = tma_partition(params.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK),
@@ -246,7 +328,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       // Every tile goes through the Q barrier, also one without keys (the consumers write its
       // zeros), and a final -1 tells the consumers to stop.
       int iter = 0;
-      for (int t = int(blockIdx.x);; t = NextTile(t, params.tile_counter, params.causal), ++iter) {
+      for (int t = int(blockIdx.x);; t = NextTile(t, params.tile_counter, params.causal)) {
         const bool valid = t < params.num_tiles;
         auto claim_q = [&] {
           if (iter > 0) shared.barrier_q_empty.wait((iter - 1) & 1);
@@ -258,8 +340,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           shared.barrier_q.arrive();
           break;
         }
-        const WorkTile w = DecodeTile(t, params.num_m_blocks, params.num_heads, params.causal);
+        WorkTile w = DecodeTile(t, params.num_m_blocks, params.num_heads, params.causal);
+        if (!resolve(w)) continue;  // varlen: past the last sequence; the consumers never see it
         load_tile(w, key_tiles(w), claim_q);
+        ++iter;
       }
     }
   } else {
@@ -305,7 +389,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     auto run_tile = [&](WorkTile const& w, bool last_tile) {
       const KeyTiles tiles = key_tiles(w);
       const int row_base = w.m_block * kBlockM + consumer * kRows + coord.row0;  // row of r = 0
-      const int diag = params.seqlen_k - params.seqlen_q;
+      const int diag = seqlen_k(w) - seqlen_q(w);
+      const int key_end = seqlen_k(w);
       OnlineSoftmax softmax(params.softmax_scale);
       clear(tOrO);
 
@@ -317,7 +402,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           const int row_diag = row_base + 8 * r + diag;
-          end[r] = params.seqlen_k;
+          end[r] = key_end;
           if (params.window_right >= 0) end[r] = min(end[r], row_diag + params.window_right + 1);
           begin[r] = params.window_left >= 0 ? row_diag - params.window_left : 0;
           end[r] -= n * kBlockN + coord.col0;  // relative to this thread's first column
@@ -473,13 +558,38 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       softmax.Finish(params.softmax_scale, inv_sum, lse);
       ScaleRows(tOrO, inv_sum);
       if (params.lse != nullptr && coord.col0 == 0) {
+        // Dense: [batch, heads, seqlen_q]; varlen q: [heads, total_q] (attention_params.h).
         float* lse_row =
-            params.lse + (int64_t(w.batch) * params.num_heads + w.head) * params.seqlen_q;
+            kVarlen && params.cu_seqlens_q != nullptr
+                ? params.lse + int64_t(w.head) * params.total_q + w.q_row0
+                : params.lse + (int64_t(w.batch) * params.num_heads + w.head) * params.seqlen_q;
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           const int row = row_base + 8 * r;
-          if (row < params.seqlen_q) lse_row[row] = lse[r];
+          if (row < seqlen_q(w)) lse_row[row] = lse[r];
         }
+      }
+      if constexpr (kVarlen) {
+        // Row by row from registers: a TMA box would write the next sequence's rows. Rows of
+        // this warpgroup's 64-row block that are past the sequence's end are skipped.
+        const int block_row0 = row_base - coord.row0;  // tile row of this warpgroup's row 0
+        const int rows_left = w.q_len - block_row0;
+        const int64_t row_stride = int64_t(params.num_heads) * Cfg::kHeadDim;
+        Tensor gO = make_tensor(
+            make_gmem_ptr(params.out + (int64_t(w.q_row0) + block_row0) * row_stride +
+                          int64_t(w.head) * Cfg::kHeadDim),
+            make_layout(typename Cfg::RowsD{}, make_stride(row_stride, _1{})));
+        Tensor tOgO = thr_pv.partition_C(gO);
+        Tensor tOcO = thr_pv.partition_C(make_identity_tensor(typename Cfg::RowsD{}));
+#pragma unroll
+        for (int i = 0; i < size(tOrO); ++i)
+          if (get<0>(tOcO(i)) < rows_left) tOgO(i) = Element(tOrO(i));
+        if constexpr (kPersistent && !Cfg::kSeparateO) {
+          // Every thread's last wgmma on Q has completed (wait<0> above): Q may be reloaded.
+          cutlass::arch::NamedBarrier::sync(128, epilogue_barrier);
+          if (thread_in_wg == 0) shared.barrier_q_empty.arrive();
+        }
+        return;
       }
       // sOmine is free: in the Q buffer, this warpgroup's last wgmma has completed (wait<0>
       // above) and only this warpgroup ever read it (with no key tile, variant 0 never loaded
@@ -522,7 +632,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         CompilerFence();
         const int t = *reinterpret_cast<volatile int*>(&shared.tile);
         if (t < 0) break;
-        run_tile(DecodeTile(t, params.num_m_blocks, params.num_heads, params.causal), false);
+        WorkTile w = DecodeTile(t, params.num_m_blocks, params.num_heads, params.causal);
+        resolve(w);  // true: the producer published only tiles that resolve
+        run_tile(w, false);
       }
       // Meets consumer 1's last hand-over.
       if (consumer == 0) cutlass::arch::NamedBarrier::sync(kConsumerThreads, my_turn);
