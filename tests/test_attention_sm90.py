@@ -89,9 +89,9 @@ def _inputs(shape, head_dim, dtype, seed):
           rand(keys[2], (batch, sk, hkv, head_dim)))
 
 
-def _reference(q, k, v, causal):
-  spec = check_attention(q, k, v, causal=causal, softmax_scale=None, window=(-1, -1),
-                         softcap=0.0, cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None,
+def _reference(q, k, v, causal, window=(-1, -1), softcap=0.0):
+  spec = check_attention(q, k, v, causal=causal, softmax_scale=None, window=window,
+                         softcap=softcap, cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None,
                          page_table=None, q_descale=None, k_descale=None, v_descale=None)
   return jax.jit(lambda q, k, v: reference.attention(
       q, k, v, kv_layout=spec.kv_layout, varlen_q=spec.varlen_q, batch=spec.batch,
@@ -100,10 +100,12 @@ def _reference(q, k, v, causal):
       out_dtype=spec.out_dtype))(q, k, v)
 
 
-def _check(q, k, v, causal):
-  want_out, want_lse = _reference(q, k, v, causal)
-  check_kernel_output(lambda: jax_sgl.attention(q, k, v, causal=causal, return_lse=True),
-                      want_out, want_lse, q.dtype, TOL[jnp.dtype(q.dtype)])
+def _check(q, k, v, causal, window=(-1, -1), softcap=0.0):
+  want_out, want_lse = _reference(q, k, v, causal, window, softcap)
+  check_kernel_output(
+      lambda: jax_sgl.attention(q, k, v, causal=causal, window=window, softcap=softcap,
+                                return_lse=True),
+      want_out, want_lse, q.dtype, TOL[jnp.dtype(q.dtype)])
 
 
 def test_smoke():
@@ -196,3 +198,145 @@ def test_default_runs_the_configured_variant(monkeypatch, causal):
   monkeypatch.setenv("JAX_SGL_SM90_VARIANT", variant)
   named = np.asarray(fn(q, k, v)).view(np.uint16)
   np.testing.assert_array_equal(unset, named)
+
+
+# Sliding window and softcap: (shape, causal, window (left, right), softcap). Windows narrower
+# than a key tile (both edges in one tile), wider ones (masked tiles at both edges, unmasked ones
+# between, tiles left of the window skipped), ragged Sq != Sk, GQA, rows that see no key (out 0,
+# lse -inf), and more work tiles than SMs (the persistent schedulers).
+MASKED = {
+    "left": ((2, 333, 333, 8, 2), False, (100, -1), 0.0),
+    "right": ((2, 300, 129, 6, 2), False, (-1, 20), 0.0),  # rows < 151 see no key
+    "both_narrow": ((1, 300, 420, 4, 4), False, (5, 3), 0.0),
+    "causal_left": ((2, 700, 900, 8, 2), True, (150, -1), 0.0),
+    "empty_rows": ((2, 300, 129, 6, 2), False, (10, 5), 0.0),  # rows < 166 see no key
+    "q_short": ((3, 19, 989, 4, 4), False, (64, 16), 0.0),
+    "long": ((1, 2500, 3000, 4, 2), True, (700, -1), 0.0),
+    "many_tiles": ((2, 2100, 2200, 16, 4), True, (300, -1), 0.0),
+    "softcap": ((2, 333, 333, 8, 2), False, (-1, -1), 1.5),
+    "softcap_causal": ((2, 700, 900, 8, 2), True, (-1, -1), 4.0),
+    "window_softcap": ((2, 333, 400, 8, 2), False, (70, 30), 2.0),
+    "window_softcap_causal": ((1, 1000, 1000, 4, 1), True, (200, -1), 3.0),
+}
+
+
+@pytest.mark.parametrize("case", MASKED, ids=str)
+@pytest.mark.parametrize("head_dim", (64, 128, 256))
+def test_window_softcap_matches_reference(head_dim, case):
+  _need(head_dim, jnp.bfloat16)
+  shape, causal, window, softcap = MASKED[case]
+  q, k, v = _inputs(shape, head_dim, jnp.bfloat16, seed=3 * head_dim + list(MASKED).index(case))
+  _check(q, k, v, causal, window, softcap)
+
+
+@pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
+def test_window_softcap_fp16(causal):
+  _need(128, jnp.float16)
+  q, k, v = _inputs((2, 333, 400, 8, 2), 128, jnp.float16, seed=21)
+  _check(q, k, v, causal, (90, -1 if causal else 40), 2.0)
+
+
+@pytest.mark.parametrize("case", ("window_softcap", "causal_left"), ids=str)
+def test_window_softcap_runs_the_sm90_kernel(monkeypatch, case):
+  """Window / softcap calls really take the sm90 kernel: results differ from the portable one's
+  somewhere (other summation order), and are close to it."""
+  _need(128, jnp.bfloat16)
+  shape, causal, window, softcap = MASKED[case]
+  q, k, v = _inputs(shape, 128, jnp.bfloat16, seed=23)
+  fn = jax.jit(lambda q, k, v: jax_sgl.attention(q, k, v, causal=causal, window=window,
+                                                 softcap=softcap))
+  sm90 = np.asarray(fn(q, k, v).astype(jnp.float32))
+  monkeypatch.setenv("JAX_SGL_SM90", "0")
+  sm80 = np.asarray(fn(q, k, v).astype(jnp.float32))
+  assert not np.array_equal(sm90, sm80)
+  np.testing.assert_allclose(sm90, sm80, atol=2.5e-2, rtol=2.5e-2)
+
+
+# ---- Varlen (cu_seqlens_q / cu_seqlens_k, seqused_k): the kVarlen instantiation, which runs only
+# under JAX_SGL_SM90_VARLEN=1 (dispatch.cc); unset, varlen stays on the portable kernel.
+# (lens_q, lens_k, heads, kv heads, causal, window, softcap, seqused_k or None). Lengths 0 and 1,
+# sequences ending mid-tile (the next sequence's rows sit right behind them), q longer than k.
+VARLEN = {
+    "ragged": ((0, 1, 130, 257, 64, 3), (5, 1, 300, 257, 0, 200), 8, 2, False, (-1, -1), 0.0, None),
+    "ragged_causal": ((0, 1, 130, 257, 64, 300), (5, 1, 300, 257, 7, 200), 8, 2, True, (-1, -1),
+                      0.0, None),
+    "window_softcap": ((200, 1, 333), (250, 40, 129), 4, 4, False, (70, 9), 30.0, None),
+    "causal_window": ((129, 500, 2), (300, 500, 1), 6, 2, True, (100, -1), 0.0, None),
+    "seqused": ((64, 200, 3), (300, 256, 10), 4, 1, True, (-1, -1), 0.0, (17, 0, 10)),
+    # More (sequence, row block, head) tiles than SMs: persistent CTAs loop, causal counter.
+    "many": (tuple(range(37, 700, 61)), tuple(range(700, 37, -61)), 8, 2, True, (-1, -1), 0.0,
+             None),
+}
+
+
+@pytest.fixture
+def _varlen_on(monkeypatch):
+  monkeypatch.setenv("JAX_SGL_SM90_VARLEN", "1")
+
+
+def _varlen_inputs(case, head_dim, dtype, seed):
+  lens_q, lens_k, h, hkv, *_ = VARLEN[case]
+  keys = jax.random.split(jax.random.PRNGKey(seed), 3)
+  rand = lambda key, s: jax.random.normal(key, s, jnp.float32).astype(dtype)
+  cu = lambda lens: jnp.asarray(np.concatenate([[0], np.cumsum(lens)]), jnp.int32)
+  q = rand(keys[0], (sum(lens_q), h, head_dim))
+  k = rand(keys[1], (sum(lens_k), hkv, head_dim))
+  v = rand(keys[2], (sum(lens_k), hkv, head_dim))
+  return q, k, v, cu(lens_q), cu(lens_k)
+
+
+def _varlen_call(case, q, k, v, cu_q, cu_k, fn=None):
+  *_, causal, window, softcap, seqused = VARLEN[case]
+  used = None if seqused is None else jnp.asarray(seqused, jnp.int32)
+  kw = dict(causal=causal, window=window, softcap=softcap)
+  if fn is None:
+    spec = check_attention(q, k, v, softmax_scale=None, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+                           seqused_k=used, page_table=None, q_descale=None, k_descale=None,
+                           v_descale=None, **kw)
+    return jax.jit(lambda q, k, v, cu_q, cu_k, used: reference.attention(
+        q, k, v, kv_layout=spec.kv_layout, varlen_q=spec.varlen_q, batch=spec.batch,
+        softmax_scale=spec.softmax_scale, softcap=spec.softcap, causal=spec.causal,
+        window_left=spec.window_left, window_right=spec.window_right, out_dtype=spec.out_dtype,
+        cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, seqused_k=used))(q, k, v, cu_q, cu_k, used)
+  return jax.jit(lambda q, k, v, cu_q, cu_k, used: jax_sgl.attention(
+      q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, seqused_k=used, return_lse=True,
+      **kw))(q, k, v, cu_q, cu_k, used)
+
+
+def _check_varlen(case, head_dim, dtype, seed):
+  q, k, v, cu_q, cu_k = _varlen_inputs(case, head_dim, dtype, seed)
+  want_out, want_lse = _varlen_call(case, q, k, v, cu_q, cu_k)
+  check_kernel_output(lambda: _varlen_call(case, q, k, v, cu_q, cu_k, fn=True), want_out,
+                      want_lse, dtype, TOL[jnp.dtype(dtype)])
+
+
+@pytest.mark.parametrize("case", VARLEN, ids=str)
+@pytest.mark.parametrize("head_dim", (64, 128, 256))
+def test_varlen_matches_reference(_varlen_on, head_dim, case):
+  _need(head_dim, jnp.bfloat16)
+  _check_varlen(case, head_dim, jnp.bfloat16, seed=3 * head_dim + list(VARLEN).index(case))
+
+
+@pytest.mark.parametrize("case", ("ragged", "ragged_causal"), ids=str)
+def test_varlen_fp16(_varlen_on, case):
+  _need(128, jnp.float16)
+  _check_varlen(case, 128, jnp.float16, seed=21)
+
+
+@pytest.mark.parametrize("case", ("ragged_causal", "window_softcap", "seqused"), ids=str)
+def test_varlen_runs_the_sm90_kernel(monkeypatch, case):
+  """JAX_SGL_SM90_VARLEN=1 changes the kernel (sm90 and portable results differ somewhere, both
+  match the reference above); unset, varlen runs on the portable kernel, bitwise the same as
+  with JAX_SGL_SM90=0."""
+  _need(128, jnp.bfloat16)
+  q, k, v, cu_q, cu_k = _varlen_inputs(case, 128, jnp.bfloat16, seed=23)
+  run = lambda: np.asarray(_varlen_call(case, q, k, v, cu_q, cu_k, fn=True)[0]).view(np.uint16)
+  monkeypatch.delenv("JAX_SGL_SM90_VARLEN", raising=False)
+  unset = run()
+  monkeypatch.setenv("JAX_SGL_SM90", "0")
+  portable = run()
+  np.testing.assert_array_equal(unset, portable)
+  monkeypatch.delenv("JAX_SGL_SM90")
+  monkeypatch.setenv("JAX_SGL_SM90_VARLEN", "1")
+  sm90 = run()
+  assert not np.array_equal(sm90, portable)

@@ -4,6 +4,10 @@
 // JAX_SGL_SM90_VARIANT=<0..9> (read at each call) picks the kernel variant (sm90/variants.h) for
 // A/B runs; unset, unparsable or not built for the call's (dtype, head dim) means the default of
 // its (head dim, causal) (CMake JAX_SGL_SM90_DEFAULT_VARIANTS, always built).
+//
+// JAX_SGL_SM90_VARLEN=1 (read at each call) lets varlen calls (cu_seqlens_q, varlen k/v,
+// seqused_k) run on the sm90 kernel's varlen instantiation; otherwise, until it is verified on a
+// GPU, they stay on the portable kernel. Paged k/v always does.
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -62,6 +66,25 @@ cudaError_t Launch(DType t, int d, int v, const AttentionParams& p, void* scratc
   return cudaErrorInvalidValue;
 }
 
+bool VarlenEnabled() {
+  const char* env = std::getenv("JAX_SGL_SM90_VARLEN");
+  return env != nullptr && std::strcmp(env, "1") == 0;
+}
+
+// What the varlen instantiation lacks for a call, or nullptr.
+const char* VarlenUnsupported(const AttentionParams& p) {
+  if (p.kv_layout == KvLayout::kPaged) return "sm90 kernel: no paged k/v (runs on the sm80 kernel)";
+  if (!VarlenEnabled())
+    return "sm90 kernel: varlen only with JAX_SGL_SM90_VARLEN=1 (runs on the sm80 kernel)";
+  // TMA descriptors need every dimension >= 1; row indices and the kernel's window sums stay in
+  // int (launch.cuh).
+  if (p.total_q < 1 || p.total_k < 1) return "sm90 kernel: non-empty q and k buffers";
+  if (p.total_q + p.total_k >= (int64_t(1) << 30)) return "sm90 kernel: below 2^30 rows";
+  if (p.kv_layout == KvLayout::kDense && p.seqlen_k < 1) return "sm90 kernel: non-empty k";
+  if (p.cu_seqlens_q == nullptr && p.seqlen_q < 1) return "sm90 kernel: non-empty q";
+  return nullptr;
+}
+
 // JAX_SGL_SM90_VARIANT as a variant index, or -1 (unset or not one digit).
 int RequestedVariant() {
   const char* env = std::getenv("JAX_SGL_SM90_VARIANT");
@@ -72,20 +95,19 @@ int RequestedVariant() {
 }  // namespace
 
 const char* Sm90Unsupported(const AttentionParams& p) {
-  if (p.cu_seqlens_q != nullptr || p.kv_layout != KvLayout::kDense || p.seqused_k != nullptr)
-    return "sm90 kernel: dense layout only (varlen and paged run on the sm80 kernel)";
+  const bool varlen =
+      p.cu_seqlens_q != nullptr || p.kv_layout != KvLayout::kDense || p.seqused_k != nullptr;
+  if (varlen) {
+    if (const char* why = VarlenUnsupported(p)) return why;
+  }
   if (!HalfPrecisionOperands(p))
     return "sm90 kernel: float16/bfloat16 q, k, v and out only";
   if (p.head_dim != p.head_dim_v || !Built(p.q_type, p.head_dim))
     return "sm90 kernel: head_dim == head_dim_v in the built set (JAX_SGL_SM90_HEAD_DIMS) only";
-  if (p.softcap != 0.f) return "sm90 kernel: no softcap";
-  if (p.window_left != -1 || (p.window_right != -1 && !(p.causal && p.window_right == 0)))
-    return "sm90 kernel: no sliding window";
   // TMA descriptors need every dimension >= 1 (an empty KV runs on the sm80 kernel) and byte
   // strides below 2^40; the grid's y/z take heads and batch.
-  if (p.seqlen_q < 1 || p.seqlen_k < 1) return "sm90 kernel: non-empty q and k";
-  if ((int64_t(p.seqlen_q) * p.num_heads + int64_t(p.seqlen_k) * p.num_kv_heads) * p.head_dim *
-          p.batch >= (int64_t(1) << 38))
+  if (!varlen && (p.seqlen_q < 1 || p.seqlen_k < 1)) return "sm90 kernel: non-empty q and k";
+  if ((p.total_q * p.num_heads + p.total_k * p.num_kv_heads) * p.head_dim >= (int64_t(1) << 38))
     return "sm90 kernel: tensors below 2^38 elements";
   if (p.num_heads > 65535 || p.batch > 65535) return "sm90 kernel: batch and heads <= 65535";
   // TMA wants 16-byte aligned bases (XLA's buffers are).

@@ -9,8 +9,10 @@
 //     Cfg::kDeferPvWait: otherwise ptxas hoists the P V wait above the softmax).
 //   - Ping-pong: a pair of named barriers makes the two consumers issue their GEMMs in turn, so
 //     one warpgroup's softmax hides behind the other's GEMMs.
-// Keys are walked from the last tile down: tiles that cross the causal diagonal or the end of the
-// keys come first and are the only ones masked; tiles above the diagonal are never loaded.
+// Keys are walked from the last tile down: tiles that cross the causal diagonal / right window
+// edge or the end of the keys come first, those that cross the left window edge last, and only
+// these are masked; tiles wholly outside the window (or above the diagonal) are never loaded.
+// Softcap (cap tanh(scale s / cap) before the mask) runs every tile through the masked step.
 // The output goes registers -> smem (the Q buffer of the same warpgroup, or its own buffer when
 // persistent and smem allows) -> TMA store.
 #pragma once
@@ -20,10 +22,14 @@
 #include <cutlass/arch/reg_reconfig.h>
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
+#include "ffi/common/attention_geometry.h"
 #include "ffi/cuda/attention/sm90/config.h"
 #include "ffi/cuda/attention/sm90/softmax.h"
 
 namespace jax_sgl::cuda::sm90 {
+
+template <typename Cfg>
+using Element_t = typename Cfg::Element;
 
 template <typename Cfg>
 struct KernelParams {
@@ -38,18 +44,80 @@ struct KernelParams {
   int seqlen_k;
   int num_heads;
   int group;                         // num_heads / num_kv_heads
-  float softmax_scale;
-  bool causal;                       // bottom-right aligned
+  float softmax_scale;               // 1 under softcap (the capped scores are already scaled)
+  bool causal;                       // bottom-right aligned; orders the tiles (longest first)
+  // Visible keys of query row i: i + diag - window_left <= j <= i + diag + window_right, with
+  // diag = seqlen_k - seqlen_q (bottom-right aligned); < 0: no bound on that side. Causal comes
+  // in as window_right = 0.
+  int window_left;
+  int window_right;
+  float softcap;                     // 0: off; else scores -> softcap * tanh(scale * s / softcap)
+  float softcap_exp2_scale;          // 2 log2(e) scale / softcap: tanh(x) = 1 - 2 / (1 + e^{2x})
   int num_m_blocks;                  // ceil(seqlen_q / kBlockM)
   int num_tiles;                     // num_m_blocks * num_heads * batch
   int* tile_counter;                 // persistent causal: tiles handed out past the first wave,
                                      // zeroed before the launch
+  // Varlen kernel only (kVarlen; launch.cuh): the TMA views are packed [total, head_dim, heads,
+  // 1] and each sequence's rows start at its own offset; geometry as in attention_seq.h.
+  const int32_t* cu_seqlens_q;       // [batch + 1] or nullptr (dense q: seqlen_q rows each)
+  const int32_t* cu_seqlens_k;       // [batch + 1] or nullptr (dense k: seqlen_k rows each)
+  const int32_t* seqused_k;          // [batch] or nullptr
+  int total_q;
+  int total_k;
+  int batch;
+  Element_t<Cfg>* out;               // O, stored row by row (never past a sequence's end)
 };
 
-// A work tile: query rows [m_block * kBlockM, +kBlockM) of one (q head, batch).
+// A work tile: query rows [m_block * kBlockM, +kBlockM) of one (q head, batch). The varlen
+// kernel also carries the sequence's geometry (rows of q / k in the packed buffers, lengths).
 struct WorkTile {
   int m_block, head, batch;
+  int q_row0 = 0, q_len = 0, k_row0 = 0, k_len = 0;
 };
+
+// Varlen: the linear row block `lin` (sequences in order, each ceil(q_len / block_m) blocks)
+// of q head `head` as a work tile, or false past the last sequence's last block. An O(batch) scan
+// of cu_seqlens per tile instead of a prefix-sum pass: batch is small next to a tile's work.
+// Lengths clamp like attention_seq.h GetSeqBounds, so bad index arrays never leave the buffers.
+template <typename Params>
+__device__ bool VarlenTile(Params const& params, int lin, int head, int block_m, WorkTile& w) {
+  w.head = head;
+  if (params.cu_seqlens_q == nullptr) {
+    const int blocks = (params.seqlen_q + block_m - 1) / block_m;
+    w.batch = lin / blocks;
+    w.m_block = lin % blocks;
+    w.q_row0 = w.batch * params.seqlen_q;
+    w.q_len = params.seqlen_q;
+  } else {
+    int acc = 0, b = 0;
+    for (; b < params.batch; ++b) {
+      const RowRange r = ClampedRows(params.cu_seqlens_q[b], params.cu_seqlens_q[b + 1],
+                                     params.total_q);
+      const int blocks = (int(r.len) + block_m - 1) / block_m;
+      if (lin < acc + blocks) {
+        w.m_block = lin - acc;
+        w.q_row0 = int(r.begin);
+        w.q_len = int(r.len);
+        break;
+      }
+      acc += blocks;
+    }
+    w.batch = b;
+  }
+  if (w.batch >= params.batch) return false;
+  int cap;
+  if (params.cu_seqlens_k != nullptr) {
+    const RowRange r = ClampedRows(params.cu_seqlens_k[w.batch], params.cu_seqlens_k[w.batch + 1],
+                                   params.total_k);
+    w.k_row0 = int(r.begin);
+    cap = int(r.len);
+  } else {
+    w.k_row0 = w.batch * params.seqlen_k;
+    cap = params.seqlen_k;
+  }
+  w.k_len = params.seqused_k != nullptr ? int(ClampIndex(params.seqused_k[w.batch], 0, cap)) : cap;
+  return true;
+}
 
 // Persistent order of the work tiles: (batch, head) outer, so the CTAs running at once share the
 // K/V of few heads in L2 (q heads of one kv head are adjacent), row blocks inner, longest first
@@ -71,20 +139,31 @@ __device__ __forceinline__ int NextTile(int t, int* counter, bool causal) {
 // consumer for its epilogue.
 enum class Barrier : uint32_t { kTurn0 = 0, kTurn1 = 1, kEpilogue0 = 2, kEpilogue1 = 3 };
 
-// Key tiles [0, n_end) a CTA visits, and from which tile on masking is needed.
+// Key tiles [n_begin, n_end) a CTA visits (producer and consumers both derive them from here),
+// and which of them need masking: those >= n_mask_begin (right edge: causal / window right, end
+// of the keys) and those < n_mask_end (left edge: window left). Tiles outside the range hold no
+// visible key for any row of the CTA and are never loaded.
 struct KeyTiles {
-  int n_end;         // one past the last tile with an unmasked key for some row of the CTA
-  int n_mask_begin;  // tiles >= this may hold a masked (causal or past-the-end) key
-  __device__ KeyTiles(int m0, int block_m, int block_n, int seqlen_q, int seqlen_k, bool causal) {
-    int keys = seqlen_k;
-    // Row i sees keys <= i + seqlen_k - seqlen_q; the CTA's last row bounds the key range.
+  int n_begin;
+  int n_end;         // <= n_begin: no visible key at all (the rows get 0 and LSE -inf)
+  int n_mask_begin;
+  int n_mask_end;
+  __device__ KeyTiles(int m0, int block_m, int block_n, int seqlen_q, int seqlen_k, int left,
+                      int right) {
+    // Row i sees keys [i + diag - left, i + diag + right]: the CTA's last row bounds the range
+    // above, its first row below; every row sees [last - left, first + right] unmasked.
     const int diag = seqlen_k - seqlen_q;
-    if (causal) keys = min(keys, max(0, m0 + block_m + diag));
-    n_end = (keys + block_n - 1) / block_n;
-    int unmasked = seqlen_k;  // keys every row of the CTA sees unmasked
-    if (causal) unmasked = min(unmasked, max(0, m0 + diag + 1));
-    n_mask_begin = min(n_end, unmasked / block_n);
+    const int first = m0 + diag, last = m0 + block_m - 1 + diag;
+    const int hi = right < 0 ? seqlen_k : min(seqlen_k, max(0, last + right + 1));
+    const int lo = left < 0 ? 0 : max(0, first - left);
+    n_begin = lo / block_n;
+    n_end = lo < hi ? (hi + block_n - 1) / block_n : n_begin;
+    const int unmasked_hi = right < 0 ? seqlen_k : min(seqlen_k, max(0, first + right + 1));
+    const int unmasked_lo = left < 0 ? 0 : max(0, last - left);
+    n_mask_begin = max(n_begin, min(n_end, unmasked_hi / block_n));
+    n_mask_end = min(n_end, max(n_begin, (unmasked_lo + block_n - 1) / block_n));
   }
+  __device__ bool empty() const { return n_end <= n_begin; }
 };
 
 // One wgmma GEMM batch: C (+)= A B over the K blocks, committed as one group; the caller waits.
@@ -109,7 +188,10 @@ __device__ __forceinline__ void Gemm(Mma& mma, TA const& a, TB const& b, TC& c) 
 // releases and try_wait acquires in hardware, but CUTLASS's asm statements clobber no memory.
 __device__ __forceinline__ void CompilerFence() { asm volatile("" ::: "memory"); }
 
-template <typename Cfg>
+// kVarlen: packed q / k / v (cu_seqlens_q / cu_seqlens_k, seqused_k): per-tile sequence geometry
+// (VarlenTile), row offsets into the TMA views, O stored row by row with a predicate per row.
+// A separate instantiation, so the dense kernel's code is exactly what it was.
+template <typename Cfg, bool kVarlen = false>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     FlashFwdSm90Kernel(CUTE_GRID_CONSTANT KernelParams<Cfg> const params) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -128,11 +210,29 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const int warpgroup = threadIdx.x / 128;
   const int thread_in_wg = threadIdx.x % 128;
   // Variant 0's one tile: causal CTAs with more rows have more key tiles, launch them first.
-  const WorkTile launch_tile{params.causal ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x),
-                            int(blockIdx.y), int(blockIdx.z)};
+  WorkTile launch_tile{params.causal ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x),
+                      int(blockIdx.y), int(blockIdx.z)};
+  // Persistent and varlen: tile indices name (linear row block, head); the sequence comes from
+  // VarlenTile. Blocks past the last sequence's rows (the grid is a bound) do nothing.
+  auto resolve = [&](WorkTile& w) {
+    if constexpr (kVarlen) return VarlenTile(params, w.m_block, w.head, kBlockM, w);
+    else return true;
+  };
+  if constexpr (kVarlen && !kPersistent) {
+    if (!resolve(launch_tile)) return;  // the whole CTA, before any barrier
+  }
+  // The sequence geometry of a tile: the call's (dense) or the tile's own (varlen).
+  auto seqlen_q = [&](WorkTile const& w) { return kVarlen ? w.q_len : params.seqlen_q; };
+  auto seqlen_k = [&](WorkTile const& w) { return kVarlen ? w.k_len : params.seqlen_k; };
   auto key_tiles = [&](WorkTile const& w) {
-    return KeyTiles(w.m_block * kBlockM, kBlockM, kBlockN, params.seqlen_q, params.seqlen_k,
-                    params.causal);
+    return KeyTiles(w.m_block * kBlockM, kBlockM, kBlockN, seqlen_q(w), seqlen_k(w),
+                    params.window_left, params.window_right);
+  };
+  // [rows, head dim] view of one head's rows of a TMA tensor: dense picks the batch, varlen
+  // starts at the sequence's row of the packed tensor (its batch extent is 1).
+  auto head_rows = [&](auto const& m, int head, int batch, int row0) {
+    if constexpr (kVarlen) return domain_offset(make_coord(row0, _0{}), m(_, _, head, _0{}));
+    else return m(_, _, head, batch);
   };
 
   // Barriers: set up by warp 0, made visible to all before any role starts.
@@ -172,17 +272,19 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     PipelineState write_k = cutlass::make_producer_start_state<Pipeline>();
     PipelineState write_v = cutlass::make_producer_start_state<Pipeline>();
     // Loads one work tile in the order the consumers use it: K[last], Q, then (K[n], V[n+1])
-    // pairs, then V[0]. claim_q() runs just before Q is written (persistent: waits for the
+    // pairs, then V[first]. claim_q() runs just before Q is written (persistent: waits for the
     // consumers to be done with the previous Q, then publishes the tile).
     auto load_tile = [&](WorkTile const& w, KeyTiles const& tiles, auto&& claim_q) {
       const int kv_head = w.head / params.group;
       // [64, D, m/64] rows of this (batch, head); [N, D, n] keys of this (batch, kv head).
-      Tensor gQ = local_tile(mQ(_, _, w.head, w.batch), typename Cfg::RowsD{},
+      // Varlen: boxes that run past a sequence's end read the next sequence's rows (or TMA's
+      // zero fill past the buffer): masked as keys past k_len, unused as q rows past q_len.
+      Tensor gQ = local_tile(head_rows(mQ, w.head, w.batch, w.q_row0), typename Cfg::RowsD{},
                              make_coord(_, _0{}));
-      Tensor gK = local_tile(mK(_, _, kv_head, w.batch), Shape<Int<kBlockN>, Int<Cfg::kHeadDim>>{},
-                             make_coord(_, _0{}));
-      Tensor gV = local_tile(mV(_, _, kv_head, w.batch), Shape<Int<kBlockN>, Int<Cfg::kHeadDim>>{},
-                             make_coord(_, _0{}));
+      Tensor gK = local_tile(head_rows(mK, kv_head, w.batch, w.k_row0),
+                             Shape<Int<kBlockN>, Int<Cfg::kHeadDim>>{}, make_coord(_, _0{}));
+      Tensor gV = local_tile(head_rows(mV, kv_head, w.batch, w.k_row0),
+                             Shape<Int<kBlockN>, Int<Cfg::kHeadDim>>{}, make_coord(_, _0{}));
       auto tQ = tma_partition(params.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ),
                               group_modes<0, 2>(gQ));
       auto tK = tma_partition(params.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK),
@@ -207,26 +309,26 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
              tVs(_, write_v.index()));
         ++write_v;
       };
-      if (tiles.n_end > 0) load_k(tiles.n_end - 1);
+      if (!tiles.empty()) load_k(tiles.n_end - 1);
       claim_q();
       shared.barrier_q.arrive_and_expect_tx(2 * Cfg::kQHalfBytes);
       for (int half = 0; half < Cfg::kConsumers; ++half)
         copy(params.tma_q.with(reinterpret_cast<uint64_t&>(shared.barrier_q), 0),
              tQg(_, 2 * w.m_block + half), tQs(_, half));
-      for (int n = tiles.n_end - 2; n >= 0; --n) {
+      for (int n = tiles.n_end - 2; n >= tiles.n_begin; --n) {
         load_k(n);
         load_v(n + 1);
       }
-      if (tiles.n_end > 0) load_v(0);
+      if (!tiles.empty()) load_v(tiles.n_begin);
     };
     if constexpr (!kPersistent) {
       const KeyTiles tiles = key_tiles(launch_tile);
-      if (tiles.n_end > 0) load_tile(launch_tile, tiles, [] {});
+      if (!tiles.empty()) load_tile(launch_tile, tiles, [] {});
     } else {
       // Every tile goes through the Q barrier, also one without keys (the consumers write its
       // zeros), and a final -1 tells the consumers to stop.
       int iter = 0;
-      for (int t = int(blockIdx.x);; t = NextTile(t, params.tile_counter, params.causal), ++iter) {
+      for (int t = int(blockIdx.x);; t = NextTile(t, params.tile_counter, params.causal)) {
         const bool valid = t < params.num_tiles;
         auto claim_q = [&] {
           if (iter > 0) shared.barrier_q_empty.wait((iter - 1) & 1);
@@ -238,8 +340,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           shared.barrier_q.arrive();
           break;
         }
-        const WorkTile w = DecodeTile(t, params.num_m_blocks, params.num_heads, params.causal);
+        WorkTile w = DecodeTile(t, params.num_m_blocks, params.num_heads, params.causal);
+        if (!resolve(w)) continue;  // varlen: past the last sequence; the consumers never see it
         load_tile(w, key_tiles(w), claim_q);
+        ++iter;
       }
     }
   } else {
@@ -285,26 +389,42 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     auto run_tile = [&](WorkTile const& w, bool last_tile) {
       const KeyTiles tiles = key_tiles(w);
       const int row_base = w.m_block * kBlockM + consumer * kRows + coord.row0;  // row of r = 0
-      const int diag = params.seqlen_k - params.seqlen_q;
+      const int diag = seqlen_k(w) - seqlen_q(w);
+      const int key_end = seqlen_k(w);
       OnlineSoftmax softmax(params.softmax_scale);
       clear(tOrO);
 
-      // Masks keys past the end and, when causal, right of the diagonal, for key tile n: each row
-      // r keeps the columns below one bound, so the test per element is one compare + select.
+      // Masks keys past the end, right of the diagonal / window and left of the window, for key
+      // tile n: each row r keeps the columns in [begin, end), so the test per element is two
+      // compares + select, branch-free (a branch here would make ptxas wait for P V).
       auto mask = [&](auto& s, int n) {
-        int end[2];
+        int begin[2], end[2];
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          end[r] = params.seqlen_k;
-          if (params.causal) end[r] = min(end[r], row_base + 8 * r + diag + 1);
+          const int row_diag = row_base + 8 * r + diag;
+          end[r] = key_end;
+          if (params.window_right >= 0) end[r] = min(end[r], row_diag + params.window_right + 1);
+          begin[r] = params.window_left >= 0 ? row_diag - params.window_left : 0;
           end[r] -= n * kBlockN + coord.col0;  // relative to this thread's first column
+          begin[r] -= n * kBlockN + coord.col0;
         }
 #pragma unroll
-        for (int i = 0; i < size(s); ++i)
-          if (AccCoord::Col(i) >= end[(i / 2) % 2]) s(i) = -INFINITY;
+        for (int i = 0; i < size(s); ++i) {
+          const int r = (i / 2) % 2;
+          if (AccCoord::Col(i) >= end[r] || AccCoord::Col(i) < begin[r]) s(i) = -INFINITY;
+        }
+      };
+      // Softcap, before the mask: s -> cap tanh(scale s / cap), as cap - 2 cap / (1 + e^{2x})
+      // (one MUFU.EX2 + one MUFU.RCP; saturates to +-cap without NaN for large |x|).
+      auto apply_softcap = [&](auto& s) {
+#pragma unroll
+        for (int i = 0; i < size(s); ++i) {
+          const float e = Exp2Ftz(s(i) * params.softcap_exp2_scale);
+          s(i) = fmaf(-2.f * params.softcap, __fdividef(1.f, 1.f + e), params.softcap);
+        }
       };
 
-      if (tiles.n_end > 0) {
+      if (!tiles.empty()) {
         auto hand_over = [&](bool last) {
           if (!(last && last_tile && consumer == 1))
             cutlass::arch::NamedBarrier::arrive(kConsumerThreads, other_turn);
@@ -315,10 +435,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         pipe_k.consumer_wait(read_k);
         cutlass::arch::NamedBarrier::sync(kConsumerThreads, my_turn);
         Gemm<true, false>(mma_qk, tSrQ, tSrK(_, _, _, read_k.index()), tSrS);
-        hand_over(n == 0);
+        hand_over(n == tiles.n_begin);
         warpgroup_wait<0>();
         pipe_k.consumer_release(read_k);
         ++read_k;
+        // No P V in flight yet: this branch costs no overlap.
+        if (params.softcap != 0.f) apply_softcap(tSrS);
         mask(tSrS, n);
         // Early rescale: the correction of the latest softmax step waits here until the next
         // step's S is issued (the first one scales O = 0: harmless).
@@ -336,11 +458,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           if constexpr (Cfg::kEarlyRescale) ScaleRows(tOrO, correction);
           pipe_v.consumer_wait(read_v);
           Gemm<false, true>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
-          hand_over(n == 0);
+          hand_over(n == tiles.n_begin);
           warpgroup_wait<1>();
           pipe_k.consumer_release(read_k);
           ++read_k;
-          if constexpr (decltype(masked)::value) mask(s, n);
+          if constexpr (decltype(masked)::value) {
+            if (params.softcap != 0.f) apply_softcap(s);
+            mask(s, n);
+          }
           float corr[2];
           softmax.template Step<Cfg::kFastSoftmax, Cfg::kLeanSoftmax>(s, corr);
           warpgroup_wait<0>();
@@ -384,21 +509,38 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           pipe_v.consumer_wait(read_v);
           Gemm<false, true>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
           pv_in_flight = true;
-          hand_over(n == 0);
+          hand_over(n == tiles.n_begin);
           warpgroup_wait<1>();
           pipe_k.consumer_release(read_k);
           ++read_k;
-          if constexpr (decltype(masked)::value) mask(tSrS, n);
+          if constexpr (decltype(masked)::value) {
+            if (params.softcap != 0.f) apply_softcap(tSrS);
+            mask(tSrS, n);
+          }
           softmax.template Step<Cfg::kFastSoftmax, Cfg::kLeanSoftmax>(tSrS, correction);
         };
+        // The remaining tiles, n_end - 2 down to n_begin: the masked ones at either edge one at
+        // a time, the unmasked middle in a tight loop of its own, unchanged by window and
+        // softcap. Softcap (the slow path anyway) runs every tile through the masked step, where
+        // its test costs no extra copy of the step.
+        const int unmasked_begin = params.softcap != 0.f ? tiles.n_end : tiles.n_mask_end;
+        const int unmasked_end = params.softcap != 0.f ? tiles.n_end : tiles.n_mask_begin;
+        auto walk = [&](auto&& step_fn) {
+          n = tiles.n_end - 2;
+          while (n >= tiles.n_begin) {
+            if (n >= unmasked_end || n < unmasked_begin) {
+              step_fn(n, cute::true_type{});
+              --n;
+            } else {
+              for (; n >= unmasked_begin; --n) step_fn(n, cute::false_type{});
+            }
+          }
+        };
         if constexpr (Cfg::kDeferPvWait) {
-          for (n = tiles.n_end - 2; n >= tiles.n_mask_begin; --n)
-            step_deferred(n, cute::true_type{});
-          for (; n >= 0; --n) step_deferred(n, cute::false_type{});
+          walk(step_deferred);
           finish_pv();
         } else {
-          for (n = tiles.n_end - 2; n >= tiles.n_mask_begin; --n) step(n, cute::true_type{});
-          for (; n >= 0; --n) step(n, cute::false_type{});
+          walk(step);
         }
 
         if constexpr (Cfg::kEarlyRescale || Cfg::kDeferPvWait) ScaleRows(tOrO, correction);
@@ -416,13 +558,38 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       softmax.Finish(params.softmax_scale, inv_sum, lse);
       ScaleRows(tOrO, inv_sum);
       if (params.lse != nullptr && coord.col0 == 0) {
+        // Dense: [batch, heads, seqlen_q]; varlen q: [heads, total_q] (attention_params.h).
         float* lse_row =
-            params.lse + (int64_t(w.batch) * params.num_heads + w.head) * params.seqlen_q;
+            kVarlen && params.cu_seqlens_q != nullptr
+                ? params.lse + int64_t(w.head) * params.total_q + w.q_row0
+                : params.lse + (int64_t(w.batch) * params.num_heads + w.head) * params.seqlen_q;
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           const int row = row_base + 8 * r;
-          if (row < params.seqlen_q) lse_row[row] = lse[r];
+          if (row < seqlen_q(w)) lse_row[row] = lse[r];
         }
+      }
+      if constexpr (kVarlen) {
+        // Row by row from registers: a TMA box would write the next sequence's rows. Rows of
+        // this warpgroup's 64-row block that are past the sequence's end are skipped.
+        const int block_row0 = row_base - coord.row0;  // tile row of this warpgroup's row 0
+        const int rows_left = w.q_len - block_row0;
+        const int64_t row_stride = int64_t(params.num_heads) * Cfg::kHeadDim;
+        Tensor gO = make_tensor(
+            make_gmem_ptr(params.out + (int64_t(w.q_row0) + block_row0) * row_stride +
+                          int64_t(w.head) * Cfg::kHeadDim),
+            make_layout(typename Cfg::RowsD{}, make_stride(row_stride, _1{})));
+        Tensor tOgO = thr_pv.partition_C(gO);
+        Tensor tOcO = thr_pv.partition_C(make_identity_tensor(typename Cfg::RowsD{}));
+#pragma unroll
+        for (int i = 0; i < size(tOrO); ++i)
+          if (get<0>(tOcO(i)) < rows_left) tOgO(i) = Element(tOrO(i));
+        if constexpr (kPersistent && !Cfg::kSeparateO) {
+          // Every thread's last wgmma on Q has completed (wait<0> above): Q may be reloaded.
+          cutlass::arch::NamedBarrier::sync(128, epilogue_barrier);
+          if (thread_in_wg == 0) shared.barrier_q_empty.arrive();
+        }
+        return;
       }
       // sOmine is free: in the Q buffer, this warpgroup's last wgmma has completed (wait<0>
       // above) and only this warpgroup ever read it (with no key tile, variant 0 never loaded
@@ -453,7 +620,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     };
 
     if constexpr (!kPersistent) {
-      if (key_tiles(launch_tile).n_end > 0) {
+      if (!key_tiles(launch_tile).empty()) {
         start_turns();
         shared.barrier_q.wait(0);
       }
@@ -465,7 +632,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         CompilerFence();
         const int t = *reinterpret_cast<volatile int*>(&shared.tile);
         if (t < 0) break;
-        run_tile(DecodeTile(t, params.num_m_blocks, params.num_heads, params.causal), false);
+        WorkTile w = DecodeTile(t, params.num_m_blocks, params.num_heads, params.causal);
+        resolve(w);  // true: the producer published only tiles that resolve
+        run_tile(w, false);
       }
       // Meets consumer 1's last hand-over.
       if (consumer == 0) cutlass::arch::NamedBarrier::sync(kConsumerThreads, my_turn);

@@ -39,17 +39,42 @@ using VariantConfig =
 
 }  // namespace sm90
 
+// Dense calls launch FlashFwdSm90Kernel<Cfg, false>, whose code does not change with varlen;
+// calls with cu_seqlens_q, varlen k/v or seqused_k (dispatch.cc lets them through only under
+// JAX_SGL_SM90_VARLEN=1) launch the kVarlen instantiation: packed [total, D, H, 1] TMA views and
+// a grid (persistent: tile range) of linear row blocks x q heads, a bound that the kernel maps
+// onto (sequence, row block) tiles (kernel.cuh VarlenTile).
 template <typename T, int kHeadDim, int kVariant>
 cudaError_t LaunchFlashFwdSm90(const AttentionParams& p, void* scratch, cudaStream_t stream) {
   using Cfg = sm90::VariantConfig<T, kHeadDim, kVariant>;
   using namespace cute;
-  const int num_m_blocks = (p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
-  const int num_tiles = num_m_blocks * p.num_heads * p.batch;
-  auto q = sm90::DenseTensor<Cfg>(p.q, p.seqlen_q, kHeadDim, p.num_heads, p.batch);
-  auto k = sm90::DenseTensor<Cfg>(p.k, p.seqlen_k, kHeadDim, p.num_kv_heads, p.batch);
-  auto v = sm90::DenseTensor<Cfg>(p.v, p.seqlen_k, kHeadDim, p.num_kv_heads, p.batch);
-  auto o = sm90::DenseTensor<Cfg>(p.out, p.seqlen_q, kHeadDim, p.num_heads, p.batch);
+  const bool varlen =
+      p.cu_seqlens_q != nullptr || p.kv_layout != KvLayout::kDense || p.seqused_k != nullptr;
+  // Varlen: the row blocks of all sequences together are at most ceil(total_q / kBlockM) + batch
+  // (each sequence adds at most one partial block); dense q needs exactly batch x its blocks.
+  const int num_m_blocks =
+      !varlen ? (p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM
+      : p.cu_seqlens_q != nullptr
+          ? int((p.total_q + Cfg::kBlockM - 1) / Cfg::kBlockM) + p.batch
+          : (p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM * p.batch;
+  const int tile_batches = varlen ? 1 : p.batch;
+  const int num_tiles = num_m_blocks * p.num_heads * tile_batches;
+  // Varlen views every tensor as packed rows (dense q or k alike: [batch * seqlen] rows).
+  const int rows_q = varlen ? int(p.total_q) : p.seqlen_q;
+  const int rows_k = varlen ? int(p.total_k) : p.seqlen_k;
+  auto q = sm90::DenseTensor<Cfg>(p.q, rows_q, kHeadDim, p.num_heads, tile_batches);
+  auto k = sm90::DenseTensor<Cfg>(p.k, rows_k, kHeadDim, p.num_kv_heads, tile_batches);
+  auto v = sm90::DenseTensor<Cfg>(p.v, rows_k, kHeadDim, p.num_kv_heads, tile_batches);
+  auto o = sm90::DenseTensor<Cfg>(p.out, rows_q, kHeadDim, p.num_heads, tile_batches);
   using KVTile = Shape<Int<Cfg::kBlockN>, Int<kHeadDim>>;
+  // Window bounds as the kernel wants them (kernel.cuh KernelParams): causal is a right bound of
+  // 0, and a bound that no row reaches (left >= seqlen_k - 1, right >= seqlen_q - 1) is none,
+  // which also keeps the kernel's index sums far from int overflow. Varlen bounds the lengths by
+  // the buffers' rows (dispatch.cc keeps total_q + total_k below 2^30).
+  int window_left = p.window_left, window_right = p.causal ? 0 : p.window_right;
+  if (window_left >= (varlen ? rows_k : p.seqlen_k - 1)) window_left = -1;
+  if (window_right >= (varlen ? rows_q : p.seqlen_q - 1)) window_right = -1;
+  const bool softcap = p.softcap > 0.f;
   sm90::KernelParams<Cfg> params{
       make_tma_copy(SM90_TMA_LOAD{}, q, typename Cfg::SmemLayoutQHalf{}, typename Cfg::RowsD{},
                     _1{}),
@@ -64,19 +89,30 @@ cudaError_t LaunchFlashFwdSm90(const AttentionParams& p, void* scratch, cudaStre
       p.seqlen_k,
       p.num_heads,
       p.num_heads / p.num_kv_heads,
-      p.softmax_scale,
+      softcap ? 1.f : p.softmax_scale,
       p.causal,
+      window_left,
+      window_right,
+      softcap ? p.softcap : 0.f,
+      softcap ? 2.f * float(M_LOG2E) * p.softmax_scale / p.softcap : 0.f,
       num_m_blocks,
       num_tiles,
       static_cast<int*>(scratch),
+      p.cu_seqlens_q,
+      p.kv_layout == KvLayout::kVarlen ? p.cu_seqlens_k : nullptr,
+      p.seqused_k,
+      rows_q,
+      rows_k,
+      p.batch,
+      static_cast<typename Cfg::Element*>(p.out),
   };
-  auto kernel = sm90::FlashFwdSm90Kernel<Cfg>;
+  auto kernel = varlen ? sm90::FlashFwdSm90Kernel<Cfg, true> : sm90::FlashFwdSm90Kernel<Cfg, false>;
   constexpr int kSmem = sizeof(typename Cfg::SharedStorage);
   if (cudaError_t err =
           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
       err != cudaSuccess)
     return err;
-  dim3 grid(num_m_blocks, p.num_heads, p.batch);
+  dim3 grid(num_m_blocks, p.num_heads, tile_batches);
   if constexpr (Cfg::kPersistent) {
     int device = 0, num_sms = 0;
     if (cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return err;
