@@ -62,9 +62,10 @@ __device__ __forceinline__ uint64_t Opaque(uint64_t x) {
 }
 
 // grid: x = batch * num_kv_heads, y = KV splits; kDecodeWarpThreads threads; shared memory as
-// the warpmma kernel (DecodeWarpMmaSmemBytes).
+// the warpmma kernel (DecodeWarpMmaSmemBytes). Registers held to 3 CTAs per SM at d <= 128 (168,
+// no spills), which shared memory allows at 2 stages (JAX_SGL_DECODE_STAGES=2: ~74 KiB a CTA).
 template <typename T, int kD>
-__global__ void __launch_bounds__(kDecodeWarpThreads, kD <= 128 ? 2 : 1)
+__global__ void __launch_bounds__(kDecodeWarpThreads, kD <= 128 ? 3 : 1)
     FlashDecodeWarpMma2Kernel(const FlashDecodeArgs args) {
   constexpr int kStride = DecodeStride(kD);
   constexpr int kKeys = 16;

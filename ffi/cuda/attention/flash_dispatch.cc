@@ -5,7 +5,7 @@
 // live in the generated instantiations/ files.
 //
 // Run-time switches, read at every call (documented in flash_decode_launch.h):
-//   JAX_SGL_DECODE=old|new|warp|warpmma, JAX_SGL_DECODE_SPLITS=N, JAX_SGL_DECODE_STAGES=N,
+//   JAX_SGL_DECODE=old|new|warp|warpmma|warpmma2, JAX_SGL_DECODE_SPLITS=N, JAX_SGL_DECODE_STAGES=N,
 //   JAX_SGL_DECODE_WAVES=N.
 #include <algorithm>
 #include <cstdlib>
@@ -47,10 +47,19 @@ bool DecodeKernelSelected() {
 // 8 for the CUDA-core form (warp), 0 for JAX_SGL_DECODE=new (the block-wide decode kernel).
 int DecodeWarpRowsCap() {
   const char* env = std::getenv("JAX_SGL_DECODE");
-  if (env == nullptr || *env == '\0' || std::strcmp(env, "warpmma") == 0)
+  if (env == nullptr || *env == '\0' || std::strcmp(env, "warpmma") == 0 ||
+      std::strcmp(env, "warpmma2") == 0)
     return kDecodeWarpMmaMaxRows;
   if (std::strcmp(env, "warp") == 0) return kDecodeWarpMaxRows;
   return 0;
+}
+
+// The warp mma kernel in force: warpmma2 (flash_decode_warp2.cuh) when selected and the K/V
+// buffers have fewer than 2^31 rows (its 32-bit slot indices), else warpmma.
+int DecodeWarpMmaVariant(const AttentionParams& p) {
+  const char* env = std::getenv("JAX_SGL_DECODE");
+  const bool want2 = env != nullptr && std::strcmp(env, "warpmma2") == 0;
+  return want2 && p.total_k < (int64_t(1) << 31) ? kDecodeWarpMma2 : kDecodeWarpMma1;
 }
 
 int DeviceAttr(cudaDeviceAttr attr, int fallback) {
@@ -136,22 +145,22 @@ void PlanDecodeKernel(const AttentionParams& p, int cap, int num_sms, FlashPlan*
 }
 
 template <typename T>
-int DecodeWarpCtasPerSm(int cap, int stages, int rows_cap) {
+int DecodeWarpCtasPerSm(int cap, int stages, int rows_cap, int variant) {
   switch (cap) {
 #ifndef JAX_SGL_ATTN_DISABLE_HDIM64
-    case 64: return FlashDecodeWarpCtasPerSm<T, 64>(stages, rows_cap);
+    case 64: return FlashDecodeWarpCtasPerSm<T, 64>(stages, rows_cap, variant);
 #endif
 #ifndef JAX_SGL_ATTN_DISABLE_HDIM96
-    case 96: return FlashDecodeWarpCtasPerSm<T, 96>(stages, rows_cap);
+    case 96: return FlashDecodeWarpCtasPerSm<T, 96>(stages, rows_cap, variant);
 #endif
 #ifndef JAX_SGL_ATTN_DISABLE_HDIM128
-    case 128: return FlashDecodeWarpCtasPerSm<T, 128>(stages, rows_cap);
+    case 128: return FlashDecodeWarpCtasPerSm<T, 128>(stages, rows_cap, variant);
 #endif
 #ifndef JAX_SGL_ATTN_DISABLE_HDIM192
-    case 192: return FlashDecodeWarpCtasPerSm<T, 192>(stages, rows_cap);
+    case 192: return FlashDecodeWarpCtasPerSm<T, 192>(stages, rows_cap, variant);
 #endif
 #ifndef JAX_SGL_ATTN_DISABLE_HDIM256
-    case 256: return FlashDecodeWarpCtasPerSm<T, 256>(stages, rows_cap);
+    case 256: return FlashDecodeWarpCtasPerSm<T, 256>(stages, rows_cap, variant);
 #endif
     default: return 1;
   }
@@ -173,6 +182,7 @@ void PlanDecodeWarpKernel(const AttentionParams& p, int cap, int num_sms, int64_
   plan->block_m = kDecodeWarpMaxRows;
   plan->m_blocks = 1;
   plan->decode_m_tiles = mma ? kDecodeWarpMmaMaxRows : (rows <= 4 ? 4 : 8);
+  plan->decode_warp_variant = mma ? DecodeWarpMmaVariant(p) : kDecodeWarpMma1;
   int stages = std::clamp(EnvInt("JAX_SGL_DECODE_STAGES", mma ? 3 : kDecodeDefaultStages), 2,
                           kDecodeMaxStages);
   const int optin = DeviceAttr(cudaDevAttrMaxSharedMemoryPerBlockOptin, 227 * 1024);
@@ -182,8 +192,10 @@ void PlanDecodeWarpKernel(const AttentionParams& p, int cap, int num_sms, int64_
   while (stages > 2 && smem(stages) > optin) --stages;
   plan->decode_stages = stages;
   const int ctas_per_sm = p.q_type == DType::kBF16
-                              ? DecodeWarpCtasPerSm<bf16_t>(cap, stages, plan->decode_m_tiles)
-                              : DecodeWarpCtasPerSm<f16_t>(cap, stages, plan->decode_m_tiles);
+                              ? DecodeWarpCtasPerSm<bf16_t>(cap, stages, plan->decode_m_tiles,
+                                                            plan->decode_warp_variant)
+                              : DecodeWarpCtasPerSm<f16_t>(cap, stages, plan->decode_m_tiles,
+                                                           plan->decode_warp_variant);
   const int64_t slots = int64_t(ctas_per_sm) * std::max(num_sms, 1);
   const int64_t base = int64_t(p.batch) * p.num_kv_heads;
   int64_t splits = EnvInt("JAX_SGL_DECODE_SPLITS", 0);
@@ -266,6 +278,7 @@ const char* PlanFlashFwd(const AttentionParams& p, int num_sms, FlashPlan* plan)
   plan->sm90 = false;
   plan->decode_kernel = false;
   plan->decode_warp = false;
+  plan->decode_warp_variant = kDecodeWarpMma1;
   int cap = 0;
   // Decode-shaped calls (a bound of kDecodeMaxQLen q rows per sequence: dense q, or varlen q
   // with that few rows in all) take the dedicated decode kernel unless JAX_SGL_DECODE=old.
@@ -339,7 +352,8 @@ const char* RunFlashFwd(const AttentionParams& p, const FlashPlan& plan, void* s
   }
   cudaError_t err;
   if (plan.decode_kernel) {
-    const FlashDecodeArgs d{args, plan.decode_stages, plan.decode_m_tiles, plan.m_blocks};
+    FlashDecodeArgs d{args, plan.decode_stages, plan.decode_m_tiles, plan.m_blocks};
+    if (plan.decode_warp) d.warp_variant = plan.decode_warp_variant;
     err = p.q_type == DType::kBF16
               ? LaunchDecodeForType<bf16_t>(plan.head_dim_cap, plan.decode_warp, d, stream)
               : LaunchDecodeForType<f16_t>(plan.head_dim_cap, plan.decode_warp, d, stream);
