@@ -12,7 +12,8 @@
 //     (ignore-src: its K/V rows are zero-filled); chunks past head_dim copy finite data of the
 //     same row, which zero q columns / unwritten output columns cancel;
 //   - a stage every row sees whole (all 16 keys valid and inside every row's [lo, hi)) skips the
-//     per-element masking (a warp-uniform branch): the middle of every long sequence.
+//     per-element masking, and a stage that moves no row's running max skips the rescale of the
+//     accumulators (warp-uniform branches): the middle of every long sequence.
 // Everything else (layouts, masks, softcap, LSE, split partials) is the warpmma kernel's.
 #pragma once
 
@@ -287,12 +288,16 @@ __global__ void __launch_bounds__(kDecodeWarpThreads, kD <= 128 ? 3 : 1)
         l_run[e / 2] += pe;
       }
     }
+    // Once the running maxima settle (most stages of a long sequence) no row's factor moves:
+    // skip the kD / 2 multiplies of the accumulators (a warp-uniform branch).
+    if (__any_sync(0xffffffffu, corr[0] != 1.f || corr[1] != 1.f)) {
 #pragma unroll
-    for (int t = 0; t < kDT; ++t) {
-      o[t][0] *= corr[0];
-      o[t][1] *= corr[0];
-      o[t][2] *= corr[1];
-      o[t][3] *= corr[1];
+      for (int t = 0; t < kDT; ++t) {
+        o[t][0] *= corr[0];
+        o[t][1] *= corr[0];
+        o[t][2] *= corr[1];
+        o[t][3] *= corr[1];
+      }
     }
     const uint32_t pa[4] = {Elem<T>::Pack(sc[0][0], sc[0][1]), Elem<T>::Pack(sc[0][2], sc[0][3]),
                             Elem<T>::Pack(sc[1][0], sc[1][1]), Elem<T>::Pack(sc[1][2], sc[1][3])};
