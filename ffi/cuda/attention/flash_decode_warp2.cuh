@@ -149,7 +149,8 @@ __global__ void __launch_bounds__(kDecodeWarpThreads, kD <= 128 ? 3 : 1)
     const uint32_t dst = ring_lane + uint32_t(st) * kStageBytes;
 #pragma unroll
     for (int i = 0; i < kCopies; ++i) {
-      const uint32_t slot = __shfl_sync(0xffffffffu, my_slot, (lane0 + key_lane + i * kKeysPerCopy) & 31);
+      const int src_lane = (lane0 + key_lane + i * kKeysPerCopy) & 31;
+      const uint32_t slot = __shfl_sync(0xffffffffu, my_slot, src_lane);
       if (!copy_lane) continue;
       const bool ok = slot != kNoRow;
       const uint32_t row = ok ? slot : 0u;
@@ -269,7 +270,8 @@ __global__ void __launch_bounds__(kDecodeWarpThreads, kD <= 128 ? 3 : 1)
     float blk_max[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h)
-      blk_max[h] = fmaxf(fmaxf(sc[0][2 * h], sc[0][2 * h + 1]), fmaxf(sc[1][2 * h], sc[1][2 * h + 1]));
+      blk_max[h] = fmaxf(fmaxf(sc[0][2 * h], sc[0][2 * h + 1]),
+                         fmaxf(sc[1][2 * h], sc[1][2 * h + 1]));
     float corr[2], m_use[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -363,12 +365,11 @@ __global__ void __launch_bounds__(kDecodeWarpThreads, kD <= 128 ? 3 : 1)
     const int i = r / group, head = kv_head * group + r % group;
     const int64_t row_head = (s.q_row0 + i) * p.num_heads + head;
     if (split) {
-      float4* dst = reinterpret_cast<float4*>(
-          args.fwd.o_partial + (int64_t(blockIdx.y) * p.total_q * p.num_heads + row_head) * dv + cc);
+      const int64_t part_row = int64_t(blockIdx.y) * p.total_q * p.num_heads + row_head;
+      float4* dst = reinterpret_cast<float4*>(args.fwd.o_partial + part_row * dv + cc);
       dst[0] = make_float4(acc[0] * inv, acc[1] * inv, acc[2] * inv, acc[3] * inv);
       dst[1] = make_float4(acc[4] * inv, acc[5] * inv, acc[6] * inv, acc[7] * inv);
-      if (cc == 0)
-        args.fwd.lse_partial[int64_t(blockIdx.y) * p.total_q * p.num_heads + row_head] = lse;
+      if (cc == 0) args.fwd.lse_partial[part_row] = lse;
     } else {
       uint4 packed;
       packed.x = Elem<T>::Pack(acc[0] * inv, acc[1] * inv);

@@ -192,10 +192,8 @@ void PlanDecodeWarpKernel(const AttentionParams& p, int cap, int num_sms, int64_
   while (stages > 2 && smem(stages) > optin) --stages;
   plan->decode_stages = stages;
   const int ctas_per_sm = p.q_type == DType::kBF16
-                              ? DecodeWarpCtasPerSm<bf16_t>(cap, stages, plan->decode_m_tiles,
-                                                            plan->decode_warp_variant)
-                              : DecodeWarpCtasPerSm<f16_t>(cap, stages, plan->decode_m_tiles,
-                                                           plan->decode_warp_variant);
+      ? DecodeWarpCtasPerSm<bf16_t>(cap, stages, plan->decode_m_tiles, plan->decode_warp_variant)
+      : DecodeWarpCtasPerSm<f16_t>(cap, stages, plan->decode_m_tiles, plan->decode_warp_variant);
   const int64_t slots = int64_t(ctas_per_sm) * std::max(num_sms, 1);
   const int64_t base = int64_t(p.batch) * p.num_kv_heads;
   int64_t splits = EnvInt("JAX_SGL_DECODE_SPLITS", 0);
