@@ -2,8 +2,8 @@
 
 Variants are run-time switches the host dispatch reads at every call (flash_decode_launch.h):
 JAX_SGL_DECODE=old|new|warp|warpmma|warpmma2, JAX_SGL_DECODE_SPLITS=N (0: heuristic),
-JAX_SGL_DECODE_STAGES=N, JAX_SGL_DECODE_WAVES=N (warp variants' split heuristic); so one
-jitted function serves them all. Configs: the issue's decode (batch 64, KV 4k and 32k, 32 q / 8 kv
+JAX_SGL_DECODE_STAGES=N, JAX_SGL_DECODE_WAVES=N (warp variants' split heuristic; 0: the count
+that fills the last wave best); so one jitted function serves them all. Configs: the issue's decode (batch 64, KV 4k and 32k, 32 q / 8 kv
 heads, D=128, bf16, one query per sequence; jax_sgl reads a shuffled pool of 16-token pages, the
 anchors the same keys contiguously) plus batch 8 at KV 32k (few sequences: the split count
 matters most). GB/s counts the K/V bytes read once. Timings: every variant and anchor runs one
@@ -50,8 +50,12 @@ def variants(batch):
     v[f"{mode} waves=4"] = {"JAX_SGL_DECODE": mode, "JAX_SGL_DECODE_WAVES": "4"}
   # warpmma2 at 2 stages fits 3 CTAs per SM (168 registers, ~74 KiB): its split heuristic then
   # sizes one wave of 3 x 132 slots; two waves as the other point.
-  v["warpmma2 stages=2 waves=2"] = {"JAX_SGL_DECODE": "warpmma2", "JAX_SGL_DECODE_STAGES": "2",
-                                    "JAX_SGL_DECODE_WAVES": "2"}
+  # waves=fit (JAX_SGL_DECODE_WAVES=0): the split count that fills its last wave best.
+  for mode in ("warpmma", "warpmma2"):
+    v[f"{mode} waves=fit"] = {"JAX_SGL_DECODE": mode, "JAX_SGL_DECODE_WAVES": "0"}
+  for waves in ("2", "0"):
+    v[f"warpmma2 stages=2 waves={'fit' if waves == '0' else waves}"] = {
+        "JAX_SGL_DECODE": "warpmma2", "JAX_SGL_DECODE_STAGES": "2", "JAX_SGL_DECODE_WAVES": waves}
   return v
 
 

@@ -21,7 +21,8 @@
 //   JAX_SGL_DECODE_STAGES=N       cp.async ring depth of the new kernel (2..8, default 4), or of
 //                                 each warp's ring in the warp kernel (default 4)
 //   JAX_SGL_DECODE_WAVES=N        warp kernel split heuristic: CTAs for N full waves of the
-//                                 resident slots (1..8, default 1 for warpmma, 2 for warp)
+//                                 resident slots (1..8, default 1 for warpmma, 2 for warp);
+//                                 0: the split count that fills its last wave best
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -166,10 +166,30 @@ int DecodeWarpCtasPerSm(int cap, int stages, int rows_cap, int variant) {
   }
 }
 
+// JAX_SGL_DECODE_WAVES=0 ("fit"): the split count whose CTAs fill their last wave of `slots`
+// best (busy fraction of the waves), fewest splits on ties, at most 4 waves' worth and `most`.
+// Uniform CTAs finish together, so a last wave a third full idles two thirds of the GPU for a
+// wave's time: B=8 x 8 kv heads on 264 slots is 64 CTAs (a quarter wave) at 1 split, 448 (1.7
+// waves) at the one-wave count 7, 256 (0.97) at 4.
+int64_t FittedSplits(int64_t base, int64_t slots, int64_t most) {
+  const int64_t cap = std::max<int64_t>(1, std::min<int64_t>(most, (4 * slots + base - 1) / base));
+  int64_t best = 1;
+  double best_busy = 0.0;
+  for (int64_t s = 1; s <= cap; ++s) {
+    const int64_t ctas = base * s;
+    const double busy = double(ctas) / double((ctas + slots - 1) / slots * slots);
+    if (busy > best_busy + 1e-9) {
+      best = s;
+      best_busy = busy;
+    }
+  }
+  return best;
+}
+
 // The warp-sliced decode kernels' plan (rows bound <= the variant's capacity): row capacity (4
 // or 8 on CUDA cores, 16 = the mma form), ring depth per warp (default 4, 3 for the mma form's
 // 8.5 KiB stages: 2 CTAs per SM at d = 128), and splits for JAX_SGL_DECODE_WAVES (default 1 for
-// the mma form, 2 for CUDA cores) full waves of the resident
+// the mma form, 2 for CUDA cores; 0: FittedSplits) full waves of the resident
 // CTA slots the occupancy API reports, never under kDecodeWarpMinStagesPerWarp stages per warp.
 constexpr int kDecodeWarpMinStagesPerWarp = 4;
 void PlanDecodeWarpKernel(const AttentionParams& p, int cap, int num_sms, int64_t rows,
@@ -200,12 +220,18 @@ void PlanDecodeWarpKernel(const AttentionParams& p, int cap, int num_sms, int64_
   if (splits <= 0) {
     // One wave measured best for the mma form (B=64, KV 4k: 3842 vs 3710 GB/s at two), two for
     // the CUDA-core form.
-    const int waves = std::clamp(EnvInt("JAX_SGL_DECODE_WAVES", mma ? 1 : 2), 1, 8);
+    const int waves_env = EnvInt("JAX_SGL_DECODE_WAVES", mma ? 1 : 2);
     const int64_t stage_keys = mma ? 16 : DecodeWarpStageKeys(cap);
     const int64_t n_tiles = (KeyBound(p) + stage_keys - 1) / stage_keys;
-    splits = base > 0 ? (waves * slots + base - 1) / base : 1;
-    splits = std::min<int64_t>(
-        splits, n_tiles / (int64_t(kDecodeWarpThreads / 32) * kDecodeWarpMinStagesPerWarp));
+    const int64_t most =
+        n_tiles / (int64_t(kDecodeWarpThreads / 32) * kDecodeWarpMinStagesPerWarp);
+    if (waves_env == 0 && base > 0) {
+      splits = FittedSplits(base, slots, std::min<int64_t>(most, kMaxSplits));
+    } else {
+      const int waves = std::clamp(waves_env, 1, 8);
+      splits = base > 0 ? (waves * slots + base - 1) / base : 1;
+      splits = std::min<int64_t>(splits, most);
+    }
   }
   plan->num_splits = int(std::clamp<int64_t>(splits, 1, kMaxSplits));
   SetScratch(p, plan);
