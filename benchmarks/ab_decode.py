@@ -1,9 +1,9 @@
 """A/B of jax_sgl's CUDA decode paths, in one process, against cuDNN and XLA.
 
 Variants are run-time switches the host dispatch reads at every call (flash_decode_launch.h):
-JAX_SGL_DECODE=old|new|warp|warpmma, JAX_SGL_DECODE_SPLITS=N (0: heuristic),
-JAX_SGL_DECODE_STAGES=N, JAX_SGL_DECODE_WAVES=N (warp variants' split heuristic); so one
-jitted function serves them all. Configs: the issue's decode (batch 64, KV 4k and 32k, 32 q / 8 kv
+JAX_SGL_DECODE=old|new|warp|warpmma|warpmma2, JAX_SGL_DECODE_SPLITS=N (0: heuristic),
+JAX_SGL_DECODE_STAGES=N, JAX_SGL_DECODE_WAVES=N (warp variants' split heuristic; 0: the count
+that fills the last wave best); so one jitted function serves them all. Configs: the issue's decode (batch 64, KV 4k and 32k, 32 q / 8 kv
 heads, D=128, bf16, one query per sequence; jax_sgl reads a shuffled pool of 16-token pages, the
 anchors the same keys contiguously) plus batch 8 at KV 32k (few sequences: the split count
 matters most). GB/s counts the K/V bytes read once. Timings: every variant and anchor runs one
@@ -11,7 +11,9 @@ batch of back-to-back calls in turn, `--batches` times (interleaved, so drift hi
 the median batch is reported. K/V are far larger than the 60 MB L2.
 
 One 'SUMMARY ' line per config: the default (JAX_SGL_DECODE unset: warpmma) vs cuDNN and XLA, the
-block-wide decode kernel (new), the old path, and the best variant.
+block-wide decode kernel (new), the old path, and the best variant. `--only PREFIX...` keeps the
+variants whose names start with one of the prefixes (plus the default and the anchors): e.g.
+`--only warpmma` runs the warpmma and warpmma2 rows alone.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ def variants(batch):
   v = {"default": {}, "new": {"JAX_SGL_DECODE": "new"}, "old": {"JAX_SGL_DECODE": "old"}}
   v["new splits=3" if batch >= 32 else "new splits=16"] = {
       "JAX_SGL_DECODE": "new", "JAX_SGL_DECODE_SPLITS": "3" if batch >= 32 else "16"}
-  for mode in ("warp", "warpmma"):
+  for mode in ("warp", "warpmma", "warpmma2"):
     v[mode] = {"JAX_SGL_DECODE": mode}
     for s in ((1, 2, 3, 4) if batch >= 32 else (8, 16, 32)):
       v[f"{mode} splits={s}"] = {"JAX_SGL_DECODE": mode, "JAX_SGL_DECODE_SPLITS": str(s)}
@@ -46,6 +48,14 @@ def variants(batch):
       v[f"{mode} stages={st}"] = {"JAX_SGL_DECODE": mode, "JAX_SGL_DECODE_STAGES": str(st)}
     v[f"{mode} waves=1"] = {"JAX_SGL_DECODE": mode, "JAX_SGL_DECODE_WAVES": "1"}
     v[f"{mode} waves=4"] = {"JAX_SGL_DECODE": mode, "JAX_SGL_DECODE_WAVES": "4"}
+  # warpmma2 at 2 stages fits 3 CTAs per SM (168 registers, ~74 KiB): its split heuristic then
+  # sizes one wave of 3 x 132 slots; two waves as the other point.
+  # waves=fit (JAX_SGL_DECODE_WAVES=0): the split count that fills its last wave best.
+  for mode in ("warpmma", "warpmma2"):
+    v[f"{mode} waves=fit"] = {"JAX_SGL_DECODE": mode, "JAX_SGL_DECODE_WAVES": "0"}
+  for waves in ("2", "0"):
+    v[f"warpmma2 stages=2 waves={'fit' if waves == '0' else waves}"] = {
+        "JAX_SGL_DECODE": "warpmma2", "JAX_SGL_DECODE_STAGES": "2", "JAX_SGL_DECODE_WAVES": waves}
   return v
 
 
@@ -69,7 +79,7 @@ def paged_copy(k, v, rng):
   return to_pool(k), to_pool(v), perm.reshape(b, pages)
 
 
-def run_config(b, s, batches, copy_bw):
+def run_config(b, s, batches, copy_bw, only=None):
   keys = jax.random.split(jax.random.PRNGKey(s + b), 3)
   q = normal(keys[0], (b, 1, H, D))
   k, v = normal(keys[1], (b, s, HKV, D)), normal(keys[2], (b, s, HKV, D))
@@ -86,6 +96,8 @@ def run_config(b, s, batches, copy_bw):
   # name -> (fn, args, env); None env: an anchor (the jax_sgl switches do not matter).
   runs = {}
   for name, env in variants(b).items():
+    if only and name != "default" and not name.startswith(tuple(only)):
+      continue
     set_env(env)
     err = float(jnp.max(jnp.abs(paged(q, k_pool, v_pool, table, seqused).astype(jnp.float32)
                                 - want)))
@@ -125,11 +137,16 @@ def run_config(b, s, batches, copy_bw):
           f"{ratio(cud)} {ratio(xla)}")
   ours = [n for n in med if n.startswith(("new", "warp")) or n in ("old", "default")]
   best = min(ours, key=med.get)
+  for name in ("new", "old"):
+    med.setdefault(name, float("nan"))
   fmt = lambda n: (f"{nbytes / med[n] / 1e9:.0f} GB/s = {(cud or np.nan) / med[n]:.2f}x cudnn, "
                    f"{(xla or np.nan) / med[n]:.2f}x xla")
-  for mode in ("warp", "warpmma"):
+  for mode in ("warp", "warpmma", "warpmma2"):
     if mode in med:
-      print(f"SUMMARY ab_decode B={b} KV={s}: {mode} {fmt(mode)}")
+      rows = [n for n in med if n == mode or n.startswith(mode + " ")]
+      top = min(rows, key=med.get)
+      print(f"SUMMARY ab_decode B={b} KV={s}: {mode} {fmt(mode)}; best {mode} row '{top}' "
+            f"{fmt(top)}")
   print(f"SUMMARY ab_decode B={b} KV={s}: default {fmt('default')}; new {fmt('new')}; "
         f"old {fmt('old')}; "
         f"best '{best}' {fmt(best)}; cudnn {nbytes / cud / 1e9 if cud else float('nan'):.0f} GB/s")
@@ -141,6 +158,8 @@ def main():
   parser.add_argument("--batches", type=int, default=7)
   parser.add_argument("--configs", nargs="+", default=["64x4096", "64x32768", "8x32768"],
                       help="BATCHxKV")
+  parser.add_argument("--only", nargs="+", default=None,
+                      help="variant name prefixes to run (default and anchors always run)")
   args = parser.parse_args()
   print(f"jax {jax.__version__}, {jax.devices()[0].device_kind}")
   x = jnp.arange(1 << 28, dtype=jnp.uint32)
@@ -149,7 +168,7 @@ def main():
   print(f"copy bandwidth (read + write): {copy_bw / 1e9:.0f} GB/s")
   for c in args.configs:
     b, s = (int(t) for t in c.split("x"))
-    run_config(b, s, args.batches, copy_bw)
+    run_config(b, s, args.batches, copy_bw, args.only)
 
 
 if __name__ == "__main__":

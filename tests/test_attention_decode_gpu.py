@@ -8,7 +8,9 @@ The matrix: KV layout (page pools of page size 1, 16 and 64, dense, varlen) x q 
 mask (none, causal, window, softcap) x GQA ratio (MHA, 4, 8, MQA, 16 with two row blocks), then
 head dims 64..256 (and d != d_v) x dtype, the split and ring-depth knobs, varlen q, and the old
 path for comparison. The warp-sliced variants (JAX_SGL_DECODE=warp: CUDA cores, up to 8 packed rows; warpmma: mma,
-up to 16; more rows fall back to the mma kernel) run the same matrices. Sequences are ragged: empty, one key, lengths that are no multiple of the
+up to 16; warpmma2: the mma form with cheap copy addressing; more rows fall back to the mma
+kernel) run the same matrices, plus page sizes that are no power of two and pools whose
+unreferenced pages hold NaN (a kernel that reads a masked key's row would show it). Sequences are ragged: empty, one key, lengths that are no multiple of the
 page size, KV shorter than q (rows that see no key), and long enough for many tiles per split.
 Page tables are shuffled and carry padding and out-of-range entries (negative, past the pool,
 huge), also inside a used range (those keys are masked). Outputs are poisoned before each call.
@@ -119,10 +121,13 @@ def _make(layout, q_len, heads, head_dim, dtype, seed, k_lens=K_LENS, head_dim_v
   return q, k, v, kw
 
 
-def _check(q, k, v, kw):
+def _check(q, k, v, kw, kernel_kv=None):
+  """The kernel on (q, k, v), or on kernel_kv's (k, v) when given, against the reference on
+  (q, k, v)."""
   want_out, want_lse = jax.jit(lambda q, k, v: reference_attention(
       q, k, v, return_lse=True, **kw))(q, k, v)
-  check_kernel_output(lambda: jax_sgl.attention(q, k, v, return_lse=True, **kw), want_out,
+  kk, kv = kernel_kv if kernel_kv is not None else (k, v)
+  check_kernel_output(lambda: jax_sgl.attention(q, kk, kv, return_lse=True, **kw), want_out,
                       want_lse, q.dtype, TOL[jnp.dtype(q.dtype)])
 
 
@@ -134,7 +139,7 @@ def _seed(*parts):
 HEADS = {"none": (32, 8), "causal": (16, 2), "window": (4, 4), "softcap": (8, 1)}
 
 
-MODES = ("new", "warp", "warpmma")
+MODES = ("new", "warp", "warpmma", "warpmma2")
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -199,6 +204,29 @@ def test_decode_long_kv(decode_env, mode):
   decode_env(mode)
   q, k, v, kw = _make("paged16", 1, (32, 8), 128, jnp.bfloat16, 23, k_lens=(40000, 7))
   _check(q, k, v, kw)
+
+
+def _poison_unused_pages(k, v, table):
+  """NaN in every page of the pool the page table does not name in range."""
+  num_pages = k.shape[0]
+  t = np.asarray(table)
+  used = np.zeros(num_pages, bool)
+  used[t[(t >= 0) & (t < num_pages)]] = True
+  bad = jnp.asarray(~used).reshape((num_pages,) + (1,) * (k.ndim - 1))
+  return jnp.where(bad, jnp.nan, k), jnp.where(bad, jnp.nan, v)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("q_len", (1, 4))
+@pytest.mark.parametrize("layout", ("paged3", "paged7", "paged24", "paged1", "paged64"))
+def test_decode_page_sizes_nan_pool(decode_env, layout, q_len, mode):
+  """Page sizes that are no power of two (the page lookup's divide), stages that straddle pages,
+  and NaN in the unreferenced pages: masked keys (bad entries, past the length) are never read."""
+  decode_env(mode)
+  q, k, v, kw = _make(layout, q_len, (32, 8), 128, jnp.bfloat16, _seed("nan", layout, q_len),
+                      k_lens=(1000, 3, 517, 2053))
+  # The reference gathers masked keys' rows (clamped pages) too, so it runs on the clean pool.
+  _check(q, k, v, {**kw, "causal": True}, kernel_kv=_poison_unused_pages(k, v, kw["page_table"]))
 
 
 @pytest.mark.parametrize("layout", ("paged16", "dense"))

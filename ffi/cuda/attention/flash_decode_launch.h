@@ -14,12 +14,15 @@
 //                                 kDecodeWarpMaxRows packed rows (others: new)
 //                 |warpmma        or its mma form for at most kDecodeWarpMmaMaxRows rows (the
 //                                 default; calls with more packed rows run this kernel)
+//                 |warpmma2       the mma form with cheap copy addressing
+//                                 (flash_decode_warp2.cuh; pools of < 2^31 rows, else warpmma)
 //   JAX_SGL_DECODE_SPLITS=N       KV splits (1..32) for decode-shaped calls, either path; 0 or
 //                                 unset: the heuristic
 //   JAX_SGL_DECODE_STAGES=N       cp.async ring depth of the new kernel (2..8, default 4), or of
 //                                 each warp's ring in the warp kernel (default 4)
 //   JAX_SGL_DECODE_WAVES=N        warp kernel split heuristic: CTAs for N full waves of the
-//                                 resident slots (1..8, default 1 for warpmma, 2 for warp)
+//                                 resident slots (1..8, default 1 for warpmma, 2 for warp);
+//                                 0: the split count that fills its last wave best
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -85,12 +88,18 @@ constexpr int DecodeWarpMmaSmemBytes(int d, int stages) {
   return main > epilogue ? main : epilogue;
 }
 
+// Which warp mma kernel runs rows bounds of 9..16 (and all rows when selected): the warpmma kernel
+// or warpmma2 (flash_decode_warp2.cuh).
+inline constexpr int kDecodeWarpMma1 = 1;
+inline constexpr int kDecodeWarpMma2 = 2;
+
 struct FlashDecodeArgs {
   FlashFwdArgs fwd;  // params, group, splits and the split-KV scratch, as the sm80 kernel takes
   int stages;        // cp.async ring depth, 2..kDecodeMaxStages
   int m_tiles;       // m16 tiles of q the shared memory holds (1, 2 or 4: rows bound / 16);
                      // warp kernel: its row capacity (4 or 8; 16 = the warp mma kernel)
   int m_blocks;      // CTAs along packed rows per (sequence, kv head): ceil(rows / 64)
+  int warp_variant = kDecodeWarpMma1;  // warp mma kernel (m_tiles 16): warpmma or warpmma2
 };
 
 // One instantiation per (storage type, head-dim capacity), in instantiations/flash_decode_*.cu.
@@ -98,8 +107,9 @@ template <typename T, int kHeadDim>
 cudaError_t LaunchFlashDecode(const FlashDecodeArgs& args, cudaStream_t stream);
 template <typename T, int kHeadDim>
 cudaError_t LaunchFlashDecodeWarp(const FlashDecodeArgs& args, cudaStream_t stream);
-// Resident CTAs per SM of the warp kernel at this ring depth and row capacity (occupancy API).
+// Resident CTAs per SM of the warp kernel at this ring depth, row capacity and mma variant
+// (kDecodeWarpMma1 / 2), from the occupancy API.
 template <typename T, int kHeadDim>
-int FlashDecodeWarpCtasPerSm(int stages, int rows_cap);
+int FlashDecodeWarpCtasPerSm(int stages, int rows_cap, int variant);
 
 }  // namespace jax_sgl::cuda

@@ -23,6 +23,7 @@
 #pragma once
 
 #include "ffi/cuda/attention/flash_decode.cuh"
+#include "ffi/cuda/attention/flash_decode_warp2.cuh"
 
 namespace jax_sgl::cuda {
 namespace decode_warp {
@@ -699,17 +700,24 @@ int CtasPerSmMma(int stages) {
 
 }  // namespace decode_warp
 
-// args.m_tiles carries the row capacity here: 4 or 8 (CUDA-core kernel), 16 (mma kernel).
+// args.m_tiles carries the row capacity here: 4 or 8 (CUDA-core kernel), 16 (mma kernel, the
+// warpmma or warpmma2 form by args.warp_variant).
 template <typename T, int kHeadDim>
 cudaError_t LaunchFlashDecodeWarp(const FlashDecodeArgs& args, cudaStream_t stream) {
-  if (args.m_tiles > kDecodeWarpMaxRows) return decode_warp::LaunchMma<T, kHeadDim>(args, stream);
+  if (args.m_tiles > kDecodeWarpMaxRows) {
+    return args.warp_variant == kDecodeWarpMma2 ? decode_warp2::Launch<T, kHeadDim>(args, stream)
+                                                : decode_warp::LaunchMma<T, kHeadDim>(args, stream);
+  }
   return args.m_tiles <= 4 ? decode_warp::Launch<T, kHeadDim, 4>(args, stream)
                            : decode_warp::Launch<T, kHeadDim, 8>(args, stream);
 }
 
 template <typename T, int kHeadDim>
-int FlashDecodeWarpCtasPerSm(int stages, int rows_cap) {
-  if (rows_cap > kDecodeWarpMaxRows) return decode_warp::CtasPerSmMma<T, kHeadDim>(stages);
+int FlashDecodeWarpCtasPerSm(int stages, int rows_cap, int variant) {
+  if (rows_cap > kDecodeWarpMaxRows) {
+    return variant == kDecodeWarpMma2 ? decode_warp2::CtasPerSm<T, kHeadDim>(stages)
+                                      : decode_warp::CtasPerSmMma<T, kHeadDim>(stages);
+  }
   return rows_cap <= 4 ? decode_warp::CtasPerSm<T, kHeadDim, 4>(stages)
                        : decode_warp::CtasPerSm<T, kHeadDim, 8>(stages);
 }

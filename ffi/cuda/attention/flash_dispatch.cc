@@ -5,7 +5,7 @@
 // live in the generated instantiations/ files.
 //
 // Run-time switches, read at every call (documented in flash_decode_launch.h):
-//   JAX_SGL_DECODE=old|new|warp|warpmma, JAX_SGL_DECODE_SPLITS=N, JAX_SGL_DECODE_STAGES=N,
+//   JAX_SGL_DECODE=old|new|warp|warpmma|warpmma2, JAX_SGL_DECODE_SPLITS=N, JAX_SGL_DECODE_STAGES=N,
 //   JAX_SGL_DECODE_WAVES=N.
 #include <algorithm>
 #include <cstdlib>
@@ -48,10 +48,19 @@ bool DecodeKernelSelected() {
 // 8 for the CUDA-core form (warp), 0 for JAX_SGL_DECODE=new (the block-wide decode kernel).
 int DecodeWarpRowsCap() {
   const char* env = std::getenv("JAX_SGL_DECODE");
-  if (env == nullptr || *env == '\0' || std::strcmp(env, "warpmma") == 0)
+  if (env == nullptr || *env == '\0' || std::strcmp(env, "warpmma") == 0 ||
+      std::strcmp(env, "warpmma2") == 0)
     return kDecodeWarpMmaMaxRows;
   if (std::strcmp(env, "warp") == 0) return kDecodeWarpMaxRows;
   return 0;
+}
+
+// The warp mma kernel in force: warpmma2 (flash_decode_warp2.cuh) when selected and the K/V
+// buffers have fewer than 2^31 rows (its 32-bit slot indices), else warpmma.
+int DecodeWarpMmaVariant(const AttentionParams& p) {
+  const char* env = std::getenv("JAX_SGL_DECODE");
+  const bool want2 = env != nullptr && std::strcmp(env, "warpmma2") == 0;
+  return want2 && p.total_k < (int64_t(1) << 31) ? kDecodeWarpMma2 : kDecodeWarpMma1;
 }
 
 int DeviceAttr(cudaDeviceAttr attr, int fallback) {
@@ -100,14 +109,39 @@ void SetScratch(const AttentionParams& p, FlashPlan* plan) {
   }
 }
 
+// JAX_SGL_DECODE_WAVES=0 ("fit"): the split count whose CTAs fill their last wave of `slots`
+// best (busy fraction of the waves), fewest splits on ties, at most 4 waves' worth and `most`.
+// Uniform CTAs finish together, so a last wave a third full idles two thirds of the GPU for a
+// wave's time: B=8 x 8 kv heads on 264 slots is 64 CTAs (a quarter wave) at 1 split, 448 (1.7
+// waves) at the one-wave count 7, 256 (0.97) at 4.
+int64_t FittedSplits(int64_t base, int64_t slots, int64_t most) {
+  const int64_t cap = std::max<int64_t>(1, std::min<int64_t>(most, (4 * slots + base - 1) / base));
+  int64_t best = 1;
+  double best_busy = 0.0;
+  for (int64_t s = 1; s <= cap; ++s) {
+    const int64_t ctas = base * s;
+    const double busy = double(ctas) / double((ctas + slots - 1) / slots * slots);
+    if (busy > best_busy + 1e-9) {
+      best = s;
+      best_busy = busy;
+    }
+  }
+  return best;
+}
+
 // KV splits of a decode plan: JAX_SGL_DECODE_SPLITS when set, else enough CTAs for `waves` full
-// waves of the `slots` resident CTA slots over `base` CTAs per split, but at most `max_by_keys`
-// (each split keeps enough key tiles that its prologue does not show); within 1..kMaxSplits.
+// waves of the `slots` resident CTA slots over `base` CTAs per split (waves 0: FittedSplits), but
+// at most `max_by_keys` (each split keeps enough key tiles that its prologue does not show);
+// within 1..kMaxSplits.
 int DecodeSplits(int64_t base, int64_t slots, int waves, int64_t max_by_keys) {
   int64_t splits = EnvInt("JAX_SGL_DECODE_SPLITS", 0);
   if (splits <= 0) {
-    splits = base > 0 ? (waves * slots + base - 1) / base : 1;
-    splits = std::min<int64_t>(splits, max_by_keys);
+    if (waves == 0 && base > 0) {
+      splits = FittedSplits(base, slots, std::min<int64_t>(max_by_keys, kMaxSplits));
+    } else {
+      splits = base > 0 ? (std::max(waves, 1) * slots + base - 1) / base : 1;
+      splits = std::min<int64_t>(splits, max_by_keys);
+    }
   }
   return int(std::clamp<int64_t>(splits, 1, kMaxSplits));
 }
@@ -168,16 +202,16 @@ R WithHeadDimCap(int cap, R fallback, F&& f) {
 }
 
 template <typename T>
-int DecodeWarpCtasPerSm(int cap, int stages, int rows_cap) {
+int DecodeWarpCtasPerSm(int cap, int stages, int rows_cap, int variant) {
   return WithHeadDimCap(cap, 1, [&](auto d) {
-    return FlashDecodeWarpCtasPerSm<T, decltype(d)::value>(stages, rows_cap);
+    return FlashDecodeWarpCtasPerSm<T, decltype(d)::value>(stages, rows_cap, variant);
   });
 }
 
 // The warp-sliced decode kernels' plan (rows bound <= the variant's capacity): row capacity (4
 // or 8 on CUDA cores, 16 = the mma form), ring depth per warp (default 4, 3 for the mma form's
 // 8.5 KiB stages: 2 CTAs per SM at d = 128), and splits for JAX_SGL_DECODE_WAVES (default 1 for
-// the mma form, 2 for CUDA cores) full waves of the resident
+// the mma form, 2 for CUDA cores; 0: FittedSplits) full waves of the resident
 // CTA slots the occupancy API reports, never under kDecodeWarpMinStagesPerWarp stages per warp.
 constexpr int kDecodeWarpMinStagesPerWarp = 4;
 void PlanDecodeWarpKernel(const AttentionParams& p, int cap, int num_sms, int64_t rows,
@@ -190,6 +224,7 @@ void PlanDecodeWarpKernel(const AttentionParams& p, int cap, int num_sms, int64_
   plan->block_m = kDecodeWarpMaxRows;
   plan->m_blocks = 1;
   plan->decode_m_tiles = mma ? kDecodeWarpMmaMaxRows : (rows <= 4 ? 4 : 8);
+  plan->decode_warp_variant = mma ? DecodeWarpMmaVariant(p) : kDecodeWarpMma1;
   int stages = std::clamp(EnvInt("JAX_SGL_DECODE_STAGES", mma ? 3 : kDecodeDefaultStages), 2,
                           kDecodeMaxStages);
   const int optin = DeviceAttr(cudaDevAttrMaxSharedMemoryPerBlockOptin, 227 * 1024);
@@ -199,13 +234,13 @@ void PlanDecodeWarpKernel(const AttentionParams& p, int cap, int num_sms, int64_
   while (stages > 2 && smem(stages) > optin) --stages;
   plan->decode_stages = stages;
   const int ctas_per_sm = p.q_type == DType::kBF16
-                              ? DecodeWarpCtasPerSm<bf16_t>(cap, stages, plan->decode_m_tiles)
-                              : DecodeWarpCtasPerSm<f16_t>(cap, stages, plan->decode_m_tiles);
+      ? DecodeWarpCtasPerSm<bf16_t>(cap, stages, plan->decode_m_tiles, plan->decode_warp_variant)
+      : DecodeWarpCtasPerSm<f16_t>(cap, stages, plan->decode_m_tiles, plan->decode_warp_variant);
   const int64_t slots = int64_t(ctas_per_sm) * std::max(num_sms, 1);
   const int64_t base = int64_t(p.batch) * p.num_kv_heads;
   // One wave measured best for the mma form (B=64, KV 4k: 3842 vs 3710 GB/s at two), two for the
-  // CUDA-core form.
-  const int waves = std::clamp(EnvInt("JAX_SGL_DECODE_WAVES", mma ? 1 : 2), 1, 8);
+  // CUDA-core form; 0 fits the last wave (FittedSplits).
+  const int waves = std::clamp(EnvInt("JAX_SGL_DECODE_WAVES", mma ? 1 : 2), 0, 8);
   const int64_t stage_keys = mma ? 16 : DecodeWarpStageKeys(cap);
   const int64_t n_tiles = (KeyBound(p) + stage_keys - 1) / stage_keys;
   plan->num_splits = DecodeSplits(
@@ -248,6 +283,7 @@ const char* PlanFlashFwd(const AttentionParams& p, int num_sms, FlashPlan* plan)
   plan->sm90 = false;
   plan->decode_kernel = false;
   plan->decode_warp = false;
+  plan->decode_warp_variant = kDecodeWarpMma1;
   int cap = 0;
   // Decode-shaped calls (a bound of kDecodeMaxQLen q rows per sequence: dense q, or varlen q
   // with that few rows in all) take the dedicated decode kernel unless JAX_SGL_DECODE=old.
@@ -321,7 +357,8 @@ const char* RunFlashFwd(const AttentionParams& p, const FlashPlan& plan, void* s
   }
   cudaError_t err;
   if (plan.decode_kernel) {
-    const FlashDecodeArgs d{args, plan.decode_stages, plan.decode_m_tiles, plan.m_blocks};
+    FlashDecodeArgs d{args, plan.decode_stages, plan.decode_m_tiles, plan.m_blocks};
+    if (plan.decode_warp) d.warp_variant = plan.decode_warp_variant;
     err = p.q_type == DType::kBF16
               ? LaunchDecodeForType<bf16_t>(plan.head_dim_cap, plan.decode_warp, d, stream)
               : LaunchDecodeForType<f16_t>(plan.head_dim_cap, plan.decode_warp, d, stream);

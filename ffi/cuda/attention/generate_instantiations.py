@@ -64,7 +64,7 @@ DECODE_TEMPLATE = """\
 namespace jax_sgl::cuda {{
 template cudaError_t LaunchFlashDecode<{t}, {d}>(const FlashDecodeArgs&, cudaStream_t);
 template cudaError_t LaunchFlashDecodeWarp<{t}, {d}>(const FlashDecodeArgs&, cudaStream_t);
-template int FlashDecodeWarpCtasPerSm<{t}, {d}>(int, int);
+template int FlashDecodeWarpCtasPerSm<{t}, {d}>(int, int, int);
 }}  // namespace jax_sgl::cuda
 #endif
 """

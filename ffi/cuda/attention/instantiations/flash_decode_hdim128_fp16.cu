@@ -6,6 +6,6 @@
 namespace jax_sgl::cuda {
 template cudaError_t LaunchFlashDecode<f16_t, 128>(const FlashDecodeArgs&, cudaStream_t);
 template cudaError_t LaunchFlashDecodeWarp<f16_t, 128>(const FlashDecodeArgs&, cudaStream_t);
-template int FlashDecodeWarpCtasPerSm<f16_t, 128>(int, int);
+template int FlashDecodeWarpCtasPerSm<f16_t, 128>(int, int, int);
 }  // namespace jax_sgl::cuda
 #endif

@@ -6,6 +6,6 @@
 namespace jax_sgl::cuda {
 template cudaError_t LaunchFlashDecode<bf16_t, 192>(const FlashDecodeArgs&, cudaStream_t);
 template cudaError_t LaunchFlashDecodeWarp<bf16_t, 192>(const FlashDecodeArgs&, cudaStream_t);
-template int FlashDecodeWarpCtasPerSm<bf16_t, 192>(int, int);
+template int FlashDecodeWarpCtasPerSm<bf16_t, 192>(int, int, int);
 }  // namespace jax_sgl::cuda
 #endif

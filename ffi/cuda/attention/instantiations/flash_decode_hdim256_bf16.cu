@@ -6,6 +6,6 @@
 namespace jax_sgl::cuda {
 template cudaError_t LaunchFlashDecode<bf16_t, 256>(const FlashDecodeArgs&, cudaStream_t);
 template cudaError_t LaunchFlashDecodeWarp<bf16_t, 256>(const FlashDecodeArgs&, cudaStream_t);
-template int FlashDecodeWarpCtasPerSm<bf16_t, 256>(int, int);
+template int FlashDecodeWarpCtasPerSm<bf16_t, 256>(int, int, int);
 }  // namespace jax_sgl::cuda
 #endif

@@ -1,0 +1,417 @@
+// Decode attention, warp-sliced mma kernel with cheap copy addressing (JAX_SGL_DECODE=warpmma2):
+// the warpmma kernel of flash_decode_warp.cuh (per-warp cp.async rings of 16-key stages, the
+// m16n8k16 chunk on one m16 tile of packed rows, merge of the 4 warps at the end) with the issue
+// path cut from ~55 to a few SASS instructions per key, where the H200 run put most of its time:
+//   - the key's source row is resolved once per stage by the lane that owns the key, as a 32-bit
+//     slot index (the host sends only pools of < 2^31 rows here); the copying lanes shuffle that
+//     one word and make the address with one IMAD.WIDE.U32 per tensor (slot x row stride + the
+//     lane's fixed (kv head, 16-byte chunk) base), instead of 64-bit products per copy;
+//   - the page lookup divides by the page size with a multiply-high (FastDiv, set up once), not
+//     an integer division per stage;
+//   - a key that is past the range or behind a bad page entry copies nothing from global memory
+//     (ignore-src: its K/V rows are zero-filled); chunks past head_dim copy finite data of the
+//     same row, which zero q columns / unwritten output columns cancel;
+//   - a stage every row sees whole (all 16 keys valid and inside every row's [lo, hi)) skips the
+//     per-element masking, and a stage that moves no row's running max skips the rescale of the
+//     accumulators (warp-uniform branches): the middle of every long sequence.
+// Everything else (layouts, masks, softcap, LSE, split partials) is the warpmma kernel's.
+#pragma once
+
+#include "ffi/cuda/attention/flash_decode.cuh"
+
+namespace jax_sgl::cuda {
+namespace decode_warp2 {
+
+using flash::Elem;
+using flash::kLn2;
+using flash::kLog2e;
+using flash::Ldmatrix4;
+using flash::Ldmatrix4Trans;
+using flash::QuadMax;
+using flash::QuadSum;
+using flash::SmemAddr;
+
+// n / d for 0 <= n < 2^31 and 1 <= d < 2^31 by a multiply-high and a shift (Granlund-Montgomery):
+// the page lookup runs once per stage per lane, where a division would cost ~20 instructions.
+struct FastDiv {
+  uint32_t mul, shift;
+  __device__ explicit FastDiv(uint32_t d) {
+    shift = 0;
+    while ((1u << shift) < d) ++shift;
+    mul = uint32_t(((uint64_t(1) << 32) * ((uint64_t(1) << shift) - d)) / d + 1);
+  }
+  __device__ __forceinline__ uint32_t Div(uint32_t n) const {
+    return (__umulhi(n, mul) + n) >> shift;
+  }
+};
+
+// 16-byte cp.async; `skip` writes zeros and reads nothing (the ignore-src form, which LDGSTS
+// takes as a predicate: no src-size register to select per copy).
+__device__ __forceinline__ void CpAsync16(uint32_t dst, uint64_t src, bool skip) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %2, 0;\n"
+      " cp.async.cg.shared.global.L2::256B [%0], [%1], 16, p;\n}\n" ::"r"(dst),
+      "l"(src), "r"(int(skip)));
+}
+
+// The value, opaque to the optimizer: keeps a 64-bit base in one register pair so that each
+// copy address is a single IMAD.WIDE.U32 (slot x stride + base), not a product re-added to the
+// pointer in two more instructions.
+__device__ __forceinline__ uint64_t Opaque(uint64_t x) {
+  asm volatile("mov.b64 %0, %0;" : "+l"(x));
+  return x;
+}
+
+// grid: x = batch * num_kv_heads, y = KV splits; kDecodeWarpThreads threads; shared memory as
+// the warpmma kernel (DecodeWarpMmaSmemBytes). Registers held to 3 CTAs per SM at d <= 128 (168,
+// no spills), which shared memory allows at 2 stages (JAX_SGL_DECODE_STAGES=2: ~74 KiB a CTA).
+template <typename T, int kD>
+__global__ void __launch_bounds__(kDecodeWarpThreads, kD <= 128 ? 3 : 1)
+    FlashDecodeWarpMma2Kernel(const FlashDecodeArgs args) {
+  constexpr int kStride = DecodeStride(kD);
+  constexpr int kKeys = 16;
+  constexpr int kWarps = kDecodeWarpThreads / 32;
+  constexpr int kChunks = kD / 8;
+  // One copy instruction of the warp covers kKeysPerCopy whole rows (d = 96 / 192: 24 of the
+  // 32 lanes copy, so every lane keeps one fixed chunk of its rows).
+  constexpr int kKeysPerCopy = kChunks >= 32 ? 1 : 32 / kChunks;
+  constexpr int kCopyLanes = kKeysPerCopy * kChunks;
+  constexpr int kCopies = kKeys / kKeysPerCopy;  // 16-byte copies per lane, K or V
+  constexpr int kTileElems = kKeys * kStride;
+  constexpr int kDT = kD / 8;
+  constexpr int kOStride = kD + 4;
+  constexpr uint32_t kNoRow = 0xffffffffu;
+  static_assert(kChunks <= 32 && kKeys % kKeysPerCopy == 0, "whole rows per copy step");
+  extern __shared__ __align__(16) uint8_t smem[];
+  const AttentionParams& p = args.fwd.p;
+  const int group = args.fwd.group;
+  const int num_splits = args.fwd.num_splits;
+  const int stages = args.stages;
+  const int b = blockIdx.x / p.num_kv_heads, kv_head = blockIdx.x % p.num_kv_heads;
+  const SeqBounds s = GetSeqBounds(p, b);
+  const int rows_here = min(kDecodeWarpMmaMaxRows, s.q_len * group);  // the host checked the bound
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+
+  int n_lo = 0, n_hi = 0, unused;
+  if (rows_here > 0) {
+    KeyRange(p, s, 0, &n_lo, &unused);
+    KeyRange(p, s, (rows_here - 1) / group, &unused, &n_hi);
+  }
+  const int n_tiles = n_hi > n_lo ? (n_hi - n_lo + kKeys - 1) / kKeys : 0;
+  const int t_begin = int(int64_t(n_tiles) * blockIdx.y / num_splits);
+  const int t_end = int(int64_t(n_tiles) * (blockIdx.y + 1) / num_splits);
+  const int my_tiles =
+      t_end - t_begin > warp ? (t_end - t_begin - warp + kWarps - 1) / kWarps : 0;
+
+  T* sq = reinterpret_cast<T*>(smem);
+  T* ring = sq + 16 * kStride + warp * stages * 2 * kTileElems;
+  uint32_t* masks = reinterpret_cast<uint32_t*>(smem + 16 * kStride * 2 +
+                                                DecodeWarpMmaRingBytes(kD, stages)) +
+                    warp * kDecodeMaxStages;
+
+  // Slot (row of the [rows, Hkv, D] pool) of key `key` of this warp's i-th stage, kNoRow past
+  // the range or behind a bad page entry.
+  const bool paged = p.kv_layout == KvLayout::kPaged;
+  const FastDiv page_div(paged ? uint32_t(p.page_size) : 1u);
+  const int32_t* page_row = paged ? p.page_table + int64_t(b) * p.max_pages : nullptr;
+  const uint32_t dense_row0 = paged ? 0u : uint32_t(s.k_row0);
+  auto source_slot = [&](int i, int key) -> uint32_t {
+    if (i >= my_tiles || key >= kKeys) return kNoRow;
+    const int j = n_lo + (t_begin + warp + i * kWarps) * kKeys + key;
+    if (j >= n_hi) return kNoRow;
+    if (!paged) return dense_row0 + uint32_t(j);
+    const uint32_t pg = page_div.Div(uint32_t(j));
+    const int page = page_row[pg];
+    if (page < 0 || page >= p.num_pages) return kNoRow;
+    return uint32_t(page) * uint32_t(p.page_size) + (uint32_t(j) - pg * uint32_t(p.page_size));
+  };
+
+  // This lane's fixed part of every copy: chunk c of key (lane / kChunks) + kKeysPerCopy * i;
+  // global bases at (kv_head, c) and row strides in bytes. A chunk past head_dim (a padded head
+  // dim) copies the row's chunk 0 instead: finite data of the same row, which the zero q columns
+  // (K) or the never-written output columns (V) cancel, so no copy needs a per-lane size.
+  const int c = (lane % kChunks) * 8;
+  const int key_lane = lane / kChunks;
+  const int ck = c < p.head_dim ? c : 0, cv = c < p.head_dim_v ? c : 0;
+  const uint64_t k_base = Opaque(reinterpret_cast<uint64_t>(p.k) +
+                                 uint64_t(int64_t(kv_head) * p.head_dim + ck) * sizeof(T));
+  const uint64_t v_base = Opaque(reinterpret_cast<uint64_t>(p.v) +
+                                 uint64_t(int64_t(kv_head) * p.head_dim_v + cv) * sizeof(T));
+  const uint32_t k_stride = uint32_t(p.num_kv_heads) * p.head_dim * sizeof(T);
+  const uint32_t v_stride = uint32_t(p.num_kv_heads) * p.head_dim_v * sizeof(T);
+  const uint32_t ring_lane =
+      SmemAddr(ring) + uint32_t((key_lane * kStride + c) * int(sizeof(T)));
+  constexpr uint32_t kStageBytes = 2 * kTileElems * sizeof(T);
+
+  // Copies a stage into ring slot st; lane lane0 + j holds the slot of its key j.
+  const bool copy_lane = kCopyLanes == 32 || lane < kCopyLanes;
+  auto issue = [&](uint32_t my_slot, int lane0, int st) {
+    const uint32_t dst = ring_lane + uint32_t(st) * kStageBytes;
+#pragma unroll
+    for (int i = 0; i < kCopies; ++i) {
+      const int src_lane = (lane0 + key_lane + i * kKeysPerCopy) & 31;
+      const uint32_t slot = __shfl_sync(0xffffffffu, my_slot, src_lane);
+      if (!copy_lane) continue;
+      const bool ok = slot != kNoRow;
+      const uint32_t row = ok ? slot : 0u;
+      const uint32_t key_off = uint32_t(i * kKeysPerCopy * kStride * sizeof(T));
+      CpAsync16(dst + key_off, k_base + uint64_t(row) * k_stride, !ok);
+      CpAsync16(dst + key_off + kTileElems * sizeof(T), v_base + uint64_t(row) * v_stride, !ok);
+    }
+    const uint32_t valid = __ballot_sync(0xffffffffu, my_slot != kNoRow) >> lane0;
+    if (lane == 0) masks[st] = valid & 0xffffu;
+  };
+
+  // Prologue: two stages' slots per lane register (lane l: key l % 16 of stage l / 16), the
+  // first stages - 1 stages' copies, then q (plain loads: one barrier, once).
+  constexpr int kRegs = (kDecodeMaxStages - 1 + 1) / 2;
+  uint32_t first_slots[kRegs];
+#pragma unroll
+  for (int g = 0; g < kRegs; ++g) {
+    const int i = g * 2 + lane / kKeys;
+    first_slots[g] = i < stages - 1 ? source_slot(i, lane % kKeys) : kNoRow;
+  }
+  uint32_t next_slot = source_slot(stages - 1, lane);
+#pragma unroll
+  for (int i = 0; i < kDecodeMaxStages - 1; ++i) {
+    if (i < stages - 1) {
+      if (i < my_tiles) issue(first_slots[i / 2], (i % 2) * kKeys, i);
+      decode::CpAsyncCommit();
+    }
+  }
+  {
+    const T* qp = static_cast<const T*>(p.q);
+    for (int idx = threadIdx.x; idx < 16 * kChunks; idx += kDecodeWarpThreads) {
+      const int r = idx / kChunks, cq = (idx % kChunks) * 8;
+      uint4 u = make_uint4(0, 0, 0, 0);
+      if (r < rows_here && cq < p.head_dim) {
+        const int64_t row_head = (s.q_row0 + r / group) * p.num_heads + kv_head * group + r % group;
+        u = *reinterpret_cast<const uint4*>(qp + row_head * p.head_dim + cq);
+      }
+      *reinterpret_cast<uint4*>(sq + r * kStride + cq) = u;
+    }
+  }
+  __syncthreads();
+
+  int row_lo[2], row_hi[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = lane / 4 + 8 * h;
+    row_lo[h] = row_hi[h] = 0;
+    if (r < rows_here) KeyRange(p, s, r / group, &row_lo[h], &row_hi[h]);
+  }
+  // Keys every real row sees: lo grows and hi grows with the q row (bottom-right alignment), so
+  // the last row bounds lo and the first bounds hi.
+  int all_lo = 0, all_hi = 0;
+  if (rows_here > 0) {
+    KeyRange(p, s, (rows_here - 1) / group, &all_lo, &unused);
+    KeyRange(p, s, 0, &unused, &all_hi);
+  }
+  const bool use_softcap = p.softcap > 0.f;
+  const float score_scale = use_softcap ? p.softmax_scale / p.softcap : p.softmax_scale * kLog2e;
+  const float cap_log2 = p.softcap * kLog2e;
+
+  uint32_t qa[kD / 16][4];
+#pragma unroll
+  for (int k0 = 0; k0 < kD; k0 += 16)
+    Ldmatrix4(qa[k0 / 16], sq + (lane % 16) * kStride + k0 + (lane / 16) * 8);
+
+  float o[kDT][4];
+#pragma unroll
+  for (int t = 0; t < kDT; ++t) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.f;
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+
+  int st_read = 0, st_write = stages - 1;
+  for (int it = 0; it < my_tiles; ++it) {
+    decode::CpAsyncWaitPending(stages - 2);
+    __syncwarp();
+    if (it + stages - 1 < my_tiles) issue(next_slot, 0, st_write);
+    decode::CpAsyncCommit();
+    next_slot = source_slot(it + stages, lane);
+    st_write = st_write + 1 == stages ? 0 : st_write + 1;
+
+    const T* sk = ring + st_read * 2 * kTileElems;
+    const T* sv = sk + kTileElems;
+    const uint32_t valid = masks[st_read];
+    st_read = st_read + 1 == stages ? 0 : st_read + 1;
+    const int key0 = n_lo + (t_begin + warp + it * kWarps) * kKeys;
+
+    float sc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+    for (int k0 = 0; k0 < kD; k0 += 16) {
+      uint32_t bk[4];
+      Ldmatrix4(bk, sk + (lane % 8 + (lane / 16) * 8) * kStride + k0 + ((lane / 8) % 2) * 8);
+      Elem<T>::Mma(sc[0], qa[k0 / 16], bk);
+      Elem<T>::Mma(sc[1], qa[k0 / 16], bk + 2);
+    }
+    const bool whole = valid == 0xffffu && key0 >= all_lo && key0 + kKeys <= all_hi;
+#pragma unroll
+    for (int t = 0; t < 2; ++t) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float x = sc[t][e] * score_scale;
+        if (use_softcap) x = cap_log2 * tanhf(x);
+        sc[t][e] = x;
+      }
+    }
+    if (!whole) {
+#pragma unroll
+      for (int t = 0; t < 2; ++t) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int h = e / 2;
+          const int cc = t * 8 + (lane % 4) * 2 + (e % 2);
+          const int j = key0 + cc;
+          const bool ok = j >= row_lo[h] && j < row_hi[h] && ((valid >> cc) & 1u);
+          sc[t][e] = ok ? sc[t][e] : -INFINITY;
+        }
+      }
+    }
+    float blk_max[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      blk_max[h] = fmaxf(fmaxf(sc[0][2 * h], sc[0][2 * h + 1]),
+                         fmaxf(sc[1][2 * h], sc[1][2 * h + 1]));
+    float corr[2], m_use[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float m_new = fmaxf(m_run[h], QuadMax(blk_max[h]));
+      m_use[h] = m_new == -INFINITY ? 0.f : m_new;
+      corr[h] = exp2f(m_run[h] - m_use[h]);
+      m_run[h] = m_new;
+      l_run[h] *= corr[h];
+    }
+#pragma unroll
+    for (int t = 0; t < 2; ++t) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float pe = exp2f(sc[t][e] - m_use[e / 2]);
+        sc[t][e] = pe;
+        l_run[e / 2] += pe;
+      }
+    }
+    // Once the running maxima settle (most stages of a long sequence) no row's factor moves:
+    // skip the kD / 2 multiplies of the accumulators (a warp-uniform branch).
+    if (__any_sync(0xffffffffu, corr[0] != 1.f || corr[1] != 1.f)) {
+#pragma unroll
+      for (int t = 0; t < kDT; ++t) {
+        o[t][0] *= corr[0];
+        o[t][1] *= corr[0];
+        o[t][2] *= corr[1];
+        o[t][3] *= corr[1];
+      }
+    }
+    const uint32_t pa[4] = {Elem<T>::Pack(sc[0][0], sc[0][1]), Elem<T>::Pack(sc[0][2], sc[0][3]),
+                            Elem<T>::Pack(sc[1][0], sc[1][1]), Elem<T>::Pack(sc[1][2], sc[1][3])};
+#pragma unroll
+    for (int dt = 0; dt < kDT; dt += 2) {
+      uint32_t bv[4];
+      Ldmatrix4Trans(bv, sv + (lane % 8 + ((lane / 8) % 2) * 8) * kStride + dt * 8 +
+                             (lane / 16) * 8);
+      Elem<T>::Mma(o[dt], pa, bv);
+      Elem<T>::Mma(o[dt + 1], pa, bv + 2);
+    }
+  }
+  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+
+  // Epilogue (as warpmma): the 4 warps' (m, l, o) of the same 16 rows merge through shared memory.
+  __syncthreads();
+  float* so = reinterpret_cast<float*>(smem);     // [warps][16][kOStride]
+  float* sm = so + kWarps * 16 * kOStride;        // [warps][16]
+  float* sl = sm + kWarps * 16;                   // [warps][16]
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l_run[h] = QuadSum(l_run[h]);
+    if (lane % 4 == 0) {
+      sm[warp * 16 + lane / 4 + 8 * h] = m_run[h];
+      sl[warp * 16 + lane / 4 + 8 * h] = l_run[h];
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < kDT; ++t) {
+    const int cc = t * 8 + (lane % 4) * 2;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float* dst = so + (warp * 16 + lane / 4 + 8 * h) * kOStride + cc;
+      dst[0] = o[t][2 * h];
+      dst[1] = o[t][2 * h + 1];
+    }
+  }
+  __syncthreads();
+
+  const bool split = num_splits > 1;
+  const int dv = p.head_dim_v;
+  for (int idx = threadIdx.x; idx < rows_here * kChunks; idx += kDecodeWarpThreads) {
+    const int r = idx / kChunks, cc = (idx % kChunks) * 8;
+    if (cc >= dv) continue;
+    float m_all = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) m_all = fmaxf(m_all, sm[w * 16 + r]);
+    float l_all = 0.f;
+    float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    if (m_all != -INFINITY) {
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) {
+        const float f = exp2f(sm[w * 16 + r] - m_all);
+        l_all += sl[w * 16 + r] * f;
+        const float4* src = reinterpret_cast<const float4*>(so + (w * 16 + r) * kOStride + cc);
+        const float4 x0 = src[0], x1 = src[1];
+        acc[0] += x0.x * f; acc[1] += x0.y * f; acc[2] += x0.z * f; acc[3] += x0.w * f;
+        acc[4] += x1.x * f; acc[5] += x1.y * f; acc[6] += x1.z * f; acc[7] += x1.w * f;
+      }
+    }
+    const float inv = l_all > 0.f ? 1.f / l_all : 0.f;
+    const float lse = l_all > 0.f ? (m_all + log2f(l_all)) * kLn2 : -INFINITY;
+    const int i = r / group, head = kv_head * group + r % group;
+    const int64_t row_head = (s.q_row0 + i) * p.num_heads + head;
+    if (split) {
+      const int64_t part_row = int64_t(blockIdx.y) * p.total_q * p.num_heads + row_head;
+      float4* dst = reinterpret_cast<float4*>(args.fwd.o_partial + part_row * dv + cc);
+      dst[0] = make_float4(acc[0] * inv, acc[1] * inv, acc[2] * inv, acc[3] * inv);
+      dst[1] = make_float4(acc[4] * inv, acc[5] * inv, acc[6] * inv, acc[7] * inv);
+      if (cc == 0) args.fwd.lse_partial[part_row] = lse;
+    } else {
+      uint4 packed;
+      packed.x = Elem<T>::Pack(acc[0] * inv, acc[1] * inv);
+      packed.y = Elem<T>::Pack(acc[2] * inv, acc[3] * inv);
+      packed.z = Elem<T>::Pack(acc[4] * inv, acc[5] * inv);
+      packed.w = Elem<T>::Pack(acc[6] * inv, acc[7] * inv);
+      *reinterpret_cast<uint4*>(static_cast<T*>(p.out) + row_head * dv + cc) = packed;
+      if (cc == 0) {
+        const int64_t li = p.cu_seqlens_q ? int64_t(head) * p.total_q + s.lse_row0 + i
+                                          : (int64_t(b) * p.num_heads + head) * p.seqlen_q + i;
+        p.lse[li] = lse;
+      }
+    }
+  }
+}
+
+template <typename T, int kD>
+cudaError_t Launch(const FlashDecodeArgs& args, cudaStream_t stream) {
+  auto kernel = FlashDecodeWarpMma2Kernel<T, kD>;
+  const int smem = DecodeWarpMmaSmemBytes(kD, args.stages);
+  cudaError_t err =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (err != cudaSuccess) return err;
+  const AttentionParams& p = args.fwd.p;
+  const dim3 grid(unsigned(int64_t(p.batch) * p.num_kv_heads), unsigned(args.fwd.num_splits));
+  kernel<<<grid, kDecodeWarpThreads, smem, stream>>>(args);
+  return cudaGetLastError();
+}
+
+template <typename T, int kD>
+int CtasPerSm(int stages) {
+  auto kernel = FlashDecodeWarpMma2Kernel<T, kD>;
+  const int smem = DecodeWarpMmaSmemBytes(kD, stages);
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) !=
+      cudaSuccess)
+    return 1;
+  int n = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kDecodeWarpThreads, smem) !=
+      cudaSuccess)
+    return 1;
+  return n > 0 ? n : 1;
+}
+
+}  // namespace decode_warp2
+}  // namespace jax_sgl::cuda
