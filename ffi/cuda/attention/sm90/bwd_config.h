@@ -13,7 +13,8 @@
 //
 // kVariant (A/B performance variants, picked at run time by JAX_SGL_SM90_BWD_VARIANT through
 // bwd_dispatch.cc; 0 is the GPU-verified kernel) is a bit set:
-//   1: 3 Q/dO stages instead of 2 (the producer runs further ahead of the consumers);
+//   1: 3 Q/dO stages instead of 2 (the producer runs further ahead of the consumers; not at
+//      hd64 together with 2: smem);
 //   2: dQ parts go through smem and one cp.reduce.async.bulk .add.f32 per consumer and step
 //      (16 KiB, issued by one thread) instead of 8 red.global.add.v4.f32 per thread;
 //   4: the softcap path in its own kernel instantiation (bwd_launch.cuh picks it per call). With
@@ -49,7 +50,9 @@ struct BwdConfig {
   // give 128 + 64 + 32 = 224 under the 240 setmaxnreg grants; hd64 affords 128 rows (64 + 128 +
   // 32), which halves the q steps and their fixed costs.
   static constexpr int kBlockM = kHeadDim == 128 ? 64 : 128;
-  static constexpr int kStages = (kVariant & 1) ? 3 : 2;  // Q (and dO) tiles in flight
+  // Q (and dO) tiles in flight. hd64 with the dQ staging has no room for a third stage (its
+  // 64 KiB dS buffers): variants 3 and 7 run 2 stages there.
+  static constexpr int kStages = (kVariant & 1) && !(kHeadDim == 64 && kDqBulk) ? 3 : 2;
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = 240;  // (24 + 2 * 240) * 128 <= 65536
@@ -128,7 +131,8 @@ struct BwdConfig {
     alignas(128) float dq[kDqBulk ? kConsumers * kDqPartFloats : 4];
   };
 
-  // 227 KiB of dynamic smem per CTA on sm_90 (variant 3: 3 stages + the dQ staging, ~226 KiB).
+  // 227 KiB of dynamic smem per CTA on sm_90 (hd128 variants 3, 7: 3 stages + the dQ staging,
+  // 226 KiB).
   static_assert(sizeof(SharedStorage) <= 227 * 1024);
 
   static constexpr int kKVHalfBytes = kWarpgroupKeys * kHeadDim * sizeof(Element);
