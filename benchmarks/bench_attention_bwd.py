@@ -43,7 +43,7 @@ DTYPE = jnp.bfloat16
 # it is timed.
 BWD_VARIANTS = {"sm80": ("0", "0", "0"), "sm90": ("1", "0", "0"), "sm90det": ("1", "1", "0"),
                 "sm90det80": ("1", "sm80", "0"),
-                **{f"sm90v{v}": ("1", "0", str(v)) for v in range(1, 8)}}
+                **{f"sm90v{v}": ("1", "0", str(v)) for v in range(1, 16) if not (v & 2 and v & 8)}}
 
 
 def set_bwd_variant(name):

@@ -20,7 +20,11 @@
 //   4: the softcap path in its own kernel instantiation (bwd_launch.cuh picks it per call). With
 //      both paths in one kernel ptxas serializes every wgmma of the kernel (C7512, "insufficient
 //      register resources": a DEPBAR.LE gsb0, 0x0 after each HGMMA); without the softcap path it
-//      overlaps them as written (4 waits per step).
+//      overlaps them as written (4 waits per step);
+//   8: each consumer computes dQ over its own 64 keys only (both 64 x 64 parts of the tile, one
+//      after the other, twice the reductions) after a barrier of its own warpgroup, instead of
+//      its part over all 128 keys after a barrier of both: the consumers no longer run in
+//      lockstep. Not with 2.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -38,9 +42,11 @@ struct BwdConfig {
   static constexpr int kHeadDim = kHeadDim_;
   static_assert(kHeadDim == 64 || kHeadDim == 128);
   static constexpr int kVariant = kVariant_;
-  static_assert(kVariant >= 0 && kVariant <= 7);
+  static_assert(kVariant >= 0 && kVariant <= 15);
   static constexpr bool kDqBulk = (kVariant & 2) != 0;
   static constexpr bool kSplitSoftcap = (kVariant & 4) != 0;
+  static constexpr bool kDqOwnKeys = (kVariant & 8) != 0;
+  static_assert(!(kDqOwnKeys && kDqBulk), "variant bits 2 and 8 exclude each other");
 
   static constexpr int kConsumers = 2;
   static constexpr int kWarpgroupKeys = 64;                   // wgmma M of the key-major GEMMs

@@ -104,8 +104,10 @@ bool Sm90BwdEnabled(const AttentionParams& p) {
 
 int Sm90BwdVariant() {
   const char* env = std::getenv("JAX_SGL_SM90_BWD_VARIANT");
-  if (env == nullptr || env[0] < '0' || env[0] > '7' || env[1] != '\0') return 0;
-  return env[0] - '0';
+  if (env == nullptr) return 0;
+  char* end = nullptr;
+  const long v = std::strtol(env, &end, 10);
+  return end != env && *end == '\0' && v >= 0 && v <= 15 ? int(v) : 0;
 }
 
 int Sm90BwdRowBlock(const AttentionParams& p) { return p.head_dim == 128 ? 64 : 128; }

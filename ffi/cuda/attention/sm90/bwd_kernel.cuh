@@ -71,6 +71,8 @@ enum class BwdBarrier : uint32_t {
   kEpilogue1 = 3,
   kDqStored0 = 4,  // Cfg::kDqBulk: a consumer's dQ part is in smem (4 + consumer)
   kDqStored1 = 5,
+  kOwnDs0 = 6,  // Cfg::kDqOwnKeys: a consumer's dS^T is in smem (6 + consumer)
+  kOwnDs1 = 7,
 };
 
 // Query-row blocks a CTA with keys [n0, n0 + block_n) visits, per q head: [m_begin, m_end), the
@@ -394,40 +396,70 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           Tensor tdSsdS_buf = tdSsdS(_, _, _, buf);
           StorePairs(tdSrdS, tdSsdS_buf);
           cutlass::arch::fence_view_async_shared();  // generic-proxy writes -> wgmma reads
-          // The previous step's bulk reduce has read this consumer's dQ staging before any
-          // thread passes the barrier below (and so before it is overwritten).
-          if constexpr (Cfg::kDqBulk)
-            if (thread_in_wg == 0) tma_store_wait<0>();
-          cutlass::arch::NamedBarrier::sync(kConsumerThreads, uint32_t(BwdBarrier::kDsReady));
-          Tensor tdQrdQ = partition_fragment_C(mma_dq, Shape<Int<Cfg::kDqRows>,
-                                                             Int<Cfg::kDqCols>>{});
-          BwdGemm<true, false>(mma_dq, tdQrdS(_, _, _, buf), tdQrK, tdQrdQ);
-          warpgroup_wait<0>();
-          warpgroup_fence_operand(tdQrdQ);
-          pipe_q.consumer_release(read_q);
-          pipe_do.consumer_release(read_do);
-          float* dst = params.dq_accum +
-                       ((int64_t(batch) * params.num_heads + head) * (params.ws_rows / kBlockM) +
-                        m) * (kBlockM * Cfg::kHeadDim) +
-                       consumer * Cfg::kDqPartFloats;
-          if constexpr (Cfg::kDqBulk) {
-            // Same layout as the reductions below, staged in smem (one 16-byte store per
-            // thread and group: conflict-free), then one bulk reduce-add of the 16 KiB part.
-            float* staged = shared.dq + consumer * Cfg::kDqPartFloats;
+          const int64_t dq_tile = ((int64_t(batch) * params.num_heads + head) *
+                                       (params.ws_rows / kBlockM) + m) * (kBlockM * Cfg::kHeadDim);
+          if constexpr (Cfg::kDqOwnKeys) {
+            // dQ += dS K over this consumer's 64 keys only, for both parts of the tile: its
+            // own dS^T region and K half, so only its own warpgroup syncs (no lockstep with
+            // the other consumer). Twice the reductions of the shared split.
+            cutlass::arch::NamedBarrier::sync(128, uint32_t(BwdBarrier::kOwnDs0) + consumer);
+            // One part at a time: two accumulators in flight run ptxas out of registers
+            // (C7512, every wgmma serialized).
 #pragma unroll
-            for (int j = 0; j < size(tdQrdQ) / 4; ++j)
-              *reinterpret_cast<float4*>(staged + DqAccumIndex(j, thread_in_wg)) =
-                  make_float4(tdQrdQ(4 * j), tdQrdQ(4 * j + 1), tdQrdQ(4 * j + 2),
-                              tdQrdQ(4 * j + 3));
-            cutlass::arch::fence_view_async_shared();  // generic-proxy writes -> bulk copy reads
-            cutlass::arch::NamedBarrier::sync(128, uint32_t(BwdBarrier::kDqStored0) + consumer);
-            if (thread_in_wg == 0)
-              BulkReduceAddF32(dst, staged, Cfg::kDqPartFloats * int(sizeof(float)));
+            for (int part = 0; part < 2; ++part) {
+              const int pm = part % Cfg::kDqSplitM, pn = part / Cfg::kDqSplitM;
+              Tensor a = thr_dq.partition_fragment_A(local_tile(
+                  sdS, Shape<Int<Cfg::kDqRows>, Int<kKeys>, _2>{}, make_coord(pm, consumer, _0{})));
+              Tensor b = thr_dq.partition_fragment_B(local_tile(
+                  sKt, Shape<Int<Cfg::kDqCols>, Int<kKeys>>{}, make_coord(pn, consumer)));
+              Tensor acc = partition_fragment_C(mma_dq, Shape<Int<Cfg::kDqRows>,
+                                                              Int<Cfg::kDqCols>>{});
+              BwdGemm<true, false>(mma_dq, a(_, _, _, buf), b, acc);
+              warpgroup_wait<0>();
+              warpgroup_fence_operand(acc);
+              if (part == 0) {  // dV and dK are done too: Q and dO are free
+                pipe_q.consumer_release(read_q);
+                pipe_do.consumer_release(read_do);
+              }
+              float* dst = params.dq_accum + dq_tile + part * Cfg::kDqPartFloats;
+#pragma unroll
+              for (int j = 0; j < size(acc) / 4; ++j)
+                RedAddV4(dst + DqAccumIndex(j, thread_in_wg), acc(4 * j), acc(4 * j + 1),
+                         acc(4 * j + 2), acc(4 * j + 3));
+            }
           } else {
+            // The previous step's bulk reduce has read this consumer's dQ staging before any
+            // thread passes the barrier below (and so before it is overwritten).
+            if constexpr (Cfg::kDqBulk)
+              if (thread_in_wg == 0) tma_store_wait<0>();
+            cutlass::arch::NamedBarrier::sync(kConsumerThreads, uint32_t(BwdBarrier::kDsReady));
+            Tensor tdQrdQ = partition_fragment_C(mma_dq, Shape<Int<Cfg::kDqRows>,
+                                                               Int<Cfg::kDqCols>>{});
+            BwdGemm<true, false>(mma_dq, tdQrdS(_, _, _, buf), tdQrK, tdQrdQ);
+            warpgroup_wait<0>();
+            warpgroup_fence_operand(tdQrdQ);
+            pipe_q.consumer_release(read_q);
+            pipe_do.consumer_release(read_do);
+            float* dst = params.dq_accum + dq_tile + consumer * Cfg::kDqPartFloats;
+            if constexpr (Cfg::kDqBulk) {
+              // Same layout as the reductions below, staged in smem (one 16-byte store per
+              // thread and group: conflict-free), then one bulk reduce-add of the 16 KiB part.
+              float* staged = shared.dq + consumer * Cfg::kDqPartFloats;
 #pragma unroll
-            for (int j = 0; j < size(tdQrdQ) / 4; ++j)
-              RedAddV4(dst + DqAccumIndex(j, thread_in_wg), tdQrdQ(4 * j), tdQrdQ(4 * j + 1),
-                       tdQrdQ(4 * j + 2), tdQrdQ(4 * j + 3));
+              for (int j = 0; j < size(tdQrdQ) / 4; ++j)
+                *reinterpret_cast<float4*>(staged + DqAccumIndex(j, thread_in_wg)) =
+                    make_float4(tdQrdQ(4 * j), tdQrdQ(4 * j + 1), tdQrdQ(4 * j + 2),
+                                tdQrdQ(4 * j + 3));
+              cutlass::arch::fence_view_async_shared();  // generic-proxy writes -> bulk copy reads
+              cutlass::arch::NamedBarrier::sync(128, uint32_t(BwdBarrier::kDqStored0) + consumer);
+              if (thread_in_wg == 0)
+                BulkReduceAddF32(dst, staged, Cfg::kDqPartFloats * int(sizeof(float)));
+            } else {
+#pragma unroll
+              for (int j = 0; j < size(tdQrdQ) / 4; ++j)
+                RedAddV4(dst + DqAccumIndex(j, thread_in_wg), tdQrdQ(4 * j), tdQrdQ(4 * j + 1),
+                         tdQrdQ(4 * j + 2), tdQrdQ(4 * j + 3));
+            }
           }
         } else {
           warpgroup_wait<0>();

@@ -30,7 +30,7 @@ bool Sm90BwdEnabled(const AttentionParams& p);
 int Sm90BwdRowBlock(const AttentionParams& p);
 
 // The performance variant (sm90/bwd_config.h) JAX_SGL_SM90_BWD_VARIANT asks for, read at each
-// call: 0 (the verified kernel) when unset or not a number in [0, 7].
+// call: 0 (the verified kernel) when unset or not a number in [0, 15].
 int Sm90BwdVariant();
 
 // Float32 elements of the dQ accumulation buffer: [batch, num_heads, ws_rows, head_dim].
