@@ -35,6 +35,10 @@ bool WithInstantiation(DType t, int d, int v, F&& f) {
 #include "sm90_bwd_variants.inc"
 #endif
 #undef JAX_SGL_SM90_BWD_VARIANT
+#undef JAX_SGL_SM90_BWD_IS_BF16_bf16
+#undef JAX_SGL_SM90_BWD_IS_BF16_fp16
+#undef JAX_SGL_SM90_BWD_TYPE_bf16
+#undef JAX_SGL_SM90_BWD_TYPE_fp16
 #define JAX_SGL_SM90_BWD_CASE(D, TYPE, IS_BF16)                     \
   if (d == D && bf16 == IS_BF16) {                                  \
     f(static_cast<TYPE*>(nullptr), std::integral_constant<int, D>{}, \
