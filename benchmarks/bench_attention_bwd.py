@@ -11,6 +11,8 @@
              sm90det   the same with JAX_SGL_BWD_DETERMINISTIC=1 (dQ by the sm90 dQ kernel, no
                        atomics: bitwise reproducible);
              sm90det80 JAX_SGL_BWD_DETERMINISTIC=sm80 (dQ by the sm80 dQ kernel; not default).
+             sm90v<V>  sm90 in performance variant V (JAX_SGL_SM90_BWD_VARIANT=V,
+                       sm90/bwd_config.h; built by JAX_SGL_SM90_BWD_VARIANTS), for A/B runs.
            The sm90 variants run only where the build has the kernel and the device is 9.0;
            these dense calls are all in its coverage. Both variables are read by the handler
            at every call, so one process times all of them.
@@ -37,22 +39,27 @@ from timing import median_seconds, try_time
 DTYPE = jnp.bfloat16
 
 
-# --bwd variant -> (JAX_SGL_SM90_BWD, JAX_SGL_BWD_DETERMINISTIC) while it is timed.
-BWD_VARIANTS = {"sm80": ("0", "0"), "sm90": ("1", "0"), "sm90det": ("1", "1"),
-                "sm90det80": ("1", "sm80")}
+# --bwd variant -> (JAX_SGL_SM90_BWD, JAX_SGL_BWD_DETERMINISTIC, JAX_SGL_SM90_BWD_VARIANT) while
+# it is timed.
+BWD_VARIANTS = {"sm80": ("0", "0", "0"), "sm90": ("1", "0", "0"), "sm90det": ("1", "1", "0"),
+                "sm90det80": ("1", "sm80", "0"),
+                **{f"sm90v{v}": ("1", "0", str(v)) for v in range(1, 16) if not (v & 2 and v & 8)}}
 
 
 def set_bwd_variant(name):
-  sm90, det = BWD_VARIANTS[name]
+  sm90, det, variant = BWD_VARIANTS[name]
   os.environ["JAX_SGL_SM90_BWD"] = sm90
   os.environ["JAX_SGL_BWD_DETERMINISTIC"] = det
+  os.environ["JAX_SGL_SM90_BWD_VARIANT"] = variant
 
 
-def sm90_bwd_available(head_dim):
-  """The sm90 backward for bf16 at head_dim is built and the device is compute capability 9.0."""
+def sm90_bwd_available(head_dim, name="sm90"):
+  """The sm90 backward (for sm90v<V>: its variant V) for bf16 at head_dim is built and the
+  device is compute capability 9.0."""
   info = jax_sgl.attention_backend_info()
   device = jax.devices()[0]
-  return (f"hdim{head_dim}_bf16" in info.get("sm90_bwd_kernels", ())
+  kernel = f"hdim{head_dim}_bf16" + (f"_v{name[5:]}" if name.startswith("sm90v") else "")
+  return (kernel in info.get("sm90_bwd_kernels", ())
           and getattr(device, "compute_capability", "") == "9.0")
 
 
@@ -100,10 +107,11 @@ def main():
   parser.add_argument("--bwd", nargs="+", choices=sorted(BWD_VARIANTS),
                       default=["sm80", "sm90", "sm90det"],
                       help="CUDA backward variants to time (sm90 ones only where available)")
+  parser.add_argument("--skip-xla", action="store_true", help="leave out the XLA anchor")
   args = parser.parse_args()
   if args.reference_bwd:
     os.environ["JAX_SGL_CUDA_BWD"] = "0"
-  variants = [b for b in args.bwd if b == "sm80" or sm90_bwd_available(args.head_dim)]
+  variants = [b for b in args.bwd if b == "sm80" or sm90_bwd_available(args.head_dim, b)]
   if args.reference_bwd or not variants:
     variants = ["sm80"]
   # The SUMMARY line reports the fastest path this build offers by default-able means: sm90 when
@@ -129,7 +137,7 @@ def main():
       for impl in [f"jax_sgl/{name}" for name in variants] + ["cudnn", "xla"]:
         # XLA materializes float32 scores and probabilities [B, H, S, S] (and their gradients):
         # keep the pair under 20 GiB of the H200's 141.
-        if impl == "xla" and 2 * b * h * s * s * 4 > 20 << 30:
+        if impl == "xla" and (args.skip_xla or 2 * b * h * s * s * 4 > 20 << 30):
           rows[impl] = None
           continue
         if impl.startswith("jax_sgl/"):

@@ -33,7 +33,9 @@ def attention_backend_info() -> dict:
   cuda_bwd_kernel: the CUDA backward kernel is compiled in. cuda_bwd_mode: "on" unless
   JAX_SGL_CUDA_BWD=0, which lowers gradients traced from then on to the vjp of the pure-JAX
   reference instead of the kernel (float16/bfloat16, head dims up to 128).
-  sm90_bwd_kernels: the sm_90a backward instantiations compiled in. sm90_bwd_mode: JAX_SGL_SM90_BWD
+  sm90_bwd_kernels: the sm_90a backward instantiations compiled in ("hdim128_bf16", and
+  "hdim128_bf16_v4" for each extra performance variant of JAX_SGL_SM90_BWD_VARIANTS, picked at
+  every call by JAX_SGL_SM90_BWD_VARIANT: sm90_bwd_variant). sm90_bwd_mode: JAX_SGL_SM90_BWD
   as the backward handler reads it at every call: "verified" (unset: the GPU-verified
   instantiations, hdim128_bf16), "all" (=1) or "off" (=0); the sm90 backward serves dense calls
   (seqused_k, causal, windows and softcap included) at head dims 64 / 128 on a 9.0 device, the
@@ -48,6 +50,7 @@ def attention_backend_info() -> dict:
           "sm90_bwd_kernels": tuple(_ext.sm90_attention_bwd_kernels().split()),
           "sm90_bwd_mode": {"0": "off", "1": "all"}.get(os.environ.get("JAX_SGL_SM90_BWD"),
                                                         "verified"),
+          "sm90_bwd_variant": os.environ.get("JAX_SGL_SM90_BWD_VARIANT", "0"),
           "bwd_deterministic": os.environ.get("JAX_SGL_BWD_DETERMINISTIC") in ("1", "sm80")}
 
 

@@ -12,7 +12,8 @@ Every test runs twice, once per CUDA backward: "sm80" (JAX_SGL_SM90_BWD=0: the p
 kernels) and "sm90" (JAX_SGL_SM90_BWD=1: the Hopper wgmma + TMA kernel wherever it covers the call,
 i.e. dense layouts (seqused_k, causal, sliding windows and softcap included) at head dims 64 and
 128 with head_dim == head_dim_v; every other case checks the explicit fallback to the sm80
-kernels). The sm90 runs are skipped off
+kernels), plus "sm90v<V>" for each extra performance variant the build holds
+(JAX_SGL_SM90_BWD_VARIANTS, picked by JAX_SGL_SM90_BWD_VARIANT). The sm90 runs are skipped off
 compute capability 9.0. test_dense (below) adds dense shapes, mostly without seqused_k, and runs
 the sm90 backward's deterministic dQ kernel too.
 
@@ -63,18 +64,35 @@ Q_LENS = (5, 0, 150, 19)
 K_LENS = (70, 9, 140, 300)
 
 
-@pytest.fixture(autouse=True, params=["sm80", "sm90"])
+def _built_sm90_bwd_variants():
+  """The extra sm90 backward performance variants of this build (JAX_SGL_SM90_BWD_VARIANTS,
+  reported as "hdim<D>_<dtype>_v<V>"): each adds a "sm90v<V>" run of every test."""
+  try:
+    names = jax_sgl.attention_backend_info().get("sm90_bwd_kernels", ())
+  except Exception:  # pylint: disable=broad-except
+    return []
+  return sorted({int(n.rsplit("_v", 1)[1]) for n in names if "_v" in n})
+
+
+@pytest.fixture(autouse=True,
+                params=["sm80", "sm90"] + [f"sm90v{v}" for v in _built_sm90_bwd_variants()])
 def bwd_kernel(request, monkeypatch):
-  """Which CUDA backward serves the covered calls of the test (see the module docstring)."""
+  """Which CUDA backward serves the covered calls of the test (see the module docstring):
+  "sm80", "sm90" or "sm90v<V>" (the sm90 backward in variant V, JAX_SGL_SM90_BWD_VARIANT); the
+  sm90 ones are all reported to the tests as "sm90"."""
   monkeypatch.delenv("JAX_SGL_CUDA_BWD", raising=False)
   monkeypatch.delenv("JAX_SGL_BWD_DETERMINISTIC", raising=False)
-  if request.param == "sm90":
+  monkeypatch.delenv("JAX_SGL_SM90_BWD_VARIANT", raising=False)
+  sm90 = request.param.startswith("sm90")
+  if sm90:
     if not is_sm90_device():
       pytest.skip("the sm90 backward needs a compute capability 9.0 device")
     if "hdim128_bf16" not in jax_sgl.attention_backend_info().get("sm90_bwd_kernels", ()):
       pytest.skip("this build has no sm90 backward (JAX_SGL_SM90_HEAD_DIMS)")
-  monkeypatch.setenv("JAX_SGL_SM90_BWD", "1" if request.param == "sm90" else "0")
-  return request.param
+    if request.param != "sm90":
+      monkeypatch.setenv("JAX_SGL_SM90_BWD_VARIANT", request.param[len("sm90v"):])
+  monkeypatch.setenv("JAX_SGL_SM90_BWD", "1" if sm90 else "0")
+  return "sm90" if sm90 else "sm80"
 
 
 def _need_sm90_bwd(bwd_kernel, head_dim, dtype):

@@ -2,6 +2,6 @@
 #include "ffi/cuda/attention/sm90/bwd_launch.cuh"
 
 namespace jax_sgl::cuda {
-template cudaError_t LaunchFlashBwdSm90<bf16_t, 128>(const FlashBwdArgs&, float*, bool,
-                                                  cudaStream_t);
+template cudaError_t LaunchFlashBwdSm90<bf16_t, 128, 0>(const FlashBwdArgs&, float*, bool,
+                                                     cudaStream_t);
 }  // namespace jax_sgl::cuda

@@ -10,6 +10,21 @@
 // and, after both consumers have written their dS^T into smem, dQ_part = dS K over all 128 keys
 // (SS wgmma; each consumer one half of the dQ tile), added to a float32 buffer with vector
 // reductions (bwd_kernel.cuh).
+//
+// kVariant (A/B performance variants, picked at run time by JAX_SGL_SM90_BWD_VARIANT through
+// bwd_dispatch.cc; 0 is the GPU-verified kernel) is a bit set:
+//   1: 3 Q/dO stages instead of 2 (the producer runs further ahead of the consumers; not at
+//      hd64 together with 2: smem);
+//   2: dQ parts go through smem and one cp.reduce.async.bulk .add.f32 per consumer and step
+//      (16 KiB, issued by one thread) instead of 8 red.global.add.v4.f32 per thread;
+//   4: the softcap path in its own kernel instantiation (bwd_launch.cuh picks it per call). With
+//      both paths in one kernel ptxas serializes every wgmma of the kernel (C7512, "insufficient
+//      register resources": a DEPBAR.LE gsb0, 0x0 after each HGMMA); without the softcap path it
+//      overlaps them as written (4 waits per step);
+//   8: each consumer computes dQ over its own 64 keys only (both 64 x 64 parts of the tile, one
+//      after the other, twice the reductions) after a barrier of its own warpgroup, instead of
+//      its part over all 128 keys after a barrier of both: the consumers no longer run in
+//      lockstep. Not with 2.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -21,11 +36,17 @@ namespace jax_sgl::cuda::sm90 {
 
 using namespace cute;
 
-template <typename Element_, int kHeadDim_>
+template <typename Element_, int kHeadDim_, int kVariant_ = 0>
 struct BwdConfig {
   using Element = Element_;  // cutlass::bfloat16_t or cutlass::half_t
   static constexpr int kHeadDim = kHeadDim_;
   static_assert(kHeadDim == 64 || kHeadDim == 128);
+  static constexpr int kVariant = kVariant_;
+  static_assert(kVariant >= 0 && kVariant <= 15);
+  static constexpr bool kDqBulk = (kVariant & 2) != 0;
+  static constexpr bool kSplitSoftcap = (kVariant & 4) != 0;
+  static constexpr bool kDqOwnKeys = (kVariant & 8) != 0;
+  static_assert(!(kDqOwnKeys && kDqBulk), "variant bits 2 and 8 exclude each other");
 
   static constexpr int kConsumers = 2;
   static constexpr int kWarpgroupKeys = 64;                   // wgmma M of the key-major GEMMs
@@ -35,7 +56,9 @@ struct BwdConfig {
   // give 128 + 64 + 32 = 224 under the 240 setmaxnreg grants; hd64 affords 128 rows (64 + 128 +
   // 32), which halves the q steps and their fixed costs.
   static constexpr int kBlockM = kHeadDim == 128 ? 64 : 128;
-  static constexpr int kStages = 2;  // Q (and dO) tiles in flight
+  // Q (and dO) tiles in flight. hd64 with the dQ staging has no room for a third stage (its
+  // 64 KiB dS buffers): variants 3 and 7 run 2 stages there.
+  static constexpr int kStages = (kVariant & 1) && !(kHeadDim == 64 && kDqBulk) ? 3 : 2;
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = 240;  // (24 + 2 * 240) * 128 <= 65536
@@ -109,7 +132,14 @@ struct BwdConfig {
     typename Pipeline::SharedStorage pipe_q;
     typename Pipeline::SharedStorage pipe_do;
     cutlass::arch::ClusterTransactionBarrier barrier_kv;
+    // kDqBulk: each consumer's dQ part (DqAccumIndex order), the source of its bulk reduce-add.
+    // Last, so variant 0 keeps its offsets (and, rounded to 1 KiB, its size).
+    alignas(128) float dq[kDqBulk ? kConsumers * kDqPartFloats : 4];
   };
+
+  // 227 KiB of dynamic smem per CTA on sm_90 (hd128 variants 3, 7: 3 stages + the dQ staging,
+  // 226 KiB).
+  static_assert(sizeof(SharedStorage) <= 227 * 1024);
 
   static constexpr int kKVHalfBytes = kWarpgroupKeys * kHeadDim * sizeof(Element);
   static constexpr int kRowsTileBytes = kBlockM * kHeadDim * sizeof(Element);

@@ -14,15 +14,36 @@ namespace jax_sgl::cuda {
 namespace {
 
 // cmake/cuda.cmake defines JAX_SGL_SM90_BWD_HAVE_HDIM<D>_<DTYPE> for each backward file it
-// builds. Calls f(T* tag, integral_constant<int, D>) for the matching storage type and head dim,
-// or returns false when (dtype, head dim) was left out.
+// builds, and lists the extra performance variants (JAX_SGL_SM90_BWD_VARIANTS) as
+// JAX_SGL_SM90_BWD_VARIANT(D, DTYPE, V) lines in the generated sm90_bwd_variants.inc. Calls
+// f(T* tag, integral_constant<int, D>, integral_constant<int, V>) for the matching storage type
+// and head dim, in variant v when built, else 0; returns false when (dtype, head dim) was left out.
 template <typename F>
-bool WithInstantiation(DType t, int d, F&& f) {
+bool WithInstantiation(DType t, int d, int v, F&& f) {
   const bool bf16 = t == DType::kBF16;
-  (void)bf16, (void)d, (void)f;  // unused when no instantiation is built
+  (void)bf16, (void)d, (void)v, (void)f;  // unused when no instantiation is built
+#define JAX_SGL_SM90_BWD_VARIANT(D, DTYPE, V)                                             \
+  if (d == D && bf16 == JAX_SGL_SM90_BWD_IS_BF16_##DTYPE && v == V) {                      \
+    f(static_cast<JAX_SGL_SM90_BWD_TYPE_##DTYPE*>(nullptr), std::integral_constant<int, D>{}, \
+      std::integral_constant<int, V>{});                                                  \
+    return true;                                                                          \
+  }
+#define JAX_SGL_SM90_BWD_IS_BF16_bf16 true
+#define JAX_SGL_SM90_BWD_IS_BF16_fp16 false
+#define JAX_SGL_SM90_BWD_TYPE_bf16 bf16_t
+#define JAX_SGL_SM90_BWD_TYPE_fp16 f16_t
+#if __has_include("sm90_bwd_variants.inc")
+#include "sm90_bwd_variants.inc"
+#endif
+#undef JAX_SGL_SM90_BWD_VARIANT
+#undef JAX_SGL_SM90_BWD_IS_BF16_bf16
+#undef JAX_SGL_SM90_BWD_IS_BF16_fp16
+#undef JAX_SGL_SM90_BWD_TYPE_bf16
+#undef JAX_SGL_SM90_BWD_TYPE_fp16
 #define JAX_SGL_SM90_BWD_CASE(D, TYPE, IS_BF16)                     \
   if (d == D && bf16 == IS_BF16) {                                  \
-    f(static_cast<TYPE*>(nullptr), std::integral_constant<int, D>{}); \
+    f(static_cast<TYPE*>(nullptr), std::integral_constant<int, D>{}, \
+      std::integral_constant<int, 0>{});                            \
     return true;                                                    \
   }
 #ifdef JAX_SGL_SM90_BWD_HAVE_HDIM64_BF16
@@ -42,7 +63,7 @@ bool WithInstantiation(DType t, int d, F&& f) {
 }
 
 bool Built(DType t, int d) {
-  return WithInstantiation(t, d, [](auto, auto) {});
+  return WithInstantiation(t, d, 0, [](auto, auto, auto) {});
 }
 
 // Instantiations that passed the GPU gradient tests with the sm90 backward (H200, 2026-12-02:
@@ -80,6 +101,14 @@ bool Sm90BwdEnabled(const AttentionParams& p) {
   return IsComputeCapability90();
 }
 
+int Sm90BwdVariant() {
+  const char* env = std::getenv("JAX_SGL_SM90_BWD_VARIANT");
+  if (env == nullptr) return 0;
+  char* end = nullptr;
+  const long v = std::strtol(env, &end, 10);
+  return end != env && *end == '\0' && v >= 0 && v <= 15 ? int(v) : 0;
+}
+
 int Sm90BwdRowBlock(const AttentionParams& p) { return p.head_dim == 128 ? 64 : 128; }
 
 size_t Sm90BwdDqAccumFloats(const AttentionParams& p, int ws_rows) {
@@ -100,6 +129,11 @@ const char* Sm90BwdBuiltKernels() {
 #ifdef JAX_SGL_SM90_BWD_HAVE_HDIM128_FP16
          " hdim128_fp16"
 #endif
+#define JAX_SGL_SM90_BWD_VARIANT(D, DTYPE, V) " hdim" #D "_" #DTYPE "_v" #V
+#if __has_include("sm90_bwd_variants.inc")
+#include "sm90_bwd_variants.inc"
+#endif
+#undef JAX_SGL_SM90_BWD_VARIANT
       ;
 }
 
@@ -107,9 +141,11 @@ cudaError_t RunFlashBwdSm90(const FlashBwdArgs& args, float* dq_accum, bool dq_k
                             cudaStream_t stream) {
   const AttentionParams& p = args.bp.fwd;
   cudaError_t err = cudaErrorInvalidValue;
-  WithInstantiation(p.q_type, p.head_dim, [&](auto* tag, auto head_dim) {
+  WithInstantiation(p.q_type, p.head_dim, Sm90BwdVariant(),
+                    [&](auto* tag, auto head_dim, auto variant) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    err = LaunchFlashBwdSm90<T, decltype(head_dim)::value>(args, dq_accum, dq_kernel, stream);
+    err = LaunchFlashBwdSm90<T, decltype(head_dim)::value, decltype(variant)::value>(
+        args, dq_accum, dq_kernel, stream);
   });
   return err;
 }

@@ -64,7 +64,16 @@ struct BwdKernelParams {
 };
 
 // Named barriers (ids after CUTLASS's reserved ones).
-enum class BwdBarrier : uint32_t { kDsReady = 0, kMmaDone = 1, kEpilogue0 = 2, kEpilogue1 = 3 };
+enum class BwdBarrier : uint32_t {
+  kDsReady = 0,
+  kMmaDone = 1,
+  kEpilogue0 = 2,
+  kEpilogue1 = 3,
+  kDqStored0 = 4,  // Cfg::kDqBulk: a consumer's dQ part is in smem (4 + consumer)
+  kDqStored1 = 5,
+  kOwnDs0 = 6,  // Cfg::kDqOwnKeys: a consumer's dS^T is in smem (6 + consumer)
+  kOwnDs1 = 7,
+};
 
 // Query-row blocks a CTA with keys [n0, n0 + block_n) visits, per q head: [m_begin, m_end), the
 // blocks of the rows whose key window reaches one of those keys: rows from n0 - diag -
@@ -101,6 +110,16 @@ __device__ __forceinline__ void RedAddV4(float* dst, float a, float b, float c, 
   asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(dst), "f"(a), "f"(b),
                "f"(c), "f"(d)
                : "memory");
+}
+
+// dst[0, bytes) += src[0, bytes) (float32), one bulk async reduction from smem, committed as
+// its own bulk group (tma_store_wait waits for its smem reads).
+__device__ __forceinline__ void BulkReduceAddF32(float* dst, const float* src, int bytes) {
+  asm volatile(
+      "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;" ::"l"(dst),
+      "r"(cute::cast_smem_ptr_to_uint(src)), "r"(bytes)
+      : "memory");
+  cute::tma_store_arrive();
 }
 
 // One wgmma batch: C (+)= A B over the K blocks, committed as one group; the caller waits.
@@ -148,7 +167,9 @@ __device__ __forceinline__ void StorePairs(Frag const& frag, SmemTensor& smem) {
   }
 }
 
-template <typename Cfg>
+// kCap: -1 both the plain and the softcap paths, chosen per call (variant 0); 0 plain only; 1
+// softcap only (Cfg::kSplitSoftcap launches one of those two).
+template <typename Cfg, int kCap = -1>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     FlashBwdSm90Kernel(CUTE_GRID_CONSTANT BwdKernelParams<Cfg> const params) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -323,7 +344,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         };
         Tensor tPrP = make_tensor<Element>(
             Layout<Shape<Shape<_2, _2, _2>, _1, Int<kBlockM / 16>>>{});  // AccToA's layout
-        if (params.cap_log2 == 0.f) {
+        const bool plain = kCap == 0 || (kCap < 0 && params.cap_log2 == 0.f);  // no softcap
+        if (plain) {
           warpgroup_wait<1>();
           warpgroup_fence_operand(tSrS);  // no read of S^T above the wait
           if (masked) {
@@ -374,22 +396,71 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           Tensor tdSsdS_buf = tdSsdS(_, _, _, buf);
           StorePairs(tdSrdS, tdSsdS_buf);
           cutlass::arch::fence_view_async_shared();  // generic-proxy writes -> wgmma reads
-          cutlass::arch::NamedBarrier::sync(kConsumerThreads, uint32_t(BwdBarrier::kDsReady));
-          Tensor tdQrdQ = partition_fragment_C(mma_dq, Shape<Int<Cfg::kDqRows>,
-                                                             Int<Cfg::kDqCols>>{});
-          BwdGemm<true, false>(mma_dq, tdQrdS(_, _, _, buf), tdQrK, tdQrdQ);
-          warpgroup_wait<0>();
-          warpgroup_fence_operand(tdQrdQ);
-          pipe_q.consumer_release(read_q);
-          pipe_do.consumer_release(read_do);
-          float* dst = params.dq_accum +
-                       ((int64_t(batch) * params.num_heads + head) * (params.ws_rows / kBlockM) +
-                        m) * (kBlockM * Cfg::kHeadDim) +
-                       consumer * Cfg::kDqPartFloats;
+          const int64_t dq_tile = ((int64_t(batch) * params.num_heads + head) *
+                                       (params.ws_rows / kBlockM) + m) * (kBlockM * Cfg::kHeadDim);
+          if constexpr (Cfg::kDqOwnKeys) {
+            // dQ += dS K over this consumer's 64 keys only, for both parts of the tile: its
+            // own dS^T region and K half, so only its own warpgroup syncs (no lockstep with
+            // the other consumer). Twice the reductions of the shared split.
+            cutlass::arch::NamedBarrier::sync(128, uint32_t(BwdBarrier::kOwnDs0) + consumer);
+            // One part at a time: two accumulators in flight run ptxas out of registers
+            // (C7512, every wgmma serialized).
 #pragma unroll
-          for (int j = 0; j < size(tdQrdQ) / 4; ++j)
-            RedAddV4(dst + DqAccumIndex(j, thread_in_wg), tdQrdQ(4 * j), tdQrdQ(4 * j + 1),
-                     tdQrdQ(4 * j + 2), tdQrdQ(4 * j + 3));
+            for (int part = 0; part < 2; ++part) {
+              const int pm = part % Cfg::kDqSplitM, pn = part / Cfg::kDqSplitM;
+              Tensor a = thr_dq.partition_fragment_A(local_tile(
+                  sdS, Shape<Int<Cfg::kDqRows>, Int<kKeys>, _2>{}, make_coord(pm, consumer, _0{})));
+              Tensor b = thr_dq.partition_fragment_B(local_tile(
+                  sKt, Shape<Int<Cfg::kDqCols>, Int<kKeys>>{}, make_coord(pn, consumer)));
+              Tensor acc = partition_fragment_C(mma_dq, Shape<Int<Cfg::kDqRows>,
+                                                              Int<Cfg::kDqCols>>{});
+              BwdGemm<true, false>(mma_dq, a(_, _, _, buf), b, acc);
+              warpgroup_wait<0>();
+              warpgroup_fence_operand(acc);
+              if (part == 0) {  // dV and dK are done too: Q and dO are free
+                pipe_q.consumer_release(read_q);
+                pipe_do.consumer_release(read_do);
+              }
+              float* dst = params.dq_accum + dq_tile + part * Cfg::kDqPartFloats;
+#pragma unroll
+              for (int j = 0; j < size(acc) / 4; ++j)
+                RedAddV4(dst + DqAccumIndex(j, thread_in_wg), acc(4 * j), acc(4 * j + 1),
+                         acc(4 * j + 2), acc(4 * j + 3));
+            }
+          } else {
+            // The previous step's bulk reduce has read this consumer's dQ staging before any
+            // thread passes the barrier below (and so before it is overwritten).
+            if constexpr (Cfg::kDqBulk)
+              if (thread_in_wg == 0) tma_store_wait<0>();
+            cutlass::arch::NamedBarrier::sync(kConsumerThreads, uint32_t(BwdBarrier::kDsReady));
+            Tensor tdQrdQ = partition_fragment_C(mma_dq, Shape<Int<Cfg::kDqRows>,
+                                                               Int<Cfg::kDqCols>>{});
+            BwdGemm<true, false>(mma_dq, tdQrdS(_, _, _, buf), tdQrK, tdQrdQ);
+            warpgroup_wait<0>();
+            warpgroup_fence_operand(tdQrdQ);
+            pipe_q.consumer_release(read_q);
+            pipe_do.consumer_release(read_do);
+            float* dst = params.dq_accum + dq_tile + consumer * Cfg::kDqPartFloats;
+            if constexpr (Cfg::kDqBulk) {
+              // Same layout as the reductions below, staged in smem (one 16-byte store per
+              // thread and group: conflict-free), then one bulk reduce-add of the 16 KiB part.
+              float* staged = shared.dq + consumer * Cfg::kDqPartFloats;
+#pragma unroll
+              for (int j = 0; j < size(tdQrdQ) / 4; ++j)
+                *reinterpret_cast<float4*>(staged + DqAccumIndex(j, thread_in_wg)) =
+                    make_float4(tdQrdQ(4 * j), tdQrdQ(4 * j + 1), tdQrdQ(4 * j + 2),
+                                tdQrdQ(4 * j + 3));
+              cutlass::arch::fence_view_async_shared();  // generic-proxy writes -> bulk copy reads
+              cutlass::arch::NamedBarrier::sync(128, uint32_t(BwdBarrier::kDqStored0) + consumer);
+              if (thread_in_wg == 0)
+                BulkReduceAddF32(dst, staged, Cfg::kDqPartFloats * int(sizeof(float)));
+            } else {
+#pragma unroll
+              for (int j = 0; j < size(tdQrdQ) / 4; ++j)
+                RedAddV4(dst + DqAccumIndex(j, thread_in_wg), tdQrdQ(4 * j), tdQrdQ(4 * j + 1),
+                         tdQrdQ(4 * j + 2), tdQrdQ(4 * j + 3));
+            }
+          }
         } else {
           warpgroup_wait<0>();
           pipe_q.consumer_release(read_q);

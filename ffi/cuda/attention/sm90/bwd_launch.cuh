@@ -63,10 +63,10 @@ cudaError_t LaunchFlashBwdSm90Dq(const FlashBwdArgs& args, cudaStream_t stream) 
 
 }  // namespace sm90
 
-template <typename T, int kHeadDim>
+template <typename T, int kHeadDim, int kVariant>
 cudaError_t LaunchFlashBwdSm90(const FlashBwdArgs& args, float* dq_accum, bool dq_kernel,
                                cudaStream_t stream) {
-  using Cfg = sm90::BwdConfig<typename sm90::CutlassType<T>::type, kHeadDim>;
+  using Cfg = sm90::BwdConfig<typename sm90::CutlassType<T>::type, kHeadDim, kVariant>;
   using namespace cute;
   const AttentionBwdParams& bp = args.bp;
   const AttentionParams& p = bp.fwd;
@@ -109,7 +109,9 @@ cudaError_t LaunchFlashBwdSm90(const FlashBwdArgs& args, float* dq_accum, bool d
       (err = cudaMemsetAsync(dq_accum, 0, Sm90BwdDqAccumFloats(p, args.ws_rows) * sizeof(float),
                              stream)) != cudaSuccess)
     return err;
-  auto kernel = sm90::FlashBwdSm90Kernel<Cfg>;
+  auto kernel = sm90::FlashBwdSm90Kernel<Cfg, Cfg::kSplitSoftcap ? 0 : -1>;
+  if constexpr (Cfg::kSplitSoftcap)
+    if (p.softcap > 0.f) kernel = sm90::FlashBwdSm90Kernel<Cfg, 1>;
   constexpr int kSmem = sizeof(typename Cfg::SharedStorage);
   if ((err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem)) !=
       cudaSuccess)

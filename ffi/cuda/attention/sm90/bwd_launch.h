@@ -29,22 +29,28 @@ bool Sm90BwdEnabled(const AttentionParams& p);
 // Query rows per step of the kernel for p's head dim: the workspace's row padding.
 int Sm90BwdRowBlock(const AttentionParams& p);
 
+// The performance variant (sm90/bwd_config.h) JAX_SGL_SM90_BWD_VARIANT asks for, read at each
+// call: 0 (the verified kernel) when unset or not a number in [0, 15].
+int Sm90BwdVariant();
+
 // Float32 elements of the dQ accumulation buffer: [batch, num_heads, ws_rows, head_dim].
 size_t Sm90BwdDqAccumFloats(const AttentionParams& p, int ws_rows);
 
-// The backward instantiations this build holds ("hdim128_bf16 ..."; leading space).
+// The backward instantiations this build holds ("hdim128_bf16 hdim128_bf16_v3 ..."; leading
+// space; _v<V>: the extra performance variants of JAX_SGL_SM90_BWD_VARIANTS).
 const char* Sm90BwdBuiltKernels();
 
 // Runs the sm90 dK/dV kernel and dQ: with dq_accum != nullptr (Sm90BwdDqAccumFloats floats)
 // through its float32 reductions (zeroing dq_accum first, converting it after), else with
 // dq_kernel by the deterministic sm90 dQ kernel, else not at all (the caller runs the sm80 dQ
 // kernel). args.ws_rows must be a multiple of Sm90BwdRowBlock(p) and the workspace filled by
-// LaunchFlashBwdPreprocess.
+// LaunchFlashBwdPreprocess. Runs variant Sm90BwdVariant() where this build has it, else 0.
 cudaError_t RunFlashBwdSm90(const FlashBwdArgs& args, float* dq_accum, bool dq_kernel,
                             cudaStream_t stream);
 
-// One instantiation per (storage type, head dim), in instantiations/flash_bwd_sm90_*.cu.
-template <typename T, int kHeadDim>
+// One instantiation per (storage type, head dim, variant), in instantiations/flash_bwd_sm90_*.cu.
+// kVariant: sm90/bwd_config.h (0: the GPU-verified kernel; others are A/B performance variants).
+template <typename T, int kHeadDim, int kVariant>
 cudaError_t LaunchFlashBwdSm90(const FlashBwdArgs& args, float* dq_accum, bool dq_kernel,
                                cudaStream_t stream);
 
