@@ -1,6 +1,6 @@
 """A/B of the sm_90a flash forward's variants (ffi/cuda/attention/sm90/variants.h) against cuDNN,
-all in one process on one H200: bf16, S = 8k, B*S = 32k tokens, hd64 / hd128 / hd256 with 16/16
-heads and hd128 with GQA 32/8, causal and not.
+all in one process on one H200: bf16, S = 8k (--seqlens), B*S = 32k tokens, hd64 / hd128 / hd256
+with 16/16 heads and hd128 with GQA 32/8, causal and not.
 
 Each variant runs through the same jitted jax_sgl.attention call; JAX_SGL_SM90_VARIANT (read by
 the CUDA handler at every call) picks it; the 'default' row runs with it unset (the build's
@@ -44,15 +44,16 @@ def main():
   parser.add_argument("--variants", type=int, nargs="+",
                       help="default: every variant built for the head dim")
   parser.add_argument("--head-dims", type=int, nargs="+", default=[64, 128, 256])
+  parser.add_argument("--seqlens", type=int, nargs="+", default=[SEQLEN], help="B*S stays 32k")
   args = parser.parse_args()
   os.environ["JAX_SGL_SM90"] = "1"
   print(f"device: {jax.devices()[0].device_kind}, jax {jax.__version__}")
   print(f"jax_sgl attention backend: {jax_sgl.attention_backend_info()}")
   print(f"rounds: {args.rounds}")
-  b, s = TOKENS // SEQLEN, SEQLEN
-  for d, h, hkv in CONFIGS:
+  for (d, h, hkv), s in ((c, s) for s in args.seqlens for c in CONFIGS):
     if d not in args.head_dims:
       continue
+    b = max(1, TOKENS // s)
     keys = jax.random.split(jax.random.PRNGKey(d + h), 3)
     rand = lambda key, shape: jax.random.normal(key, shape, jnp.float32).astype(jnp.bfloat16)
     q = rand(keys[0], (b, s, h, d))

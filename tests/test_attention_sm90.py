@@ -252,8 +252,8 @@ def test_window_softcap_runs_the_sm90_kernel(monkeypatch, case):
   np.testing.assert_allclose(sm90, sm80, atol=2.5e-2, rtol=2.5e-2)
 
 
-# ---- Varlen (cu_seqlens_q / cu_seqlens_k, seqused_k): the kVarlen instantiation, which runs only
-# under JAX_SGL_SM90_VARLEN=1 (dispatch.cc); unset, varlen stays on the portable kernel.
+# ---- Varlen (cu_seqlens_q / cu_seqlens_k, seqused_k): the kVarlen instantiation, which runs
+# unless JAX_SGL_SM90_VARLEN=0 (dispatch.cc) keeps varlen on the portable kernel.
 # (lens_q, lens_k, heads, kv heads, causal, window, softcap, seqused_k or None). Lengths 0 and 1,
 # sequences ending mid-tile (the next sequence's rows sit right behind them), q longer than k.
 VARLEN = {
@@ -263,6 +263,9 @@ VARLEN = {
     "window_softcap": ((200, 1, 333), (250, 40, 129), 4, 4, False, (70, 9), 30.0, None),
     "causal_window": ((129, 500, 2), (300, 500, 1), 6, 2, True, (100, -1), 0.0, None),
     "seqused": ((64, 200, 3), (300, 256, 10), 4, 1, True, (-1, -1), 0.0, (17, 0, 10)),
+    # Used lengths over several key tiles (with fewer than 17 keys per row, as above, both kernels
+    # do the same arithmetic and can agree bitwise).
+    "seqused_long": ((64, 200, 3), (300, 256, 10), 4, 1, False, (-1, -1), 0.0, (290, 0, 10)),
     # More (sequence, row block, head) tiles than SMs: persistent CTAs loop, causal counter.
     "many": (tuple(range(37, 700, 61)), tuple(range(700, 37, -61)), 8, 2, True, (-1, -1), 0.0,
              None),
@@ -271,7 +274,7 @@ VARLEN = {
 
 @pytest.fixture
 def _varlen_on(monkeypatch):
-  monkeypatch.setenv("JAX_SGL_SM90_VARLEN", "1")
+  monkeypatch.delenv("JAX_SGL_SM90_VARLEN", raising=False)
 
 
 def _varlen_inputs(case, head_dim, dtype, seed):
@@ -323,20 +326,20 @@ def test_varlen_fp16(_varlen_on, case):
   _check_varlen(case, 128, jnp.float16, seed=21)
 
 
-@pytest.mark.parametrize("case", ("ragged_causal", "window_softcap", "seqused"), ids=str)
+@pytest.mark.parametrize("case", ("ragged_causal", "window_softcap", "seqused_long"), ids=str)
 def test_varlen_runs_the_sm90_kernel(monkeypatch, case):
-  """JAX_SGL_SM90_VARLEN=1 changes the kernel (sm90 and portable results differ somewhere, both
-  match the reference above); unset, varlen runs on the portable kernel, bitwise the same as
-  with JAX_SGL_SM90=0."""
+  """Varlen runs on the sm90 kernel by default (sm90 and portable results differ somewhere, both
+  match the reference above); JAX_SGL_SM90_VARLEN=0 keeps it on the portable kernel, bitwise the
+  same as with JAX_SGL_SM90=0."""
   _need(128, jnp.bfloat16)
   q, k, v, cu_q, cu_k = _varlen_inputs(case, 128, jnp.bfloat16, seed=23)
   run = lambda: np.asarray(_varlen_call(case, q, k, v, cu_q, cu_k, fn=True)[0]).view(np.uint16)
   monkeypatch.delenv("JAX_SGL_SM90_VARLEN", raising=False)
-  unset = run()
+  sm90 = run()
   monkeypatch.setenv("JAX_SGL_SM90", "0")
   portable = run()
-  np.testing.assert_array_equal(unset, portable)
   monkeypatch.delenv("JAX_SGL_SM90")
-  monkeypatch.setenv("JAX_SGL_SM90_VARLEN", "1")
-  sm90 = run()
+  monkeypatch.setenv("JAX_SGL_SM90_VARLEN", "0")
+  off = run()
+  np.testing.assert_array_equal(off, portable)
   assert not np.array_equal(sm90, portable)

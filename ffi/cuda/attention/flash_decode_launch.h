@@ -12,17 +12,18 @@
 //   JAX_SGL_DECODE=old|new|warp   the sm80 split-KV path, this kernel, or the warp-sliced
 //                                 CUDA-core kernel (flash_decode_warp.cuh) for calls of at most
 //                                 kDecodeWarpMaxRows packed rows (others: new)
-//                 |warpmma        or its mma form for at most kDecodeWarpMmaMaxRows rows (the
-//                                 default; calls with more packed rows run this kernel)
-//                 |warpmma2       the mma form with cheap copy addressing
+//                 |warpmma        or its mma form for at most kDecodeWarpMmaMaxRows rows (calls
+//                                 with more packed rows run this kernel)
+//                 |warpmma2       the mma form with cheap copy addressing, the default
 //                                 (flash_decode_warp2.cuh; pools of < 2^31 rows, else warpmma)
 //   JAX_SGL_DECODE_SPLITS=N       KV splits (1..32) for decode-shaped calls, either path; 0 or
 //                                 unset: the heuristic
 //   JAX_SGL_DECODE_STAGES=N       cp.async ring depth of the new kernel (2..8, default 4), or of
 //                                 each warp's ring in the warp kernel (default 4)
 //   JAX_SGL_DECODE_WAVES=N        warp kernel split heuristic: CTAs for N full waves of the
-//                                 resident slots (1..8, default 1 for warpmma, 2 for warp);
-//                                 0: the split count that fills its last wave best
+//                                 resident slots (1..8; 2 for warp); 0: the split count that
+//                                 fills its last wave best. The mma forms default to 1 when one
+//                                 split already fills the slots, else 0
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -43,9 +43,9 @@ bool DecodeKernelSelected() {
   return env == nullptr || std::strcmp(env, "old") != 0;
 }
 
-// Row capacity of the warp-sliced decode variant in force: 16 for the mma form (warpmma, the
-// default: 0.87-0.93x cuDNN's contiguous decode on the H200, 2026-12-02, benchmarks/RESULTS.md),
-// 8 for the CUDA-core form (warp), 0 for JAX_SGL_DECODE=new (the block-wide decode kernel).
+// Row capacity of the warp-sliced decode variant in force: 16 for the mma forms (warpmma2, the
+// default, and warpmma; benchmarks/NOTES_decode.md), 8 for the CUDA-core form (warp), 0 for
+// JAX_SGL_DECODE=new (the block-wide decode kernel).
 int DecodeWarpRowsCap() {
   const char* env = std::getenv("JAX_SGL_DECODE");
   if (env == nullptr || *env == '\0' || std::strcmp(env, "warpmma") == 0 ||
@@ -55,11 +55,12 @@ int DecodeWarpRowsCap() {
   return 0;
 }
 
-// The warp mma kernel in force: warpmma2 (flash_decode_warp2.cuh) when selected and the K/V
-// buffers have fewer than 2^31 rows (its 32-bit slot indices), else warpmma.
+// The warp mma kernel in force: warpmma2 (flash_decode_warp2.cuh; 0.92-0.95x cuDNN's contiguous
+// decode against warpmma's 0.91-0.93x on the H200, 2026-12-02) unless JAX_SGL_DECODE=warpmma, and
+// only when the K/V buffers have fewer than 2^31 rows (its 32-bit slot indices).
 int DecodeWarpMmaVariant(const AttentionParams& p) {
   const char* env = std::getenv("JAX_SGL_DECODE");
-  const bool want2 = env != nullptr && std::strcmp(env, "warpmma2") == 0;
+  const bool want2 = env == nullptr || std::strcmp(env, "warpmma") != 0;
   return want2 && p.total_k < (int64_t(1) << 31) ? kDecodeWarpMma2 : kDecodeWarpMma1;
 }
 
@@ -238,9 +239,11 @@ void PlanDecodeWarpKernel(const AttentionParams& p, int cap, int num_sms, int64_
       : DecodeWarpCtasPerSm<f16_t>(cap, stages, plan->decode_m_tiles, plan->decode_warp_variant);
   const int64_t slots = int64_t(ctas_per_sm) * std::max(num_sms, 1);
   const int64_t base = int64_t(p.batch) * p.num_kv_heads;
-  // One wave measured best for the mma form (B=64, KV 4k: 3842 vs 3710 GB/s at two), two for the
-  // CUDA-core form; 0 fits the last wave (FittedSplits).
-  const int waves = std::clamp(EnvInt("JAX_SGL_DECODE_WAVES", mma ? 1 : 2), 0, 8);
+  // The mma forms: one wave when the splits-of-one CTAs already fill the slots (B=64, KV 4k: 3842
+  // vs 3710 GB/s at two; fitting the last wave there costs 3% at KV 32k), else the best-filled
+  // last wave (B=8, KV 32k: 3811 GB/s against 3027 at one wave). Two for the CUDA-core form.
+  const int waves =
+      std::clamp(EnvInt("JAX_SGL_DECODE_WAVES", !mma ? 2 : (base < slots ? 0 : 1)), 0, 8);
   const int64_t stage_keys = mma ? 16 : DecodeWarpStageKeys(cap);
   const int64_t n_tiles = (KeyBound(p) + stage_keys - 1) / stage_keys;
   plan->num_splits = DecodeSplits(

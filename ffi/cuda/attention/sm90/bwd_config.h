@@ -12,15 +12,14 @@
 // reductions (bwd_kernel.cuh).
 //
 // kVariant (A/B performance variants, picked at run time by JAX_SGL_SM90_BWD_VARIANT through
-// bwd_dispatch.cc; 0 is the GPU-verified kernel) is a bit set:
+// bwd_dispatch.cc; 0 is the default kernel) is a bit set:
 //   1: 3 Q/dO stages instead of 2 (the producer runs further ahead of the consumers; not at
 //      hd64 together with 2: smem);
 //   2: dQ parts go through smem and one cp.reduce.async.bulk .add.f32 per consumer and step
 //      (16 KiB, issued by one thread) instead of 8 red.global.add.v4.f32 per thread;
-//   4: the softcap path in its own kernel instantiation (bwd_launch.cuh picks it per call). With
-//      both paths in one kernel ptxas serializes every wgmma of the kernel (C7512, "insufficient
-//      register resources": a DEPBAR.LE gsb0, 0x0 after each HGMMA); without the softcap path it
-//      overlaps them as written (4 waits per step);
+//   4: unused (was "softcap path in its own kernel", measured +12-16% fwd+bwd and now how every
+//      variant is built: with the plain and softcap paths in one kernel ptxas serialized every
+//      wgmma, C7512 "insufficient register resources"; bwd_kernel.cuh kSoftcap);
 //   8: each consumer computes dQ over its own 64 keys only (both 64 x 64 parts of the tile, one
 //      after the other, twice the reductions) after a barrier of its own warpgroup, instead of
 //      its part over all 128 keys after a barrier of both: the consumers no longer run in
@@ -44,7 +43,6 @@ struct BwdConfig {
   static constexpr int kVariant = kVariant_;
   static_assert(kVariant >= 0 && kVariant <= 15);
   static constexpr bool kDqBulk = (kVariant & 2) != 0;
-  static constexpr bool kSplitSoftcap = (kVariant & 4) != 0;
   static constexpr bool kDqOwnKeys = (kVariant & 8) != 0;
   static_assert(!(kDqOwnKeys && kDqBulk), "variant bits 2 and 8 exclude each other");
 

@@ -167,9 +167,9 @@ __device__ __forceinline__ void StorePairs(Frag const& frag, SmemTensor& smem) {
   }
 }
 
-// kCap: -1 both the plain and the softcap paths, chosen per call (variant 0); 0 plain only; 1
-// softcap only (Cfg::kSplitSoftcap launches one of those two).
-template <typename Cfg, int kCap = -1>
+// kSoftcap: the softcap path, else the plain one; the launcher picks per call. One kernel holding
+// both paths runs ptxas out of registers, and it then serializes every wgmma (C7512).
+template <typename Cfg, bool kSoftcap>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     FlashBwdSm90Kernel(CUTE_GRID_CONSTANT BwdKernelParams<Cfg> const params) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -344,7 +344,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         };
         Tensor tPrP = make_tensor<Element>(
             Layout<Shape<Shape<_2, _2, _2>, _1, Int<kBlockM / 16>>>{});  // AccToA's layout
-        const bool plain = kCap == 0 || (kCap < 0 && params.cap_log2 == 0.f);  // no softcap
+        constexpr bool plain = !kSoftcap;
         if (plain) {
           warpgroup_wait<1>();
           warpgroup_fence_operand(tSrS);  // no read of S^T above the wait

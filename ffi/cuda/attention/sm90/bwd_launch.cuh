@@ -109,9 +109,8 @@ cudaError_t LaunchFlashBwdSm90(const FlashBwdArgs& args, float* dq_accum, bool d
       (err = cudaMemsetAsync(dq_accum, 0, Sm90BwdDqAccumFloats(p, args.ws_rows) * sizeof(float),
                              stream)) != cudaSuccess)
     return err;
-  auto kernel = sm90::FlashBwdSm90Kernel<Cfg, Cfg::kSplitSoftcap ? 0 : -1>;
-  if constexpr (Cfg::kSplitSoftcap)
-    if (p.softcap > 0.f) kernel = sm90::FlashBwdSm90Kernel<Cfg, 1>;
+  auto kernel = p.softcap > 0.f ? sm90::FlashBwdSm90Kernel<Cfg, true>
+                                 : sm90::FlashBwdSm90Kernel<Cfg, false>;
   constexpr int kSmem = sizeof(typename Cfg::SharedStorage);
   if ((err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem)) !=
       cudaSuccess)

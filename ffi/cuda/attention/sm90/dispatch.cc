@@ -5,9 +5,9 @@
 // A/B runs; unset, unparsable or not built for the call's (dtype, head dim) means the default of
 // its (head dim, causal) (CMake JAX_SGL_SM90_DEFAULT_VARIANTS, always built).
 //
-// JAX_SGL_SM90_VARLEN=1 (read at each call) lets varlen calls (cu_seqlens_q, varlen k/v,
-// seqused_k) run on the sm90 kernel's varlen instantiation; otherwise, until it is verified on a
-// GPU, they stay on the portable kernel. Paged k/v always does.
+// Varlen calls (cu_seqlens_q, varlen k/v, seqused_k) run on the sm90 kernel's varlen
+// instantiation unless JAX_SGL_SM90_VARLEN=0 (read at each call) keeps them on the portable
+// kernel. Paged k/v always runs there.
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -68,14 +68,14 @@ cudaError_t Launch(DType t, int d, int v, const AttentionParams& p, void* scratc
 
 bool VarlenEnabled() {
   const char* env = std::getenv("JAX_SGL_SM90_VARLEN");
-  return env != nullptr && std::strcmp(env, "1") == 0;
+  return env == nullptr || std::strcmp(env, "0") != 0;
 }
 
 // What the varlen instantiation lacks for a call, or nullptr.
 const char* VarlenUnsupported(const AttentionParams& p) {
   if (p.kv_layout == KvLayout::kPaged) return "sm90 kernel: no paged k/v (runs on the sm80 kernel)";
   if (!VarlenEnabled())
-    return "sm90 kernel: varlen only with JAX_SGL_SM90_VARLEN=1 (runs on the sm80 kernel)";
+    return "sm90 kernel: varlen turned off by JAX_SGL_SM90_VARLEN=0 (runs on the sm80 kernel)";
   // TMA descriptors need every dimension >= 1; row indices and the kernel's window sums stay in
   // int (launch.cuh).
   if (p.total_q < 1 || p.total_k < 1) return "sm90 kernel: non-empty q and k buffers";

@@ -40,8 +40,8 @@ using VariantConfig =
 }  // namespace sm90
 
 // Dense calls launch FlashFwdSm90Kernel<Cfg, false>, whose code does not change with varlen;
-// calls with cu_seqlens_q, varlen k/v or seqused_k (dispatch.cc lets them through only under
-// JAX_SGL_SM90_VARLEN=1) launch the kVarlen instantiation: packed [total, D, H, 1] TMA views and
+// calls with cu_seqlens_q, varlen k/v or seqused_k (dispatch.cc keeps them off it under
+// JAX_SGL_SM90_VARLEN=0) launch the kVarlen instantiation: packed [total, D, H, 1] TMA views and
 // a grid (persistent: tile range) of linear row blocks x q heads, a bound that the kernel maps
 // onto (sequence, row block) tiles (kernel.cuh VarlenTile).
 template <typename T, int kHeadDim, int kVariant>
