@@ -337,16 +337,17 @@ const char* PlanFlashFwd(const AttentionParams& p, int num_sms, FlashPlan* plan)
 const char* RunFlashFwd(const AttentionParams& p, const FlashPlan& plan, void* scratch,
                         cudaStream_t stream) {
   if (p.batch == 0 || p.total_q == 0) return nullptr;
+  // Packed q rows past cu_seqlens_q[batch] belong to no sequence: every kernel leaves them to this.
+  if (p.cu_seqlens_q) {
+    if (cudaError_t err = LaunchClearUncoveredRows(p, stream); err != cudaSuccess)
+      return cudaGetErrorString(err);
+  }
 #ifdef JAX_SGL_HAVE_SM90
   if (plan.sm90) {
     const cudaError_t err = RunFlashFwdSm90(p, scratch, stream);
     return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
   }
 #endif
-  if (p.cu_seqlens_q) {
-    if (cudaError_t err = LaunchClearUncoveredRows(p, stream); err != cudaSuccess)
-      return cudaGetErrorString(err);
-  }
   FlashFwdArgs args;
   args.p = p;
   args.group = p.num_heads / p.num_kv_heads;
