@@ -36,8 +36,8 @@ def attention_backend_info() -> dict:
   sm90_bwd_kernels: the sm_90a backward instantiations compiled in ("hdim128_bf16", and
   "hdim128_bf16_v4" for each extra performance variant of JAX_SGL_SM90_BWD_VARIANTS, picked at
   every call by JAX_SGL_SM90_BWD_VARIANT: sm90_bwd_variant). sm90_bwd_mode: JAX_SGL_SM90_BWD
-  as the backward handler reads it at every call: "verified" (unset: the GPU-verified
-  instantiations, hdim128_bf16), "all" (=1) or "off" (=0); the sm90 backward serves dense calls
+  as the backward handler reads it at every call: "on" (unset or anything but "0": every built
+  instantiation) or "off" (=0); the sm90 backward serves dense calls
   (seqused_k, causal, windows and softcap included) at head dims 64 / 128 on a 9.0 device, the
   sm80 backward everything else.
   bwd_deterministic: JAX_SGL_BWD_DETERMINISTIC is set (=1: the sm90 backward computes dQ with
@@ -48,8 +48,7 @@ def attention_backend_info() -> dict:
           "cuda_bwd_kernel": "jax_sgl_attention_bwd" in CUDA_TARGETS,
           "cuda_bwd_mode": "off" if os.environ.get("JAX_SGL_CUDA_BWD") == "0" else "on",
           "sm90_bwd_kernels": tuple(_ext.sm90_attention_bwd_kernels().split()),
-          "sm90_bwd_mode": {"0": "off", "1": "all"}.get(os.environ.get("JAX_SGL_SM90_BWD"),
-                                                        "verified"),
+          "sm90_bwd_mode": "off" if os.environ.get("JAX_SGL_SM90_BWD") == "0" else "on",
           "sm90_bwd_variant": os.environ.get("JAX_SGL_SM90_BWD_VARIANT", "0"),
           "bwd_deterministic": os.environ.get("JAX_SGL_BWD_DETERMINISTIC") in ("1", "sm80")}
 

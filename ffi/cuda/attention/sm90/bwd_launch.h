@@ -21,16 +21,15 @@ namespace jax_sgl::cuda {
 // nullptr when the sm90 backward covers the call, else what it lacks (the fallback decision).
 const char* Sm90BwdUnsupported(const AttentionParams& p);
 
-// Whether a covered call runs on it: compute capability 9.0 and JAX_SGL_SM90_BWD (read at each
-// call) allows it: "0" never, "1" every built instantiation, unset or anything else only the
-// instantiations verified on a GPU (none yet: the kernel is opt-in).
+// Whether a covered call runs on it: compute capability 9.0, unless JAX_SGL_SM90_BWD=0 (read at
+// each call).
 bool Sm90BwdEnabled(const AttentionParams& p);
 
 // Query rows per step of the kernel for p's head dim: the workspace's row padding.
 int Sm90BwdRowBlock(const AttentionParams& p);
 
 // The performance variant (sm90/bwd_config.h) JAX_SGL_SM90_BWD_VARIANT asks for, read at each
-// call: 0 (the verified kernel) when unset or not a number in [0, 15].
+// call: 0 (the default kernel) when unset or not a number in [0, 15].
 int Sm90BwdVariant();
 
 // Float32 elements of the dQ accumulation buffer: [batch, num_heads, ws_rows, head_dim].
@@ -49,7 +48,7 @@ cudaError_t RunFlashBwdSm90(const FlashBwdArgs& args, float* dq_accum, bool dq_k
                             cudaStream_t stream);
 
 // One instantiation per (storage type, head dim, variant), in instantiations/flash_bwd_sm90_*.cu.
-// kVariant: sm90/bwd_config.h (0: the GPU-verified kernel; others are A/B performance variants).
+// kVariant: sm90/bwd_config.h (0: the default kernel; others are A/B performance variants).
 template <typename T, int kHeadDim, int kVariant>
 cudaError_t LaunchFlashBwdSm90(const FlashBwdArgs& args, float* dq_accum, bool dq_kernel,
                                cudaStream_t stream);

@@ -1,10 +1,10 @@
 // Host contract of the sm_90a flash forward (wgmma + TMA, warp-specialized; sm90/kernel.cuh).
 // No CUDA kernel syntax: flash_dispatch.cc includes it.
 //
-// Opt-in until verified on a GPU: the dispatcher uses this kernel only when the environment sets
-// JAX_SGL_SM90=1, the device is compute capability 9.0, the build has the (dtype, head dim)
-// instantiation (JAX_SGL_SM90_HEAD_DIMS) and Sm90Unsupported() finds nothing missing. Anything
-// else runs on the portable sm80 kernel.
+// The dispatcher uses this kernel unless the environment sets JAX_SGL_SM90=0, when the device is
+// compute capability 9.0, the build has the (dtype, head dim) instantiation
+// (JAX_SGL_SM90_HEAD_DIMS) and Sm90Unsupported() finds nothing missing. Anything else runs on the
+// portable sm80 kernel.
 #pragma once
 
 #include <cuda_runtime_api.h>
