@@ -18,6 +18,7 @@
 #pragma once
 
 #include "ffi/cuda/attention/flash_decode.cuh"
+#include "ffi/cuda/attention/flash_decode_warp_mma_steps.cuh"
 
 namespace jax_sgl::cuda {
 namespace decode_warp2 {
@@ -79,7 +80,6 @@ __global__ void __launch_bounds__(kDecodeWarpThreads, kD <= 128 ? 3 : 1)
   constexpr int kCopies = kKeys / kKeysPerCopy;  // 16-byte copies per lane, K or V
   constexpr int kTileElems = kKeys * kStride;
   constexpr int kDT = kD / 8;
-  constexpr int kOStride = kD + 4;
   constexpr uint32_t kNoRow = 0xffffffffu;
   static_assert(kChunks <= 32 && kKeys % kKeysPerCopy == 0, "whole rows per copy step");
   extern __shared__ __align__(16) uint8_t smem[];
@@ -272,145 +272,22 @@ __global__ void __launch_bounds__(kDecodeWarpThreads, kD <= 128 ? 3 : 1)
     for (int h = 0; h < 2; ++h)
       blk_max[h] = fmaxf(fmaxf(sc[0][2 * h], sc[0][2 * h + 1]),
                          fmaxf(sc[1][2 * h], sc[1][2 * h + 1]));
-    float corr[2], m_use[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const float m_new = fmaxf(m_run[h], QuadMax(blk_max[h]));
-      m_use[h] = m_new == -INFINITY ? 0.f : m_new;
-      corr[h] = exp2f(m_run[h] - m_use[h]);
-      m_run[h] = m_new;
-      l_run[h] *= corr[h];
-    }
-#pragma unroll
-    for (int t = 0; t < 2; ++t) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float pe = exp2f(sc[t][e] - m_use[e / 2]);
-        sc[t][e] = pe;
-        l_run[e / 2] += pe;
-      }
-    }
-    // Once the running maxima settle (most stages of a long sequence) no row's factor moves:
-    // skip the kD / 2 multiplies of the accumulators (a warp-uniform branch).
-    if (__any_sync(0xffffffffu, corr[0] != 1.f || corr[1] != 1.f)) {
-#pragma unroll
-      for (int t = 0; t < kDT; ++t) {
-        o[t][0] *= corr[0];
-        o[t][1] *= corr[0];
-        o[t][2] *= corr[1];
-        o[t][3] *= corr[1];
-      }
-    }
-    const uint32_t pa[4] = {Elem<T>::Pack(sc[0][0], sc[0][1]), Elem<T>::Pack(sc[0][2], sc[0][3]),
-                            Elem<T>::Pack(sc[1][0], sc[1][1]), Elem<T>::Pack(sc[1][2], sc[1][3])};
-#pragma unroll
-    for (int dt = 0; dt < kDT; dt += 2) {
-      uint32_t bv[4];
-      Ldmatrix4Trans(bv, sv + (lane % 8 + ((lane / 8) % 2) * 8) * kStride + dt * 8 +
-                             (lane / 16) * 8);
-      Elem<T>::Mma(o[dt], pa, bv);
-      Elem<T>::Mma(o[dt + 1], pa, bv + 2);
-    }
+    decode_warp_mma::SoftmaxPv<T, kD, true>(sc, blk_max, m_run, l_run, o, sv, lane);
   }
   asm volatile("cp.async.wait_group 0;\n" ::: "memory");
 
-  // Epilogue (as warpmma): the 4 warps' (m, l, o) of the same 16 rows merge through shared memory.
-  __syncthreads();
-  float* so = reinterpret_cast<float*>(smem);     // [warps][16][kOStride]
-  float* sm = so + kWarps * 16 * kOStride;        // [warps][16]
-  float* sl = sm + kWarps * 16;                   // [warps][16]
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    l_run[h] = QuadSum(l_run[h]);
-    if (lane % 4 == 0) {
-      sm[warp * 16 + lane / 4 + 8 * h] = m_run[h];
-      sl[warp * 16 + lane / 4 + 8 * h] = l_run[h];
-    }
-  }
-#pragma unroll
-  for (int t = 0; t < kDT; ++t) {
-    const int cc = t * 8 + (lane % 4) * 2;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float* dst = so + (warp * 16 + lane / 4 + 8 * h) * kOStride + cc;
-      dst[0] = o[t][2 * h];
-      dst[1] = o[t][2 * h + 1];
-    }
-  }
-  __syncthreads();
-
-  const bool split = num_splits > 1;
-  const int dv = p.head_dim_v;
-  for (int idx = threadIdx.x; idx < rows_here * kChunks; idx += kDecodeWarpThreads) {
-    const int r = idx / kChunks, cc = (idx % kChunks) * 8;
-    if (cc >= dv) continue;
-    float m_all = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) m_all = fmaxf(m_all, sm[w * 16 + r]);
-    float l_all = 0.f;
-    float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-    if (m_all != -INFINITY) {
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) {
-        const float f = exp2f(sm[w * 16 + r] - m_all);
-        l_all += sl[w * 16 + r] * f;
-        const float4* src = reinterpret_cast<const float4*>(so + (w * 16 + r) * kOStride + cc);
-        const float4 x0 = src[0], x1 = src[1];
-        acc[0] += x0.x * f; acc[1] += x0.y * f; acc[2] += x0.z * f; acc[3] += x0.w * f;
-        acc[4] += x1.x * f; acc[5] += x1.y * f; acc[6] += x1.z * f; acc[7] += x1.w * f;
-      }
-    }
-    const float inv = l_all > 0.f ? 1.f / l_all : 0.f;
-    const float lse = l_all > 0.f ? (m_all + log2f(l_all)) * kLn2 : -INFINITY;
-    const int i = r / group, head = kv_head * group + r % group;
-    const int64_t row_head = (s.q_row0 + i) * p.num_heads + head;
-    if (split) {
-      const int64_t part_row = int64_t(blockIdx.y) * p.total_q * p.num_heads + row_head;
-      float4* dst = reinterpret_cast<float4*>(args.fwd.o_partial + part_row * dv + cc);
-      dst[0] = make_float4(acc[0] * inv, acc[1] * inv, acc[2] * inv, acc[3] * inv);
-      dst[1] = make_float4(acc[4] * inv, acc[5] * inv, acc[6] * inv, acc[7] * inv);
-      if (cc == 0) args.fwd.lse_partial[part_row] = lse;
-    } else {
-      uint4 packed;
-      packed.x = Elem<T>::Pack(acc[0] * inv, acc[1] * inv);
-      packed.y = Elem<T>::Pack(acc[2] * inv, acc[3] * inv);
-      packed.z = Elem<T>::Pack(acc[4] * inv, acc[5] * inv);
-      packed.w = Elem<T>::Pack(acc[6] * inv, acc[7] * inv);
-      *reinterpret_cast<uint4*>(static_cast<T*>(p.out) + row_head * dv + cc) = packed;
-      if (cc == 0) {
-        const int64_t li = p.cu_seqlens_q ? int64_t(head) * p.total_q + s.lse_row0 + i
-                                          : (int64_t(b) * p.num_heads + head) * p.seqlen_q + i;
-        p.lse[li] = lse;
-      }
-    }
-  }
+  decode_warp_mma::MergeWarpsAndStore<T, kD>(args, s, b, kv_head, rows_here, smem, m_run, l_run,
+                                             o);
 }
 
 template <typename T, int kD>
 cudaError_t Launch(const FlashDecodeArgs& args, cudaStream_t stream) {
-  auto kernel = FlashDecodeWarpMma2Kernel<T, kD>;
-  const int smem = DecodeWarpMmaSmemBytes(kD, args.stages);
-  cudaError_t err =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  if (err != cudaSuccess) return err;
-  const AttentionParams& p = args.fwd.p;
-  const dim3 grid(unsigned(int64_t(p.batch) * p.num_kv_heads), unsigned(args.fwd.num_splits));
-  kernel<<<grid, kDecodeWarpThreads, smem, stream>>>(args);
-  return cudaGetLastError();
+  return decode_warp_mma::Launch<kD>(FlashDecodeWarpMma2Kernel<T, kD>, args, stream);
 }
 
 template <typename T, int kD>
 int CtasPerSm(int stages) {
-  auto kernel = FlashDecodeWarpMma2Kernel<T, kD>;
-  const int smem = DecodeWarpMmaSmemBytes(kD, stages);
-  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) !=
-      cudaSuccess)
-    return 1;
-  int n = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kDecodeWarpThreads, smem) !=
-      cudaSuccess)
-    return 1;
-  return n > 0 ? n : 1;
+  return decode_warp_mma::CtasPerSm<kD>(FlashDecodeWarpMma2Kernel<T, kD>, stages);
 }
 
 }  // namespace decode_warp2
