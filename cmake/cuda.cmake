@@ -83,8 +83,9 @@ set(JAX_SGL_SM90_HEAD_DIMS "64;128;256" CACHE STRING "sm90 attention head dims t
 set(JAX_SGL_SM90_DTYPES "bf16;fp16" CACHE STRING "sm90 attention dtypes to build")
 # The variant (sm90/variants.h) a call runs when JAX_SGL_SM90_VARIANT is unset, per head dim:
 # "<head dim>:<non-causal>:<causal>", the best measured on an H200 (benchmarks/NOTES_sm90.md).
-set(JAX_SGL_SM90_DEFAULT_VARIANTS "64:6:6;128:7:4;256:7:7" CACHE STRING
-    "sm90 attention default variant per head dim: <head dim>:<non-causal>:<causal>")
+set(JAX_SGL_SM90_DEFAULT_VARIANTS "64:6:6;128:6:4:4;256:7:7" CACHE STRING
+    "sm90 attention default variant per head dim: <head dim>:<non-causal>:<causal>[:<short>], \
+short: calls of at most 2048 rows and keys")
 # Extra variants for A/B runs (picked at run time by JAX_SGL_SM90_VARIANT): each costs one more
 # nvcc run per (head dim, dtype), so the default build has none.
 set(JAX_SGL_SM90_VARIANTS "" CACHE STRING "extra sm90 attention kernel variants to build (A/B)")
@@ -104,13 +105,22 @@ if("90a" IN_LIST JAX_SGL_CUDA_ARCHS AND TARGET jax_sgl_cutlass AND JAX_SGL_SM90_
       if(_d STREQUAL d)
         list(GET entry 1 _non_causal)
         list(GET entry 2 _causal)
+        set(_short -1)
+        list(LENGTH entry _fields)
+        if(_fields GREATER 3)
+          list(GET entry 3 _short)
+        endif()
         set(_defaults ${_non_causal} ${_causal})
+        if(NOT _short EQUAL -1)
+          list(APPEND _defaults ${_short})
+        endif()
       endif()
     endforeach()
     if(NOT _defaults)
       message(FATAL_ERROR "jax_sgl: JAX_SGL_SM90_DEFAULT_VARIANTS has no entry for head dim ${d}")
     endif()
-    string(APPEND _jax_sgl_sm90_inc "JAX_SGL_SM90_DEFAULT(${d}, ${_non_causal}, ${_causal})\n")
+    string(APPEND _jax_sgl_sm90_inc
+      "JAX_SGL_SM90_DEFAULT(${d}, ${_non_causal}, ${_causal}, ${_short})\n")
     set(_variants ${_defaults} ${JAX_SGL_SM90_VARIANTS})
     list(REMOVE_DUPLICATES _variants)
     list(SORT _variants)

@@ -25,9 +25,11 @@ def attention_backend_info() -> dict:
   """Which CUDA attention kernels this build holds and would use, so benchmarks can name them.
 
   sm90_kernels: the sm_90a (Hopper wgmma + TMA) instantiations compiled in, e.g.
-  ("hdim128_bf16", "hdim128_bf16_variant1", "hdim128_default_v1_v1"): each (head dim, dtype),
+  ("hdim128_bf16", "hdim128_bf16_variant4", "hdim128_default_v6_v4_s4"): each (head dim, dtype),
   each variant of it (ffi/cuda/attention/sm90/variants.h), and per head dim the variants calls
-  run by default (non-causal, causal) when JAX_SGL_SM90_VARIANT is unset. sm90_mode: JAX_SGL_SM90 as the CUDA handler reads it at every call: "on"
+  run by default when JAX_SGL_SM90_VARIANT is unset: non-causal, causal, and "_s<v>" for calls
+  of at most 2048 rows and keys where the head dim has one. sm90_mode: JAX_SGL_SM90 as the CUDA
+  handler reads it at every call: "on"
   (unset or anything but "0": the built instantiations serve the dense calls they cover on a
   compute-capability-9.0 device) or "off" (=0). Everything else runs on the portable sm80 kernel.
   cuda_bwd_kernel: the CUDA backward kernel is compiled in. cuda_bwd_mode: "on" unless

@@ -15,6 +15,7 @@ it unset (the default path).
 from __future__ import annotations
 
 import os
+import re
 
 import jax
 import jax.numpy as jnp
@@ -182,22 +183,33 @@ def test_deterministic(dtype):
   np.testing.assert_array_equal(np.asarray(lse1), np.asarray(lse2))
 
 
+@pytest.mark.parametrize("length", ("short", "long"))
 @pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
-def test_default_runs_the_configured_variant(monkeypatch, causal):
+def test_default_runs_the_configured_variant(monkeypatch, causal, length):
   """With JAX_SGL_SM90_VARIANT unset, a call runs the default the build lists for its (head
-  dim, causal) (CMake JAX_SGL_SM90_DEFAULT_VARIANTS): bitwise the same output as naming it."""
+  dim, causal, short call: at most 2048 rows and keys) (CMake JAX_SGL_SM90_DEFAULT_VARIANTS,
+  reported as hdim128_default_v<non-causal>_v<causal>[_s<short>]): bitwise the same output as
+  naming it."""
   if "JAX_SGL_SM90_VARIANT" in os.environ:
     pytest.skip("runs once, in the 'default' parametrization")
   _need(128, jnp.bfloat16)
   kernels = jax_sgl.attention_backend_info()["sm90_kernels"]
   [default] = [k for k in kernels if k.startswith("hdim128_default_v")]
-  variant = default.split("_v")[2 if causal else 1]
-  q, k, v = _inputs((2, 700, 900, 4, 2), 128, jnp.bfloat16, seed=17)
+  m = re.fullmatch(r"hdim128_default_v(\d+)_v(\d+)(?:_s(\d+))?", default)
+  assert m, default
+  variant = m.group(3) if length == "short" and m.group(3) else m.group(2 if causal else 1)
+  shape = (2, 700, 900, 4, 2) if length == "short" else (1, 2100, 2200, 4, 2)
+  q, k, v = _inputs(shape, 128, jnp.bfloat16, seed=17)
   fn = jax.jit(lambda q, k, v: jax_sgl.attention(q, k, v, causal=causal))
   unset = np.asarray(fn(q, k, v)).view(np.uint16)
   monkeypatch.setenv("JAX_SGL_SM90_VARIANT", variant)
   named = np.asarray(fn(q, k, v)).view(np.uint16)
   np.testing.assert_array_equal(unset, named)
+  # The other default variants (when they differ) give other bits: the check can fail.
+  others = {m.group(i) for i in (1, 2, 3) if m.group(i)} - {variant}
+  if others:
+    monkeypatch.setenv("JAX_SGL_SM90_VARIANT", sorted(others)[0])
+    assert not np.array_equal(unset, np.asarray(fn(q, k, v)).view(np.uint16))
 
 
 # Sliding window and softcap: (shape, causal, window (left, right), softcap). Windows narrower

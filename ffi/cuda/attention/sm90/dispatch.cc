@@ -3,11 +3,12 @@
 //
 // JAX_SGL_SM90_VARIANT=<0..9> (read at each call) picks the kernel variant (sm90/variants.h) for
 // A/B runs; unset, unparsable or not built for the call's (dtype, head dim) means the default of
-// its (head dim, causal) (CMake JAX_SGL_SM90_DEFAULT_VARIANTS, always built).
+// its (head dim, causal, short call) (CMake JAX_SGL_SM90_DEFAULT_VARIANTS, always built).
 //
 // Varlen calls (cu_seqlens_q, varlen k/v, seqused_k) run on the sm90 kernel's varlen
 // instantiation unless JAX_SGL_SM90_VARLEN=0 (read at each call) keeps them on the portable
 // kernel. Paged k/v always runs there.
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -23,7 +24,7 @@ namespace {
 
 // cmake/cuda.cmake's sm90_kernels.inc names, as X-macros, each compiled instantiation
 // (JAX_SGL_SM90_KERNEL(head dim, bf16|fp16, variant)) and each built head dim's default variants
-// (JAX_SGL_SM90_DEFAULT(head dim, non-causal, causal)).
+// (JAX_SGL_SM90_DEFAULT(head dim, non-causal, causal, short or -1)).
 using Sm90Type_bf16 = bf16_t;
 using Sm90Type_fp16 = f16_t;
 constexpr DType kSm90DType_bf16 = DType::kBF16;
@@ -34,18 +35,25 @@ bool Built(DType t, int d, int v = -1) {
   (void)t, (void)d, (void)v;
 #define JAX_SGL_SM90_KERNEL(D, T, V) \
   if (t == kSm90DType_##T && d == D && (v < 0 || v == V)) return true;
-#define JAX_SGL_SM90_DEFAULT(D, NON_CAUSAL, CAUSAL)
+#define JAX_SGL_SM90_DEFAULT(D, NON_CAUSAL, CAUSAL, SHORT)
 #include "sm90_kernels.inc"
 #undef JAX_SGL_SM90_KERNEL
 #undef JAX_SGL_SM90_DEFAULT
   return false;
 }
 
-int DefaultVariant(int d, bool causal) {
-  (void)d, (void)causal;
+// Calls of at most this many rows and keys per sequence take the head dim's short-call default
+// when it has one: at S=1k the persistent v4 ran 0.92-0.95x cuDNN non-causal where v6 and v7
+// ran 0.85-0.86x (H200, 2026-12-02, NOTES_sm90.md).
+constexpr int kShortCallRows = 2048;
+
+int DefaultVariant(const AttentionParams& p) {
+  const int d = p.head_dim;
+  const bool shorter = std::max(p.seqlen_q, p.seqlen_k) <= kShortCallRows;
+  (void)d, (void)shorter;
 #define JAX_SGL_SM90_KERNEL(D, T, V)
-#define JAX_SGL_SM90_DEFAULT(D, NON_CAUSAL, CAUSAL) \
-  if (d == D) return causal ? CAUSAL : NON_CAUSAL;
+#define JAX_SGL_SM90_DEFAULT(D, NON_CAUSAL, CAUSAL, SHORT) \
+  if (d == D) return SHORT >= 0 && shorter ? SHORT : (p.causal ? CAUSAL : NON_CAUSAL);
 #include "sm90_kernels.inc"
 #undef JAX_SGL_SM90_KERNEL
 #undef JAX_SGL_SM90_DEFAULT
@@ -59,7 +67,7 @@ cudaError_t Launch(DType t, int d, int v, const AttentionParams& p, void* scratc
 #define JAX_SGL_SM90_KERNEL(D, T, V)              \
   if (t == kSm90DType_##T && d == D && v == V) \
     return LaunchFlashFwdSm90<Sm90Type_##T, D, V>(p, scratch, stream);
-#define JAX_SGL_SM90_DEFAULT(D, NON_CAUSAL, CAUSAL)
+#define JAX_SGL_SM90_DEFAULT(D, NON_CAUSAL, CAUSAL, SHORT)
 #include "sm90_kernels.inc"
 #undef JAX_SGL_SM90_KERNEL
 #undef JAX_SGL_SM90_DEFAULT
@@ -137,8 +145,9 @@ bool IsComputeCapability90() {
 }
 
 const char* Sm90BuiltKernels() {
-  // " hdim128_bf16 hdim128_bf16_variant1 ... hdim128_default_v1_v1": each (head dim, dtype)
-  // once, each of its variants, then per head dim the default variants (non-causal, causal).
+  // " hdim128_bf16 hdim128_bf16_variant1 ... hdim128_default_v6_v4_s4": each (head dim, dtype)
+  // once, each of its variants, then per head dim the default variants (non-causal, causal and,
+  // when it has one, short calls).
   // Built once: the list is fixed at compile time.
   static const std::string kernels = [] {
     std::string s;
@@ -146,18 +155,19 @@ const char* Sm90BuiltKernels() {
       if ((s + " ").find(" " + token + " ") == std::string::npos) s += " " + token;
     };
 #define JAX_SGL_SM90_KERNEL(D, T, V) add("hdim" #D "_" #T);
-#define JAX_SGL_SM90_DEFAULT(D, NON_CAUSAL, CAUSAL)
+#define JAX_SGL_SM90_DEFAULT(D, NON_CAUSAL, CAUSAL, SHORT)
 #include "sm90_kernels.inc"
 #undef JAX_SGL_SM90_KERNEL
 #undef JAX_SGL_SM90_DEFAULT
 #define JAX_SGL_SM90_KERNEL(D, T, V) add("hdim" #D "_" #T "_variant" #V);
-#define JAX_SGL_SM90_DEFAULT(D, NON_CAUSAL, CAUSAL)
+#define JAX_SGL_SM90_DEFAULT(D, NON_CAUSAL, CAUSAL, SHORT)
 #include "sm90_kernels.inc"
 #undef JAX_SGL_SM90_KERNEL
 #undef JAX_SGL_SM90_DEFAULT
 #define JAX_SGL_SM90_KERNEL(D, T, V)
-#define JAX_SGL_SM90_DEFAULT(D, NON_CAUSAL, CAUSAL) \
-  add("hdim" #D "_default_v" #NON_CAUSAL "_v" #CAUSAL);
+#define JAX_SGL_SM90_DEFAULT(D, NON_CAUSAL, CAUSAL, SHORT) \
+  add("hdim" #D "_default_v" #NON_CAUSAL "_v" #CAUSAL + \
+      std::string(SHORT >= 0 ? "_s" #SHORT : ""));
 #include "sm90_kernels.inc"
 #undef JAX_SGL_SM90_KERNEL
 #undef JAX_SGL_SM90_DEFAULT
@@ -168,7 +178,7 @@ const char* Sm90BuiltKernels() {
 
 int Sm90Variant(const AttentionParams& p) {
   const int v = RequestedVariant();
-  return v >= 0 && Built(p.q_type, p.head_dim, v) ? v : DefaultVariant(p.head_dim, p.causal);
+  return v >= 0 && Built(p.q_type, p.head_dim, v) ? v : DefaultVariant(p);
 }
 
 cudaError_t RunFlashFwdSm90(const AttentionParams& p, void* scratch, cudaStream_t stream) {
