@@ -1,0 +1,127 @@
+"""Nsight Compute views of jax_sgl's attention kernels beside cuDNN's, for the notes on what
+limits each (benchmarks/NOTES_*.md). Two modes:
+
+  python3 tools/ncu_attention.py run CASE      one call of CASE inside cudaProfilerStart/Stop,
+                                               after a warm-up call; run it under
+                                               `ncu --profile-from-start off` (tools/ncu_attention.sh)
+  python3 tools/ncu_attention.py summary CSV.. one line per kernel of each `ncu --csv --page
+                                               details` file: time, SM / tensor / DRAM throughput,
+                                               issue activity, registers, occupancy
+
+CASE is <what>-<impl>: what in fwd4k, fwd4kc, fwd8k, fwdbwd4k, decode32k; impl in jax_sgl, cudnn.
+Shapes are the benchmarks' (bench_attention.py, bench_attention_bwd.py): B*S = 32k, H=16, D=128,
+bf16; decode B=64, 32/8 heads, KV 32k in 16-key pages.
+"""
+
+from __future__ import annotations
+
+import csv
+import sys
+
+CASES = ("fwd4k", "fwd4kc", "fwd8k", "fwdbwd4k", "decode32k")
+IMPLS = ("jax_sgl", "cudnn")
+
+# (column, ncu metric name, unit scale): the rows of the summary, from the sections that
+# tools/ncu_attention.sh asks for.
+COLUMNS = (
+    ("us", "Duration", 1.0),
+    ("SM%", "Compute (SM) Throughput", 1.0),
+    ("DRAM%", "DRAM Throughput", 1.0),
+    ("issue%", "Issue Slots Busy", 1.0),
+    ("regs", "Registers Per Thread", 1.0),
+    ("occ%", "Achieved Occupancy", 1.0),
+)
+
+
+def profiler(start):
+  """cudaProfilerStart / Stop through torch's cudart (the device image has torch), else nothing:
+  ncu then profiles the warm-up call too."""
+  try:
+    import torch
+    (torch.cuda.profiler.start if start else torch.cuda.profiler.stop)()
+  except Exception as e:  # no torch: the whole process is profiled
+    print(f"(no profiler range: {e})", file=sys.stderr)
+
+
+def case_fn(case):
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+
+  import jax_sgl
+
+  what, impl = case.rsplit("-", 1)
+  assert what in CASES and impl in IMPLS, case
+  keys = jax.random.split(jax.random.PRNGKey(0), 4)
+  normal = lambda k, shape: jax.random.normal(k, shape, jnp.float32).astype(jnp.bfloat16)
+  if what == "decode32k":
+    b, s, h, hkv, d, page = 64, 32768, 32, 8, 128, 16
+    q = normal(keys[0], (b, 1, h, d))
+    k, v = normal(keys[1], (b, s, hkv, d)), normal(keys[2], (b, s, hkv, d))
+    if impl == "cudnn":
+      fn = jax.jit(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, implementation="cudnn"))
+      return fn, (q, k, v)
+    pages = s // page
+    perm = jnp.asarray(np.random.default_rng(0).permutation(b * pages), jnp.int32)
+    inv = jnp.argsort(perm)
+    to_pool = lambda x: x.reshape(b * pages, page, hkv, d)[inv]
+    fn = jax.jit(lambda q, kp, vp, t, u: jax_sgl.attention(q, kp, vp, page_table=t, seqused_k=u))
+    return fn, (q, to_pool(k), to_pool(v), perm.reshape(b, pages), jnp.full((b,), s, jnp.int32))
+  s = 8192 if what == "fwd8k" else 4096
+  causal = what == "fwd4kc"
+  b, h, d = 32768 // s, 16, 128
+  q, k, v = (normal(keys[i], (b, s, h, d)) for i in range(3))
+  if impl == "jax_sgl":
+    attn = lambda q, k, v: jax_sgl.attention(q, k, v, causal=causal)
+  else:
+    attn = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=causal,
+                                                        implementation="cudnn")
+  if what == "fwdbwd4k":
+    loss = lambda q, k, v: jnp.sum(jnp.cos(attn(q, k, v).astype(jnp.float32)))
+    return jax.jit(jax.grad(loss, argnums=(0, 1, 2))), (q, k, v)
+  return jax.jit(attn), (q, k, v)
+
+
+def run(case):
+  import jax
+  fn, args = case_fn(case)
+  jax.block_until_ready(fn(*args))  # compile + warm-up, outside the profiled range
+  jax.block_until_ready(fn(*args))
+  profiler(True)
+  jax.block_until_ready(fn(*args))
+  profiler(False)
+
+
+def summary(paths):
+  head = f"{'case':<18} {'kernel':<58}" + "".join(f"{c:>8}" for c, _, _ in COLUMNS)
+  print(head)
+  for path in paths:
+    case = path.rsplit("/", 1)[-1].removesuffix(".csv")
+    kernels = {}  # ID -> (name, {metric: value})
+    with open(path, newline="") as f:
+      lines = [l for l in f if l.startswith('"')]  # ncu's own log lines are not CSV
+    for rec in csv.DictReader(lines):
+      entry = kernels.setdefault(rec["ID"], (rec["Kernel Name"], {}))
+      entry[1][rec["Metric Name"]] = (rec["Metric Unit"], rec["Metric Value"])
+    for name, metrics in kernels.values():
+      cells = []
+      for _, metric, _ in COLUMNS:
+        unit, value = metrics.get(metric, ("", "-"))
+        value = value.replace(",", "")
+        try:
+          x = float(value)
+          if metric == "Duration":  # ncu picks the unit per kernel
+            x *= {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6}.get(unit, 1.0)
+          cells.append(f"{x:8.1f}")
+        except ValueError:
+          cells.append(f"{value:>8}")
+      print(f"{case:<18} {name[:58]:<58}" + "".join(cells))
+
+
+if __name__ == "__main__":
+  if len(sys.argv) >= 3 and sys.argv[1] == "run":
+    run(sys.argv[2])
+  elif len(sys.argv) >= 3 and sys.argv[1] == "summary":
+    summary(sys.argv[2:])
+  else:
+    sys.exit(__doc__)

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Nsight Compute over the attention cases of tools/ncu_attention.py (jax_sgl and cuDNN, one
+# process per case), on the device machine after tools/gpu_check.sh installed the package.
+# Writes $OUT/ncu.tar.gz (one CSV per case) and prints the per-kernel summary.
+#   NCU_CASES  cases to profile (default: every <what>-<impl> of the script)
+set -uo pipefail
+REPO="$(cd "$(dirname "$0")/.." && pwd)"
+OUT="${OUT:-/tmp/gpu_check}"
+PY="${PYTHON:-python3}"
+dir="$(mktemp -d)"
+cases="${NCU_CASES:-fwd4k-jax_sgl fwd4k-cudnn fwd4kc-jax_sgl fwd4kc-cudnn fwdbwd4k-jax_sgl fwdbwd4k-cudnn decode32k-jax_sgl decode32k-cudnn}"
+cd /tmp  # the installed package, not the source tree
+for c in $cases; do
+  # Clocks stay as the machine sets them (METHOD.md); sections give time, throughputs, issue
+  # activity, stall reasons, occupancy and launch shape.
+  ncu --clock-control none --profile-from-start off --csv --page details \
+      --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+      --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats \
+      "$PY" "$REPO/tools/ncu_attention.py" run "$c" > "$dir/$c.csv" 2> "$dir/$c.err" \
+    || echo "ncu $c failed: $(tail -2 "$dir/$c.err")"
+done
+tar -C "$dir" -czf "$OUT/ncu.tar.gz" .
+"$PY" "$REPO/tools/ncu_attention.py" summary "$dir"/*.csv
