@@ -35,7 +35,7 @@ CONFIGS = ((128, 16, 16), (128, 32, 8), (64, 16, 16), (256, 16, 16))
 def built_variants(head_dim):
   """The variants this build compiled for (head_dim, bf16)."""
   kernels = jax_sgl.attention_backend_info()["sm90_kernels"]
-  return [v for v in range(10) if f"hdim{head_dim}_bf16_variant{v}" in kernels]
+  return [v for v in range(11) if f"hdim{head_dim}_bf16_variant{v}" in kernels]
 
 
 def main():

@@ -27,10 +27,11 @@ constexpr int DefaultBlockN(int head_dim) { return head_dim <= 128 ? 128 : 64; }
 // sum, O rescaled only when a row max moved (softmax.h). kEarlyRescale: the O rescale of a step
 // runs between the issue of S = Q K^T and of P V (kernel.cuh). kLeanSoftmax: branch-free softmax
 // with ex2.approx.ftz (softmax.h). kDeferPvWait: the wait for a step's P V moves to the top of
-// the next step (kernel.cuh).
+// the next step (kernel.cuh). kDirectO: O goes from registers to global memory, not through smem
+// and a TMA store (kernel.cuh epilogue).
 template <typename Element_, int kHeadDim_, int kBlockN_ = DefaultBlockN(kHeadDim_),
           bool kPersistent_ = false, bool kFastSoftmax_ = false, bool kEarlyRescale_ = false,
-          bool kLeanSoftmax_ = false, bool kDeferPvWait_ = false>
+          bool kLeanSoftmax_ = false, bool kDeferPvWait_ = false, bool kDirectO_ = false>
 struct FlashConfig {
   using Element = Element_;  // cutlass::bfloat16_t or cutlass::half_t
   static constexpr int kHeadDim = kHeadDim_;
@@ -40,6 +41,7 @@ struct FlashConfig {
   static constexpr bool kEarlyRescale = kEarlyRescale_;
   static constexpr bool kLeanSoftmax = kLeanSoftmax_;
   static constexpr bool kDeferPvWait = kDeferPvWait_;
+  static constexpr bool kDirectO = kDirectO_;
 
   static constexpr int kWarpgroupRows = 64;                   // wgmma M per warpgroup
   static constexpr int kConsumers = 2;                        // consumer warpgroups (ping-pong)
@@ -94,8 +96,11 @@ struct FlashConfig {
   static constexpr int kQBytes = cosize_v<SmemLayoutQ> * int(sizeof(Element));
   static constexpr int kSmemLimit = 227 * 1024;  // sm_90 opt-in dynamic smem per block
   static constexpr bool kSeparateO =
-      kPersistent && kQBytes * 2 + 2 * cosize_v<SmemLayoutKV> * int(sizeof(Element)) + 1024 <=
-                         kSmemLimit;
+      kPersistent && !kDirectO &&
+      kQBytes * 2 + 2 * cosize_v<SmemLayoutKV> * int(sizeof(Element)) + 1024 <= kSmemLimit;
+  // Persistent: whether Q is free for the next tile when a tile's main loop ends (O does not
+  // leave through the Q buffer), or only once O has been stored from it.
+  static constexpr bool kQFreeAfterLoop = kSeparateO || kDirectO;
 
   struct SharedStorage {
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutQ>> q;  // O too if !kSeparateO

@@ -1,7 +1,7 @@
 // Host side of the sm_90a flash forward: whether it may run a call (switch, device, coverage)
 // and the (dtype, head dim, variant) switch over the instantiations this build compiled.
 //
-// JAX_SGL_SM90_VARIANT=<0..9> (read at each call) picks the kernel variant (sm90/variants.h) for
+// JAX_SGL_SM90_VARIANT=<0..10> (read at each call) picks the kernel variant (sm90/variants.h) for
 // A/B runs; unset, unparsable or not built for the call's (dtype, head dim) means the default of
 // its (head dim, causal, short call) (CMake JAX_SGL_SM90_DEFAULT_VARIANTS, always built).
 //
@@ -93,11 +93,16 @@ const char* VarlenUnsupported(const AttentionParams& p) {
   return nullptr;
 }
 
-// JAX_SGL_SM90_VARIANT as a variant index, or -1 (unset or not one digit).
+// JAX_SGL_SM90_VARIANT as a variant index, or -1 (unset, or not a number below kNumVariants).
 int RequestedVariant() {
   const char* env = std::getenv("JAX_SGL_SM90_VARIANT");
-  if (env == nullptr || env[0] < '0' || env[0] > '9' || env[1] != '\0') return -1;
-  return env[0] - '0';
+  if (env == nullptr) return -1;
+  int v = 0;
+  for (const char* c = env; *c != '\0'; ++c) {
+    if (*c < '0' || *c > '9' || c - env >= 2) return -1;
+    v = v * 10 + (*c - '0');
+  }
+  return env[0] != '\0' && v < sm90::kNumVariants ? v : -1;
 }
 
 }  // namespace

@@ -246,10 +246,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   Pipeline pipe_v(shared.pipe_v, pipe_params, Shape<_1, _1, _1>{});
   if (threadIdx.x == 0) {
     shared.barrier_q.init(1);
-    // Q is free again when every consumer thread finished its last wgmma on it (separate O), or
-    // when each consumer's O store out of the Q buffer has completed.
+    // Q is free again when every consumer thread finished its last wgmma on it (separate or
+    // direct O), or when each consumer's O store out of the Q buffer has completed.
     if constexpr (kPersistent)
-      shared.barrier_q_empty.init(Cfg::kSeparateO ? kConsumerThreads : Cfg::kConsumers);
+      shared.barrier_q_empty.init(Cfg::kQFreeAfterLoop ? kConsumerThreads : Cfg::kConsumers);
   }
   cutlass::arch::fence_barrier_init();
   __syncthreads();
@@ -550,8 +550,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         pipe_v.consumer_release(read_v);
         ++read_v;
       }
-      // With a separate O buffer, Q is done: the producer may load the next tile's.
-      if constexpr (kPersistent && Cfg::kSeparateO) shared.barrier_q_empty.arrive();
+      // With a separate O buffer or none, Q is done: the producer may load the next tile's.
+      if constexpr (kPersistent && Cfg::kQFreeAfterLoop) shared.barrier_q_empty.arrive();
 
       // ---- Epilogue: normalize, LSE, O -> smem -> TMA store --------------------------------
       float inv_sum[2], lse[2];
@@ -569,22 +569,30 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           if (row < seqlen_q(w)) lse_row[row] = lse[r];
         }
       }
-      if constexpr (kVarlen) {
-        // Row by row from registers: a TMA box would write the next sequence's rows. Rows of
-        // this warpgroup's 64-row block that are past the sequence's end are skipped.
+      if constexpr (kVarlen || Cfg::kDirectO) {
+        // Row by row from registers: varlen, because a TMA box would write the next sequence's
+        // rows; direct O, to keep O out of the Q buffer. Rows of this warpgroup's 64-row block
+        // past the sequence's end are skipped. Values 2j and 2j+1 of the accumulator are
+        // adjacent columns of one row (even column), stored as one 32-bit word.
         const int block_row0 = row_base - coord.row0;  // tile row of this warpgroup's row 0
-        const int rows_left = w.q_len - block_row0;
+        const int rows_left = seqlen_q(w) - block_row0;
+        const int64_t q_row0 = kVarlen ? int64_t(w.q_row0) : int64_t(w.batch) * params.seqlen_q;
         const int64_t row_stride = int64_t(params.num_heads) * Cfg::kHeadDim;
         Tensor gO = make_tensor(
-            make_gmem_ptr(params.out + (int64_t(w.q_row0) + block_row0) * row_stride +
+            make_gmem_ptr(params.out + (q_row0 + block_row0) * row_stride +
                           int64_t(w.head) * Cfg::kHeadDim),
             make_layout(typename Cfg::RowsD{}, make_stride(row_stride, _1{})));
         Tensor tOgO = thr_pv.partition_C(gO);
         Tensor tOcO = thr_pv.partition_C(make_identity_tensor(typename Cfg::RowsD{}));
+        static_assert(sizeof(Element) == 2);
 #pragma unroll
-        for (int i = 0; i < size(tOrO); ++i)
-          if (get<0>(tOcO(i)) < rows_left) tOgO(i) = Element(tOrO(i));
-        if constexpr (kPersistent && !Cfg::kSeparateO) {
+        for (int i = 0; i < size(tOrO); i += 2) {
+          if (get<0>(tOcO(i)) < rows_left) {
+            const uint32_t lo = Element(tOrO(i)).raw(), hi = Element(tOrO(i + 1)).raw();
+            *reinterpret_cast<uint32_t*>(&tOgO(i)) = lo | (hi << 16);
+          }
+        }
+        if constexpr (kPersistent && !Cfg::kQFreeAfterLoop) {
           // Every thread's last wgmma on Q has completed (wait<0> above): Q may be reloaded.
           cutlass::arch::NamedBarrier::sync(128, epilogue_barrier);
           if (thread_in_wg == 0) shared.barrier_q_empty.arrive();

@@ -35,7 +35,7 @@ using VariantConfig =
                 Variant(kVariant).wide ? WideBlockN(kHeadDim) : DefaultBlockN(kHeadDim),
                 Variant(kVariant).persistent, Variant(kVariant).fast_softmax,
                 Variant(kVariant).early_rescale, Variant(kVariant).lean_softmax,
-                Variant(kVariant).defer_pv_wait>;
+                Variant(kVariant).defer_pv_wait, Variant(kVariant).direct_o>;
 
 }  // namespace sm90
 

@@ -22,12 +22,16 @@
 //   8 "np lean early" 5 with one CTA per tile.
 //   9 "deferred"   5 with the wait for a step's P V moved to the top of the next step, so ptxas
 //                  cannot put it ahead of the softmax (kernel.cuh, NOTES_sm90.md v3).
+//  10 "direct O"   6 with O stored from registers straight to global memory: 6 has no smem
+//                  for an O buffer of its own, so its O went out through the Q buffer and the
+//                  next tile's Q could load only after that store; here Q is free as soon as
+//                  the main loop ends, and its load overlaps this tile's epilogue.
 // No CUDA or CuTe here: the host dispatch includes it.
 #pragma once
 
 namespace jax_sgl::cuda::sm90 {
 
-inline constexpr int kNumVariants = 10;
+inline constexpr int kNumVariants = 11;
 
 // Keys per tile of the wide variants. hd128: 176 (FA3's choice: S 88 + P 44 + O 64 registers per
 // thread still fit 240); hd64: 192; hd256: 80 (Q 64 KiB + 2 x 2 stages x 40 KiB = 224 KiB of smem).
@@ -42,21 +46,23 @@ struct VariantTraits {
   bool early_rescale;
   bool lean_softmax;
   bool defer_pv_wait;
+  bool direct_o;
 };
 
 constexpr VariantTraits Variant(int v) {
   switch (v) {
-    //              persistent fast   wide   early  lean   defer
-    case 1: return {true,      false, false, false, false, false};
-    case 2: return {true,      true,  false, false, false, false};
-    case 3: return {true,      true,  true,  false, false, false};
-    case 4: return {true,      false, false, false, true,  false};
-    case 5: return {true,      false, false, true,  true,  false};
-    case 6: return {true,      false, true,  true,  true,  false};
-    case 7: return {false,     false, true,  true,  true,  false};
-    case 8: return {false,     false, false, true,  true,  false};
-    case 9: return {true,      false, false, true,  true,  true};
-    default: return {false,    false, false, false, false, false};
+    //               persistent fast   wide   early  lean   defer  direct O
+    case 1: return  {true,      false, false, false, false, false, false};
+    case 2: return  {true,      true,  false, false, false, false, false};
+    case 3: return  {true,      true,  true,  false, false, false, false};
+    case 4: return  {true,      false, false, false, true,  false, false};
+    case 5: return  {true,      false, false, true,  true,  false, false};
+    case 6: return  {true,      false, true,  true,  true,  false, false};
+    case 7: return  {false,     false, true,  true,  true,  false, false};
+    case 8: return  {false,     false, false, true,  true,  false, false};
+    case 9: return  {true,      false, false, true,  true,  true,  false};
+    case 10: return {true,      false, true,  true,  true,  false, true};
+    default: return {false,     false, false, false, false, false, false};
   }
 }
 
