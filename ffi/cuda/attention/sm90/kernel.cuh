@@ -12,7 +12,8 @@
 // Keys are walked from the last tile down: tiles that cross the causal diagonal / right window
 // edge or the end of the keys come first, those that cross the left window edge last, and only
 // these are masked; tiles wholly outside the window (or above the diagonal) are never loaded.
-// Softcap (cap tanh(scale s / cap) before the mask) runs every tile through the masked step.
+// Softcap (cap tanh(scale s / cap) before the mask) is its own instantiation (kSoftcap) and runs
+// on every tile.
 // The output goes registers -> smem (the Q buffer of the same warpgroup, or its own buffer when
 // persistent and smem allows) -> TMA store.
 #pragma once
@@ -191,7 +192,9 @@ __device__ __forceinline__ void CompilerFence() { asm volatile("" ::: "memory");
 // kVarlen: packed q / k / v (cu_seqlens_q / cu_seqlens_k, seqused_k): per-tile sequence geometry
 // (VarlenTile), row offsets into the TMA views, O stored row by row with a predicate per row.
 // A separate instantiation, so the dense kernel's code is exactly what it was.
-template <typename Cfg, bool kVarlen = false>
+// kSoftcap: scores capped before the mask (KernelParams::softcap != 0); the launcher picks per call.
+// Its own instantiation, as in the backward: the plain kernel then holds no softcap code or state.
+template <typename Cfg, bool kVarlen = false, bool kSoftcap = false>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     FlashFwdSm90Kernel(CUTE_GRID_CONSTANT KernelParams<Cfg> const params) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -386,7 +389,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     // last_tile (variant 0): the CTA's only tile, where consumer 1 skips its last hand-over so
     // every arrive meets a sync; persistent CTAs keep handing over and consumer 0 syncs once more
     // at exit.
-    auto run_tile = [&](WorkTile const& w, bool last_tile) {
+    auto run_tile = [&](WorkTile const& w, bool last_tile) __attribute__((always_inline)) {
       const KeyTiles tiles = key_tiles(w);
       const int row_base = w.m_block * kBlockM + consumer * kRows + coord.row0;  // row of r = 0
       const int diag = seqlen_k(w) - seqlen_q(w);
@@ -439,8 +442,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         warpgroup_wait<0>();
         pipe_k.consumer_release(read_k);
         ++read_k;
-        // No P V in flight yet: this branch costs no overlap.
-        if (params.softcap != 0.f) apply_softcap(tSrS);
+        if constexpr (kSoftcap) apply_softcap(tSrS);
         mask(tSrS, n);
         // Early rescale: the correction of the latest softmax step waits here until the next
         // step's S is issued (the first one scales O = 0: harmless).
@@ -462,10 +464,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           warpgroup_wait<1>();
           pipe_k.consumer_release(read_k);
           ++read_k;
-          if constexpr (decltype(masked)::value) {
-            if (params.softcap != 0.f) apply_softcap(s);
-            mask(s, n);
-          }
+          if constexpr (kSoftcap) apply_softcap(s);
+          if constexpr (decltype(masked)::value) mask(s, n);
           float corr[2];
           softmax.template Step<Cfg::kFastSoftmax, Cfg::kLeanSoftmax>(s, corr);
           warpgroup_wait<0>();
@@ -513,28 +513,19 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           warpgroup_wait<1>();
           pipe_k.consumer_release(read_k);
           ++read_k;
-          if constexpr (decltype(masked)::value) {
-            if (params.softcap != 0.f) apply_softcap(tSrS);
-            mask(tSrS, n);
-          }
+          if constexpr (kSoftcap) apply_softcap(tSrS);
+          if constexpr (decltype(masked)::value) mask(tSrS, n);
           softmax.template Step<Cfg::kFastSoftmax, Cfg::kLeanSoftmax>(tSrS, correction);
         };
-        // The remaining tiles, n_end - 2 down to n_begin: the masked ones at either edge one at
-        // a time, the unmasked middle in a tight loop of its own, unchanged by window and
-        // softcap. Softcap (the slow path anyway) runs every tile through the masked step, where
-        // its test costs no extra copy of the step.
-        const int unmasked_begin = params.softcap != 0.f ? tiles.n_end : tiles.n_mask_end;
-        const int unmasked_end = params.softcap != 0.f ? tiles.n_end : tiles.n_mask_begin;
+        // The remaining tiles, n_end - 2 down to n_begin, in three straight passes: the masked
+        // right edge (>= n_mask_begin), the unmasked middle (>= n_mask_end), the masked left
+        // edge (the rest, < n_mask_end). A tile in [n_mask_begin, n_mask_end) (narrow window)
+        // goes with the first pass. One loop around both kinds of step kept the state of both
+        // live at once and spilled (NOTES_sm90.md, spill fix).
         auto walk = [&](auto&& step_fn) {
-          n = tiles.n_end - 2;
-          while (n >= tiles.n_begin) {
-            if (n >= unmasked_end || n < unmasked_begin) {
-              step_fn(n, cute::true_type{});
-              --n;
-            } else {
-              for (; n >= unmasked_begin; --n) step_fn(n, cute::false_type{});
-            }
-          }
+          for (n = tiles.n_end - 2; n >= tiles.n_mask_begin; --n) step_fn(n, cute::true_type{});
+          for (; n >= tiles.n_mask_end; --n) step_fn(n, cute::false_type{});
+          for (; n >= tiles.n_begin; --n) step_fn(n, cute::true_type{});
         };
         if constexpr (Cfg::kDeferPvWait) {
           walk(step_deferred);
