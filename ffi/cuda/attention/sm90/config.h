@@ -17,6 +17,20 @@ namespace jax_sgl::cuda::sm90 {
 
 using namespace cute;
 
+// A work tile: query rows [m_block * kBlockM, +kBlockM) of one (q head, batch). The varlen
+// kernel also carries the sequence's geometry (rows of q / k in the packed buffers, lengths).
+struct WorkTile {
+  int m_block, head, batch;
+  int q_row0 = 0, q_len = 0, k_row0 = 0, k_len = 0;
+};
+
+// Persistent CTAs: a consumer's current work tile and its ordinal (whose parity is the phase of
+// the Q barrier), parked in smem across the main loop instead of in registers (kernel.cuh).
+struct HeldTile {
+  WorkTile w;
+  int iter;
+};
+
 // Keys per tile of variant 0: 128 keeps S (64 fp32 per thread) and O (kHeadDim/2 per thread) plus
 // the P operand inside 240 registers up to hd128; hd256's O alone takes 128 registers, so its key
 // tile halves. Two stages of K and V fit smem at every head dim (hd256: 64+64+64 KiB).
@@ -112,6 +126,7 @@ struct FlashConfig {
     cutlass::arch::ClusterTransactionBarrier barrier_q;  // Q (and, persistent, the tile) ready
     cutlass::arch::ClusterBarrier barrier_q_empty;       // persistent: consumers done with Q
     int tile;                                            // persistent: work tile of this Q, or -1
+    HeldTile held[kConsumers];                           // persistent: each consumer's tile
   };
   static_assert(sizeof(SharedStorage) <= kSmemLimit);
 

@@ -12,7 +12,8 @@
 // Keys are walked from the last tile down: tiles that cross the causal diagonal / right window
 // edge or the end of the keys come first, those that cross the left window edge last, and only
 // these are masked; tiles wholly outside the window (or above the diagonal) are never loaded.
-// Softcap (cap tanh(scale s / cap) before the mask) runs every tile through the masked step.
+// Softcap (cap tanh(scale s / cap) before the mask) is its own instantiation (kSoftcap) and runs
+// on every tile.
 // The output goes registers -> smem (the Q buffer of the same warpgroup, or its own buffer when
 // persistent and smem allows) -> TMA store.
 #pragma once
@@ -66,13 +67,6 @@ struct KernelParams {
   int total_k;
   int batch;
   Element_t<Cfg>* out;               // O, stored row by row (never past a sequence's end)
-};
-
-// A work tile: query rows [m_block * kBlockM, +kBlockM) of one (q head, batch). The varlen
-// kernel also carries the sequence's geometry (rows of q / k in the packed buffers, lengths).
-struct WorkTile {
-  int m_block, head, batch;
-  int q_row0 = 0, q_len = 0, k_row0 = 0, k_len = 0;
 };
 
 // Varlen: the linear row block `lin` (sequences in order, each ceil(q_len / block_m) blocks)
@@ -188,10 +182,32 @@ __device__ __forceinline__ void Gemm(Mma& mma, TA const& a, TB const& b, TC& c) 
 // releases and try_wait acquires in hardware, but CUTLASS's asm statements clobber no memory.
 __device__ __forceinline__ void CompilerFence() { asm volatile("" ::: "memory"); }
 
+// A consumer's held tile, field by field through volatile accesses: each read is a fresh smem load,
+// never a register kept from before the main loop. Every thread of the warpgroup writes the same
+// values; each reads back before it releases Q, so the next tile's write comes after all reads.
+__device__ __forceinline__ void StoreTile(HeldTile& slot, WorkTile const& w, int iter) {
+  volatile int* p = reinterpret_cast<volatile int*>(&slot);
+  p[0] = w.m_block; p[1] = w.head; p[2] = w.batch;
+  p[3] = w.q_row0; p[4] = w.q_len; p[5] = w.k_row0; p[6] = w.k_len;
+  p[7] = iter;
+}
+__device__ __forceinline__ WorkTile LoadTile(HeldTile const& slot) {
+  volatile const int* p = reinterpret_cast<volatile const int*>(&slot);
+  WorkTile w{p[0], p[1], p[2]};
+  w.q_row0 = p[3]; w.q_len = p[4]; w.k_row0 = p[5]; w.k_len = p[6];
+  return w;
+}
+__device__ __forceinline__ int LoadTileIter(HeldTile const& slot) {
+  return reinterpret_cast<volatile const int*>(&slot)[7];
+}
+static_assert(sizeof(HeldTile) == 8 * sizeof(int));
+
 // kVarlen: packed q / k / v (cu_seqlens_q / cu_seqlens_k, seqused_k): per-tile sequence geometry
 // (VarlenTile), row offsets into the TMA views, O stored row by row with a predicate per row.
 // A separate instantiation, so the dense kernel's code is exactly what it was.
-template <typename Cfg, bool kVarlen = false>
+// kSoftcap: scores capped before the mask (KernelParams::softcap != 0), picked per call by the
+// launcher. Its own instantiation, as in the backward: the plain kernel holds no softcap code.
+template <typename Cfg, bool kVarlen = false, bool kSoftcap = false>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     FlashFwdSm90Kernel(CUTE_GRID_CONSTANT KernelParams<Cfg> const params) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -268,9 +284,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     Tensor mQ = params.tma_q.get_tma_tensor(params.q_shape);
     Tensor mK = params.tma_k.get_tma_tensor(params.kv_shape);
     Tensor mV = params.tma_v.get_tma_tensor(params.kv_shape);
-    // The K/V ring states run on across the tiles of a persistent CTA.
-    PipelineState write_k = cutlass::make_producer_start_state<Pipeline>();
-    PipelineState write_v = cutlass::make_producer_start_state<Pipeline>();
+    // The K/V ring states run on across the tiles of a persistent CTA. Both rings see the same
+    // number of loads per tile, V one behind K inside it (load_tile's order), so one count of K
+    // loads gives both states: the producer has 24 registers, and two states spilled.
+    uint32_t k_loads = 0;
+    auto write_state = [](uint32_t count) {  // as make_producer_start_state, advanced count times
+      return PipelineState(int(count % Cfg::kStages), 1u ^ ((count / Cfg::kStages) & 1u), count);
+    };
     // Loads one work tile in the order the consumers use it: K[last], Q, then (K[n], V[n+1])
     // pairs, then V[first]. claim_q() runs just before Q is written (persistent: waits for the
     // consumers to be done with the previous Q, then publishes the tile).
@@ -298,16 +318,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       auto tVg = get<0>(tV);
       auto tVs = get<1>(tV);
       auto load_k = [&](int n) {
+        const PipelineState write_k = write_state(k_loads++);
         pipe_k.producer_acquire(write_k);
         copy(params.tma_k.with(*pipe_k.producer_get_barrier(write_k), 0), tKg(_, n),
              tKs(_, write_k.index()));
-        ++write_k;
       };
-      auto load_v = [&](int n) {
+      // behind: K loads of this tile issued since the K of this V.
+      auto load_v = [&](int n, uint32_t behind) {
+        const PipelineState write_v = write_state(k_loads - behind);
         pipe_v.producer_acquire(write_v);
         copy(params.tma_v.with(*pipe_v.producer_get_barrier(write_v), 0), tVg(_, n),
              tVs(_, write_v.index()));
-        ++write_v;
       };
       if (!tiles.empty()) load_k(tiles.n_end - 1);
       claim_q();
@@ -317,9 +338,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
              tQg(_, 2 * w.m_block + half), tQs(_, half));
       for (int n = tiles.n_end - 2; n >= tiles.n_begin; --n) {
         load_k(n);
-        load_v(n + 1);
+        load_v(n + 1, 2);
       }
-      if (!tiles.empty()) load_v(tiles.n_begin);
+      if (!tiles.empty()) load_v(tiles.n_begin, 1);
     };
     if constexpr (!kPersistent) {
       const KeyTiles tiles = key_tiles(launch_tile);
@@ -385,12 +406,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     // One work tile: main loop, then normalize, LSE and O -> smem -> TMA store. Q must be in smem.
     // last_tile (variant 0): the CTA's only tile, where consumer 1 skips its last hand-over so
     // every arrive meets a sync; persistent CTAs keep handing over and consumer 0 syncs once more
-    // at exit.
-    auto run_tile = [&](WorkTile const& w, bool last_tile) {
-      const KeyTiles tiles = key_tiles(w);
-      const int row_base = w.m_block * kBlockM + consumer * kRows + coord.row0;  // row of r = 0
-      const int diag = seqlen_k(w) - seqlen_q(w);
-      const int key_end = seqlen_k(w);
+    // at exit. Returns the ordinal of the next published tile (persistent).
+    // always_inline: NVVM outlines this lambda otherwise, and ptxas then serializes every wgmma
+    // (C7520).
+    auto run_tile = [&](WorkTile const& tile, bool last_tile) __attribute__((always_inline)) {
+      const KeyTiles tiles = key_tiles(tile);
+      const int row_base = tile.m_block * kBlockM + consumer * kRows + coord.row0;  // row of r = 0
+      const int diag = seqlen_k(tile) - seqlen_q(tile);
+      const int key_end = seqlen_k(tile);
       OnlineSoftmax softmax(params.softmax_scale);
       clear(tOrO);
 
@@ -439,8 +462,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         warpgroup_wait<0>();
         pipe_k.consumer_release(read_k);
         ++read_k;
-        // No P V in flight yet: this branch costs no overlap.
-        if (params.softcap != 0.f) apply_softcap(tSrS);
+        if constexpr (kSoftcap) apply_softcap(tSrS);
         mask(tSrS, n);
         // Early rescale: the correction of the latest softmax step waits here until the next
         // step's S is issued (the first one scales O = 0: harmless).
@@ -462,10 +484,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           warpgroup_wait<1>();
           pipe_k.consumer_release(read_k);
           ++read_k;
-          if constexpr (decltype(masked)::value) {
-            if (params.softcap != 0.f) apply_softcap(s);
-            mask(s, n);
-          }
+          if constexpr (kSoftcap) apply_softcap(s);
+          if constexpr (decltype(masked)::value) mask(s, n);
           float corr[2];
           softmax.template Step<Cfg::kFastSoftmax, Cfg::kLeanSoftmax>(s, corr);
           warpgroup_wait<0>();
@@ -513,28 +533,24 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           warpgroup_wait<1>();
           pipe_k.consumer_release(read_k);
           ++read_k;
-          if constexpr (decltype(masked)::value) {
-            if (params.softcap != 0.f) apply_softcap(tSrS);
-            mask(tSrS, n);
-          }
+          if constexpr (kSoftcap) apply_softcap(tSrS);
+          if constexpr (decltype(masked)::value) mask(tSrS, n);
           softmax.template Step<Cfg::kFastSoftmax, Cfg::kLeanSoftmax>(tSrS, correction);
         };
-        // The remaining tiles, n_end - 2 down to n_begin: the masked ones at either edge one at
-        // a time, the unmasked middle in a tight loop of its own, unchanged by window and
-        // softcap. Softcap (the slow path anyway) runs every tile through the masked step, where
-        // its test costs no extra copy of the step.
-        const int unmasked_begin = params.softcap != 0.f ? tiles.n_end : tiles.n_mask_end;
-        const int unmasked_end = params.softcap != 0.f ? tiles.n_end : tiles.n_mask_begin;
+        // The remaining tiles, n_end - 2 down to n_begin, in three straight passes: the masked
+        // right edge (>= n_mask_begin), the unmasked middle (>= n_mask_end), the masked left
+        // edge (the rest, < n_mask_end). A tile in [n_mask_begin, n_mask_end) (narrow window)
+        // goes with the first pass. One loop around both kinds of step kept the state of both
+        // live at once and spilled (NOTES_sm90.md, spill fix). Persistent: only a count lives
+        // across the middle (its step uses no n); the left edge's range and start come from
+        // the held tile again (n there is min(n_end - 2, n_mask_begin - 1, n_mask_end - 1)).
         auto walk = [&](auto&& step_fn) {
-          n = tiles.n_end - 2;
-          while (n >= tiles.n_begin) {
-            if (n >= unmasked_end || n < unmasked_begin) {
-              step_fn(n, cute::true_type{});
-              --n;
-            } else {
-              for (; n >= unmasked_begin; --n) step_fn(n, cute::false_type{});
-            }
-          }
+          for (n = tiles.n_end - 2; n >= tiles.n_mask_begin; --n) step_fn(n, cute::true_type{});
+          for (int c = n - tiles.n_mask_end; c >= 0; --c, --n) step_fn(n, cute::false_type{});
+          const KeyTiles left = kPersistent ? key_tiles(LoadTile(shared.held[consumer])) : tiles;
+          if constexpr (kPersistent)
+            n = min(left.n_end - 2, min(left.n_mask_begin, left.n_mask_end) - 1);
+          for (; n >= left.n_begin; --n) step_fn(n, cute::true_type{});
         };
         if constexpr (Cfg::kDeferPvWait) {
           walk(step_deferred);
@@ -550,6 +566,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         pipe_v.consumer_release(read_v);
         ++read_v;
       }
+      // Persistent: the epilogue reads its tile (and the next Q phase) back from smem rather than
+      // keep it in registers across the main loop, which needs them all: held there, it spilled.
+      const WorkTile w = kPersistent ? LoadTile(shared.held[consumer]) : tile;
+      const int next_iter = kPersistent ? LoadTileIter(shared.held[consumer]) + 1 : 0;
+      // Row of r = 0 again; variant 0 keeps row_base, live anyway (hd256 spilled m_block).
+      const int out_row =
+          kPersistent ? w.m_block * kBlockM + consumer * kRows + coord.row0 : row_base;
       // With a separate O buffer or none, Q is done: the producer may load the next tile's.
       if constexpr (kPersistent && Cfg::kQFreeAfterLoop) shared.barrier_q_empty.arrive();
 
@@ -565,7 +588,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                 : params.lse + (int64_t(w.batch) * params.num_heads + w.head) * params.seqlen_q;
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          const int row = row_base + 8 * r;
+          const int row = out_row + 8 * r;
           if (row < seqlen_q(w)) lse_row[row] = lse[r];
         }
       }
@@ -574,7 +597,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         // rows; direct O, to keep O out of the Q buffer. Rows of this warpgroup's 64-row block
         // past the sequence's end are skipped. Values 2j and 2j+1 of the accumulator are
         // adjacent columns of one row (even column), stored as one 32-bit word.
-        const int block_row0 = row_base - coord.row0;  // tile row of this warpgroup's row 0
+        const int block_row0 = out_row - coord.row0;  // tile row of this warpgroup's row 0
         const int rows_left = seqlen_q(w) - block_row0;
         const int64_t q_row0 = kVarlen ? int64_t(w.q_row0) : int64_t(w.batch) * params.seqlen_q;
         const int64_t row_stride = int64_t(params.num_heads) * Cfg::kHeadDim;
@@ -597,7 +620,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           cutlass::arch::NamedBarrier::sync(128, epilogue_barrier);
           if (thread_in_wg == 0) shared.barrier_q_empty.arrive();
         }
-        return;
+        return next_iter;
       }
       // sOmine is free: in the Q buffer, this warpgroup's last wgmma has completed (wait<0>
       // above) and only this warpgroup ever read it (with no key tile, variant 0 never loaded
@@ -612,11 +635,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       cutlass::arch::fence_view_async_shared();  // generic-proxy writes -> TMA reads
       cutlass::arch::NamedBarrier::sync(128, epilogue_barrier);
       if (thread_in_wg == 0) {
-        // This warpgroup's 64-row block (2 m_block + consumer), from a value live anyway: keeps
-        // hd256 from spilling m_block across the main loop.
+        // This warpgroup's 64-row block (2 m_block + consumer), from out_row: keeps hd256 from
+        // spilling m_block across the main loop.
         Tensor mO = params.tma_o.get_tma_tensor(params.q_shape);
         Tensor gO = local_tile(mO(_, _, w.head, w.batch), typename Cfg::RowsD{},
-                               make_coord((row_base - coord.row0) / kRows, _0{}));
+                               make_coord((out_row - coord.row0) / kRows, _0{}));
         auto cta_tma = params.tma_o.get_slice(_0{});
         copy(params.tma_o, cta_tma.partition_S(sOmine), cta_tma.partition_D(gO));
         tma_store_arrive();
@@ -625,6 +648,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           if constexpr (kPersistent) shared.barrier_q_empty.arrive();  // O has left the Q buffer
         }
       }
+      return next_iter;
     };
 
     if constexpr (!kPersistent) {
@@ -635,14 +659,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       run_tile(launch_tile, true);
     } else {
       start_turns();
-      for (int iter = 0;; ++iter) {
+      for (int iter = 0;;) {
         shared.barrier_q.wait(iter & 1);
         CompilerFence();
         const int t = *reinterpret_cast<volatile int*>(&shared.tile);
         if (t < 0) break;
         WorkTile w = DecodeTile(t, params.num_m_blocks, params.num_heads, params.causal);
         resolve(w);  // true: the producer published only tiles that resolve
-        run_tile(w, false);
+        StoreTile(shared.held[consumer], w, iter);
+        iter = run_tile(w, false);
       }
       // Meets consumer 1's last hand-over.
       if (consumer == 0) cutlass::arch::NamedBarrier::sync(kConsumerThreads, my_turn);

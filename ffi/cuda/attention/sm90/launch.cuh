@@ -39,7 +39,7 @@ using VariantConfig =
 
 }  // namespace sm90
 
-// Dense calls launch FlashFwdSm90Kernel<Cfg, false>, whose code does not change with varlen;
+// Dense calls launch FlashFwdSm90Kernel<Cfg, false, kSoftcap>, whose code does not change with varlen;
 // calls with cu_seqlens_q, varlen k/v or seqused_k (dispatch.cc keeps them off it under
 // JAX_SGL_SM90_VARLEN=0) launch the kVarlen instantiation: packed [total, D, H, 1] TMA views and
 // a grid (persistent: tile range) of linear row blocks x q heads, a bound that the kernel maps
@@ -106,7 +106,11 @@ cudaError_t LaunchFlashFwdSm90(const AttentionParams& p, void* scratch, cudaStre
       p.batch,
       static_cast<typename Cfg::Element*>(p.out),
   };
-  auto kernel = varlen ? sm90::FlashFwdSm90Kernel<Cfg, true> : sm90::FlashFwdSm90Kernel<Cfg, false>;
+  // Softcap has its own instantiations (kernel.cuh kSoftcap), so the plain ones carry none of it.
+  auto kernel = varlen ? (softcap ? sm90::FlashFwdSm90Kernel<Cfg, true, true>
+                                  : sm90::FlashFwdSm90Kernel<Cfg, true, false>)
+                       : (softcap ? sm90::FlashFwdSm90Kernel<Cfg, false, true>
+                                  : sm90::FlashFwdSm90Kernel<Cfg, false, false>);
   constexpr int kSmem = sizeof(typename Cfg::SharedStorage);
   if (cudaError_t err =
           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
