@@ -83,7 +83,7 @@ set(JAX_SGL_SM90_HEAD_DIMS "64;128;256" CACHE STRING "sm90 attention head dims t
 set(JAX_SGL_SM90_DTYPES "bf16;fp16" CACHE STRING "sm90 attention dtypes to build")
 # The variant (sm90/variants.h) a call runs when JAX_SGL_SM90_VARIANT is unset, per head dim:
 # "<head dim>:<non-causal>:<causal>", the best measured on an H200 (benchmarks/NOTES_sm90.md).
-set(JAX_SGL_SM90_DEFAULT_VARIANTS "64:6:6;128:6:4:4;256:7:7" CACHE STRING
+set(JAX_SGL_SM90_DEFAULT_VARIANTS "64:6:6;128:4:4;256:7:7" CACHE STRING
     "sm90 attention default variant per head dim: <head dim>:<non-causal>:<causal>[:<short>], \
 short: calls of at most 2048 rows and keys")
 # Extra variants for A/B runs (picked at run time by JAX_SGL_SM90_VARIANT): each costs one more
