@@ -337,6 +337,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       for (int half = 0; half < Cfg::kConsumers; ++half)
         copy(NoCacheHint(params.tma_q.with(reinterpret_cast<uint64_t&>(shared.barrier_q))),
              tQg(_, 2 * w.m_block + half), tQs(_, half));
+      // Rolled: nvcc unrolled it 4x, and the addresses of the unrolled copies did not fit the
+      // producer's 24 registers (varlen spilled); the producer waits on the ring anyway.
+#pragma unroll 1
       for (int n = tiles.n_end - 2; n >= tiles.n_begin; --n) {
         load_k(n);
         load_v(n + 1, 2);
