@@ -75,7 +75,8 @@ struct Copy_Traits<jax_sgl::cuda::sm90::TmaLoadNoHintOp, NumBitsPerTMA>
 
   tuple<TmaDescriptor const*, uint64_t*> const opargs_;
 
-  CUTE_HOST_DEVICE Copy_Traits(TmaDescriptor const* desc, uint64_t* mbar) : opargs_(desc, mbar) {}
+  CUTE_HOST_DEVICE Copy_Traits(TmaDescriptor const* desc, uint64_t* mbar)
+      : opargs_(desc, mbar) {}
 
   CUTE_HOST_DEVICE constexpr TmaDescriptor const* get_tma_descriptor() const {
     return get<0>(opargs_);
@@ -93,7 +94,8 @@ __device__ __forceinline__ auto NoCacheHint(
     cute::Copy_Atom<cute::Copy_Traits<cute::SM90_TMA_LOAD_OP, NumBitsPerTMA>, ValType> const&
         atom) {
   using Traits = cute::Copy_Traits<TmaLoadNoHintOp, NumBitsPerTMA>;
-  return cute::Copy_Atom<Traits, ValType>{Traits(atom.get_tma_descriptor(), cute::get<1>(atom.opargs_))};
+  return cute::Copy_Atom<Traits, ValType>{
+      Traits(atom.get_tma_descriptor(), cute::get<1>(atom.opargs_))};
 }
 
 }  // namespace jax_sgl::cuda::sm90
