@@ -84,8 +84,12 @@ def main():
       base = tflops["cudnn"]
       for name, value in tflops.items():
         spread = (max(times[name]) - min(times[name])) / statistics.median(times[name])
+        # Per round, this implementation against the cuDNN batch timed just before it: drift
+        # between rounds cancels in each ratio, so their range says how firm the ratio is.
+        paired = sorted(c / t for c, t in zip(times["cudnn"], times[name]))
         print(f"{label:<32} {name:<9} {value:7.1f} TFLOP/s  {value / base:5.3f}x cudnn  "
-              f"(spread {100 * spread:4.1f}%)")
+              f"(spread {100 * spread:4.1f}%; per round {statistics.median(paired):5.3f}x, "
+              f"{paired[0]:5.3f}-{paired[-1]:5.3f})")
       best = max((n for n in tflops if n not in ("cudnn", "default")), key=lambda n: tflops[n])
       print(f"SUMMARY sm90 A/B {label}: best {best} {tflops[best]:.0f} TFLOP/s = "
             f"{tflops[best] / base:.3f}x cudnn {base:.0f}; "
