@@ -13,6 +13,7 @@
 #include <type_traits>
 
 #include "ffi/common/attention_seq.h"
+#include "ffi/cuda/attention/env.h"
 #include "ffi/cuda/attention/flash_decode_launch.h"
 #include "ffi/cuda/attention/flash_fwd_launch.h"
 #include "ffi/cuda/attention/sm90/launch.h"
@@ -28,15 +29,6 @@ constexpr int kDecodeMinTilesPerSplit = 8;
 // CTAs of 128 threads per SM the decode kernel's registers allow (ptxas -v, sm_90a: 94-127
 // registers up to d = 128, 160 at 192, 206 at 256); shared memory usually binds first.
 int DecodeMaxCtasPerSm(int cap) { return cap <= 128 ? 4 : (cap <= 192 ? 3 : 2); }
-
-// An integer environment variable, or `fallback` when unset or not a number.
-int EnvInt(const char* name, int fallback) {
-  const char* env = std::getenv(name);
-  if (env == nullptr || *env == '\0') return fallback;
-  char* end = nullptr;
-  const long v = std::strtol(env, &end, 10);
-  return *end == '\0' ? int(v) : fallback;
-}
 
 bool DecodeKernelSelected() {
   const char* env = std::getenv("JAX_SGL_DECODE");

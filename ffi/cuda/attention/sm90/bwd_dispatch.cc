@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include "ffi/common/numeric.h"
+#include "ffi/cuda/attention/env.h"
 #include "ffi/cuda/attention/sm90/bwd_launch.h"
 #include "ffi/cuda/attention/sm90/launch.h"
 
@@ -96,11 +97,8 @@ bool Sm90BwdEnabled(const AttentionParams&) {
 }
 
 int Sm90BwdVariant() {
-  const char* env = std::getenv("JAX_SGL_SM90_BWD_VARIANT");
-  if (env == nullptr) return 0;
-  char* end = nullptr;
-  const long v = std::strtol(env, &end, 10);
-  return end != env && *end == '\0' && v >= 0 && v <= 15 ? int(v) : 0;
+  const int v = EnvInt("JAX_SGL_SM90_BWD_VARIANT", 0);
+  return v >= 0 && v <= 15 ? v : 0;
 }
 
 int Sm90BwdRowBlock(const AttentionParams& p) { return p.head_dim == 128 ? 64 : 128; }

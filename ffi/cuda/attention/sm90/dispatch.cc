@@ -16,6 +16,7 @@
 #include <string>
 
 #include "ffi/common/numeric.h"
+#include "ffi/cuda/attention/env.h"
 #include "ffi/cuda/attention/sm90/launch.h"
 #include "ffi/cuda/attention/sm90/variants.h"
 
@@ -95,14 +96,8 @@ const char* VarlenUnsupported(const AttentionParams& p) {
 
 // JAX_SGL_SM90_VARIANT as a variant index, or -1 (unset, or not a number below kNumVariants).
 int RequestedVariant() {
-  const char* env = std::getenv("JAX_SGL_SM90_VARIANT");
-  if (env == nullptr) return -1;
-  int v = 0;
-  for (const char* c = env; *c != '\0'; ++c) {
-    if (*c < '0' || *c > '9' || c - env >= 2) return -1;
-    v = v * 10 + (*c - '0');
-  }
-  return env[0] != '\0' && v < sm90::kNumVariants ? v : -1;
+  const int v = EnvInt("JAX_SGL_SM90_VARIANT", -1);
+  return v >= 0 && v < sm90::kNumVariants ? v : -1;
 }
 
 }  // namespace
