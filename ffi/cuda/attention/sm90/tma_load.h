@@ -4,9 +4,9 @@
 // runs with 24 registers after setmaxnreg, and that pair is what pushed its loop state onto the
 // stack. Without the operand the load behaves as EVICT_NORMAL does (the default policy).
 //
-// Use: copy(NoCacheHint(tma.with(mbar)), src, dst), exactly where copy(tma.with(mbar), src,
+// Use: copy(ProducerLoad(tma.with(mbar)), src, dst), exactly where copy(tma.with(mbar), src,
 // dst) stood: CuTe's partitioning and per-instruction recursion are unchanged, only the
-// instruction at the bottom differs.
+// instruction at the bottom differs (when JAX_SGL_SM90_TMA_NO_HINT is defined).
 #pragma once
 
 #include <cstdint>
@@ -97,10 +97,6 @@ __device__ __forceinline__ auto NoCacheHint(
   return cute::Copy_Atom<Traits, ValType>{
       Traits(atom.get_tma_descriptor(), cute::get<1>(atom.opargs_))};
 }
-
-}  // namespace jax_sgl::cuda::sm90
-
-namespace jax_sgl::cuda::sm90 {
 
 // The producer's TMA atom: without the cache hint when the build asks for it (CMake
 // JAX_SGL_SM90_TMA_NO_HINT, off until it has passed the GPU tests), else CuTe's own.
