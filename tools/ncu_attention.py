@@ -21,15 +21,15 @@ import sys
 CASES = ("fwd4k", "fwd4kc", "fwd8k", "fwdbwd4k", "decode32k")
 IMPLS = ("jax_sgl", "cudnn")
 
-# (column, ncu metric name, unit scale): the rows of the summary, from the sections that
+# (column, ncu metric name): the columns of the summary, from the sections that
 # tools/ncu_attention.sh asks for.
 COLUMNS = (
-    ("us", "Duration", 1.0),
-    ("SM%", "Compute (SM) Throughput", 1.0),
-    ("DRAM%", "DRAM Throughput", 1.0),
-    ("issue%", "Issue Slots Busy", 1.0),
-    ("regs", "Registers Per Thread", 1.0),
-    ("occ%", "Achieved Occupancy", 1.0),
+    ("us", "Duration"),
+    ("SM%", "Compute (SM) Throughput"),
+    ("DRAM%", "DRAM Throughput"),
+    ("issue%", "Issue Slots Busy"),
+    ("regs", "Registers Per Thread"),
+    ("occ%", "Achieved Occupancy"),
 )
 
 
@@ -93,7 +93,7 @@ def run(case):
 
 
 def summary(paths):
-  head = f"{'case':<18} {'kernel':<58}" + "".join(f"{c:>8}" for c, _, _ in COLUMNS)
+  head = f"{'case':<18} {'kernel':<58}" + "".join(f"{c:>8}" for c, _ in COLUMNS)
   print(head)
   for path in paths:
     case = path.rsplit("/", 1)[-1].removesuffix(".csv")
@@ -105,7 +105,7 @@ def summary(paths):
       entry[1][rec["Metric Name"]] = (rec["Metric Unit"], rec["Metric Value"])
     for name, metrics in kernels.values():
       cells = []
-      for _, metric, _ in COLUMNS:
+      for _, metric in COLUMNS:
         unit, value = metrics.get(metric, ("", "-"))
         value = value.replace(",", "")
         try:
