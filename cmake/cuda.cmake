@@ -92,7 +92,6 @@ set(JAX_SGL_SM90_VARIANTS "" CACHE STRING "extra sm90 attention kernel variants 
 # Extra sm90 backward performance variants (sm90/bwd_config.h bit sets, 1-15 without both 2 and
 # 8; picked at run time by JAX_SGL_SM90_BWD_VARIANT) for A/B runs; the default build has none
 # (variant 0 only).
-option(JAX_SGL_SM90_TMA_NO_HINT "sm90 forward: TMA loads without the L2 cache hint (no producer spills; not yet GPU-verified)" OFF)
 set(JAX_SGL_SM90_BWD_VARIANTS "" CACHE STRING "extra sm90 backward kernel variants to build (A/B)")
 if("90a" IN_LIST JAX_SGL_CUDA_ARCHS AND TARGET jax_sgl_cutlass AND JAX_SGL_SM90_HEAD_DIMS)
   set(_jax_sgl_sm90_sources)
@@ -168,11 +167,6 @@ if("90a" IN_LIST JAX_SGL_CUDA_ARCHS AND TARGET jax_sgl_cutlass AND JAX_SGL_SM90_
   # wgmma N other than 2^k (the wide variants' 176 / 80 key tiles) is behind this switch in
   # CuTe's MMA selectors; without it they silently pick N = 16.
   target_compile_definitions(jax_sgl_sm90 PRIVATE CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED=1)
-  # TMA loads of the forward's producer without the L2 cache-hint operand (sm90/tma_load.h): no
-  # producer spills (benchmarks/NOTES_sm90.md). Off until it has run the GPU tests.
-  if(JAX_SGL_SM90_TMA_NO_HINT)
-    target_compile_definitions(jax_sgl_sm90 PRIVATE JAX_SGL_SM90_TMA_NO_HINT=1)
-  endif()
   target_sources(_native PRIVATE ffi/cuda/attention/sm90/dispatch.cc
                                  ffi/cuda/attention/sm90/bwd_dispatch.cc
                                  $<TARGET_OBJECTS:jax_sgl_sm90>)

@@ -59,7 +59,7 @@ def _sm90(monkeypatch):
   monkeypatch.setenv("JAX_SGL_DECODE", "old")
 
 
-VARIANTS = (None,) + tuple(range(11))  # ffi/cuda/attention/sm90/variants.h; None: unset
+VARIANTS = (None,) + tuple(range(13))  # ffi/cuda/attention/sm90/variants.h; None: unset
 
 
 @pytest.fixture(autouse=True, params=VARIANTS,

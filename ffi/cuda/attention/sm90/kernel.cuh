@@ -321,28 +321,25 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       auto load_k = [&](int n) {
         const PipelineState write_k = write_state(k_loads++);
         pipe_k.producer_acquire(write_k);
-        copy(ProducerLoad(params.tma_k.with(*pipe_k.producer_get_barrier(write_k))), tKg(_, n),
+        copy(NoCacheHint(params.tma_k.with(*pipe_k.producer_get_barrier(write_k))), tKg(_, n),
              tKs(_, write_k.index()));
       };
       // behind: K loads of this tile issued since the K of this V.
       auto load_v = [&](int n, uint32_t behind) {
         const PipelineState write_v = write_state(k_loads - behind);
         pipe_v.producer_acquire(write_v);
-        copy(ProducerLoad(params.tma_v.with(*pipe_v.producer_get_barrier(write_v))), tVg(_, n),
+        copy(NoCacheHint(params.tma_v.with(*pipe_v.producer_get_barrier(write_v))), tVg(_, n),
              tVs(_, write_v.index()));
       };
       if (!tiles.empty()) load_k(tiles.n_end - 1);
       claim_q();
       shared.barrier_q.arrive_and_expect_tx(2 * Cfg::kQHalfBytes);
       for (int half = 0; half < Cfg::kConsumers; ++half)
-        copy(ProducerLoad(params.tma_q.with(reinterpret_cast<uint64_t&>(shared.barrier_q))),
+        copy(NoCacheHint(params.tma_q.with(reinterpret_cast<uint64_t&>(shared.barrier_q))),
              tQg(_, 2 * w.m_block + half), tQs(_, half));
-      // Rolled (JAX_SGL_SM90_TMA_NO_HINT): nvcc unrolled it 4x, and the addresses of the
-      // unrolled copies did not fit the producer's 24 registers (varlen spilled); the producer
-      // waits on the ring anyway.
-#ifdef JAX_SGL_SM90_TMA_NO_HINT
+      // Rolled: nvcc unrolled it 4x, and the addresses of the unrolled copies did not fit the
+      // producer's 24 registers (varlen spilled); the producer waits on the ring anyway.
 #pragma unroll 1
-#endif
       for (int n = tiles.n_end - 2; n >= tiles.n_begin; --n) {
         load_k(n);
         load_v(n + 1, 2);

@@ -4,9 +4,9 @@
 // runs with 24 registers after setmaxnreg, and that pair is what pushed its loop state onto the
 // stack. Without the operand the load behaves as EVICT_NORMAL does (the default policy).
 //
-// Use: copy(ProducerLoad(tma.with(mbar)), src, dst), exactly where copy(tma.with(mbar), src,
+// Use: copy(NoCacheHint(tma.with(mbar)), src, dst), exactly where copy(tma.with(mbar), src,
 // dst) stood: CuTe's partitioning and per-instruction recursion are unchanged, only the
-// instruction at the bottom differs (when JAX_SGL_SM90_TMA_NO_HINT is defined).
+// instruction at the bottom differs.
 #pragma once
 
 #include <cstdint>
@@ -96,17 +96,6 @@ __device__ __forceinline__ auto NoCacheHint(
   using Traits = cute::Copy_Traits<TmaLoadNoHintOp, NumBitsPerTMA>;
   return cute::Copy_Atom<Traits, ValType>{
       Traits(atom.get_tma_descriptor(), cute::get<1>(atom.opargs_))};
-}
-
-// The producer's TMA atom: without the cache hint when the build asks for it (CMake
-// JAX_SGL_SM90_TMA_NO_HINT, off until it has passed the GPU tests), else CuTe's own.
-template <class Atom>
-__device__ __forceinline__ auto ProducerLoad(Atom const& atom) {
-#ifdef JAX_SGL_SM90_TMA_NO_HINT
-  return NoCacheHint(atom);
-#else
-  return atom;
-#endif
 }
 
 }  // namespace jax_sgl::cuda::sm90
