@@ -34,8 +34,9 @@ CONFIGS = ((128, 16, 16), (128, 32, 8), (64, 16, 16), (256, 16, 16))
 
 def built_variants(head_dim):
   """The variants this build compiled for (head_dim, bf16)."""
+  prefix = f"hdim{head_dim}_bf16_variant"
   kernels = jax_sgl.attention_backend_info()["sm90_kernels"]
-  return [v for v in range(11) if f"hdim{head_dim}_bf16_variant{v}" in kernels]
+  return sorted(int(k[len(prefix):]) for k in kernels if k.startswith(prefix))
 
 
 def main():
