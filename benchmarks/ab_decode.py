@@ -53,10 +53,6 @@ def variants(batch):
   # waves=fit (JAX_SGL_DECODE_WAVES=0): the split count that fills its last wave best.
   for mode in ("warpmma", "warpmma2"):
     v[f"{mode} waves=fit"] = {"JAX_SGL_DECODE": mode, "JAX_SGL_DECODE_WAVES": "0"}
-  # The L2 fill size hint of warpmma2's copies (default 256 B): ncu on the H200 showed its L2 at
-  # 97% busy with a 53% hit rate for 87% of DRAM bandwidth, cuDNN's at 97% for 94% with no hits.
-  for pf in ("0", "128"):
-    v[f"warpmma2 l2pf={pf}"] = {"JAX_SGL_DECODE": "warpmma2", "JAX_SGL_DECODE_L2_PREFETCH": pf}
   for waves in ("2", "0"):
     v[f"warpmma2 stages=2 waves={'fit' if waves == '0' else waves}"] = {
         "JAX_SGL_DECODE": "warpmma2", "JAX_SGL_DECODE_STAGES": "2", "JAX_SGL_DECODE_WAVES": waves}

@@ -11,7 +11,9 @@ Prints one line per (config, implementation) and one 'SUMMARY ' line per config 
 variant and its ratio to cuDNN (tools/gpu_check.sh collects those).
 
 Run from outside the source tree (so `import jax_sgl` is the installed package):
-  python3 /path/to/benchmarks/ab_sm90.py [--rounds 7] [--variants 0 1 4 5]
+  python3 /path/to/benchmarks/ab_sm90.py [--rounds 7] [--variants 0 1 4 5] [--dynamic]
+(--dynamic adds a '<row> dyn' row per jax_sgl row: JAX_SGL_SM90_DYNAMIC_TILES=1, persistent
+CTAs then take non-causal tiles from the counter as well.)
 """
 
 from __future__ import annotations
@@ -32,6 +34,10 @@ SEQLEN = 8192
 CONFIGS = ((128, 16, 16), (128, 32, 8), (64, 16, 16), (256, 16, 16))
 
 
+# The jax_sgl switches the rows set (each row clears the others first).
+KNOBS = ("JAX_SGL_SM90_VARIANT", "JAX_SGL_SM90_DYNAMIC_TILES")
+
+
 def built_variants(head_dim):
   """The variants this build compiled for (head_dim, bf16)."""
   prefix = f"hdim{head_dim}_bf16_variant"
@@ -46,6 +52,8 @@ def main():
                       help="default: every variant built for the head dim")
   parser.add_argument("--head-dims", type=int, nargs="+", default=[64, 128, 256])
   parser.add_argument("--seqlens", type=int, nargs="+", default=[SEQLEN], help="B*S stays 32k")
+  parser.add_argument("--dynamic", action="store_true",
+                      help="also time every row with JAX_SGL_SM90_DYNAMIC_TILES=1")
   args = parser.parse_args()
   os.environ["JAX_SGL_SM90"] = "1"
   print(f"device: {jax.devices()[0].device_kind}, jax {jax.__version__}")
@@ -66,15 +74,19 @@ def main():
       cudnn = jax.jit(lambda q, k, v, c=causal: jax.nn.dot_product_attention(
           q, k, v, is_causal=c, implementation="cudnn"))
       variants = [x for x in built_variants(d) if args.variants is None or x in args.variants]
-      impls = ([("cudnn", cudnn, None), ("default", ours, "")] +
-               [(f"variant{x}", ours, x) for x in variants])
+      # (name, fn, environment of the jax_sgl knobs; None: an anchor)
+      impls = ([("cudnn", cudnn, None), ("default", ours, {})] +
+               [(f"variant{x}", ours, {"JAX_SGL_SM90_VARIANT": str(x)}) for x in variants])
+      if args.dynamic:  # the same kernels taking non-causal tiles from the counter too
+        impls += [(f"{name} dyn", fn, {**env, "JAX_SGL_SM90_DYNAMIC_TILES": "1"})
+                  for name, fn, env in impls if env is not None]
       times = {name: [] for name, _, _ in impls}
       for _ in range(args.rounds):
-        for name, fn, variant in impls:
-          if variant == "":
-            os.environ.pop("JAX_SGL_SM90_VARIANT", None)
-          elif variant is not None:
-            os.environ["JAX_SGL_SM90_VARIANT"] = str(variant)
+        for name, fn, env in impls:
+          if env is not None:
+            for knob in KNOBS:
+              os.environ.pop(knob, None)
+            os.environ.update(env)
           try:
             times[name].append(median_seconds(fn, (q, k, v), calls, 1))
           except Exception as e:  # cuDNN may not take the case; report and go on
@@ -88,14 +100,15 @@ def main():
         # Per round, this implementation against the cuDNN batch timed just before it: drift
         # between rounds cancels in each ratio, so their range says how firm the ratio is.
         paired = sorted(c / t for c, t in zip(times["cudnn"], times[name]))
-        print(f"{label:<32} {name:<9} {value:7.1f} TFLOP/s  {value / base:5.3f}x cudnn  "
+        print(f"{label:<32} {name:<13} {value:7.1f} TFLOP/s  {value / base:5.3f}x cudnn  "
               f"(spread {100 * spread:4.1f}%; per round {statistics.median(paired):5.3f}x, "
               f"{paired[0]:5.3f}-{paired[-1]:5.3f})")
       best = max((n for n in tflops if n not in ("cudnn", "default")), key=lambda n: tflops[n])
       print(f"SUMMARY sm90 A/B {label}: best {best} {tflops[best]:.0f} TFLOP/s = "
             f"{tflops[best] / base:.3f}x cudnn {base:.0f}; "
             + ", ".join(f"{n} {tflops[n] / base:.3f}x" for n in tflops if n != "cudnn"))
-  os.environ.pop("JAX_SGL_SM90_VARIANT", None)
+  for knob in KNOBS:
+    os.environ.pop(knob, None)
 
 
 if __name__ == "__main__":

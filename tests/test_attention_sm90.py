@@ -59,7 +59,7 @@ def _sm90(monkeypatch):
   monkeypatch.setenv("JAX_SGL_DECODE", "old")
 
 
-VARIANTS = (None,) + tuple(range(13))  # ffi/cuda/attention/sm90/variants.h; None: unset
+VARIANTS = (None,) + tuple(range(11))  # ffi/cuda/attention/sm90/variants.h; None: unset
 
 
 @pytest.fixture(autouse=True, params=VARIANTS,
@@ -147,6 +147,21 @@ def test_many_tiles(head_dim, causal, shape):
   first = np.asarray(fn(q, k, v)).view(np.uint16)
   poison_allocator(first.size * 2)
   np.testing.assert_array_equal(first, np.asarray(fn(q, k, v)).view(np.uint16))
+
+
+@pytest.mark.parametrize("shape", MANY_TILES, ids=str)
+@pytest.mark.parametrize("head_dim", (64, 128, 256))
+def test_dynamic_tiles(head_dim, shape, monkeypatch):
+  """Non-causal tiles from the counter (JAX_SGL_SM90_DYNAMIC_TILES=1): right, and bitwise the
+  static order's output, since a tile's result does not depend on the CTA that runs it."""
+  _need(head_dim, jnp.bfloat16)
+  q, k, v = _inputs(MANY_TILES[shape], head_dim, jnp.bfloat16, seed=11 * head_dim)
+  fn = jax.jit(lambda q, k, v: jax_sgl.attention(q, k, v))
+  static = np.asarray(fn(q, k, v)).view(np.uint16)
+  monkeypatch.setenv("JAX_SGL_SM90_DYNAMIC_TILES", "1")
+  _check(q, k, v, causal=False)
+  poison_allocator(static.size * 2)
+  np.testing.assert_array_equal(static, np.asarray(fn(q, k, v)).view(np.uint16))
 
 
 @pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))

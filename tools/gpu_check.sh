@@ -39,8 +39,11 @@ cd "$REPO"
 row device "$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)"
 row software "$("$PY" -c 'import sys, jax, jaxlib; print(f"python {sys.version.split()[0]}, jax {jax.__version__}, jaxlib {jaxlib.__version__}")' 2>&1 | tail -1), nvcc $(nvcc --version 2>/dev/null | sed -n 's/.*release \([0-9.]*\).*/\1/p')"
 
-# 1. Build + install (incremental in build/gpu when the machine is still warm).
+# 1. Build + install (incremental in build/gpu when the machine is still warm). The CMake cache
+# goes first: a -Ccmake.define of an earlier call (e.g. JAX_SGL_ATTN_HEAD_DIMS=128) would
+# otherwise stay in force for this one; the object files stay, so unchanged sources still skip.
 t0=$(date +%s)
+rm -f build/gpu/CMakeCache.txt
 # shellcheck disable=SC2086
 if "$PY" -m pip install --no-build-isolation --no-deps -v -Cbuild-dir=build/gpu ${GPU_CHECK_PIP_ARGS:-} . \
     > "$OUT/build.log" 2>&1; then

@@ -16,6 +16,7 @@ bf16; decode B=64, 32/8 heads, KV 32k in 16-key pages.
 from __future__ import annotations
 
 import csv
+import re
 import sys
 
 CASES = ("fwd4k", "fwd4kc", "fwd8k", "fwdbwd4k", "decode32k")
@@ -111,11 +112,27 @@ def summary(paths):
         try:
           x = float(value)
           if metric == "Duration":  # ncu picks the unit per kernel
-            x *= {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6}.get(unit, 1.0)
+            x *= {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3,
+                  "ms": 1e3, "second": 1e6, "s": 1e6}.get(unit, 1.0)
           cells.append(f"{x:8.1f}")
         except ValueError:
           cells.append(f"{value:>8}")
       print(f"{case:<18} {name[:58]:<58}" + "".join(cells))
+      # Cycles a warp spends stalled per issued instruction, by reason (largest first), and the
+      # tensor pipes' active share (tools/ncu_attention.sh asks for both by regex).
+      stalls = {}
+      for metric, (_, value) in metrics.items():
+        m = re.fullmatch(r"smsp__average_warps_issue_stalled_(\w+)_per_issue_active\.ratio", metric)
+        if m:
+          stalls[m.group(1)] = float(value.replace(",", "") or 0)
+      if stalls:
+        top = sorted(stalls.items(), key=lambda kv: -kv[1])[:7]
+        print(f"{'':<18}   stalls/issue: " + ", ".join(f"{k} {v:.2f}" for k, v in top))
+      pipes = [(metric.split("__")[1].split(".")[0], value) for metric, (_, value) in
+               metrics.items() if metric.startswith("sm__pipe_tensor")]
+      if pipes:
+        print(f"{'':<18}   tensor pipes % of peak (active cycles): " +
+              ", ".join(f"{k} {v}" for k, v in pipes))
 
 
 if __name__ == "__main__":

@@ -12,10 +12,14 @@ cases="${NCU_CASES:-fwd4k-jax_sgl fwd4k-cudnn fwd4kc-jax_sgl fwd4kc-cudnn fwdbwd
 cd /tmp  # the installed package, not the source tree
 for c in $cases; do
   # Clocks stay as the machine sets them (METHOD.md); sections give time, throughputs, issue
-  # activity, stall reasons, occupancy and launch shape.
+  # activity, occupancy and launch shape; the metrics, stall cycles per issue by reason and the
+  # tensor pipes' share. Only the attention kernels are profiled (not XLA's fusions).
   ncu --clock-control none --profile-from-start off --csv --page details \
       --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
       --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats \
+      --section InstructionStats \
+      --metrics "regex:^(smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio|sm__pipe_tensor_op.*_cycles_active\.avg\.pct_of_peak_sustained_active)$" \
+      --kernel-name "regex:Flash|sdpa|cudnn" \
       "$PY" "$REPO/tools/ncu_attention.py" run "$c" > "$dir/$c.csv" 2> "$dir/$c.err" \
     || echo "ncu $c failed: $(tail -2 "$dir/$c.err")"
 done

@@ -101,7 +101,6 @@ struct FlashDecodeArgs {
                      // warp kernel: its row capacity (4 or 8; 16 = the warp mma kernel)
   int m_blocks;      // CTAs along packed rows per (sequence, kv head): ceil(rows / 64)
   int warp_variant = kDecodeWarpMma1;  // warp mma kernel (m_tiles 16): warpmma or warpmma2
-  int l2_prefetch = 256;  // warpmma2's L2 fill size hint per copy: 0 (none), 128 or 256 bytes
 };
 
 // One instantiation per (storage type, head-dim capacity), in instantiations/flash_decode_*.cu.

@@ -47,27 +47,12 @@ struct FastDiv {
 };
 
 // 16-byte cp.async; `skip` writes zeros and reads nothing (the ignore-src form, which LDGSTS
-// takes as a predicate: no src-size register to select per copy). kL2Prefetch: the L2 fill size
-// hint (0: none, 128 or 256 bytes; JAX_SGL_DECODE_L2_PREFETCH, an A/B knob).
-template <int kL2Prefetch>
+// takes as a predicate: no src-size register to select per copy).
 __device__ __forceinline__ void CpAsync16(uint32_t dst, uint64_t src, bool skip) {
-  static_assert(kL2Prefetch == 0 || kL2Prefetch == 128 || kL2Prefetch == 256, "L2 fill size");
-  if constexpr (kL2Prefetch == 256) {
-    asm volatile(
-        "{\n .reg .pred p;\n setp.ne.b32 p, %2, 0;\n"
-        " cp.async.cg.shared.global.L2::256B [%0], [%1], 16, p;\n}\n" ::"r"(dst),
-        "l"(src), "r"(int(skip)));
-  } else if constexpr (kL2Prefetch == 128) {
-    asm volatile(
-        "{\n .reg .pred p;\n setp.ne.b32 p, %2, 0;\n"
-        " cp.async.cg.shared.global.L2::128B [%0], [%1], 16, p;\n}\n" ::"r"(dst),
-        "l"(src), "r"(int(skip)));
-  } else {
-    asm volatile(
-        "{\n .reg .pred p;\n setp.ne.b32 p, %2, 0;\n"
-        " cp.async.cg.shared.global [%0], [%1], 16, p;\n}\n" ::"r"(dst),
-        "l"(src), "r"(int(skip)));
-  }
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %2, 0;\n"
+      " cp.async.cg.shared.global.L2::256B [%0], [%1], 16, p;\n}\n" ::"r"(dst),
+      "l"(src), "r"(int(skip)));
 }
 
 // The value, opaque to the optimizer: keeps a 64-bit base in one register pair so that each
@@ -81,7 +66,7 @@ __device__ __forceinline__ uint64_t Opaque(uint64_t x) {
 // grid: x = batch * num_kv_heads, y = KV splits; kDecodeWarpThreads threads; shared memory as
 // the warpmma kernel (DecodeWarpMmaSmemBytes). Registers held to 3 CTAs per SM at d <= 128 (168,
 // no spills), which shared memory allows at 2 stages (JAX_SGL_DECODE_STAGES=2: ~74 KiB a CTA).
-template <typename T, int kD, int kL2Prefetch>
+template <typename T, int kD>
 __global__ void __launch_bounds__(kDecodeWarpThreads, kD <= 128 ? 3 : 1)
     FlashDecodeWarpMma2Kernel(const FlashDecodeArgs args) {
   constexpr int kStride = DecodeStride(kD);
@@ -170,9 +155,8 @@ __global__ void __launch_bounds__(kDecodeWarpThreads, kD <= 128 ? 3 : 1)
       const bool ok = slot != kNoRow;
       const uint32_t row = ok ? slot : 0u;
       const uint32_t key_off = uint32_t(i * kKeysPerCopy * kStride * sizeof(T));
-      CpAsync16<kL2Prefetch>(dst + key_off, k_base + uint64_t(row) * k_stride, !ok);
-      CpAsync16<kL2Prefetch>(dst + key_off + kTileElems * sizeof(T),
-                             v_base + uint64_t(row) * v_stride, !ok);
+      CpAsync16(dst + key_off, k_base + uint64_t(row) * k_stride, !ok);
+      CpAsync16(dst + key_off + kTileElems * sizeof(T), v_base + uint64_t(row) * v_stride, !ok);
     }
     const uint32_t valid = __ballot_sync(0xffffffffu, my_slot != kNoRow) >> lane0;
     if (lane == 0) masks[st] = valid & 0xffffu;
@@ -298,18 +282,12 @@ __global__ void __launch_bounds__(kDecodeWarpThreads, kD <= 128 ? 3 : 1)
 
 template <typename T, int kD>
 cudaError_t Launch(const FlashDecodeArgs& args, cudaStream_t stream) {
-  switch (args.l2_prefetch) {
-    case 0: return decode_warp_mma::Launch<kD>(FlashDecodeWarpMma2Kernel<T, kD, 0>, args, stream);
-    case 128:
-      return decode_warp_mma::Launch<kD>(FlashDecodeWarpMma2Kernel<T, kD, 128>, args, stream);
-    default:
-      return decode_warp_mma::Launch<kD>(FlashDecodeWarpMma2Kernel<T, kD, 256>, args, stream);
-  }
+  return decode_warp_mma::Launch<kD>(FlashDecodeWarpMma2Kernel<T, kD>, args, stream);
 }
 
 template <typename T, int kD>
 int CtasPerSm(int stages) {
-  return decode_warp_mma::CtasPerSm<kD>(FlashDecodeWarpMma2Kernel<T, kD, 256>, stages);
+  return decode_warp_mma::CtasPerSm<kD>(FlashDecodeWarpMma2Kernel<T, kD>, stages);
 }
 
 }  // namespace decode_warp2

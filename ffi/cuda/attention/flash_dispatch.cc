@@ -6,7 +6,7 @@
 //
 // Run-time switches, read at every call (documented in flash_decode_launch.h):
 //   JAX_SGL_DECODE=old|new|warp|warpmma|warpmma2, JAX_SGL_DECODE_SPLITS=N, JAX_SGL_DECODE_STAGES=N,
-//   JAX_SGL_DECODE_WAVES=N, JAX_SGL_DECODE_L2_PREFETCH=0|128|256 (warpmma2's copy hint).
+//   JAX_SGL_DECODE_WAVES=N.
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -355,7 +355,6 @@ const char* RunFlashFwd(const AttentionParams& p, const FlashPlan& plan, void* s
   if (plan.decode_kernel) {
     FlashDecodeArgs d{args, plan.decode_stages, plan.decode_m_tiles, plan.m_blocks};
     if (plan.decode_warp) d.warp_variant = plan.decode_warp_variant;
-    d.l2_prefetch = EnvInt("JAX_SGL_DECODE_L2_PREFETCH", 256);
     err = p.q_type == DType::kBF16
               ? LaunchDecodeForType<bf16_t>(plan.head_dim_cap, plan.decode_warp, d, stream)
               : LaunchDecodeForType<f16_t>(plan.head_dim_cap, plan.decode_warp, d, stream);

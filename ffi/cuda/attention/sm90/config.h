@@ -42,11 +42,10 @@ constexpr int DefaultBlockN(int head_dim) { return head_dim <= 128 ? 128 : 64; }
 // runs between the issue of S = Q K^T and of P V (kernel.cuh). kLeanSoftmax: branch-free softmax
 // with ex2.approx.ftz (softmax.h). kDeferPvWait: the wait for a step's P V moves to the top of
 // the next step (kernel.cuh). kDirectO: O goes from registers to global memory, not through smem
-// and a TMA store (kernel.cuh epilogue). kStages: depth of the K and V rings.
+// and a TMA store (kernel.cuh epilogue).
 template <typename Element_, int kHeadDim_, int kBlockN_ = DefaultBlockN(kHeadDim_),
           bool kPersistent_ = false, bool kFastSoftmax_ = false, bool kEarlyRescale_ = false,
-          bool kLeanSoftmax_ = false, bool kDeferPvWait_ = false, bool kDirectO_ = false,
-          int kStages_ = 2>
+          bool kLeanSoftmax_ = false, bool kDeferPvWait_ = false, bool kDirectO_ = false>
 struct FlashConfig {
   using Element = Element_;  // cutlass::bfloat16_t or cutlass::half_t
   static constexpr int kHeadDim = kHeadDim_;
@@ -64,8 +63,7 @@ struct FlashConfig {
   // Keys per tile: a multiple of 16 (the K step of P V), at most 256 (wgmma N, TMA box).
   static constexpr int kBlockN = kBlockN_;
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256);
-  static constexpr int kStages = kStages_;
-  static_assert(kStages >= 2);
+  static constexpr int kStages = 2;
   static constexpr int kThreads = 128 * (1 + kConsumers);
   // Registers per thread after setmaxnreg: producers give theirs to the consumers.
   // (24 + 2 * 240) * 128 = 64512 <= 65536, the register file of one SM.

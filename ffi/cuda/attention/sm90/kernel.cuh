@@ -57,8 +57,8 @@ struct KernelParams {
   float softcap_exp2_scale;          // 2 log2(e) scale / softcap: tanh(x) = 1 - 2 / (1 + e^{2x})
   int num_m_blocks;                  // ceil(seqlen_q / kBlockM)
   int num_tiles;                     // num_m_blocks * num_heads * batch
-  int* tile_counter;                 // persistent causal: tiles handed out past the first wave,
-                                     // zeroed before the launch
+  int* tile_counter;                 // persistent, dynamic order (NextTile): tiles handed out past
+                                     // the first wave, zeroed before the launch; else nullptr
   // Varlen kernel only (kVarlen; launch.cuh): the TMA views are packed [total, head_dim, heads,
   // 1] and each sequence's rows start at its own offset; geometry as in attention_seq.h.
   const int32_t* cu_seqlens_q;       // [batch + 1] or nullptr (dense q: seqlen_q rows each)
@@ -123,11 +123,11 @@ __device__ __forceinline__ WorkTile DecodeTile(int t, int num_m_blocks, int num_
   return {causal ? num_m_blocks - 1 - m : m, bh % num_heads, bh / num_heads};
 }
 
-// The tile a persistent CTA takes after tile t: every CTA starts at blockIdx.x; non-causal tiles
-// cost the same, so a static stride balances; causal ones differ up to num_m_blocks-fold, so the
-// next free tile is taken from a counter (greedy, in DecodeTile's longest-first order).
-__device__ __forceinline__ int NextTile(int t, int* counter, bool causal) {
-  return causal ? int(gridDim.x) + atomicAdd(counter, 1) : t + int(gridDim.x);
+// The tile a persistent CTA takes after tile t: every CTA starts at blockIdx.x. With a counter
+// (causal, whose tiles differ up to num_m_blocks-fold; or JAX_SGL_SM90_DYNAMIC_TILES=1) the next
+// free tile, greedy in DecodeTile's order; else a static stride (non-causal tiles cost the same).
+__device__ __forceinline__ int NextTile(int t, int* counter) {
+  return counter != nullptr ? int(gridDim.x) + atomicAdd(counter, 1) : t + int(gridDim.x);
 }
 
 // Named barriers (ids after CUTLASS's reserved ones): one per consumer for its GEMM turn, one per
@@ -353,7 +353,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       // Every tile goes through the Q barrier, also one without keys (the consumers write its
       // zeros), and a final -1 tells the consumers to stop.
       int iter = 0;
-      for (int t = int(blockIdx.x);; t = NextTile(t, params.tile_counter, params.causal)) {
+      for (int t = int(blockIdx.x);; t = NextTile(t, params.tile_counter)) {
         const bool valid = t < params.num_tiles;
         auto claim_q = [&] {
           if (iter > 0) shared.barrier_q_empty.wait((iter - 1) & 1);

@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "ffi/common/numeric.h"
+#include "ffi/cuda/attention/env.h"
 #include "ffi/cuda/attention/sm90/kernel.cuh"
 #include "ffi/cuda/attention/sm90/launch.h"
 #include "ffi/cuda/attention/sm90/variants.h"
@@ -35,8 +36,7 @@ using VariantConfig =
                 Variant(kVariant).wide ? WideBlockN(kHeadDim) : DefaultBlockN(kHeadDim),
                 Variant(kVariant).persistent, Variant(kVariant).fast_softmax,
                 Variant(kVariant).early_rescale, Variant(kVariant).lean_softmax,
-                Variant(kVariant).defer_pv_wait, Variant(kVariant).direct_o,
-                kHeadDim == 256 ? 2 : Variant(kVariant).stages>;  // hd256: 3 stages do not fit
+                Variant(kVariant).defer_pv_wait, Variant(kVariant).direct_o>;
 
 }  // namespace sm90
 
@@ -76,6 +76,11 @@ cudaError_t LaunchFlashFwdSm90(const AttentionParams& p, void* scratch, cudaStre
   if (window_left >= (varlen ? rows_k : p.seqlen_k - 1)) window_left = -1;
   if (window_right >= (varlen ? rows_q : p.seqlen_q - 1)) window_right = -1;
   const bool softcap = p.softcap > 0.f;
+  // Persistent CTAs take their tiles from a counter when causal (tiles of unequal cost), or for
+  // every call with JAX_SGL_SM90_DYNAMIC_TILES=1 (A/B: whether a greedy order also evens out
+  // CTAs that run at unequal speed); else in a static stride.
+  const bool dynamic_tiles =
+      Cfg::kPersistent && (p.causal || EnvInt("JAX_SGL_SM90_DYNAMIC_TILES", 0) != 0);
   sm90::KernelParams<Cfg> params{
       make_tma_copy(SM90_TMA_LOAD{}, q, typename Cfg::SmemLayoutQHalf{}, typename Cfg::RowsD{},
                     _1{}),
@@ -98,7 +103,7 @@ cudaError_t LaunchFlashFwdSm90(const AttentionParams& p, void* scratch, cudaStre
       softcap ? 2.f * float(M_LOG2E) * p.softmax_scale / p.softcap : 0.f,
       num_m_blocks,
       num_tiles,
-      static_cast<int*>(scratch),
+      dynamic_tiles ? static_cast<int*>(scratch) : nullptr,
       p.cu_seqlens_q,
       p.kv_layout == KvLayout::kVarlen ? p.cu_seqlens_k : nullptr,
       p.seqused_k,
@@ -126,8 +131,8 @@ cudaError_t LaunchFlashFwdSm90(const AttentionParams& p, void* scratch, cudaStre
         err != cudaSuccess)
       return err;
     grid = dim3(std::min(num_tiles, num_sms));
-    // The causal scheduler's counter starts at 0 for every call (kernel.cuh NextTile).
-    if (p.causal) {
+    // The counter starts at 0 for every call (kernel.cuh NextTile).
+    if (dynamic_tiles) {
       if (cudaError_t err = cudaMemsetAsync(scratch, 0, sizeof(int), stream); err != cudaSuccess)
         return err;
     }

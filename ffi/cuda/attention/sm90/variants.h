@@ -26,17 +26,12 @@
 //                  for an O buffer of its own, so its O went out through the Q buffer and the
 //                  next tile's Q could load only after that store; here Q is free as soon as
 //                  the main loop ends, and its load overlaps this tile's epilogue.
-//  11 "deep direct" 4 with direct O and three K/V stages instead of two (the O buffer's 32 KiB
-//                  go to the third stage: 224 KiB, as cuDNN's 227 KiB): the producer runs two
-//                  key tiles ahead, so an L2 load that is slow to land stalls no GEMM.
-//  12 "deep"       4 with three K/V stages; O leaves through the Q buffer (as variant 0).
-//                  (hd256 keeps two stages in 11 and 12: Q 64 KiB + 3 x 64 KiB do not fit.)
 // No CUDA or CuTe here: the host dispatch includes it.
 #pragma once
 
 namespace jax_sgl::cuda::sm90 {
 
-inline constexpr int kNumVariants = 13;
+inline constexpr int kNumVariants = 11;
 
 // Keys per tile of the wide variants. hd128: 176 (FA3's choice: S 88 + P 44 + O 64 registers per
 // thread still fit 240); hd64: 192; hd256: 80 (Q 64 KiB + 2 x 2 stages x 40 KiB = 224 KiB of smem).
@@ -52,12 +47,11 @@ struct VariantTraits {
   bool lean_softmax;
   bool defer_pv_wait;
   bool direct_o;
-  int stages = 2;  // K/V ring depth
 };
 
 constexpr VariantTraits Variant(int v) {
   switch (v) {
-    //               persistent fast   wide   early  lean   defer  direct O stages
+    //               persistent fast   wide   early  lean   defer  direct O
     case 1: return  {true,      false, false, false, false, false, false};
     case 2: return  {true,      true,  false, false, false, false, false};
     case 3: return  {true,      true,  true,  false, false, false, false};
@@ -68,8 +62,6 @@ constexpr VariantTraits Variant(int v) {
     case 8: return  {false,     false, false, true,  true,  false, false};
     case 9: return  {true,      false, false, true,  true,  true,  false};
     case 10: return {true,      false, true,  true,  true,  false, true};
-    case 11: return {true,      false, false, false, true,  false, true,  3};
-    case 12: return {true,      false, false, false, true,  false, false, 3};
     default: return {false,     false, false, false, false, false, false};
   }
 }
