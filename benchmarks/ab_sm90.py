@@ -12,8 +12,10 @@ variant and its ratio to cuDNN (tools/gpu_check.sh collects those).
 
 Run from outside the source tree (so `import jax_sgl` is the installed package):
   python3 /path/to/benchmarks/ab_sm90.py [--rounds 7] [--variants 0 1 4 5] [--dynamic]
+      [--tail-split]
 (--dynamic adds a '<row> dyn' row per jax_sgl row: JAX_SGL_SM90_DYNAMIC_TILES=1, persistent
-CTAs then take non-causal tiles from the counter as well.)
+CTAs then take non-causal tiles from the counter as well; --tail-split a '<row> tail' row:
+JAX_SGL_SM90_TAIL_SPLIT=1; both together also a '<row> dyn+tail' row.)
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ CONFIGS = ((128, 16, 16), (128, 32, 8), (64, 16, 16), (256, 16, 16))
 
 
 # The jax_sgl switches the rows set (each row clears the others first).
-KNOBS = ("JAX_SGL_SM90_VARIANT", "JAX_SGL_SM90_DYNAMIC_TILES")
+KNOBS = ("JAX_SGL_SM90_VARIANT", "JAX_SGL_SM90_DYNAMIC_TILES", "JAX_SGL_SM90_TAIL_SPLIT")
 
 
 def built_variants(head_dim):
@@ -54,6 +56,8 @@ def main():
   parser.add_argument("--seqlens", type=int, nargs="+", default=[SEQLEN], help="B*S stays 32k")
   parser.add_argument("--dynamic", action="store_true",
                       help="also time every row with JAX_SGL_SM90_DYNAMIC_TILES=1")
+  parser.add_argument("--tail-split", action="store_true",
+                      help="also time every row with JAX_SGL_SM90_TAIL_SPLIT=1")
   args = parser.parse_args()
   os.environ["JAX_SGL_SM90"] = "1"
   print(f"device: {jax.devices()[0].device_kind}, jax {jax.__version__}")
@@ -77,9 +81,17 @@ def main():
       # (name, fn, environment of the jax_sgl knobs; None: an anchor)
       impls = ([("cudnn", cudnn, None), ("default", ours, {})] +
                [(f"variant{x}", ours, {"JAX_SGL_SM90_VARIANT": str(x)}) for x in variants])
-      if args.dynamic:  # the same kernels taking non-causal tiles from the counter too
-        impls += [(f"{name} dyn", fn, {**env, "JAX_SGL_SM90_DYNAMIC_TILES": "1"})
-                  for name, fn, env in impls if env is not None]
+      # The same kernels with the scheduler knobs: non-causal tiles from the counter too (dyn),
+      # the last partial wave split into key shares (tail), both.
+      knobs = []
+      if args.dynamic:
+        knobs.append(("dyn", {"JAX_SGL_SM90_DYNAMIC_TILES": "1"}))
+      if args.tail_split:
+        knobs.append(("tail", {"JAX_SGL_SM90_TAIL_SPLIT": "1"}))
+      if len(knobs) == 2:
+        knobs.append(("dyn+tail", {**knobs[0][1], **knobs[1][1]}))
+      impls += [(f"{name} {tag}", fn, {**env, **extra}) for tag, extra in knobs
+                for name, fn, env in impls if env is not None]
       times = {name: [] for name, _, _ in impls}
       for _ in range(args.rounds):
         for name, fn, env in impls:
@@ -100,7 +112,7 @@ def main():
         # Per round, this implementation against the cuDNN batch timed just before it: drift
         # between rounds cancels in each ratio, so their range says how firm the ratio is.
         paired = sorted(c / t for c, t in zip(times["cudnn"], times[name]))
-        print(f"{label:<32} {name:<13} {value:7.1f} TFLOP/s  {value / base:5.3f}x cudnn  "
+        print(f"{label:<32} {name:<18} {value:7.1f} TFLOP/s  {value / base:5.3f}x cudnn  "
               f"(spread {100 * spread:4.1f}%; per round {statistics.median(paired):5.3f}x, "
               f"{paired[0]:5.3f}-{paired[-1]:5.3f})")
       best = max((n for n in tflops if n not in ("cudnn", "default")), key=lambda n: tflops[n])

@@ -60,6 +60,9 @@ def _sm90(monkeypatch):
 
 
 VARIANTS = (None,) + tuple(range(11))  # ffi/cuda/attention/sm90/variants.h; None: unset
+# The persistent variants (sm90/variants.h Variant(v).persistent), which run the tail split; the
+# others take one CTA per tile and ignore it.
+PERSISTENT_VARIANTS = ("1", "2", "3", "4", "5", "6", "9", "10")
 
 
 @pytest.fixture(autouse=True, params=VARIANTS,
@@ -162,6 +165,53 @@ def test_dynamic_tiles(head_dim, shape, monkeypatch):
   _check(q, k, v, causal=False)
   poison_allocator(static.size * 2)
   np.testing.assert_array_equal(static, np.asarray(fn(q, k, v)).view(np.uint16))
+
+
+def _runs_persistent(head_dim):
+  """Whether this parametrization's non-causal calls at head_dim run a persistent variant: the
+  one JAX_SGL_SM90_VARIANT names, else the build's default (hdim<D>_default_v<non-causal>_...)."""
+  variant = os.environ.get("JAX_SGL_SM90_VARIANT")
+  if variant is None:
+    kernels = " ".join(jax_sgl.attention_backend_info()["sm90_kernels"])
+    variant = re.search(rf"hdim{head_dim}_default_v(\d+)_", kernels).group(1)
+  return variant in PERSISTENT_VARIANTS
+
+
+def _tail_shape(case):
+  """(batch, seqlen_q, seqlen_k, heads, kv heads) whose 128-row tiles number just past a whole
+  wave of the device's SMs, so that the tail split runs: 'few' leaves 1-4 tiles over and splits
+  them 8 ways (8 key tiles); 'many' leaves up to 16 over, with 24 key tiles."""
+  sms = getattr(jax.devices()[0], "core_count", None) or 132
+  if case == "few":
+    blocks = -(-(sms + 1) // 4)  # x 4 heads
+    return (1, 128 * blocks - 50, 1000, 4, 2)
+  blocks = -(-(sms + 1) // 16)  # x 8 heads x 2 sequences
+  return (2, 128 * blocks - 7, 3000, 8, 2)
+
+
+@pytest.mark.parametrize("window", ((-1, -1), (300, 100)), ids=("full", "window"))
+@pytest.mark.parametrize("case", ("few", "many"))
+@pytest.mark.parametrize("head_dim", (64, 128, 256))
+def test_tail_split(head_dim, case, window, monkeypatch):
+  """JAX_SGL_SM90_TAIL_SPLIT=1: the last partial wave's tiles run as key shares on all CTAs and a
+  second kernel merges them. Right against the reference, bitwise repeatable, and really taken:
+  the merged LSE of the tail rows is summed in another order than without the split."""
+  _need(head_dim, jnp.bfloat16)
+  q, k, v = _inputs(_tail_shape(case), head_dim, jnp.bfloat16, seed=3 * head_dim + len(case))
+  fn = jax.jit(lambda q, k, v: jax_sgl.attention(q, k, v, window=window, return_lse=True))
+  plain_out, plain_lse = (np.asarray(x) for x in fn(q, k, v))
+  monkeypatch.setenv("JAX_SGL_SM90_TAIL_SPLIT", "1")
+  _check(q, k, v, causal=False, window=window)
+  out, lse = (np.asarray(x) for x in fn(q, k, v))
+  np.testing.assert_allclose(out.astype(np.float32), plain_out.astype(np.float32),
+                             atol=TOL[jnp.dtype(jnp.bfloat16)], rtol=TOL[jnp.dtype(jnp.bfloat16)])
+  np.testing.assert_allclose(lse, plain_lse, atol=1e-4, rtol=1e-5)
+  if _runs_persistent(head_dim):
+    assert not np.array_equal(lse, plain_lse), "the tail split did not run"
+  poison_allocator(out.size * 2)
+  again_out, again_lse = (np.asarray(x) for x in fn(q, k, v))
+  np.testing.assert_array_equal(out.view(np.uint16), again_out.view(np.uint16))
+  np.testing.assert_array_equal(lse, again_lse)
 
 
 @pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))

@@ -22,6 +22,7 @@ using namespace cute;
 struct WorkTile {
   int m_block, head, batch;
   int q_row0 = 0, q_len = 0, k_row0 = 0, k_len = 0;
+  int split = -1;  // tail split (dense, persistent): which share of the key tiles, else -1
 };
 
 // Persistent CTAs: a consumer's current work tile and its ordinal (whose parity is the phase of

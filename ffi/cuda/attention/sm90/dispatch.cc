@@ -181,6 +181,22 @@ int Sm90Variant(const AttentionParams& p) {
   return v >= 0 && Built(p.q_type, p.head_dim, v) ? v : DefaultVariant(p);
 }
 
+bool Sm90TailSplitRequested(const AttentionParams& p) {
+  const bool dense = p.cu_seqlens_q == nullptr && p.kv_layout == KvLayout::kDense &&
+                     p.seqused_k == nullptr;
+  return dense && !p.causal && EnvInt("JAX_SGL_SM90_TAIL_SPLIT", 0) != 0;
+}
+
+size_t Sm90ScratchBytes(const AttentionParams& p) {
+  if (!Sm90TailSplitRequested(p) || !sm90::Variant(Sm90Variant(p)).persistent)
+    return kSm90CounterBytes;
+  int device = 0, num_sms = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
+    return kSm90CounterBytes;  // the launcher finds the same and runs without the split
+  return kSm90CounterBytes + Sm90TailBytes(num_sms, std::max(p.head_dim, p.head_dim_v));
+}
+
 cudaError_t RunFlashFwdSm90(const AttentionParams& p, void* scratch, cudaStream_t stream) {
   return Launch(p.q_type, p.head_dim, Sm90Variant(p), p, scratch, stream);
 }

@@ -56,7 +56,7 @@ struct KernelParams {
   float softcap;                     // 0: off; else scores -> softcap * tanh(scale * s / softcap)
   float softcap_exp2_scale;          // 2 log2(e) scale / softcap: tanh(x) = 1 - 2 / (1 + e^{2x})
   int num_m_blocks;                  // ceil(seqlen_q / kBlockM)
-  int num_tiles;                     // num_m_blocks * num_heads * batch
+  int num_tiles;                     // work items: tiles, each tail tile counted tail_splits times
   int* tile_counter;                 // persistent, dynamic order (NextTile): tiles handed out past
                                      // the first wave, zeroed before the launch; else nullptr
   // Varlen kernel only (kVarlen; launch.cuh): the TMA views are packed [total, head_dim, heads,
@@ -68,6 +68,14 @@ struct KernelParams {
   int total_k;
   int batch;
   Element_t<Cfg>* out;               // O, stored row by row (never past a sequence's end)
+  // Tail split (dense persistent, launch.cuh): tiles from num_whole_tiles on are the last,
+  // partial wave's; each runs as tail_splits items over shares of its key tiles, which store O
+  // (float32, normalized by their own sums) and LSE in tail_o / tail_lse for
+  // FlashFwdSm90TailCombine. tail_splits 0: off (num_whole_tiles = num_tiles).
+  int num_whole_tiles;
+  int tail_splits;
+  float* tail_o;                     // [tail tile, split, kBlockM, head_dim]
+  float* tail_lse;                   // [tail tile, split, kBlockM]
 };
 
 // Varlen: the linear row block `lin` (sequences in order, each ceil(q_len / block_m) blocks)
@@ -159,7 +167,30 @@ struct KeyTiles {
     n_mask_end = min(n_end, max(n_begin, (unmasked_lo + block_n - 1) / block_n));
   }
   __device__ bool empty() const { return n_end <= n_begin; }
+  // Keeps share `split` of `splits` (contiguous, in order) of the tiles; the masked edges stay
+  // masked where the share still holds them.
+  __device__ void Split(int split, int splits) {
+    const int n = max(0, n_end - n_begin);
+    const int b = n_begin + n * split / splits, e = n_begin + n * (split + 1) / splits;
+    n_mask_begin = max(b, min(e, n_mask_begin));
+    n_mask_end = min(e, max(b, n_mask_end));
+    n_begin = b;
+    n_end = e;
+  }
 };
+
+// Work item t of a persistent CTA: tile t while t < num_whole_tiles; past it, tail tile
+// num_whole_tiles + u / tail_splits with key share u % tail_splits (u = t - num_whole_tiles).
+template <typename Params>
+__device__ __forceinline__ WorkTile ItemTile(Params const& params, int t) {
+  if (t < params.num_whole_tiles)
+    return DecodeTile(t, params.num_m_blocks, params.num_heads, params.causal);
+  const int u = t - params.num_whole_tiles;
+  WorkTile w = DecodeTile(params.num_whole_tiles + u / params.tail_splits, params.num_m_blocks,
+                          params.num_heads, params.causal);
+  w.split = u % params.tail_splits;
+  return w;
+}
 
 // One wgmma GEMM batch: C (+)= A B over the K blocks, committed as one group; the caller waits.
 // kARegs: A is a register fragment (fenced like the accumulator) rather than smem descriptors.
@@ -190,18 +221,19 @@ __device__ __forceinline__ void StoreTile(HeldTile& slot, WorkTile const& w, int
   volatile int* p = reinterpret_cast<volatile int*>(&slot);
   p[0] = w.m_block; p[1] = w.head; p[2] = w.batch;
   p[3] = w.q_row0; p[4] = w.q_len; p[5] = w.k_row0; p[6] = w.k_len;
-  p[7] = iter;
+  p[7] = w.split; p[8] = iter;
 }
 __device__ __forceinline__ WorkTile LoadTile(HeldTile const& slot) {
   volatile const int* p = reinterpret_cast<volatile const int*>(&slot);
   WorkTile w{p[0], p[1], p[2]};
   w.q_row0 = p[3]; w.q_len = p[4]; w.k_row0 = p[5]; w.k_len = p[6];
+  w.split = p[7];
   return w;
 }
 __device__ __forceinline__ int LoadTileIter(HeldTile const& slot) {
-  return reinterpret_cast<volatile const int*>(&slot)[7];
+  return reinterpret_cast<volatile const int*>(&slot)[8];
 }
-static_assert(sizeof(HeldTile) == 8 * sizeof(int));
+static_assert(sizeof(HeldTile) == 9 * sizeof(int));
 
 // kVarlen: packed q / k / v (cu_seqlens_q / cu_seqlens_k, seqused_k): per-tile sequence geometry
 // (VarlenTile), row offsets into the TMA views, O stored row by row with a predicate per row.
@@ -242,8 +274,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   auto seqlen_q = [&](WorkTile const& w) { return kVarlen ? w.q_len : params.seqlen_q; };
   auto seqlen_k = [&](WorkTile const& w) { return kVarlen ? w.k_len : params.seqlen_k; };
   auto key_tiles = [&](WorkTile const& w) {
-    return KeyTiles(w.m_block * kBlockM, kBlockM, kBlockN, seqlen_q(w), seqlen_k(w),
-                    params.window_left, params.window_right);
+    KeyTiles tiles(w.m_block * kBlockM, kBlockM, kBlockN, seqlen_q(w), seqlen_k(w),
+                   params.window_left, params.window_right);
+    if constexpr (kPersistent && !kVarlen) {
+      if (w.split >= 0) tiles.Split(w.split, params.tail_splits);
+    }
+    return tiles;
   };
   // [rows, head dim] view of one head's rows of a TMA tensor: dense picks the batch, varlen
   // starts at the sequence's row of the packed tensor (its batch extent is 1).
@@ -365,7 +401,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           shared.barrier_q.arrive();
           break;
         }
-        WorkTile w = DecodeTile(t, params.num_m_blocks, params.num_heads, params.causal);
+        WorkTile w = ItemTile(params, t);
         if (!resolve(w)) continue;  // varlen: past the last sequence; the consumers never see it
         load_tile(w, key_tiles(w), claim_q);
         ++iter;
@@ -584,6 +620,33 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       float inv_sum[2], lse[2];
       softmax.Finish(params.softmax_scale, inv_sum, lse);
       ScaleRows(tOrO, inv_sum);
+      if constexpr (kPersistent && !kVarlen) {
+        if (w.split >= 0) {
+          // A share of a tail tile: O (float32) and LSE of its keys, to its slot of the tail
+          // buffers; FlashFwdSm90TailCombine merges the shares into O and LSE.
+          const int index = (w.batch * params.num_heads + w.head) * params.num_m_blocks + w.m_block;
+          const int64_t slot =
+              int64_t(index - params.num_whole_tiles) * params.tail_splits + w.split;
+          const int64_t row0 = slot * kBlockM + consumer * kRows;  // this warpgroup's rows
+          Tensor gP = make_tensor(make_gmem_ptr(params.tail_o + row0 * Cfg::kHeadDim),
+                                  make_layout(typename Cfg::RowsD{},
+                                              make_stride(Int<Cfg::kHeadDim>{}, _1{})));
+          Tensor tOgP = thr_pv.partition_C(gP);
+#pragma unroll
+          for (int i = 0; i < size(tOrO); i += 2)
+            *reinterpret_cast<float2*>(&tOgP(i)) = make_float2(tOrO(i), tOrO(i + 1));
+          if (coord.col0 == 0) {
+#pragma unroll
+            for (int r = 0; r < 2; ++r) params.tail_lse[row0 + coord.row0 + 8 * r] = lse[r];
+          }
+          if constexpr (!Cfg::kQFreeAfterLoop) {
+            // As the direct O path below: Q may be reloaded once every thread is past its wgmma.
+            cutlass::arch::NamedBarrier::sync(128, epilogue_barrier);
+            if (thread_in_wg == 0) shared.barrier_q_empty.arrive();
+          }
+          return next_iter;
+        }
+      }
       if (params.lse != nullptr && coord.col0 == 0) {
         // Dense: [batch, heads, seqlen_q]; varlen q: [heads, total_q] (attention_params.h).
         float* lse_row =
@@ -668,7 +731,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         CompilerFence();
         const int t = *reinterpret_cast<volatile int*>(&shared.tile);
         if (t < 0) break;
-        WorkTile w = DecodeTile(t, params.num_m_blocks, params.num_heads, params.causal);
+        WorkTile w = ItemTile(params, t);
         resolve(w);  // true: the producer published only tiles that resolve
         StoreTile(shared.held[consumer], w, iter);
         iter = run_tile(w, false);

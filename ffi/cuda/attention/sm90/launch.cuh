@@ -10,6 +10,7 @@
 #include "ffi/cuda/attention/env.h"
 #include "ffi/cuda/attention/sm90/kernel.cuh"
 #include "ffi/cuda/attention/sm90/launch.h"
+#include "ffi/cuda/attention/sm90/tail_combine.cuh"
 #include "ffi/cuda/attention/sm90/variants.h"
 
 namespace jax_sgl::cuda {
@@ -76,6 +77,36 @@ cudaError_t LaunchFlashFwdSm90(const AttentionParams& p, void* scratch, cudaStre
   if (window_left >= (varlen ? rows_k : p.seqlen_k - 1)) window_left = -1;
   if (window_right >= (varlen ? rows_q : p.seqlen_q - 1)) window_right = -1;
   const bool softcap = p.softcap > 0.f;
+  int num_sms = 0;
+  if constexpr (Cfg::kPersistent) {
+    int device = 0;
+    if (cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return err;
+    if (cudaError_t err =
+            cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device);
+        err != cudaSuccess)
+      return err;
+  }
+  // Tail split (Sm90TailSplitRequested): the r tiles past the last full wave of num_sms would
+  // run alone while the other CTAs idle; instead each runs as `splits` items over shares of its
+  // key tiles (splits = num_sms / r, at most the key tiles), and FlashFwdSm90TailCombine merges
+  // the shares. Only when r is at most half a wave: a fuller last wave loses little.
+  int tail_tiles = 0, tail_splits = 0;
+  if constexpr (Cfg::kPersistent) {
+    if (!varlen && num_sms > 0 && num_tiles > num_sms && Sm90TailSplitRequested(p)) {
+      const int r = num_tiles % num_sms;
+      const int key_tiles = (p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN;
+      const int splits = r > 0 ? std::min(num_sms / r, key_tiles) : 0;
+      if (r > 0 && 2 * r <= num_sms && splits >= 2) {
+        tail_tiles = r;
+        tail_splits = splits;
+      }
+    }
+  }
+  const int num_items = num_tiles - tail_tiles + tail_tiles * tail_splits;
+  // Scratch (Sm90ScratchBytes): the counter, then O of one 128-row block per SM, then its LSE.
+  static_assert(Cfg::kBlockM == 128, "Sm90TailBytes sizes 128-row blocks");
+  float* tail_o = reinterpret_cast<float*>(static_cast<char*>(scratch) + kSm90CounterBytes);
+  float* tail_lse = tail_o + int64_t(num_sms) * Cfg::kBlockM * kHeadDim;
   // Persistent CTAs take their tiles from a counter when causal (tiles of unequal cost), or for
   // every call with JAX_SGL_SM90_DYNAMIC_TILES=1 (A/B: whether a greedy order also evens out
   // CTAs that run at unequal speed); else in a static stride.
@@ -102,7 +133,7 @@ cudaError_t LaunchFlashFwdSm90(const AttentionParams& p, void* scratch, cudaStre
       softcap ? p.softcap : 0.f,
       softcap ? 2.f * float(M_LOG2E) * p.softmax_scale / p.softcap : 0.f,
       num_m_blocks,
-      num_tiles,
+      num_items,
       dynamic_tiles ? static_cast<int*>(scratch) : nullptr,
       p.cu_seqlens_q,
       p.kv_layout == KvLayout::kVarlen ? p.cu_seqlens_k : nullptr,
@@ -111,6 +142,10 @@ cudaError_t LaunchFlashFwdSm90(const AttentionParams& p, void* scratch, cudaStre
       rows_k,
       p.batch,
       static_cast<typename Cfg::Element*>(p.out),
+      num_tiles - tail_tiles,
+      tail_splits,
+      tail_tiles > 0 ? tail_o : nullptr,
+      tail_tiles > 0 ? tail_lse : nullptr,
   };
   // Softcap has its own instantiations (kernel.cuh kSoftcap), so the plain ones carry none of it.
   auto kernel = varlen ? (softcap ? sm90::FlashFwdSm90Kernel<Cfg, true, true>
@@ -124,13 +159,7 @@ cudaError_t LaunchFlashFwdSm90(const AttentionParams& p, void* scratch, cudaStre
     return err;
   dim3 grid(num_m_blocks, p.num_heads, tile_batches);
   if constexpr (Cfg::kPersistent) {
-    int device = 0, num_sms = 0;
-    if (cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return err;
-    if (cudaError_t err =
-            cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device);
-        err != cudaSuccess)
-      return err;
-    grid = dim3(std::min(num_tiles, num_sms));
+    grid = dim3(std::min(num_items, num_sms));
     // The counter starts at 0 for every call (kernel.cuh NextTile).
     if (dynamic_tiles) {
       if (cudaError_t err = cudaMemsetAsync(scratch, 0, sizeof(int), stream); err != cudaSuccess)
@@ -138,6 +167,15 @@ cudaError_t LaunchFlashFwdSm90(const AttentionParams& p, void* scratch, cudaStre
     }
   }
   kernel<<<grid, Cfg::kThreads, kSmem, stream>>>(params);
+  if (tail_tiles > 0) {
+    using Element = typename Cfg::Element;
+    const sm90::TailCombineParams<Element> combine{
+        tail_o, tail_lse, static_cast<Element*>(p.out), p.lse, num_tiles - tail_tiles,
+        tail_splits, num_m_blocks, p.num_heads, p.seqlen_q};
+    sm90::FlashFwdSm90TailCombine<Element, kHeadDim, Cfg::kBlockM>
+        <<<dim3(tail_tiles, Cfg::kBlockM / sm90::kTailCombineWarps),
+           32 * sm90::kTailCombineWarps, 0, stream>>>(combine);
+  }
   return cudaGetLastError();
 }
 

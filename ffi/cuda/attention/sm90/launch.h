@@ -32,12 +32,24 @@ bool IsComputeCapability90();
 // jax_sgl.attention_backend_info().
 const char* Sm90BuiltKernels();
 
-// Device scratch a call on the sm90 kernel needs (the persistent causal variants' tile counter).
-inline constexpr size_t kSm90ScratchBytes = 16;
+// Device scratch of a call on the sm90 kernel: the persistent variants' tile counter, then, for
+// the tail split, room for one float32 O row block and LSE per SM (launch.cuh).
+inline constexpr size_t kSm90CounterBytes = 256;
+inline size_t Sm90TailBytes(int num_sms, int head_dim) {
+  return size_t(num_sms) * 128 * (size_t(head_dim) + 1) * sizeof(float);
+}
+
+// Whether a call asks for the tail split: JAX_SGL_SM90_TAIL_SPLIT=1 (read at each call; an A/B
+// knob) on a dense, non-causal call. Persistent variants then run the tiles of the last, partial
+// wave as key shares on every CTA, merged by a second kernel.
+bool Sm90TailSplitRequested(const AttentionParams& p);
+
+// Bytes of scratch the call needs (Sm90TailSplitRequested, the variant and the device's SMs).
+size_t Sm90ScratchBytes(const AttentionParams& p);
 
 // Launches the sm90 kernel, in the variant JAX_SGL_SM90_VARIANT selects (sm90/variants.h);
-// the caller checked Sm90Unsupported(p) == nullptr. scratch: kSm90ScratchBytes of device memory
-// that this call may overwrite.
+// the caller checked Sm90Unsupported(p) == nullptr. scratch: Sm90ScratchBytes(p) of device
+// memory that this call may overwrite.
 cudaError_t RunFlashFwdSm90(const AttentionParams& p, void* scratch, cudaStream_t stream);
 
 // The variant a call runs now: JAX_SGL_SM90_VARIANT when this build has it for the call's

@@ -1,0 +1,71 @@
+// The second half of the sm90 forward's tail split (kernel.cuh, launch.cuh): each tile of the
+// last, partial wave ran as `splits` items over shares of its key tiles, each leaving O (float32,
+// normalized by its own sum) and its LSE. This merges them into the tile's output rows:
+//   lse = log sum_s e^{lse_s},   O = sum_s e^{lse_s - lse} O_s,
+// where a share without keys has lse_s = -inf and adds nothing (a row with none at all gets
+// O = 0 and LSE -inf, as the main kernel writes it).
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+namespace jax_sgl::cuda::sm90 {
+
+template <typename Element>
+struct TailCombineParams {
+  const float* tail_o;    // [tail tile, split, block_m, head_dim]
+  const float* tail_lse;  // [tail tile, split, block_m]
+  Element* out;           // dense O [batch, seqlen_q, num_heads, head_dim]
+  float* lse;             // [batch, num_heads, seqlen_q] or nullptr
+  int first_tile;         // tile index of tail tile 0 (kernel.cuh DecodeTile order, non-causal)
+  int splits;
+  int num_m_blocks;
+  int num_heads;
+  int seqlen_q;
+};
+
+inline constexpr int kTailCombineWarps = 4;  // one query row per warp
+
+// grid: (tail tiles, block_m / kTailCombineWarps); block: 32 x kTailCombineWarps threads.
+template <typename Element, int kHeadDim, int kBlockM>
+__global__ void __launch_bounds__(32 * kTailCombineWarps)
+    FlashFwdSm90TailCombine(const TailCombineParams<Element> p) {
+  static_assert(kHeadDim % 32 == 0 && kBlockM % kTailCombineWarps == 0);
+  constexpr int kPerLane = kHeadDim / 32;
+  const int lane = threadIdx.x % 32;
+  const int r = blockIdx.y * kTailCombineWarps + threadIdx.x / 32;  // row within the tile
+  const int tile = p.first_tile + int(blockIdx.x);
+  const int m_block = tile % p.num_m_blocks, bh = tile / p.num_m_blocks;
+  const int head = bh % p.num_heads, batch = bh / p.num_heads;
+  const int row = m_block * kBlockM + r;
+  if (row >= p.seqlen_q) return;
+
+  const int64_t slot0 = int64_t(blockIdx.x) * p.splits;  // split 0 of this tile
+  float lse_max = -INFINITY;
+  for (int s = 0; s < p.splits; ++s)
+    lse_max = fmaxf(lse_max, p.tail_lse[(slot0 + s) * kBlockM + r]);
+  float acc[kPerLane] = {};
+  float sum = 0.f;
+  if (lse_max > -INFINITY) {
+    for (int s = 0; s < p.splits; ++s) {
+      const float l = p.tail_lse[(slot0 + s) * kBlockM + r];
+      const float w = l > -INFINITY ? __expf(l - lse_max) : 0.f;
+      sum += w;
+      // Lane-interleaved columns: consecutive lanes read consecutive floats.
+      const float* o = p.tail_o + ((slot0 + s) * kBlockM + r) * kHeadDim + lane;
+#pragma unroll
+      for (int e = 0; e < kPerLane; ++e) acc[e] = fmaf(w, o[32 * e], acc[e]);
+    }
+  }
+  const float inv = sum > 0.f ? 1.f / sum : 0.f;
+  Element* dst =
+      p.out + ((int64_t(batch) * p.seqlen_q + row) * p.num_heads + head) * kHeadDim + lane;
+#pragma unroll
+  for (int e = 0; e < kPerLane; ++e) dst[32 * e] = Element(acc[e] * inv);
+  if (p.lse != nullptr && lane == 0)
+    p.lse[(int64_t(batch) * p.num_heads + head) * p.seqlen_q + row] =
+        sum > 0.f ? lse_max + logf(sum) : -INFINITY;
+}
+
+}  // namespace jax_sgl::cuda::sm90
