@@ -355,3 +355,43 @@ def test_dense_softcap(bwd_kernel, dq, shape, causal, monkeypatch):
   k = _rand(keys[1], (batch, sk, hkv, 128), jnp.bfloat16)
   v = _rand(keys[2], (batch, sk, hkv, 128), jnp.bfloat16)
   _check(q, k, v, {"softcap": 5.0, "causal": causal})
+
+
+def _bwd_tail_shape(case):
+  """(batch, seqlen_q, seqlen_k, heads, kv heads) whose 128-key blocks number just past a whole
+  wave of the device's SMs, so that the sm90 backward's tail split runs: 'few' leaves 1-2 blocks
+  over (6 steps each), 'many' up to 8 (12 steps each)."""
+  sms = getattr(jax.devices()[0], "core_count", None) or 132
+  if case == "few":
+    blocks = -(-(sms + 1) // 2)  # x 2 kv heads
+    return (1, 300, 128 * blocks - 40, 4, 2)
+  blocks = -(-(sms + 1) // 8)  # x 4 kv heads x 2 sequences
+  return (2, 700, 128 * blocks - 5, 8, 4)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("case", ["few", "many"])
+@pytest.mark.parametrize("dq", ["atomic", "det"])
+def test_tail_split(bwd_kernel, dq, case, head_dim, monkeypatch):
+  """JAX_SGL_SM90_BWD_TAIL_SPLIT=1: the key blocks of the last partial wave run as shares of
+  their steps on all SMs, and a second kernel adds their dK and dV. Right against the reference,
+  and dK / dV bitwise repeatable."""
+  if bwd_kernel != "sm90":
+    pytest.skip("the tail split is the sm90 backward's")
+  _need_sm90_bwd(bwd_kernel, head_dim, jnp.bfloat16)
+  if dq == "det":
+    monkeypatch.setenv("JAX_SGL_BWD_DETERMINISTIC", "1")
+  monkeypatch.setenv("JAX_SGL_SM90_BWD_TAIL_SPLIT", "1")
+  batch, sq, sk, h, hkv = _bwd_tail_shape(case)
+  keys = jax.random.split(jax.random.PRNGKey(31 + head_dim + len(case)), 3)
+  q = _rand(keys[0], (batch, sq, h, head_dim), jnp.bfloat16)
+  k = _rand(keys[1], (batch, sk, hkv, head_dim), jnp.bfloat16)
+  v = _rand(keys[2], (batch, sk, hkv, head_dim), jnp.bfloat16)
+  _check(q, k, v, {})
+  w_out = jnp.asarray(np.random.default_rng(2).standard_normal(q.shape), jnp.float32)
+  first = _grads(q, k, v, {}, w_out)
+  poison_allocator(sum(x.size * x.dtype.itemsize for x in (q, k, v)))
+  again = _grads(q, k, v, {}, w_out)
+  for name, a, b in zip("kv", first[1:], again[1:]):
+    np.testing.assert_array_equal(np.asarray(a).view(np.uint16), np.asarray(b).view(np.uint16),
+                                  err_msg=f"d{name}")

@@ -83,6 +83,8 @@ const char* PlanFlashBwd(const AttentionParams& p, FlashBwdPlan* plan) {
   plan->scratch_bytes = 2 * rows * size_t(p.num_heads) * sizeof(float);
 #ifdef JAX_SGL_HAVE_SM90
   if (plan->sm90_dq) plan->scratch_bytes += Sm90BwdDqAccumFloats(p, plan->ws_rows) * sizeof(float);
+  plan->sm90_tail_bytes = plan->sm90 && Sm90BwdTailSplitRequested(p) ? Sm90BwdTailBytes(p) : 0;
+  plan->scratch_bytes += plan->sm90_tail_bytes;
 #endif
   return nullptr;
 }
@@ -129,6 +131,10 @@ const char* RunFlashBwd(const AttentionBwdParams& bp, const FlashBwdPlan& plan, 
 #ifdef JAX_SGL_HAVE_SM90
   if (plan.sm90) {
     float* dq_accum = plan.sm90_dq ? args.lse_log2 + ws_floats : nullptr;
+    // The tail split's dK / dV shares follow the workspace and dq_accum.
+    if (plan.sm90_tail_bytes > 0)
+      args.sm90_tail = args.lse_log2 + ws_floats +
+                       (plan.sm90_dq ? Sm90BwdDqAccumFloats(p, plan.ws_rows) : 0);
     if (cudaError_t err = RunFlashBwdSm90(args, dq_accum, plan.sm90_dq_kernel, stream);
         err != cudaSuccess)
       return cudaGetErrorString(err);

@@ -40,6 +40,9 @@ struct FlashBwdArgs {
   // seqlen_q rounded up to its row block; varlen calls use lse's layout as it is.
   int ws_rows;
   bool skip_dkdv;   // LaunchFlashBwd runs the dQ kernel only (the sm90 kernel did dK, dV)
+  // sm90 tail split (Sm90BwdTailSplitRequested): Sm90BwdTailBytes of scratch for the float32
+  // dK / dV shares, else nullptr.
+  float* sm90_tail = nullptr;
 };
 
 // Index of (sequence b, head h, row i of that sequence) in softmax_d and lse_log2.
@@ -56,7 +59,8 @@ struct FlashBwdPlan {
                          // reproducible); false: a deterministic dQ kernel, which is
   bool sm90_dq_kernel;   // the sm90 one (wgmma), or else the sm80 one
   int ws_rows;           // dense calls: rows per (batch, head) of softmax_d and lse_log2
-  size_t scratch_bytes;  // softmax_d, lse_log2 and (sm90_dq) the float32 dQ accumulator
+  size_t sm90_tail_bytes = 0;  // sm90 tail split's dK / dV shares (Sm90BwdTailBytes), or 0
+  size_t scratch_bytes;  // softmax_d, lse_log2, (sm90_dq) the float32 dQ accumulator, the shares
 };
 
 // Fills *plan and returns nullptr, or returns the reason the combination has no CUDA backward

@@ -129,6 +129,19 @@ const char* Sm90BwdBuiltKernels() {
       ;
 }
 
+bool Sm90BwdTailSplitRequested(const AttentionParams& p) {
+  return !p.causal && p.window_left < 0 && p.window_right < 0 && p.seqused_k == nullptr &&
+         p.softcap <= 0.f && EnvInt("JAX_SGL_SM90_BWD_TAIL_SPLIT", 0) != 0;
+}
+
+size_t Sm90BwdTailBytes(const AttentionParams& p) {
+  int device = 0, num_sms = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
+    return 0;
+  return size_t(num_sms) * 128 * size_t(p.head_dim) * 2 * sizeof(float);
+}
+
 cudaError_t RunFlashBwdSm90(const FlashBwdArgs& args, float* dq_accum, bool dq_kernel,
                             cudaStream_t stream) {
   const AttentionParams& p = args.bp.fwd;

@@ -61,6 +61,16 @@ struct BwdKernelParams {
   // bottom-right aligned), -1 = unbounded; causal is window_right = 0.
   int window_left;
   int window_right;
+  // Tail split (bwd_launch.cuh, JAX_SGL_SM90_BWD_TAIL_SPLIT=1): key blocks from num_whole on, in
+  // (key block, kv head, batch) order, are the last, partial wave's. The main kernel skips them;
+  // the kTail kernel runs each on tail_splits CTAs over shares of its steps, which store dK
+  // (scaled) and dV in float32 to tail_dk / tail_dv for FlashBwdSm90TailSum. Off: num_whole is
+  // every block.
+  int n_blocks;        // key blocks per (kv head, batch)
+  int num_whole;
+  int tail_splits;
+  float* tail_dk;      // [tail block, split, kBlockN, head_dim]
+  float* tail_dv;
 };
 
 // Named barriers (ids after CUTLASS's reserved ones).
@@ -169,7 +179,10 @@ __device__ __forceinline__ void StorePairs(Frag const& frag, SmemTensor& smem) {
 
 // kSoftcap: the softcap path, else the plain one; the launcher picks per call. One kernel holding
 // both paths runs ptxas out of registers, and it then serializes every wgmma (C7512).
-template <typename Cfg, bool kSoftcap>
+// kTail: the tail split's shares (1-D grid, BwdKernelParams), a kernel of its own so that the
+// main one keeps its block coordinates in the special registers (computed ones, held across
+// the main loop, spilled at hd64).
+template <typename Cfg, bool kSoftcap, bool kTail = false>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     FlashBwdSm90Kernel(CUTE_GRID_CONSTANT BwdKernelParams<Cfg> const params) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -186,9 +199,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
   const int warpgroup = threadIdx.x / 128;
   const int thread_in_wg = threadIdx.x % 128;
-  const int n_block = blockIdx.x;  // causal: low key blocks have the most rows, launched first
-  const int kv_head = blockIdx.y;
-  const int batch = blockIdx.z;
+  int n_block = blockIdx.x;  // causal: low key blocks have the most rows, launched first
+  int kv_head = blockIdx.y;
+  int batch = blockIdx.z;
+  int share = 0;
+  if constexpr (kTail) {
+    const int block = params.num_whole + int(blockIdx.x) / params.tail_splits;
+    share = int(blockIdx.x) % params.tail_splits;
+    const int kv_heads = params.num_heads / params.group;
+    n_block = block % params.n_blocks;
+    kv_head = block / params.n_blocks % kv_heads;
+    batch = block / params.n_blocks / kv_heads;
+  } else if ((batch * int(gridDim.y) + kv_head) * int(gridDim.x) + n_block >= params.num_whole) {
+    return;  // a tail block: the kTail kernel runs it (the whole CTA, before any barrier)
+  }
   const int n0 = n_block * kBlockN;
   // Keys of this sequence: the causal diagonal and the key mask use k_len (as the sm80 kernels
   // and the reference do); a CTA wholly past it has no step and stores zero dK, dV.
@@ -198,7 +222,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const RowBlocks rows(n0, kBlockM, kBlockN, params.seqlen_q, k_len, params.window_left,
                        params.window_right);
   const int m_steps = n0 < k_len ? rows.m_end - rows.m_begin : 0;  // per q head
-  const int steps = m_steps * params.group;
+  // Steps [step_begin, step_end): all of them, or the kTail CTA's share.
+  const int step_begin = kTail ? m_steps * params.group * share / params.tail_splits : 0;
+  const int step_end = kTail ? m_steps * params.group * (share + 1) / params.tail_splits
+                             : m_steps * params.group;
 
   typename Pipeline::Params pipe_params;
   pipe_params.transaction_bytes = Cfg::kRowsTileBytes + Cfg::kRowFloatsBytes;
@@ -241,7 +268,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     Tensor mdO = params.tma_do.get_tma_tensor(params.q_shape);
     PipelineState write_q = cutlass::make_producer_start_state<Pipeline>();
     PipelineState write_do = cutlass::make_producer_start_state<Pipeline>();
-    for (int g = 0; g < params.group; ++g) {
+    // Step order: q head by q head, each over its row blocks (g = step / m_steps).
+    const int g_end = step_end > step_begin ? (step_end - 1) / m_steps + 1 : 0;
+    for (int g = kTail ? step_begin / max(m_steps, 1) : 0; g < g_end; ++g) {
       const int head = kv_head * params.group + g;
       Tensor gQ = local_tile(mQ(_, _, head, batch), typename Cfg::RowsD{}, make_coord(_, _0{}));
       Tensor gdO = local_tile(mdO(_, _, head, batch), typename Cfg::RowsD{}, make_coord(_, _0{}));
@@ -250,7 +279,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       auto tdO = tma_partition(params.tma_do, _0{}, Layout<_1>{}, group_modes<0, 2>(sdO),
                                group_modes<0, 2>(gdO));
       const int64_t row_values = (int64_t(batch) * params.num_heads + head) * params.ws_rows;
-      for (int m = rows.m_begin; m < rows.m_begin + m_steps; ++m) {
+      const int m_lo = rows.m_begin + (kTail ? max(step_begin - g * m_steps, 0) : 0);
+      const int m_hi = rows.m_begin + (kTail ? min(step_end - g * m_steps, m_steps) : m_steps);
+      for (int m = m_lo; m < m_hi; ++m) {
         pipe_q.producer_acquire(write_q);
         uint64_t* bar_q = pipe_q.producer_get_barrier(write_q);
         copy(params.tma_q.with(*bar_q, 0), get<0>(tQ)(_, m), get<1>(tQ)(_, write_q.index()));
@@ -311,9 +342,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
     // K and V land even when there is no step: the epilogue reuses their smem.
     shared.barrier_kv.wait(0);
-    if (steps > 0) {
+    if (step_end > step_begin) {
       PipelineState read_q, read_do;
-      for (int step = 0; step < steps; ++step) {
+      for (int step = step_begin; step < step_end; ++step) {
         const int g = step / m_steps;
         const int m = rows.m_begin + step % m_steps;
         const int head = kv_head * params.group + g;
@@ -472,9 +503,32 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
 
     // ---- Epilogue: dK (x softmax_scale) and dV -> the K / V smem halves -> TMA store ------
-    // Both consumers' dQ GEMMs read all of K: wait for both before overwriting it.
     warpgroup_fence_operand(tdKrdK);
     warpgroup_fence_operand(tdVrdV);
+    if constexpr (kTail) {
+      // A share: dK and dV of its steps, float32, straight from registers to its slot of the
+      // tail buffers (slot = this CTA's index; this consumer's 64 keys); FlashBwdSm90TailSum
+      // adds the shares. K and V smem stay as they are: no wait for the other consumer.
+      const int64_t key0 = int64_t(blockIdx.x) * kBlockN + consumer * kKeys;
+      auto part = [&](float* base) {
+        return thr_kv.partition_C(make_tensor(
+            make_gmem_ptr(base + key0 * Cfg::kHeadDim),
+            make_layout(typename Cfg::KeysD{}, make_stride(Int<Cfg::kHeadDim>{}, _1{}))));
+      };
+      Tensor tdKgdK = part(params.tail_dk);
+      Tensor tdVgdV = part(params.tail_dv);
+#pragma unroll
+      for (int i = 0; i < size(tdKrdK); i += 2) {
+        *reinterpret_cast<float2*>(&tdKgdK(i)) = make_float2(
+            tdKrdK(i) * params.softmax_scale, tdKrdK(i + 1) * params.softmax_scale);
+        *reinterpret_cast<float2*>(&tdVgdV(i)) = make_float2(tdVrdV(i), tdVrdV(i + 1));
+      }
+      if constexpr (Cfg::kDqBulk) {
+        if (thread_in_wg == 0) tma_store_wait<0>();  // the last dQ bulk reduce read its smem
+      }
+      return;
+    }
+    // Both consumers' dQ GEMMs read all of K: wait for both before overwriting it.
     cutlass::arch::NamedBarrier::sync(kConsumerThreads, uint32_t(BwdBarrier::kMmaDone));
     Tensor tdKsK = thr_kv.partition_C(sK(_, _, consumer));
     Tensor tdVsV = thr_kv.partition_C(sV(_, _, consumer));

@@ -9,6 +9,7 @@
 #include "ffi/cuda/attention/sm90/bwd_dq_kernel.cuh"
 #include "ffi/cuda/attention/sm90/bwd_kernel.cuh"
 #include "ffi/cuda/attention/sm90/bwd_launch.h"
+#include "ffi/cuda/attention/sm90/bwd_tail_sum.cuh"
 #include "ffi/cuda/attention/sm90/launch.cuh"  // CutlassType, DenseTensor
 
 namespace jax_sgl::cuda {
@@ -79,6 +80,34 @@ cudaError_t LaunchFlashBwdSm90(const FlashBwdArgs& args, float* dq_accum, bool d
   using RowsTile = typename Cfg::SmemLayoutRowsTile;
   using KVHalf = typename Cfg::SmemLayoutKVHalf;
   const int m_blocks = args.ws_rows / Cfg::kBlockM;
+  const int n_blocks = (p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN;
+  const int num_blocks = n_blocks * p.num_kv_heads * p.batch;
+  // Tail split (args.sm90_tail: Sm90BwdTailSplitRequested, never with softcap): the r key blocks
+  // past the last full wave of num_sms CTAs (one CTA per SM) would run alone while the other SMs
+  // idle; instead each runs on `splits` CTAs (num_sms / r, at most its steps) of a second launch
+  // over shares of its steps, and FlashBwdSm90TailSum adds their dK and dV. Only when r is at
+  // most half a wave.
+  int tail_blocks = 0, tail_splits = 0;
+  if (args.sm90_tail != nullptr) {
+    int device = 0, num_sms = 0;
+    if (cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return err;
+    if (cudaError_t err =
+            cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device);
+        err != cudaSuccess)
+      return err;
+    const int r = num_sms > 0 ? num_blocks % num_sms : 0;
+    const int steps =
+        (p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM * (p.num_heads / p.num_kv_heads);
+    const int splits = r > 0 ? std::min(num_sms / r, steps) : 0;
+    if (num_blocks > num_sms && r > 0 && 2 * r <= num_sms && splits >= 2 &&
+        size_t(r) * splits <= size_t(num_sms)) {
+      tail_blocks = r;
+      tail_splits = splits;
+    }
+  }
+  // Sm90BwdTailBytes: dK then dV, one 128-key block per SM each.
+  static_assert(Cfg::kBlockN == 128, "Sm90BwdTailBytes sizes 128-key blocks");
+  const int64_t tail_floats = int64_t(tail_blocks) * tail_splits * Cfg::kBlockN * kHeadDim;
   sm90::BwdKernelParams<Cfg> params{
       make_tma_copy(SM90_TMA_LOAD{}, q, RowsTile{}, typename Cfg::RowsD{}, _1{}),
       make_tma_copy(SM90_TMA_LOAD{}, dout, RowsTile{}, typename Cfg::RowsD{}, _1{}),
@@ -103,6 +132,11 @@ cudaError_t LaunchFlashBwdSm90(const FlashBwdArgs& args, float* dq_accum, bool d
       p.softcap > 0.f ? p.softcap * 1.4426950408889634f : 0.f,
       p.window_left,
       p.window_right,
+      n_blocks,
+      num_blocks - tail_blocks,
+      tail_splits,
+      tail_blocks > 0 ? args.sm90_tail : nullptr,
+      tail_blocks > 0 ? args.sm90_tail + tail_floats : nullptr,
   };
   cudaError_t err;
   if (dq_accum != nullptr &&
@@ -115,9 +149,27 @@ cudaError_t LaunchFlashBwdSm90(const FlashBwdArgs& args, float* dq_accum, bool d
   if ((err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem)) !=
       cudaSuccess)
     return err;
-  const dim3 grid((p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN, p.num_kv_heads, p.batch);
+  const dim3 grid(n_blocks, p.num_kv_heads, p.batch);
   kernel<<<grid, Cfg::kThreads, kSmem, stream>>>(params);
   if ((err = cudaGetLastError()) != cudaSuccess) return err;
+  if (tail_blocks > 0) {
+    // The shares of the tail blocks, which the main kernel skipped: a full wave after its last.
+    auto tail = sm90::FlashBwdSm90Kernel<Cfg, false, true>;
+    if ((err = cudaFuncSetAttribute(tail, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem)) !=
+        cudaSuccess)
+      return err;
+    tail<<<tail_blocks * tail_splits, Cfg::kThreads, kSmem, stream>>>(params);
+    if ((err = cudaGetLastError()) != cudaSuccess) return err;
+    using Element = typename Cfg::Element;
+    const sm90::BwdTailSumParams<Element> sum{
+        params.tail_dk, params.tail_dv, static_cast<Element*>(bp.dk),
+        static_cast<Element*>(bp.dv), num_blocks - tail_blocks, tail_splits, n_blocks,
+        p.num_kv_heads, p.seqlen_k};
+    sm90::FlashBwdSm90TailSum<Element, kHeadDim, Cfg::kBlockN>
+        <<<dim3(tail_blocks, Cfg::kBlockN / sm90::kBwdTailSumWarps),
+           32 * sm90::kBwdTailSumWarps, 0, stream>>>(sum);
+    if ((err = cudaGetLastError()) != cudaSuccess) return err;
+  }
   if (dq_accum == nullptr)
     return dq_kernel ? sm90::LaunchFlashBwdSm90Dq<T, kHeadDim>(args, stream) : cudaSuccess;
   sm90::FlashBwdSm90DqConvertKernel<Cfg><<<dim3(m_blocks, p.num_heads, p.batch), 256, 0, stream>>>(

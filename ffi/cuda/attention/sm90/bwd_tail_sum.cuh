@@ -1,0 +1,61 @@
+// The second half of the sm90 backward's tail split (bwd_kernel.cuh, bwd_launch.cuh): each key
+// block of the last, partial wave ran on `splits` CTAs, each over a share of the block's steps
+// (q head x row block), leaving float32 dK (already scaled) and dV for the block's keys. The
+// gradients are sums over the steps, so this adds the shares and stores dK and dV.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+namespace jax_sgl::cuda::sm90 {
+
+template <typename Element>
+struct BwdTailSumParams {
+  const float* tail_dk;  // [tail block, split, block_n, head_dim]
+  const float* tail_dv;
+  Element* dk;           // dense [batch, seqlen_k, num_kv_heads, head_dim]
+  Element* dv;
+  int first_block;       // CTA block index of tail block 0 (key blocks fastest)
+  int splits;
+  int n_blocks;          // key blocks per (kv head, batch)
+  int num_kv_heads;
+  int seqlen_k;
+};
+
+inline constexpr int kBwdTailSumWarps = 4;  // one key row per warp
+
+// grid: (tail blocks, block_n / kBwdTailSumWarps); block: 32 x kBwdTailSumWarps threads.
+template <typename Element, int kHeadDim, int kBlockN>
+__global__ void __launch_bounds__(32 * kBwdTailSumWarps)
+    FlashBwdSm90TailSum(const BwdTailSumParams<Element> p) {
+  static_assert(kHeadDim % 32 == 0 && kBlockN % kBwdTailSumWarps == 0);
+  constexpr int kPerLane = kHeadDim / 32;
+  const int lane = threadIdx.x % 32;
+  const int r = blockIdx.y * kBwdTailSumWarps + threadIdx.x / 32;  // key row within the block
+  const int block = p.first_block + int(blockIdx.x);
+  const int n_block = block % p.n_blocks, rest = block / p.n_blocks;
+  const int kv_head = rest % p.num_kv_heads, batch = rest / p.num_kv_heads;
+  const int key = n_block * kBlockN + r;
+  if (key >= p.seqlen_k) return;
+
+  float dk[kPerLane] = {}, dv[kPerLane] = {};
+  for (int s = 0; s < p.splits; ++s) {
+    // Lane-interleaved columns: consecutive lanes read consecutive floats.
+    const int64_t row = ((int64_t(blockIdx.x) * p.splits + s) * kBlockN + r) * kHeadDim + lane;
+#pragma unroll
+    for (int e = 0; e < kPerLane; ++e) {
+      dk[e] += p.tail_dk[row + 32 * e];
+      dv[e] += p.tail_dv[row + 32 * e];
+    }
+  }
+  const int64_t out =
+      ((int64_t(batch) * p.seqlen_k + key) * p.num_kv_heads + kv_head) * kHeadDim + lane;
+#pragma unroll
+  for (int e = 0; e < kPerLane; ++e) {
+    p.dk[out + 32 * e] = Element(dk[e]);
+    p.dv[out + 32 * e] = Element(dv[e]);
+  }
+}
+
+}  // namespace jax_sgl::cuda::sm90
