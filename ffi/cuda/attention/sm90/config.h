@@ -43,10 +43,12 @@ constexpr int DefaultBlockN(int head_dim) { return head_dim <= 128 ? 128 : 64; }
 // runs between the issue of S = Q K^T and of P V (kernel.cuh). kLeanSoftmax: branch-free softmax
 // with ex2.approx.ftz (softmax.h). kDeferPvWait: the wait for a step's P V moves to the top of
 // the next step (kernel.cuh). kDirectO: O goes from registers to global memory, not through smem
-// and a TMA store (kernel.cuh epilogue).
+// and a TMA store (kernel.cuh epilogue). kQStages: Q buffers of a persistent CTA; with two, the
+// next tile's Q loads while this tile's main loop still runs (kernel.cuh producer).
 template <typename Element_, int kHeadDim_, int kBlockN_ = DefaultBlockN(kHeadDim_),
           bool kPersistent_ = false, bool kFastSoftmax_ = false, bool kEarlyRescale_ = false,
-          bool kLeanSoftmax_ = false, bool kDeferPvWait_ = false, bool kDirectO_ = false>
+          bool kLeanSoftmax_ = false, bool kDeferPvWait_ = false, bool kDirectO_ = false,
+          int kQStages_ = 1>
 struct FlashConfig {
   using Element = Element_;  // cutlass::bfloat16_t or cutlass::half_t
   static constexpr int kHeadDim = kHeadDim_;
@@ -57,6 +59,8 @@ struct FlashConfig {
   static constexpr bool kLeanSoftmax = kLeanSoftmax_;
   static constexpr bool kDeferPvWait = kDeferPvWait_;
   static constexpr bool kDirectO = kDirectO_;
+  static constexpr int kQStages = kQStages_;
+  static_assert(kQStages == 1 || kQStages == 2);
 
   static constexpr int kWarpgroupRows = 64;                   // wgmma M per warpgroup
   static constexpr int kConsumers = 2;                        // consumer warpgroups (ping-pong)
@@ -112,21 +116,27 @@ struct FlashConfig {
   static constexpr int kSmemLimit = 227 * 1024;  // sm_90 opt-in dynamic smem per block
   static constexpr bool kSeparateO =
       kPersistent && !kDirectO &&
-      kQBytes * 2 + 2 * cosize_v<SmemLayoutKV> * int(sizeof(Element)) + 1024 <= kSmemLimit;
+      kQBytes * (kQStages + 1) + 2 * cosize_v<SmemLayoutKV> * int(sizeof(Element)) + 1024 <=
+          kSmemLimit;
   // Persistent: whether Q is free for the next tile when a tile's main loop ends (O does not
   // leave through the Q buffer), or only once O has been stored from it.
   static constexpr bool kQFreeAfterLoop = kSeparateO || kDirectO;
+  // Two Q buffers only where O has a way out of its own (and so each Q is free after the loop).
+  static_assert(kQStages == 1 || (kPersistent && kQFreeAfterLoop));
 
   struct SharedStorage {
-    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutQ>> q;  // O too if !kSeparateO
+    // Q buffer b at b * cosize_v<SmemLayoutQ>; O too if !kSeparateO (then kQStages is 1).
+    alignas(1024) cute::array_aligned<Element, kQStages * cosize_v<SmemLayoutQ>> q;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutKV>> k;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutKV>> v;
     alignas(1024) cute::array_aligned<Element, kSeparateO ? cosize_v<SmemLayoutQ> : 8> o;
     typename Pipeline::SharedStorage pipe_k;
     typename Pipeline::SharedStorage pipe_v;
-    cutlass::arch::ClusterTransactionBarrier barrier_q;  // Q (and, persistent, the tile) ready
-    cutlass::arch::ClusterBarrier barrier_q_empty;       // persistent: consumers done with Q
-    int tile;                                            // persistent: work tile of this Q, or -1
+    // Per Q buffer: Q (and, persistent, the tile) ready; persistent: the consumers are done with
+    // it; the work tile of its Q, or -1.
+    cutlass::arch::ClusterTransactionBarrier barrier_q[kQStages];
+    cutlass::arch::ClusterBarrier barrier_q_empty[kQStages];
+    int tile[kQStages];
     HeldTile held[kConsumers];                           // persistent: each consumer's tile
   };
   static_assert(sizeof(SharedStorage) <= kSmemLimit);

@@ -297,17 +297,24 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   pipe_params.num_consumers = kConsumerThreads;
   Pipeline pipe_k(shared.pipe_k, pipe_params, Shape<_1, _1, _1>{});
   Pipeline pipe_v(shared.pipe_v, pipe_params, Shape<_1, _1, _1>{});
+  constexpr int kQStages = Cfg::kQStages;
   if (threadIdx.x == 0) {
-    shared.barrier_q.init(1);
-    // Q is free again when every consumer thread finished its last wgmma on it (separate or
-    // direct O), or when each consumer's O store out of the Q buffer has completed.
-    if constexpr (kPersistent)
-      shared.barrier_q_empty.init(Cfg::kQFreeAfterLoop ? kConsumerThreads : Cfg::kConsumers);
+    for (int b = 0; b < kQStages; ++b) {
+      shared.barrier_q[b].init(1);
+      // Q is free again when every consumer thread finished its last wgmma on it (separate or
+      // direct O), or when each consumer's O store out of the Q buffer has completed.
+      if constexpr (kPersistent)
+        shared.barrier_q_empty[b].init(Cfg::kQFreeAfterLoop ? kConsumerThreads : Cfg::kConsumers);
+    }
   }
   cutlass::arch::fence_barrier_init();
   __syncthreads();
 
-  Tensor sQ = make_tensor(make_smem_ptr(shared.q.data()), typename Cfg::SmemLayoutQ{});
+  // Q buffer b (kQStages > 1: the one of work item ordinal iter is iter % kQStages).
+  auto q_buffer = [&](int b) {
+    return make_tensor(make_smem_ptr(shared.q.data() + b * cosize_v<typename Cfg::SmemLayoutQ>),
+                       typename Cfg::SmemLayoutQ{});
+  };
   Tensor sK = make_tensor(make_smem_ptr(shared.k.data()), typename Cfg::SmemLayoutKV{});
   Tensor sV = make_tensor(make_smem_ptr(shared.v.data()), typename Cfg::SmemLayoutKV{});
   Tensor sVt = make_tensor(make_smem_ptr(shared.v.data()), typename Cfg::SmemLayoutVt{});
@@ -331,7 +338,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     // Loads one work tile in the order the consumers use it: K[last], Q, then (K[n], V[n+1])
     // pairs, then V[first]. claim_q() runs just before Q is written (persistent: waits for the
     // consumers to be done with the previous Q, then publishes the tile).
-    auto load_tile = [&](WorkTile const& w, KeyTiles const& tiles, auto&& claim_q) {
+    auto load_tile = [&](WorkTile const& w, KeyTiles const& tiles, int qb, auto&& claim_q) {
       const int kv_head = w.head / params.group;
       // [64, D, m/64] rows of this (batch, head); [N, D, n] keys of this (batch, kv head).
       // Varlen: boxes that run past a sequence's end read the next sequence's rows (or TMA's
@@ -342,7 +349,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                              Shape<Int<kBlockN>, Int<Cfg::kHeadDim>>{}, make_coord(_, _0{}));
       Tensor gV = local_tile(head_rows(mV, kv_head, w.batch, w.k_row0),
                              Shape<Int<kBlockN>, Int<Cfg::kHeadDim>>{}, make_coord(_, _0{}));
-      auto tQ = tma_partition(params.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ),
+      auto tQ = tma_partition(params.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(q_buffer(qb)),
                               group_modes<0, 2>(gQ));
       auto tK = tma_partition(params.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK),
                               group_modes<0, 2>(gK));
@@ -369,9 +376,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       };
       if (!tiles.empty()) load_k(tiles.n_end - 1);
       claim_q();
-      shared.barrier_q.arrive_and_expect_tx(2 * Cfg::kQHalfBytes);
+      shared.barrier_q[qb].arrive_and_expect_tx(2 * Cfg::kQHalfBytes);
       for (int half = 0; half < Cfg::kConsumers; ++half)
-        copy(NoCacheHint(params.tma_q.with(reinterpret_cast<uint64_t&>(shared.barrier_q))),
+        copy(NoCacheHint(params.tma_q.with(reinterpret_cast<uint64_t&>(shared.barrier_q[qb]))),
              tQg(_, 2 * w.m_block + half), tQs(_, half));
       // Rolled: nvcc unrolled it 4x, and the addresses of the unrolled copies did not fit the
       // producer's 24 registers (varlen spilled); the producer waits on the ring anyway.
@@ -384,26 +391,29 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     };
     if constexpr (!kPersistent) {
       const KeyTiles tiles = key_tiles(launch_tile);
-      if (!tiles.empty()) load_tile(launch_tile, tiles, [] {});
+      if (!tiles.empty()) load_tile(launch_tile, tiles, 0, [] {});
     } else {
       // Every tile goes through the Q barrier, also one without keys (the consumers write its
       // zeros), and a final -1 tells the consumers to stop.
+      // Item ordinal iter uses Q buffer iter % kQStages, free once the consumers released
+      // ordinal iter - kQStages of the same buffer.
       int iter = 0;
       for (int t = int(blockIdx.x);; t = NextTile(t, params.tile_counter)) {
         const bool valid = t < params.num_tiles;
+        const int qb = kQStages > 1 ? iter % kQStages : 0;
         auto claim_q = [&] {
-          if (iter > 0) shared.barrier_q_empty.wait((iter - 1) & 1);
-          *reinterpret_cast<volatile int*>(&shared.tile) = valid ? t : -1;
+          if (iter >= kQStages) shared.barrier_q_empty[qb].wait(((iter - kQStages) / kQStages) & 1);
+          *reinterpret_cast<volatile int*>(&shared.tile[qb]) = valid ? t : -1;
           CompilerFence();
         };
         if (!valid) {
           claim_q();
-          shared.barrier_q.arrive();
+          shared.barrier_q[qb].arrive();
           break;
         }
         WorkTile w = ItemTile(params, t);
         if (!resolve(w)) continue;  // varlen: past the last sequence; the consumers never see it
-        load_tile(w, key_tiles(w), claim_q);
+        load_tile(w, key_tiles(w), qb, claim_q);
         ++iter;
       }
     }
@@ -419,9 +429,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     typename Cfg::MmaPV mma_pv;
     auto thr_qk = mma_qk.get_thread_slice(thread_in_wg);
     auto thr_pv = mma_pv.get_thread_slice(thread_in_wg);
-    Tensor sQmine = sQ(_, _, consumer);
     Tensor sOmine = sO(_, _, consumer);
-    Tensor tSrQ = thr_qk.partition_fragment_A(sQmine);
     Tensor tSrK = thr_qk.partition_fragment_B(sK);
     Tensor tOrV = thr_pv.partition_fragment_B(sVt);
     Tensor tOrO = partition_fragment_C(mma_pv, typename Cfg::RowsD{});
@@ -449,8 +457,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     // at exit. Returns the ordinal of the next published tile (persistent).
     // always_inline: NVVM outlines this lambda otherwise, and ptxas then serializes every wgmma
     // (C7520).
-    auto run_tile = [&](WorkTile const& tile, bool last_tile) __attribute__((always_inline)) {
+    auto run_tile = [&](WorkTile const& tile, bool last_tile, int qb)
+                        __attribute__((always_inline)) {
       const KeyTiles tiles = key_tiles(tile);
+      Tensor tSrQ = thr_qk.partition_fragment_A(q_buffer(qb)(_, _, consumer));
       const int row_base = tile.m_block * kBlockM + consumer * kRows + coord.row0;  // row of r = 0
       const int diag = seqlen_k(tile) - seqlen_q(tile);
       const int key_end = seqlen_k(tile);
@@ -613,8 +623,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       // Row of r = 0 again; variant 0 keeps row_base, live anyway (hd256 spilled m_block).
       const int out_row =
           kPersistent ? w.m_block * kBlockM + consumer * kRows + coord.row0 : row_base;
-      // With a separate O buffer or none, Q is done: the producer may load the next tile's.
-      if constexpr (kPersistent && Cfg::kQFreeAfterLoop) shared.barrier_q_empty.arrive();
+      // With a separate O buffer or none, Q is done: the producer may load a later tile's into it.
+      if constexpr (kPersistent && Cfg::kQFreeAfterLoop)
+        shared.barrier_q_empty[kQStages > 1 ? (next_iter - 1) % kQStages : 0].arrive();
 
       // ---- Epilogue: normalize, LSE, O -> smem -> TMA store --------------------------------
       float inv_sum[2], lse[2];
@@ -642,7 +653,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           if constexpr (!Cfg::kQFreeAfterLoop) {
             // As the direct O path below: Q may be reloaded once every thread is past its wgmma.
             cutlass::arch::NamedBarrier::sync(128, epilogue_barrier);
-            if (thread_in_wg == 0) shared.barrier_q_empty.arrive();
+            if (thread_in_wg == 0) shared.barrier_q_empty[0].arrive();
           }
           return next_iter;
         }
@@ -685,7 +696,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         if constexpr (kPersistent && !Cfg::kQFreeAfterLoop) {
           // Every thread's last wgmma on Q has completed (wait<0> above): Q may be reloaded.
           cutlass::arch::NamedBarrier::sync(128, epilogue_barrier);
-          if (thread_in_wg == 0) shared.barrier_q_empty.arrive();
+          if (thread_in_wg == 0) shared.barrier_q_empty[0].arrive();
         }
         return next_iter;
       }
@@ -712,7 +723,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         tma_store_arrive();
         if constexpr (!Cfg::kSeparateO) {
           tma_store_wait<0>();
-          if constexpr (kPersistent) shared.barrier_q_empty.arrive();  // O has left the Q buffer
+          if constexpr (kPersistent) shared.barrier_q_empty[0].arrive();  // O has left the Q buffer
         }
       }
       return next_iter;
@@ -721,20 +732,21 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     if constexpr (!kPersistent) {
       if (!key_tiles(launch_tile).empty()) {
         start_turns();
-        shared.barrier_q.wait(0);
+        shared.barrier_q[0].wait(0);
       }
-      run_tile(launch_tile, true);
+      run_tile(launch_tile, true, 0);
     } else {
       start_turns();
       for (int iter = 0;;) {
-        shared.barrier_q.wait(iter & 1);
+        const int qb = kQStages > 1 ? iter % kQStages : 0;
+        shared.barrier_q[qb].wait((iter / kQStages) & 1);
         CompilerFence();
-        const int t = *reinterpret_cast<volatile int*>(&shared.tile);
+        const int t = *reinterpret_cast<volatile int*>(&shared.tile[qb]);
         if (t < 0) break;
         WorkTile w = ItemTile(params, t);
         resolve(w);  // true: the producer published only tiles that resolve
         StoreTile(shared.held[consumer], w, iter);
-        iter = run_tile(w, false);
+        iter = run_tile(w, false, qb);
       }
       // Meets consumer 1's last hand-over.
       if (consumer == 0) cutlass::arch::NamedBarrier::sync(kConsumerThreads, my_turn);

@@ -37,7 +37,8 @@ using VariantConfig =
                 Variant(kVariant).wide ? WideBlockN(kHeadDim) : DefaultBlockN(kHeadDim),
                 Variant(kVariant).persistent, Variant(kVariant).fast_softmax,
                 Variant(kVariant).early_rescale, Variant(kVariant).lean_softmax,
-                Variant(kVariant).defer_pv_wait, Variant(kVariant).direct_o>;
+                Variant(kVariant).defer_pv_wait, Variant(kVariant).direct_o,
+                kHeadDim == 256 ? 1 : Variant(kVariant).q_stages>;  // hd256: 2 Q do not fit
 
 }  // namespace sm90
 

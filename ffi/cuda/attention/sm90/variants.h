@@ -26,12 +26,14 @@
 //                  for an O buffer of its own, so its O went out through the Q buffer and the
 //                  next tile's Q could load only after that store; here Q is free as soon as
 //                  the main loop ends, and its load overlaps this tile's epilogue.
+//  11 "double Q"   4 with two Q buffers: the next tile's Q loads while this tile's main loop
+//                  runs, instead of after it (4 waits for it at every tile start).
 // No CUDA or CuTe here: the host dispatch includes it.
 #pragma once
 
 namespace jax_sgl::cuda::sm90 {
 
-inline constexpr int kNumVariants = 11;
+inline constexpr int kNumVariants = 12;
 
 // Keys per tile of the wide variants. hd128: 176 (FA3's choice: S 88 + P 44 + O 64 registers per
 // thread still fit 240); hd64: 192; hd256: 80 (Q 64 KiB + 2 x 2 stages x 40 KiB = 224 KiB of smem).
@@ -47,11 +49,12 @@ struct VariantTraits {
   bool lean_softmax;
   bool defer_pv_wait;
   bool direct_o;
+  int q_stages = 1;  // Q buffers (persistent)
 };
 
 constexpr VariantTraits Variant(int v) {
   switch (v) {
-    //               persistent fast   wide   early  lean   defer  direct O
+    //               persistent fast   wide   early  lean   defer  direct O Q buffers
     case 1: return  {true,      false, false, false, false, false, false};
     case 2: return  {true,      true,  false, false, false, false, false};
     case 3: return  {true,      true,  true,  false, false, false, false};
@@ -62,6 +65,7 @@ constexpr VariantTraits Variant(int v) {
     case 8: return  {false,     false, false, true,  true,  false, false};
     case 9: return  {true,      false, false, true,  true,  true,  false};
     case 10: return {true,      false, true,  true,  true,  false, true};
+    case 11: return {true,      false, false, false, true,  false, false, 2};
     default: return {false,     false, false, false, false, false, false};
   }
 }
