@@ -59,10 +59,10 @@ def _sm90(monkeypatch):
   monkeypatch.setenv("JAX_SGL_DECODE", "old")
 
 
-VARIANTS = (None,) + tuple(range(12))  # ffi/cuda/attention/sm90/variants.h; None: unset
+VARIANTS = (None,) + tuple(range(13))  # ffi/cuda/attention/sm90/variants.h; None: unset
 # The persistent variants (sm90/variants.h Variant(v).persistent), which run the tail split; the
 # others take one CTA per tile and ignore it.
-PERSISTENT_VARIANTS = ("1", "2", "3", "4", "5", "6", "9", "10", "11")
+PERSISTENT_VARIANTS = ("1", "2", "3", "4", "5", "6", "9", "10", "11", "12")
 
 
 @pytest.fixture(autouse=True, params=VARIANTS,

@@ -1,7 +1,7 @@
 // Host side of the sm_90a flash forward: whether it may run a call (switch, device, coverage)
 // and the (dtype, head dim, variant) switch over the instantiations this build compiled.
 //
-// JAX_SGL_SM90_VARIANT=<0..11> (read at each call) picks the kernel variant (sm90/variants.h) for
+// JAX_SGL_SM90_VARIANT=<0..12> (read at each call) picks the kernel variant (sm90/variants.h) for
 // A/B runs; unset, unparsable or not built for the call's (dtype, head dim) means the default of
 // its (head dim, causal, short call) (CMake JAX_SGL_SM90_DEFAULT_VARIANTS, always built).
 //

@@ -31,6 +31,13 @@ auto DenseTensor(const void* ptr, int rows, int head_dim, int heads, int batch) 
                      make_stride(row, _1{}, int64_t(head_dim), row * rows));
 }
 
+// Q buffers of a variant that asks for `requested`: two only where they fit smem beside two K/V
+// stages and an O buffer (hd64 and hd128 at 128 keys, hd64 wide; not hd128 wide or hd256).
+constexpr int QStages(int head_dim, int block_n, int requested) {
+  const int q = 2 * 64 * head_dim * 2, kv = 2 * 2 * block_n * head_dim * 2;  // 16-bit elements
+  return requested > 1 && 3 * q + kv + 1024 <= 227 * 1024 ? requested : 1;
+}
+
 template <typename T, int kHeadDim, int kVariant>
 using VariantConfig =
     FlashConfig<typename CutlassType<T>::type, kHeadDim,
@@ -38,7 +45,9 @@ using VariantConfig =
                 Variant(kVariant).persistent, Variant(kVariant).fast_softmax,
                 Variant(kVariant).early_rescale, Variant(kVariant).lean_softmax,
                 Variant(kVariant).defer_pv_wait, Variant(kVariant).direct_o,
-                kHeadDim == 256 ? 1 : Variant(kVariant).q_stages>;  // hd256: 2 Q do not fit
+                QStages(kHeadDim,
+                        Variant(kVariant).wide ? WideBlockN(kHeadDim) : DefaultBlockN(kHeadDim),
+                        Variant(kVariant).q_stages)>;
 
 }  // namespace sm90
 

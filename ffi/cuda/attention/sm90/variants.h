@@ -28,12 +28,14 @@
 //                  the main loop ends, and its load overlaps this tile's epilogue.
 //  11 "double Q"   4 with two Q buffers: the next tile's Q loads while this tile's main loop
 //                  runs, instead of after it (4 waits for it at every tile start).
+//  12 "wide double Q" 6 with two Q buffers, where they fit (launch.cuh QStages: hd64; at hd128
+//                  and hd256 it is 6 itself).
 // No CUDA or CuTe here: the host dispatch includes it.
 #pragma once
 
 namespace jax_sgl::cuda::sm90 {
 
-inline constexpr int kNumVariants = 12;
+inline constexpr int kNumVariants = 13;
 
 // Keys per tile of the wide variants. hd128: 176 (FA3's choice: S 88 + P 44 + O 64 registers per
 // thread still fit 240); hd64: 192; hd256: 80 (Q 64 KiB + 2 x 2 stages x 40 KiB = 224 KiB of smem).
@@ -66,6 +68,7 @@ constexpr VariantTraits Variant(int v) {
     case 9: return  {true,      false, false, true,  true,  true,  false};
     case 10: return {true,      false, true,  true,  true,  false, true};
     case 11: return {true,      false, false, false, true,  false, false, 2};
+    case 12: return {true,      false, true,  true,  true,  false, false, 2};
     default: return {false,     false, false, false, false, false, false};
   }
 }
