@@ -166,8 +166,8 @@ cudaError_t LaunchFlashBwdSm90(const FlashBwdArgs& args, float* dq_accum, bool d
         static_cast<Element*>(bp.dv), num_blocks - tail_blocks, tail_splits, n_blocks,
         p.num_kv_heads, p.seqlen_k};
     sm90::FlashBwdSm90TailSum<Element, kHeadDim, Cfg::kBlockN>
-        <<<dim3(tail_blocks, Cfg::kBlockN / sm90::kBwdTailSumWarps),
-           32 * sm90::kBwdTailSumWarps, 0, stream>>>(sum);
+        <<<dim3(tail_blocks, Cfg::kBlockN / sm90::kTailWarps),
+           32 * sm90::kTailWarps, 0, stream>>>(sum);
     if ((err = cudaGetLastError()) != cudaSuccess) return err;
   }
   if (dq_accum == nullptr)

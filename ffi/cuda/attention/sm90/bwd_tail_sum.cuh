@@ -8,6 +8,8 @@
 
 #include <cuda_runtime.h>
 
+#include "ffi/cuda/attention/sm90/tail_rows.cuh"
+
 namespace jax_sgl::cuda::sm90 {
 
 template <typename Element>
@@ -23,16 +25,13 @@ struct BwdTailSumParams {
   int seqlen_k;
 };
 
-inline constexpr int kBwdTailSumWarps = 4;  // one key row per warp
-
-// grid: (tail blocks, block_n / kBwdTailSumWarps); block: 32 x kBwdTailSumWarps threads.
+// Threads as tail_rows.cuh lays them out (a key row per warp).
 template <typename Element, int kHeadDim, int kBlockN>
-__global__ void __launch_bounds__(32 * kBwdTailSumWarps)
+__global__ void __launch_bounds__(32 * kTailWarps)
     FlashBwdSm90TailSum(const BwdTailSumParams<Element> p) {
-  static_assert(kHeadDim % 32 == 0 && kBlockN % kBwdTailSumWarps == 0);
+  static_assert(kHeadDim % 32 == 0 && kBlockN % kTailWarps == 0);
   constexpr int kPerLane = kHeadDim / 32;
-  const int lane = threadIdx.x % 32;
-  const int r = blockIdx.y * kBwdTailSumWarps + threadIdx.x / 32;  // key row within the block
+  const auto [lane, r] = ThisTailThread();
   const int block = p.first_block + int(blockIdx.x);
   const int n_block = block % p.n_blocks, rest = block / p.n_blocks;
   const int kv_head = rest % p.num_kv_heads, batch = rest / p.num_kv_heads;

@@ -183,8 +183,8 @@ cudaError_t LaunchFlashFwdSm90(const AttentionParams& p, void* scratch, cudaStre
         tail_o, tail_lse, static_cast<Element*>(p.out), p.lse, num_tiles - tail_tiles,
         tail_splits, num_m_blocks, p.num_heads, p.seqlen_q};
     sm90::FlashFwdSm90TailCombine<Element, kHeadDim, Cfg::kBlockM>
-        <<<dim3(tail_tiles, Cfg::kBlockM / sm90::kTailCombineWarps),
-           32 * sm90::kTailCombineWarps, 0, stream>>>(combine);
+        <<<dim3(tail_tiles, Cfg::kBlockM / sm90::kTailWarps),
+           32 * sm90::kTailWarps, 0, stream>>>(combine);
   }
   return cudaGetLastError();
 }

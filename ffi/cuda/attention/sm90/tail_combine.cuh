@@ -10,6 +10,8 @@
 
 #include <cuda_runtime.h>
 
+#include "ffi/cuda/attention/sm90/tail_rows.cuh"
+
 namespace jax_sgl::cuda::sm90 {
 
 template <typename Element>
@@ -25,16 +27,13 @@ struct TailCombineParams {
   int seqlen_q;
 };
 
-inline constexpr int kTailCombineWarps = 4;  // one query row per warp
-
-// grid: (tail tiles, block_m / kTailCombineWarps); block: 32 x kTailCombineWarps threads.
+// Threads as tail_rows.cuh lays them out (a query row per warp).
 template <typename Element, int kHeadDim, int kBlockM>
-__global__ void __launch_bounds__(32 * kTailCombineWarps)
+__global__ void __launch_bounds__(32 * kTailWarps)
     FlashFwdSm90TailCombine(const TailCombineParams<Element> p) {
-  static_assert(kHeadDim % 32 == 0 && kBlockM % kTailCombineWarps == 0);
+  static_assert(kHeadDim % 32 == 0 && kBlockM % kTailWarps == 0);
   constexpr int kPerLane = kHeadDim / 32;
-  const int lane = threadIdx.x % 32;
-  const int r = blockIdx.y * kTailCombineWarps + threadIdx.x / 32;  // row within the tile
+  const auto [lane, r] = ThisTailThread();
   const int tile = p.first_tile + int(blockIdx.x);
   const int m_block = tile % p.num_m_blocks, bh = tile / p.num_m_blocks;
   const int head = bh % p.num_heads, batch = bh / p.num_heads;
