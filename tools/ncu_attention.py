@@ -8,9 +8,10 @@ limits each (benchmarks/NOTES_*.md). Two modes:
                                                details` file: time, SM / tensor / DRAM throughput,
                                                issue activity, registers, occupancy
 
-CASE is <what>-<impl>: what in fwd4k, fwd4kc, fwd8k, fwdbwd4k, decode32k; impl in jax_sgl, cudnn.
-Shapes are the benchmarks' (bench_attention.py, bench_attention_bwd.py): B*S = 32k, H=16, D=128,
-bf16; decode B=64, 32/8 heads, KV 32k in 16-key pages.
+CASE is <what>-<impl>: what in fwd4k, fwd4kc, fwd8k, fwdbwd4k, decode32k, decode32kc; impl in
+jax_sgl, cudnn. Shapes are the benchmarks' (bench_attention.py, bench_attention_bwd.py): B*S = 32k,
+H=16, D=128, bf16; decode B=64, 32/8 heads, KV 32k in 16-key pages (decode32kc: jax_sgl on the
+contiguous K/V, as cuDNN reads them in both decode cases).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import csv
 import re
 import sys
 
-CASES = ("fwd4k", "fwd4kc", "fwd8k", "fwdbwd4k", "decode32k")
+CASES = ("fwd4k", "fwd4kc", "fwd8k", "fwdbwd4k", "decode32k", "decode32kc")
 IMPLS = ("jax_sgl", "cudnn")
 
 # (column, ncu metric name): the columns of the summary, from the sections that
@@ -55,13 +56,15 @@ def case_fn(case):
   assert what in CASES and impl in IMPLS, case
   keys = jax.random.split(jax.random.PRNGKey(0), 4)
   normal = lambda k, shape: jax.random.normal(k, shape, jnp.float32).astype(jnp.bfloat16)
-  if what == "decode32k":
+  if what.startswith("decode32k"):
     b, s, h, hkv, d, page = 64, 32768, 32, 8, 128, 16
     q = normal(keys[0], (b, 1, h, d))
     k, v = normal(keys[1], (b, s, hkv, d)), normal(keys[2], (b, s, hkv, d))
     if impl == "cudnn":
       fn = jax.jit(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, implementation="cudnn"))
       return fn, (q, k, v)
+    if what == "decode32kc":
+      return jax.jit(jax_sgl.attention), (q, k, v)
     pages = s // page
     perm = jnp.asarray(np.random.default_rng(0).permutation(b * pages), jnp.int32)
     inv = jnp.argsort(perm)
