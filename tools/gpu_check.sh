@@ -19,6 +19,10 @@
 #   GPU_CHECK_SANITIZE_K  pytest -k expression for the sanitizer run (default: all)
 #   GPU_CHECK_SANITIZE_TIMEOUT  seconds before the sanitizer run is stopped (default 900)
 #   GPU_CHECK_BENCH     benchmark scripts to run (default: benchmarks/bench_*.py); "none" skips
+#   GPU_CHECK_AB        ';'-separated benchmark commands with arguments, run after those, e.g.
+#                       "benchmarks/ab_sm90.py --head-dims 128 --dynamic; benchmarks/ab_decode.py"
+#                       (their SUMMARY lines join the table; logs ab1.log, ab2.log, ...)
+#   GPU_CHECK_AB_TIMEOUT  seconds per GPU_CHECK_AB command (default 300)
 #
 # The CUDA attention backward alone (benchmarks/NOTES_bwd.md):
 #   GPU_CHECK_TESTS=tests/test_attention_grad_gpu.py GPU_CHECK_BENCH=benchmarks/bench_attention_bwd.py \
@@ -81,6 +85,25 @@ if [[ "${GPU_CHECK_BENCH:-}" != none ]]; then
         row "$name" "$line"; done
     else
       row "$name" "FAILED: $(tail -1 "$OUT/$name.log")"
+    fi
+  done
+fi
+
+# 3b. A/B runs with arguments.
+if [[ -n "${GPU_CHECK_AB:-}" ]]; then
+  IFS=';' read -r -a abs <<< "$GPU_CHECK_AB"
+  i=0
+  for cmd in "${abs[@]}"; do
+    read -r -a words <<< "$cmd"
+    [[ ${#words[@]} -eq 0 ]] && continue
+    i=$((i + 1))
+    name="$(basename "${words[0]}" .py)"
+    if timeout "${GPU_CHECK_AB_TIMEOUT:-300}" "$PY" "$REPO/${words[0]}" "${words[@]:1}" \
+        > "$OUT/ab$i.log" 2>&1; then
+      grep -h '^SUMMARY ' "$OUT/ab$i.log" | sed 's/^SUMMARY /  /' | while read -r line; do
+        row "$name" "$line"; done
+    else
+      row "$name" "FAILED or timed out: $(tail -1 "$OUT/ab$i.log")"
     fi
   done
 fi
