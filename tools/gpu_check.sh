@@ -71,7 +71,8 @@ tests=("${tests[@]/#tests/$REPO/tests}")
     > "$OUT/pytest.log" 2>&1
 row tests "$(grep -E '(passed|failed|error|skipped|no tests ran)' "$OUT/pytest.log" | tail -1)"
 
-# 3. Benchmarks.
+# 3. Benchmarks, with XLA's default memory preallocation (the tests may run without it, for
+# their parallel workers).
 if [[ "${GPU_CHECK_BENCH:-}" != none ]]; then
   if [[ -n "${GPU_CHECK_BENCH:-}" ]]; then
     read -r -a benches <<< "$GPU_CHECK_BENCH"
@@ -80,7 +81,7 @@ if [[ "${GPU_CHECK_BENCH:-}" != none ]]; then
   fi
   for b in "${benches[@]}"; do
     name="$(basename "$b" .py)"
-    if "$PY" "$REPO/$b" > "$OUT/$name.log" 2>&1; then
+    if env -u XLA_PYTHON_CLIENT_PREALLOCATE "$PY" "$REPO/$b" > "$OUT/$name.log" 2>&1; then
       grep -h '^SUMMARY ' "$OUT/$name.log" | sed 's/^SUMMARY /  /' | while read -r line; do
         row "$name" "$line"; done
     else
@@ -98,7 +99,8 @@ if [[ -n "${GPU_CHECK_AB:-}" ]]; then
     [[ ${#words[@]} -eq 0 ]] && continue
     i=$((i + 1))
     name="$(basename "${words[0]}" .py)"
-    if timeout "${GPU_CHECK_AB_TIMEOUT:-300}" "$PY" "$REPO/${words[0]}" "${words[@]:1}" \
+    if env -u XLA_PYTHON_CLIENT_PREALLOCATE timeout "${GPU_CHECK_AB_TIMEOUT:-300}" \
+        "$PY" "$REPO/${words[0]}" "${words[@]:1}" \
         > "$OUT/ab$i.log" 2>&1; then
       grep -h '^SUMMARY ' "$OUT/ab$i.log" | sed 's/^SUMMARY /  /' | while read -r line; do
         row "$name" "$line"; done
