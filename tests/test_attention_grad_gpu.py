@@ -360,8 +360,11 @@ def test_dense_softcap(bwd_kernel, dq, shape, causal, monkeypatch):
 def _bwd_tail_shape(case):
   """(batch, seqlen_q, seqlen_k, heads, kv heads) whose 128-key blocks number just past a whole
   wave of the device's SMs, so that the sm90 backward's tail split runs: 'few' leaves 1-2 blocks
-  over (6 steps each), 'many' up to 8 (12 steps each)."""
+  over (6 steps each), 'many' up to 8 (12 steps each); 'short' is 16 blocks in all (every one
+  split, 12 steps each)."""
   sms = getattr(jax.devices()[0], "core_count", None) or 132
+  if case == "short":
+    return (1, 700, 2000, 8, 1)
   if case == "few":
     blocks = -(-(sms + 1) // 2)  # x 2 kv heads
     return (1, 300, 128 * blocks - 40, 4, 2)
@@ -370,7 +373,7 @@ def _bwd_tail_shape(case):
 
 
 @pytest.mark.parametrize("head_dim", [64, 128])
-@pytest.mark.parametrize("case", ["few", "many"])
+@pytest.mark.parametrize("case", ["few", "many", "short"])
 @pytest.mark.parametrize("dq", ["atomic", "det"])
 def test_tail_split(bwd_kernel, dq, case, head_dim, monkeypatch):
   """JAX_SGL_SM90_BWD_TAIL_SPLIT=1: the key blocks of the last partial wave run as shares of

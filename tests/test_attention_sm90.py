@@ -180,8 +180,11 @@ def _runs_persistent(head_dim):
 def _tail_shape(case):
   """(batch, seqlen_q, seqlen_k, heads, kv heads) whose 128-row tiles number just past a whole
   wave of the device's SMs, so that the tail split runs: 'few' leaves 1-4 tiles over and splits
-  them 8 ways (8 key tiles); 'many' leaves up to 16 over, with 24 key tiles."""
+  them 8 ways (8 key tiles); 'many' leaves up to 16 over, with 24 key tiles; 'short' is 32 tiles
+  in all (a short prefill: every tile split, into several shares on a 64+ SM device)."""
   sms = getattr(jax.devices()[0], "core_count", None) or 132
+  if case == "short":
+    return (1, 1000, 3000, 4, 2)
   if case == "few":
     blocks = -(-(sms + 1) // 4)  # x 4 heads
     return (1, 128 * blocks - 50, 1000, 4, 2)
@@ -190,7 +193,7 @@ def _tail_shape(case):
 
 
 @pytest.mark.parametrize("window", ((-1, -1), (300, 100)), ids=("full", "window"))
-@pytest.mark.parametrize("case", ("few", "many"))
+@pytest.mark.parametrize("case", ("few", "many", "short"))
 @pytest.mark.parametrize("head_dim", (64, 128, 256))
 def test_tail_split(head_dim, case, window, monkeypatch):
   """JAX_SGL_SM90_TAIL_SPLIT=1: the last partial wave's tiles run as key shares on all CTAs and a

@@ -86,7 +86,7 @@ cudaError_t LaunchFlashBwdSm90(const FlashBwdArgs& args, float* dq_accum, bool d
   // past the last full wave of num_sms CTAs (one CTA per SM) would run alone while the other SMs
   // idle; instead each runs on `splits` CTAs (num_sms / r, at most its steps) of a second launch
   // over shares of its steps, and FlashBwdSm90TailSum adds their dK and dV. Only when r is at
-  // most half a wave.
+  // most half a wave; a call of at most half a wave in all is all tail.
   int tail_blocks = 0, tail_splits = 0;
   if (args.sm90_tail != nullptr) {
     int device = 0, num_sms = 0;
@@ -99,7 +99,7 @@ cudaError_t LaunchFlashBwdSm90(const FlashBwdArgs& args, float* dq_accum, bool d
     const int steps =
         (p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM * (p.num_heads / p.num_kv_heads);
     const int splits = r > 0 ? std::min(num_sms / r, steps) : 0;
-    if (num_blocks > num_sms && r > 0 && 2 * r <= num_sms && splits >= 2 &&
+    if (r > 0 && 2 * r <= num_sms && splits >= 2 &&
         size_t(r) * splits <= size_t(num_sms)) {
       tail_blocks = r;
       tail_splits = splits;

@@ -99,10 +99,11 @@ cudaError_t LaunchFlashFwdSm90(const AttentionParams& p, void* scratch, cudaStre
   // Tail split (Sm90TailSplitRequested): the r tiles past the last full wave of num_sms would
   // run alone while the other CTAs idle; instead each runs as `splits` items over shares of its
   // key tiles (splits = num_sms / r, at most the key tiles), and FlashFwdSm90TailCombine merges
-  // the shares. Only when r is at most half a wave: a fuller last wave loses little.
+  // the shares. Only when r is at most half a wave: a fuller last wave loses little. A call of
+  // at most half a wave in all (a short prefill) is all tail: split-KV over every SM.
   int tail_tiles = 0, tail_splits = 0;
   if constexpr (Cfg::kPersistent) {
-    if (!varlen && num_sms > 0 && num_tiles > num_sms && Sm90TailSplitRequested(p)) {
+    if (!varlen && num_sms > 0 && Sm90TailSplitRequested(p)) {
       const int r = num_tiles % num_sms;
       const int key_tiles = (p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN;
       const int splits = r > 0 ? std::min(num_sms / r, key_tiles) : 0;
