@@ -53,7 +53,11 @@ def main():
   parser.add_argument("--variants", type=int, nargs="+",
                       help="default: every variant built for the head dim")
   parser.add_argument("--head-dims", type=int, nargs="+", default=[64, 128, 256])
-  parser.add_argument("--seqlens", type=int, nargs="+", default=[SEQLEN], help="B*S stays 32k")
+  parser.add_argument("--seqlens", type=int, nargs="+", default=[SEQLEN],
+                      help="B*S stays --tokens")
+  parser.add_argument("--tokens", type=int, default=TOKENS,
+                      help="B*S (default 32k); e.g. --tokens 1024 --seqlens 1024: one short "
+                           "prefill, where the tail split is split-KV")
   parser.add_argument("--dynamic", action="store_true",
                       help="also time every row with JAX_SGL_SM90_DYNAMIC_TILES=1")
   parser.add_argument("--tail-split", action="store_true",
@@ -66,7 +70,7 @@ def main():
   for (d, h, hkv), s in ((c, s) for s in args.seqlens for c in CONFIGS):
     if d not in args.head_dims:
       continue
-    b = max(1, TOKENS // s)
+    b = max(1, args.tokens // s)
     keys = jax.random.split(jax.random.PRNGKey(d + h), 3)
     rand = lambda key, shape: jax.random.normal(key, shape, jnp.float32).astype(jnp.bfloat16)
     q = rand(keys[0], (b, s, h, d))
