@@ -56,7 +56,7 @@ def main():
   parser.add_argument("--seqlens", type=int, nargs="+", default=[SEQLEN],
                       help="B*S stays --tokens")
   parser.add_argument("--tokens", type=int, default=TOKENS,
-                      help="B*S (default 32k); e.g. --tokens 1024 --seqlens 1024: one short "
+                      help="B*S (default 32k); e.g. --tokens 512 --seqlens 512: one short "
                            "prefill, where the tail split is split-KV")
   parser.add_argument("--dynamic", action="store_true",
                       help="also time every row with JAX_SGL_SM90_DYNAMIC_TILES=1")
