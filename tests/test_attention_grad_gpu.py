@@ -360,8 +360,8 @@ def test_dense_softcap(bwd_kernel, dq, shape, causal, monkeypatch):
 def _bwd_tail_shape(case):
   """(batch, seqlen_q, seqlen_k, heads, kv heads) whose 128-key blocks number just past a whole
   wave of the device's SMs, so that the sm90 backward's tail split runs: 'few' leaves 1-2 blocks
-  over (6 steps each), 'many' up to 8 (12 steps each); 'short' is 16 blocks in all (every one
-  split, 12 steps each)."""
+  over, 'many' up to 8; 'short' is 16 blocks in all, every one split. Each block has 6-24 steps
+  (q heads of its group x row blocks of 128 rows at hd64, 64 at hd128)."""
   sms = getattr(jax.devices()[0], "core_count", None) or 132
   if case == "short":
     return (1, 700, 2000, 8, 1)
