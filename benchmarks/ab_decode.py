@@ -56,6 +56,13 @@ def variants(batch):
   for waves in ("2", "0"):
     v[f"warpmma2 stages=2 waves={'fit' if waves == '0' else waves}"] = {
         "JAX_SGL_DECODE": "warpmma2", "JAX_SGL_DECODE_STAGES": "2", "JAX_SGL_DECODE_WAVES": waves}
+  # Deep rings, one CTA per SM: bytes in flight per SM (stages - 1 per warp) against CTAs. At
+  # B=64 (session 5) stages=2 (3 CTAs/SM) and 4 (1/SM), both ~96 KiB in flight per SM, ran at
+  # 0.81-0.85x against 0.94-0.96x for 3 (2/SM, 128 KiB): 5 and 6 hold 128 and 160 KiB with one.
+  for st in ("5", "6"):
+    for waves in ("1", "0"):
+      v[f"warpmma2 stages={st} waves={'fit' if waves == '0' else waves}"] = {
+          "JAX_SGL_DECODE": "warpmma2", "JAX_SGL_DECODE_STAGES": st, "JAX_SGL_DECODE_WAVES": waves}
   return v
 
 
