@@ -14,7 +14,7 @@
 #   PYTHON              interpreter with jax + the CUDA plugin (default python3)
 #   JAX_SGL_CUDA_ARCHS  archs to build (default 90a: one arch keeps the build quick)
 #   GPU_CHECK_PIP_ARGS  extra pip args, e.g. -Ccmake.define.JAX_SGL_ATTN_HEAD_DIMS=128
-#   GPU_CHECK_TESTS     pytest paths / args (default: tests/)
+#   GPU_CHECK_TESTS     pytest paths / args (default: tests/); "none" skips the tests
 #   GPU_CHECK_SANITIZE  test files to run under compute-sanitizer memcheck (default: none)
 #   GPU_CHECK_SANITIZE_K  pytest -k expression for the sanitizer run (default: all)
 #   GPU_CHECK_SANITIZE_TIMEOUT  seconds before the sanitizer run is stopped (default 900)
@@ -64,12 +64,14 @@ cd /tmp
 "$PY" -c 'import jax_sgl; print("CUDA targets:", sorted(jax_sgl.CUDA_TARGETS))' >> "$OUT/build.log" 2>&1
 row targets "$(tail -1 "$OUT/build.log")"
 
-# 2. GPU tests.
-read -r -a tests <<< "${GPU_CHECK_TESTS:-tests/}"
-tests=("${tests[@]/#tests/$REPO/tests}")
-"$PY" -m pytest -m gpu -q -rfEs -p no:cacheprovider --rootdir "$REPO" "${tests[@]}" \
-    > "$OUT/pytest.log" 2>&1
-row tests "$(grep -E '(passed|failed|error|skipped|no tests ran)' "$OUT/pytest.log" | tail -1)"
+# 2. GPU tests ("none" skips them).
+if [[ "${GPU_CHECK_TESTS:-}" != none ]]; then
+  read -r -a tests <<< "${GPU_CHECK_TESTS:-tests/}"
+  tests=("${tests[@]/#tests/$REPO/tests}")
+  "$PY" -m pytest -m gpu -q -rfEs -p no:cacheprovider --rootdir "$REPO" "${tests[@]}" \
+      > "$OUT/pytest.log" 2>&1
+  row tests "$(grep -E '(passed|failed|error|skipped|no tests ran)' "$OUT/pytest.log" | tail -1)"
+fi
 
 # 3. Benchmarks, with XLA's default memory preallocation (the tests may run without it, for
 # their parallel workers).
