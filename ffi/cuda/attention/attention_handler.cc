@@ -6,6 +6,7 @@
 #include <string>
 
 #include "ffi/common/attention_ffi.h"
+#include "ffi/cuda/attention/device.h"
 #include "ffi/cuda/attention/flash_fwd_launch.h"
 
 namespace jax_sgl::cuda {
@@ -13,11 +14,9 @@ namespace {
 
 // Streaming multiprocessors of the current device (the split-KV heuristic sizes grids by it).
 int NumSms() {
-  int device = 0, sms = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
-    return 132;  // an H100/H200; only the split count depends on it
-  return sms;
+  int sms = 0;
+  // An H100/H200 when unreadable; only the split count depends on it.
+  return CurrentSmCount(&sms) == cudaSuccess ? sms : 132;
 }
 
 ffi::Error AttentionFwdCuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyBuffer q,

@@ -297,7 +297,7 @@ const char* PlanFlashFwd(const AttentionParams& p, int num_sms, FlashPlan* plan)
 #ifdef JAX_SGL_HAVE_SM90
   if (Sm90Unsupported(p) == nullptr && Sm90Enabled()) {
     plan->sm90 = true;
-    plan->scratch_bytes = Sm90ScratchBytes(p);
+    plan->scratch_bytes = Sm90ScratchBytes(p, num_sms);
     return nullptr;
   }
 #endif

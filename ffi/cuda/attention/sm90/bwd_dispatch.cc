@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include "ffi/common/numeric.h"
+#include "ffi/cuda/attention/device.h"
 #include "ffi/cuda/attention/env.h"
 #include "ffi/cuda/attention/sm90/bwd_launch.h"
 #include "ffi/cuda/attention/sm90/launch.h"
@@ -135,10 +136,8 @@ bool Sm90BwdTailSplitRequested(const AttentionParams& p) {
 }
 
 size_t Sm90BwdTailBytes(const AttentionParams& p) {
-  int device = 0, num_sms = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
-    return 0;
+  int num_sms = 0;
+  if (CurrentSmCount(&num_sms) != cudaSuccess) return 0;
   return size_t(num_sms) * 128 * size_t(p.head_dim) * 2 * sizeof(float);
 }
 

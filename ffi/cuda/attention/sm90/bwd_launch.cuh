@@ -82,29 +82,17 @@ cudaError_t LaunchFlashBwdSm90(const FlashBwdArgs& args, float* dq_accum, bool d
   const int m_blocks = args.ws_rows / Cfg::kBlockM;
   const int n_blocks = (p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN;
   const int num_blocks = n_blocks * p.num_kv_heads * p.batch;
-  // Tail split (args.sm90_tail: Sm90BwdTailSplitRequested, never with softcap): the r key blocks
-  // past the last full wave of num_sms CTAs (one CTA per SM) would run alone while the other SMs
-  // idle; instead each runs on `splits` CTAs (num_sms / r, at most its steps) of a second launch
-  // over shares of its steps, and FlashBwdSm90TailSum adds their dK and dV. Only when r is at
-  // most half a wave; a call of at most half a wave in all is all tail.
-  int tail_blocks = 0, tail_splits = 0;
+  // Tail split (args.sm90_tail: Sm90BwdTailSplitRequested, never with softcap; ChooseTailSplit):
+  // each key block of the last, partial wave (one CTA per SM) runs on several CTAs of a second
+  // launch over shares of its steps, and FlashBwdSm90TailSum adds their dK and dV.
+  TailSplit split{0, 0};
   if (args.sm90_tail != nullptr) {
-    int device = 0, num_sms = 0;
-    if (cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return err;
-    if (cudaError_t err =
-            cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device);
-        err != cudaSuccess)
-      return err;
-    const int r = num_sms > 0 ? num_blocks % num_sms : 0;
-    const int steps =
-        (p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM * (p.num_heads / p.num_kv_heads);
-    const int splits = r > 0 ? std::min(num_sms / r, steps) : 0;
-    if (r > 0 && 2 * r <= num_sms && splits >= 2 &&
-        size_t(r) * splits <= size_t(num_sms)) {
-      tail_blocks = r;
-      tail_splits = splits;
-    }
+    int num_sms = 0;
+    if (cudaError_t err = CurrentSmCount(&num_sms); err != cudaSuccess) return err;
+    split = ChooseTailSplit(num_blocks, num_sms,
+                            (p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM * args.group);
   }
+  const int tail_blocks = split.tail, tail_splits = split.splits;
   // Sm90BwdTailBytes: dK then dV, one 128-key block per SM each.
   static_assert(Cfg::kBlockN == 128, "Sm90BwdTailBytes sizes 128-key blocks");
   const int64_t tail_floats = int64_t(tail_blocks) * tail_splits * Cfg::kBlockN * kHeadDim;

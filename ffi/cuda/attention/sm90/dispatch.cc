@@ -187,13 +187,9 @@ bool Sm90TailSplitRequested(const AttentionParams& p) {
   return dense && !p.causal && EnvInt("JAX_SGL_SM90_TAIL_SPLIT", 0) != 0;
 }
 
-size_t Sm90ScratchBytes(const AttentionParams& p) {
+size_t Sm90ScratchBytes(const AttentionParams& p, int num_sms) {
   if (!Sm90TailSplitRequested(p) || !sm90::Variant(Sm90Variant(p)).persistent)
     return kSm90CounterBytes;
-  int device = 0, num_sms = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
-    return kSm90CounterBytes;  // the launcher finds the same and runs without the split
   return kSm90CounterBytes + Sm90TailBytes(num_sms, std::max(p.head_dim, p.head_dim_v));
 }
 

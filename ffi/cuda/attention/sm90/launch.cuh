@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "ffi/common/numeric.h"
+#include "ffi/cuda/attention/device.h"
 #include "ffi/cuda/attention/env.h"
 #include "ffi/cuda/attention/sm90/kernel.cuh"
 #include "ffi/cuda/attention/sm90/launch.h"
@@ -87,32 +88,17 @@ cudaError_t LaunchFlashFwdSm90(const AttentionParams& p, void* scratch, cudaStre
   if (window_left >= (varlen ? rows_k : p.seqlen_k - 1)) window_left = -1;
   if (window_right >= (varlen ? rows_q : p.seqlen_q - 1)) window_right = -1;
   const bool softcap = p.softcap > 0.f;
+  // Tail split (Sm90TailSplitRequested, ChooseTailSplit): each tile of the last, partial wave
+  // runs as items over shares of its key tiles, merged by FlashFwdSm90TailCombine; a short
+  // prefill (at most half a wave in all) is all tail, i.e. split-KV over every SM.
   int num_sms = 0;
+  TailSplit split{0, 0};
   if constexpr (Cfg::kPersistent) {
-    int device = 0;
-    if (cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return err;
-    if (cudaError_t err =
-            cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device);
-        err != cudaSuccess)
-      return err;
+    if (cudaError_t err = CurrentSmCount(&num_sms); err != cudaSuccess) return err;
+    if (!varlen && Sm90TailSplitRequested(p))
+      split = ChooseTailSplit(num_tiles, num_sms, (p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN);
   }
-  // Tail split (Sm90TailSplitRequested): the r tiles past the last full wave of num_sms would
-  // run alone while the other CTAs idle; instead each runs as `splits` items over shares of its
-  // key tiles (splits = num_sms / r, at most the key tiles), and FlashFwdSm90TailCombine merges
-  // the shares. Only when r is at most half a wave: a fuller last wave loses little. A call of
-  // at most half a wave in all (a short prefill) is all tail: split-KV over every SM.
-  int tail_tiles = 0, tail_splits = 0;
-  if constexpr (Cfg::kPersistent) {
-    if (!varlen && num_sms > 0 && Sm90TailSplitRequested(p)) {
-      const int r = num_tiles % num_sms;
-      const int key_tiles = (p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN;
-      const int splits = r > 0 ? std::min(num_sms / r, key_tiles) : 0;
-      if (r > 0 && 2 * r <= num_sms && splits >= 2) {
-        tail_tiles = r;
-        tail_splits = splits;
-      }
-    }
-  }
+  const int tail_tiles = split.tail, tail_splits = split.splits;
   const int num_items = num_tiles - tail_tiles + tail_tiles * tail_splits;
   // Scratch (Sm90ScratchBytes): the counter, then O of one 128-row block per SM, then its LSE.
   static_assert(Cfg::kBlockM == 128, "Sm90TailBytes sizes 128-row blocks");

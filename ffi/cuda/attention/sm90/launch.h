@@ -39,16 +39,31 @@ inline size_t Sm90TailBytes(int num_sms, int head_dim) {
   return size_t(num_sms) * 128 * (size_t(head_dim) + 1) * sizeof(float);
 }
 
+// The tail split of `units` equal work units (forward tiles, backward key blocks) on num_sms
+// SMs, one unit per SM at a time: the r units past the last full wave would run alone while the
+// other SMs idle, so each runs as `splits` shares (num_sms / r, at most max_shares) instead.
+// Only when r is at most half a wave (a fuller last wave loses little); a call of at most half
+// a wave in all is all tail. {0, 0}: no split. tail * splits <= num_sms.
+struct TailSplit {
+  int tail;
+  int splits;
+};
+inline TailSplit ChooseTailSplit(int units, int num_sms, int max_shares) {
+  const int r = num_sms > 0 ? units % num_sms : 0;
+  const int splits = r > 0 ? (num_sms / r < max_shares ? num_sms / r : max_shares) : 0;
+  return r > 0 && 2 * r <= num_sms && splits >= 2 ? TailSplit{r, splits} : TailSplit{0, 0};
+}
+
 // Whether a call asks for the tail split: JAX_SGL_SM90_TAIL_SPLIT=1 (read at each call; an A/B
 // knob) on a dense, non-causal call. Persistent variants then run the tiles of the last, partial
 // wave as key shares on every CTA, merged by a second kernel.
 bool Sm90TailSplitRequested(const AttentionParams& p);
 
 // Bytes of scratch the call needs (Sm90TailSplitRequested, the variant and the device's SMs).
-size_t Sm90ScratchBytes(const AttentionParams& p);
+size_t Sm90ScratchBytes(const AttentionParams& p, int num_sms);
 
 // Launches the sm90 kernel, in the variant JAX_SGL_SM90_VARIANT selects (sm90/variants.h);
-// the caller checked Sm90Unsupported(p) == nullptr. scratch: Sm90ScratchBytes(p) of device
+// the caller checked Sm90Unsupported(p) == nullptr. scratch: Sm90ScratchBytes(p, SMs) of device
 // memory that this call may overwrite.
 cudaError_t RunFlashFwdSm90(const AttentionParams& p, void* scratch, cudaStream_t stream);
 
