@@ -11,8 +11,9 @@
              sm90det   the same with JAX_SGL_BWD_DETERMINISTIC=1 (dQ by the sm90 dQ kernel, no
                        atomics: bitwise reproducible);
              sm90det80 JAX_SGL_BWD_DETERMINISTIC=sm80 (dQ by the sm80 dQ kernel; not default).
-             sm90tail  sm90 with the tail split of the forward and the backward
-                       (JAX_SGL_SM90_TAIL_SPLIT=1, JAX_SGL_SM90_BWD_TAIL_SPLIT=1; A/B knobs);
+             sm90notail sm90 without the tail split of the forward and the backward
+                       (JAX_SGL_SM90_TAIL_SPLIT=0, JAX_SGL_SM90_BWD_TAIL_SPLIT=0; A/B knobs;
+                       the split is on in all other rows);
              sm90v<V>  sm90 in performance variant V (JAX_SGL_SM90_BWD_VARIANT=V,
                        sm90/bwd_config.h; built by JAX_SGL_SM90_BWD_VARIANTS), for A/B runs.
            The sm90 variants run only where the build has the kernel and the device is 9.0;
@@ -44,10 +45,10 @@ DTYPE = jnp.bfloat16
 # --bwd variant -> (JAX_SGL_SM90_BWD, JAX_SGL_BWD_DETERMINISTIC, JAX_SGL_SM90_BWD_VARIANT, tail
 # split of the forward and the backward: JAX_SGL_SM90_TAIL_SPLIT, JAX_SGL_SM90_BWD_TAIL_SPLIT)
 # while it is timed.
-BWD_VARIANTS = {"sm80": ("0", "0", "0", "0"), "sm90": ("1", "0", "0", "0"),
-                "sm90det": ("1", "1", "0", "0"), "sm90det80": ("1", "sm80", "0", "0"),
-                "sm90tail": ("1", "0", "0", "1"),
-                **{f"sm90v{v}": ("1", "0", str(v), "0") for v in range(1, 16)
+BWD_VARIANTS = {"sm80": ("0", "0", "0", "1"), "sm90": ("1", "0", "0", "1"),
+                "sm90det": ("1", "1", "0", "1"), "sm90det80": ("1", "sm80", "0", "1"),
+                "sm90notail": ("1", "0", "0", "0"),
+                **{f"sm90v{v}": ("1", "0", str(v), "1") for v in range(1, 16)
                    if not (v & 2 and v & 8)}}
 
 

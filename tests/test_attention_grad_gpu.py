@@ -376,15 +376,15 @@ def _bwd_tail_shape(case):
 @pytest.mark.parametrize("case", ["few", "many", "short"])
 @pytest.mark.parametrize("dq", ["atomic", "det"])
 def test_tail_split(bwd_kernel, dq, case, head_dim, monkeypatch):
-  """JAX_SGL_SM90_BWD_TAIL_SPLIT=1: the key blocks of the last partial wave run as shares of
-  their steps on all SMs, and a second kernel adds their dK and dV. Right against the reference,
-  and dK / dV bitwise repeatable."""
+  """The tail split (default; JAX_SGL_SM90_BWD_TAIL_SPLIT=0 turns it off): the key blocks of the
+  last partial wave run as shares of their steps on all SMs, and a second kernel adds their dK and
+  dV. Right against the reference, and dK / dV bitwise repeatable."""
   if bwd_kernel != "sm90":
     pytest.skip("the tail split is the sm90 backward's")
   _need_sm90_bwd(bwd_kernel, head_dim, jnp.bfloat16)
   if dq == "det":
     monkeypatch.setenv("JAX_SGL_BWD_DETERMINISTIC", "1")
-  monkeypatch.setenv("JAX_SGL_SM90_BWD_TAIL_SPLIT", "1")
+  monkeypatch.delenv("JAX_SGL_SM90_BWD_TAIL_SPLIT", raising=False)
   batch, sq, sk, h, hkv = _bwd_tail_shape(case)
   keys = jax.random.split(jax.random.PRNGKey(31 + head_dim + len(case)), 3)
   q = _rand(keys[0], (batch, sq, h, head_dim), jnp.bfloat16)

@@ -196,14 +196,16 @@ def _tail_shape(case):
 @pytest.mark.parametrize("case", ("few", "many", "short"))
 @pytest.mark.parametrize("head_dim", (64, 128, 256))
 def test_tail_split(head_dim, case, window, monkeypatch):
-  """JAX_SGL_SM90_TAIL_SPLIT=1: the last partial wave's tiles run as key shares on all CTAs and a
-  second kernel merges them. Right against the reference, bitwise repeatable, and really taken:
-  the merged LSE of the tail rows is summed in another order than without the split."""
+  """The tail split (default; JAX_SGL_SM90_TAIL_SPLIT=0 turns it off): the last partial wave's
+  tiles run as key shares on all CTAs and a second kernel merges them. Right against the
+  reference, bitwise repeatable, and really taken: the merged LSE of the tail rows is summed in
+  another order than without the split."""
   _need(head_dim, jnp.bfloat16)
   q, k, v = _inputs(_tail_shape(case), head_dim, jnp.bfloat16, seed=3 * head_dim + len(case))
   fn = jax.jit(lambda q, k, v: jax_sgl.attention(q, k, v, window=window, return_lse=True))
+  monkeypatch.setenv("JAX_SGL_SM90_TAIL_SPLIT", "0")
   plain_out, plain_lse = (np.asarray(x) for x in fn(q, k, v))
-  monkeypatch.setenv("JAX_SGL_SM90_TAIL_SPLIT", "1")
+  monkeypatch.delenv("JAX_SGL_SM90_TAIL_SPLIT")
   _check(q, k, v, causal=False, window=window)
   out, lse = (np.asarray(x) for x in fn(q, k, v))
   np.testing.assert_allclose(out.astype(np.float32), plain_out.astype(np.float32),

@@ -132,7 +132,7 @@ const char* Sm90BwdBuiltKernels() {
 
 bool Sm90BwdTailSplitRequested(const AttentionParams& p) {
   return !p.causal && p.window_left < 0 && p.window_right < 0 && p.seqused_k == nullptr &&
-         p.softcap <= 0.f && EnvInt("JAX_SGL_SM90_BWD_TAIL_SPLIT", 0) != 0;
+         p.softcap <= 0.f && EnvInt("JAX_SGL_SM90_BWD_TAIL_SPLIT", 1) != 0;
 }
 
 size_t Sm90BwdTailBytes(const AttentionParams& p) {

@@ -184,7 +184,7 @@ int Sm90Variant(const AttentionParams& p) {
 bool Sm90TailSplitRequested(const AttentionParams& p) {
   const bool dense = p.cu_seqlens_q == nullptr && p.kv_layout == KvLayout::kDense &&
                      p.seqused_k == nullptr;
-  return dense && !p.causal && EnvInt("JAX_SGL_SM90_TAIL_SPLIT", 0) != 0;
+  return dense && !p.causal && EnvInt("JAX_SGL_SM90_TAIL_SPLIT", 1) != 0;
 }
 
 size_t Sm90ScratchBytes(const AttentionParams& p, int num_sms) {

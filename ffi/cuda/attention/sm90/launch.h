@@ -54,9 +54,10 @@ inline TailSplit ChooseTailSplit(int units, int num_sms, int max_shares) {
   return r > 0 && 2 * r <= num_sms && splits >= 2 ? TailSplit{r, splits} : TailSplit{0, 0};
 }
 
-// Whether a call asks for the tail split: JAX_SGL_SM90_TAIL_SPLIT=1 (read at each call; an A/B
-// knob) on a dense, non-causal call. Persistent variants then run the tiles of the last, partial
-// wave as key shares on every CTA, merged by a second kernel.
+// Whether a call takes the tail split: a dense, non-causal call, unless JAX_SGL_SM90_TAIL_SPLIT=0
+// (read at each call; an A/B knob; on by default since the session-6 A/B: +1.5-3%). Persistent
+// variants then run the tiles of the last, partial wave as key shares on every CTA, merged by a
+// second kernel.
 bool Sm90TailSplitRequested(const AttentionParams& p);
 
 // Bytes of scratch the call needs (Sm90TailSplitRequested, the variant and the device's SMs).
