@@ -65,13 +65,14 @@ def variants(batch):
     for waves in ("1", "0"):
       v[f"warpmma2 stages={st} waves={'fit' if waves == '0' else waves}"] = {
           "JAX_SGL_DECODE": "warpmma2", "JAX_SGL_DECODE_STAGES": st, "JAX_SGL_DECODE_WAVES": waves}
-  # L2 prefetch N stages past the copies: each CTA's slice of the rows of all kv heads (whole
-  # contiguous rows from the kv heads' CTAs together), or its own kv head's rows.
+  # warpmma2's L2 prefetch N stages past the copies: each CTA's slice of the rows of all kv heads
+  # (whole contiguous rows from the kv heads' CTAs together), or its own kv head's rows. (Named
+  # without the mode, so that `--only prefetch` keeps just these rows.)
   for n in ("2", "4", "8"):
-    v[f"warpmma2 prefetch={n}"] = {"JAX_SGL_DECODE": "warpmma2", "JAX_SGL_DECODE_PREFETCH": n}
+    v[f"prefetch={n}"] = {"JAX_SGL_DECODE": "warpmma2", "JAX_SGL_DECODE_PREFETCH": n}
   for n in ("2", "4"):
-    v[f"warpmma2 prefetch={n} rows"] = {"JAX_SGL_DECODE": "warpmma2", "JAX_SGL_DECODE_PREFETCH": n,
-                                        "JAX_SGL_DECODE_PREFETCH_ROWS": "1"}
+    v[f"prefetch={n} rows"] = {"JAX_SGL_DECODE": "warpmma2", "JAX_SGL_DECODE_PREFETCH": n,
+                                "JAX_SGL_DECODE_PREFETCH_ROWS": "1"}
   return v
 
 
@@ -151,7 +152,7 @@ def run_config(b, s, batches, copy_bw, only=None):
     ratio = lambda a: f"{a / t:7.2f}x" if a else f"{'-':>8}"
     print(f"{name:<22} {t * 1e6:9.1f} {nbytes / t / 1e9:7.0f} {100 * nbytes / t / copy_bw:6.1f}% "
           f"{ratio(cud)} {ratio(xla)}")
-  ours = [n for n in med if n.startswith(("new", "warp")) or n in ("old", "default")]
+  ours = [n for n in med if n not in ("jax_sgl contiguous", "cudnn", "xla")]  # paged rows
   best = min(ours, key=med.get)
   for name in ("new", "old"):
     med.setdefault(name, float("nan"))
