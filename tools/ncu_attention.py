@@ -8,7 +8,8 @@ limits each (benchmarks/NOTES_*.md). Two modes:
                                                details` file: time, SM / tensor / DRAM throughput,
                                                issue activity, registers, occupancy
 
-CASE is <what>-<impl>: what in fwd4k, fwd4kc, fwd8k, fwdbwd4k, decode32k, decode32kc; impl in
+CASE is <what>-<impl>: what in fwd4k, fwd4kc, fwd8k, fwdbwd4k, fwdbwd4kc (causal), decode32k,
+decode32kc; impl in
 jax_sgl, cudnn. Shapes are the benchmarks' (bench_attention.py, bench_attention_bwd.py): B*S = 32k,
 H=16, D=128, bf16; decode B=64, 32/8 heads, KV 32k in 16-key pages (decode32kc: jax_sgl on the
 contiguous K/V, as cuDNN reads them in both decode cases).
@@ -20,7 +21,7 @@ import csv
 import re
 import sys
 
-CASES = ("fwd4k", "fwd4kc", "fwd8k", "fwdbwd4k", "decode32k", "decode32kc")
+CASES = ("fwd4k", "fwd4kc", "fwd8k", "fwdbwd4k", "fwdbwd4kc", "decode32k", "decode32kc")
 IMPLS = ("jax_sgl", "cudnn")
 
 # (column, ncu metric name): the columns of the summary, from the sections that
@@ -72,7 +73,7 @@ def case_fn(case):
     fn = jax.jit(lambda q, kp, vp, t, u: jax_sgl.attention(q, kp, vp, page_table=t, seqused_k=u))
     return fn, (q, to_pool(k), to_pool(v), perm.reshape(b, pages), jnp.full((b,), s, jnp.int32))
   s = 8192 if what == "fwd8k" else 4096
-  causal = what == "fwd4kc"
+  causal = what in ("fwd4kc", "fwdbwd4kc")
   b, h, d = 32768 // s, 16, 128
   q, k, v = (normal(keys[i], (b, s, h, d)) for i in range(3))
   if impl == "jax_sgl":
@@ -80,7 +81,7 @@ def case_fn(case):
   else:
     attn = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=causal,
                                                         implementation="cudnn")
-  if what == "fwdbwd4k":
+  if what.startswith("fwdbwd"):
     loss = lambda q, k, v: jnp.sum(jnp.cos(attn(q, k, v).astype(jnp.float32)))
     return jax.jit(jax.grad(loss, argnums=(0, 1, 2))), (q, k, v)
   return jax.jit(attn), (q, k, v)
