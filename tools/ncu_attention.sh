@@ -16,6 +16,7 @@ for c in $cases; do
   # tensor pipes' share. Only the attention kernels are profiled (not XLA's fusions).
   ncu --clock-control none --profile-from-start off --csv --page details \
       --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+      --section MemoryWorkloadAnalysis_Tables \
       --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats \
       --section InstructionStats \
       --metrics "regex:^(smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio|sm__pipe_tensor_op.*_cycles_active\.avg\.pct_of_peak_sustained_active)$" \
