@@ -22,14 +22,13 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 import jax_sgl
-from timing import median_seconds
+from timing import batch_seconds, median_seconds
 
 PAGE = 16
 H, HKV, D = 32, 8, 128
@@ -135,12 +134,8 @@ def run_config(b, s, batches, copy_bw, only=None):
   for _ in range(batches):
     for name, (fn, args, env) in runs.items():
       set_env(env or {})
-      jax.block_until_ready(fn(*args))  # settles allocations of this variant's split count
-      t0 = time.perf_counter()
-      for _ in range(calls):
-        out = fn(*args)
-      jax.block_until_ready(out)
-      times[name].append((time.perf_counter() - t0) / calls)
+      # The untimed batch first settles this variant's allocations (split count) and clocks.
+      times[name].append(batch_seconds(fn, args, calls, settle=calls))
   set_env({})
   med = {name: statistics.median(t) for name, t in times.items()}
 

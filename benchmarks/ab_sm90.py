@@ -4,9 +4,10 @@ with 16/16 heads and hd128 with GQA 32/8, causal and not.
 
 Each variant runs through the same jitted jax_sgl.attention call; JAX_SGL_SM90_VARIANT (read by
 the CUDA handler at every call) picks it; the 'default' row runs with it unset (the build's
-default variant of the (head dim, causal): CMake JAX_SGL_SM90_DEFAULT_VARIANTS). The implementations are interleaved: every round times one batch
-of back-to-back calls of each, in turn, so drifting clocks hit all alike; a result is the median
-over the rounds. TFLOP/s counts 4*B*H*S^2*D, halved when causal (as bench_attention.py).
+default variant of the (head dim, causal): CMake JAX_SGL_SM90_DEFAULT_VARIANTS). The
+implementations are interleaved: every round times one batch of back-to-back calls of each, in
+turn (after an untimed batch of the same: timing.batch_seconds' settle), so drifting clocks hit
+all alike; a result is the median over the rounds. TFLOP/s counts 4*B*H*S^2*D, halved when causal (as bench_attention.py).
 Prints one line per (config, implementation) and one 'SUMMARY ' line per config with the best
 variant and its ratio to cuDNN (tools/gpu_check.sh collects those).
 
@@ -29,7 +30,7 @@ import jax
 import jax.numpy as jnp
 
 import jax_sgl
-from timing import median_seconds
+from timing import batch_seconds
 
 TOKENS = 32768
 SEQLEN = 8192
@@ -105,7 +106,7 @@ def main():
               os.environ.pop(knob, None)
             os.environ.update(env)
           try:
-            times[name].append(median_seconds(fn, (q, k, v), calls, 1))
+            times[name].append(batch_seconds(fn, (q, k, v), calls, settle=calls))
           except Exception as e:  # cuDNN may not take the case; report and go on
             print(f"  ({name}: {type(e).__name__}: {str(e).splitlines()[0][:100]})")
             times[name].append(float("nan"))

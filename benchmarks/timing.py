@@ -9,8 +9,18 @@ import time
 import jax
 
 
-def batch_seconds(fn, args, calls):
-  """Seconds per call over one batch of `calls` back-to-back calls."""
+def batch_seconds(fn, args, calls, settle=0):
+  """Seconds per call over one batch of `calls` back-to-back calls, after `settle` untimed calls
+  of the same function. Settling matters when implementations alternate: the H200's clocks
+  follow its power draw with a lag, so a batch that starts right after a low-power
+  implementation (the portable kernel, XLA) runs its first milliseconds at clocks it would not
+  hold on its own. Session 6 saw cuDNN 7-10% faster in bench_attention.py (after the portable
+  kernel) than in ab_sm90.py (after other attention kernels), and ours slower."""
+  if settle:
+    out = None
+    for _ in range(settle):
+      out = fn(*args)
+    jax.block_until_ready(out)
   t0 = time.perf_counter()
   for _ in range(calls):
     out = fn(*args)
@@ -35,13 +45,14 @@ def try_time(fn, args, calls, batches):
 def interleaved_medians(runs, calls, batches):
   """Median seconds per call of each run in `runs` ({name: (fn, args, prepare)}), already warmed
   up, timed round-robin: batch i of every run comes before batch i+1 of any, so clock or thermal
-  drift over the sweep lands on all runs alike and their ratios stay fair. `prepare` (or None)
-  runs before each of its run's batches, outside the timing: e.g. it sets an environment
-  variable that a kernel's host code reads at call time."""
+  drift over the sweep lands on all runs alike and their ratios stay fair. Each timed batch
+  follows an untimed one of the same run (batch_seconds' settle), so no run inherits the clocks
+  of the one before it. `prepare` (or None) runs before each of its run's batches, outside the
+  timing: e.g. it sets an environment variable that a kernel's host code reads at call time."""
   times = {name: [] for name in runs}
   for _ in range(batches):
     for name, (fn, args, prepare) in runs.items():
       if prepare is not None:
         prepare()
-      times[name].append(batch_seconds(fn, args, calls))
+      times[name].append(batch_seconds(fn, args, calls, settle=calls))
   return {name: statistics.median(t) for name, t in times.items()}
