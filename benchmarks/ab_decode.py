@@ -3,8 +3,7 @@
 Variants are run-time switches the host dispatch reads at every call (flash_decode_launch.h):
 JAX_SGL_DECODE=old|new|warp|warpmma|warpmma2, JAX_SGL_DECODE_SPLITS=N (0: heuristic),
 JAX_SGL_DECODE_STAGES=N, JAX_SGL_DECODE_WAVES=N (warp variants' split heuristic; 0: the count
-that fills the last wave best), JAX_SGL_DECODE_PREFETCH=N and JAX_SGL_DECODE_PREFETCH_ROWS=1
-(warpmma2's L2 prefetch); so one jitted function serves them all. Configs: the issue's decode (batch 64, KV 4k and 32k, 32 q / 8 kv
+that fills the last wave best); so one jitted function serves them all. Configs: the issue's decode (batch 64, KV 4k and 32k, 32 q / 8 kv
 heads, D=128, bf16, one query per sequence; jax_sgl reads a shuffled pool of 16-token pages, the
 anchors the same keys contiguously) plus batch 8 at KV 32k (few sequences: the split count
 matters most). GB/s counts the K/V bytes read once. Timings: every variant and anchor runs one
@@ -32,8 +31,7 @@ from timing import batch_seconds, median_seconds
 
 PAGE = 16
 H, HKV, D = 32, 8, 128
-ENV = ("JAX_SGL_DECODE", "JAX_SGL_DECODE_SPLITS", "JAX_SGL_DECODE_STAGES", "JAX_SGL_DECODE_WAVES",
-       "JAX_SGL_DECODE_PREFETCH", "JAX_SGL_DECODE_PREFETCH_ROWS")
+ENV = ("JAX_SGL_DECODE", "JAX_SGL_DECODE_SPLITS", "JAX_SGL_DECODE_STAGES", "JAX_SGL_DECODE_WAVES")
 
 
 def variants(batch):
@@ -64,14 +62,6 @@ def variants(batch):
     for waves in ("1", "0"):
       v[f"warpmma2 stages={st} waves={'fit' if waves == '0' else waves}"] = {
           "JAX_SGL_DECODE": "warpmma2", "JAX_SGL_DECODE_STAGES": st, "JAX_SGL_DECODE_WAVES": waves}
-  # warpmma2's L2 prefetch N stages past the copies: each CTA's slice of the rows of all kv heads
-  # (whole contiguous rows from the kv heads' CTAs together), or its own kv head's rows. (Named
-  # without the mode, so that `--only prefetch` keeps just these rows.)
-  for n in ("2", "4", "8"):
-    v[f"prefetch={n}"] = {"JAX_SGL_DECODE": "warpmma2", "JAX_SGL_DECODE_PREFETCH": n}
-  for n in ("2", "4"):
-    v[f"prefetch={n} rows"] = {"JAX_SGL_DECODE": "warpmma2", "JAX_SGL_DECODE_PREFETCH": n,
-                                "JAX_SGL_DECODE_PREFETCH_ROWS": "1"}
   return v
 
 

@@ -229,21 +229,6 @@ def test_decode_page_sizes_nan_pool(decode_env, layout, q_len, mode):
   _check(q, k, v, {**kw, "causal": True}, kernel_kv=_poison_unused_pages(k, v, kw["page_table"]))
 
 
-@pytest.mark.parametrize("rows", (False, True), ids=("slice", "rows"))
-@pytest.mark.parametrize("layout", ("paged16", "paged7", "paged64", "dense", "varlen"))
-def test_decode_l2_prefetch(decode_env, monkeypatch, layout, rows):
-  """warpmma2's L2 prefetch knob (JAX_SGL_DECODE_PREFETCH, _ROWS): a hint that must change no
-  result and never touch a page the table does not name (NaN pool; page 7 has stages that
-  straddle pages, where the slice form prefetches nothing)."""
-  decode_env("warpmma2")
-  monkeypatch.setenv("JAX_SGL_DECODE_PREFETCH", "3")
-  monkeypatch.setenv("JAX_SGL_DECODE_PREFETCH_ROWS", "1" if rows else "0")
-  q, k, v, kw = _make(layout, 1, (32, 8), 128, jnp.bfloat16, _seed("prefetch", layout, rows),
-                      k_lens=(1000, 3, 517, 2053))
-  kernel_kv = _poison_unused_pages(k, v, kw["page_table"]) if "page_table" in kw else None
-  _check(q, k, v, {**kw, "causal": True}, kernel_kv=kernel_kv)
-
-
 @pytest.mark.parametrize("layout", ("paged16", "dense"))
 @pytest.mark.parametrize("q_len", (1, 4))
 def test_old_decode_path(decode_env, layout, q_len):

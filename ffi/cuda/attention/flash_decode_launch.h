@@ -101,13 +101,6 @@ struct FlashDecodeArgs {
                      // warp kernel: its row capacity (4 or 8; 16 = the warp mma kernel)
   int m_blocks;      // CTAs along packed rows per (sequence, kv head): ceil(rows / 64)
   int warp_variant = kDecodeWarpMma1;  // warp mma kernel (m_tiles 16): warpmma or warpmma2
-  // warpmma2's L2 prefetch (A/B knob JAX_SGL_DECODE_PREFETCH=N, off by default): each warp
-  // prefetches the keys of its stage N stages past the one it copies. By default its CTA's share
-  // (1 / num_kv_heads) of those keys' rows across all kv heads, so that the kv heads' CTAs of a
-  // sequence together ask DRAM for whole contiguous rows; with prefetch_rows
-  // (JAX_SGL_DECODE_PREFETCH_ROWS=1), its own kv head's 16 rows.
-  int prefetch = 0;
-  bool prefetch_rows = false;
 };
 
 // One instantiation per (storage type, head-dim capacity), in instantiations/flash_decode_*.cu.

@@ -55,14 +55,6 @@ __device__ __forceinline__ void CpAsync16(uint32_t dst, uint64_t src, bool skip)
       "l"(src), "r"(int(skip)));
 }
 
-// Asks the L2 to fetch `bytes` (a multiple of 16) at the 16-byte aligned address src: a hint
-// that moves no data into the SM and completes on no barrier. Hopper and later (a no-op before).
-__device__ __forceinline__ void PrefetchL2(uint64_t src, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
-#endif
-}
-
 // The value, opaque to the optimizer: keeps a 64-bit base in one register pair so that each
 // copy address is a single IMAD.WIDE.U32 (slot x stride + base), not a product re-added to the
 // pointer in two more instructions.
@@ -170,38 +162,6 @@ __global__ void __launch_bounds__(kDecodeWarpThreads, kD <= 128 ? 3 : 1)
     if (lane == 0) masks[st] = valid & 0xffffu;
   };
 
-  // L2 prefetch of the warp's i-th stage (args.prefetch > 0; flash_decode_launch.h). Rows slice:
-  // lane 0 asks for 1 / num_kv_heads of the stage's rows over all kv heads, where those rows lie
-  // back to back in the pool (dense, or inside one page). Own rows: lanes 0..15 each ask for
-  // their key's K and V row of this kv head.
-  auto prefetch = [&](int i) {
-    if (args.prefetch_rows) {
-      const uint32_t slot = lane < kKeys ? source_slot(i, lane) : kNoRow;
-      if (slot == kNoRow) return;
-      PrefetchL2(reinterpret_cast<uint64_t>(p.k) +
-                     (uint64_t(slot) * p.num_kv_heads + kv_head) * p.head_dim * sizeof(T),
-                 uint32_t(p.head_dim * sizeof(T)));
-      PrefetchL2(reinterpret_cast<uint64_t>(p.v) +
-                     (uint64_t(slot) * p.num_kv_heads + kv_head) * p.head_dim_v * sizeof(T),
-                 uint32_t(p.head_dim_v * sizeof(T)));
-      return;
-    }
-    if (lane != 0) return;
-    const uint32_t slot0 = source_slot(i, 0);
-    if (slot0 == kNoRow) return;
-    const int j0 = n_lo + (t_begin + warp + i * kWarps) * kKeys;
-    const uint32_t rows = uint32_t(min(kKeys, n_hi - j0));
-    if (paged && uint32_t(j0) - page_div.Div(uint32_t(j0)) * uint32_t(p.page_size) + rows >
-                     uint32_t(p.page_size))
-      return;
-    const uint32_t k_share = rows * uint32_t(p.head_dim * sizeof(T));
-    const uint32_t v_share = rows * uint32_t(p.head_dim_v * sizeof(T));
-    PrefetchL2(reinterpret_cast<uint64_t>(p.k) + uint64_t(slot0) * k_stride +
-                   uint64_t(kv_head) * k_share, k_share);
-    PrefetchL2(reinterpret_cast<uint64_t>(p.v) + uint64_t(slot0) * v_stride +
-                   uint64_t(kv_head) * v_share, v_share);
-  };
-
   // Prologue: two stages' slots per lane register (lane l: key l % 16 of stage l / 16), the
   // first stages - 1 stages' copies, then q (plain loads: one barrier, once).
   constexpr int kRegs = (kDecodeMaxStages - 1 + 1) / 2;
@@ -219,7 +179,6 @@ __global__ void __launch_bounds__(kDecodeWarpThreads, kD <= 128 ? 3 : 1)
       decode::CpAsyncCommit();
     }
   }
-  for (int i = stages - 1; i < stages - 1 + args.prefetch; ++i) prefetch(i);
   {
     const T* qp = static_cast<const T*>(p.q);
     for (int idx = threadIdx.x; idx < 16 * kChunks; idx += kDecodeWarpThreads) {
@@ -269,7 +228,6 @@ __global__ void __launch_bounds__(kDecodeWarpThreads, kD <= 128 ? 3 : 1)
     if (it + stages - 1 < my_tiles) issue(next_slot, 0, st_write);
     decode::CpAsyncCommit();
     next_slot = source_slot(it + stages, lane);
-    if (args.prefetch > 0) prefetch(it + stages - 1 + args.prefetch);
     st_write = st_write + 1 == stages ? 0 : st_write + 1;
 
     const T* sk = ring + st_read * 2 * kTileElems;

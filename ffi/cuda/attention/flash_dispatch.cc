@@ -226,10 +226,6 @@ void PlanDecodeWarpKernel(const AttentionParams& p, int cap, int num_sms, int64_
   };
   while (stages > 2 && smem(stages) > optin) --stages;
   plan->decode_stages = stages;
-  if (plan->decode_warp_variant == kDecodeWarpMma2) {
-    plan->decode_prefetch = std::clamp(EnvInt("JAX_SGL_DECODE_PREFETCH", 0), 0, 64);
-    plan->decode_prefetch_rows = EnvInt("JAX_SGL_DECODE_PREFETCH_ROWS", 0) != 0;
-  }
   const int ctas_per_sm = p.q_type == DType::kBF16
       ? DecodeWarpCtasPerSm<bf16_t>(cap, stages, plan->decode_m_tiles, plan->decode_warp_variant)
       : DecodeWarpCtasPerSm<f16_t>(cap, stages, plan->decode_m_tiles, plan->decode_warp_variant);
@@ -359,8 +355,6 @@ const char* RunFlashFwd(const AttentionParams& p, const FlashPlan& plan, void* s
   if (plan.decode_kernel) {
     FlashDecodeArgs d{args, plan.decode_stages, plan.decode_m_tiles, plan.m_blocks};
     if (plan.decode_warp) d.warp_variant = plan.decode_warp_variant;
-    d.prefetch = plan.decode_prefetch;
-    d.prefetch_rows = plan.decode_prefetch_rows;
     err = p.q_type == DType::kBF16
               ? LaunchDecodeForType<bf16_t>(plan.head_dim_cap, plan.decode_warp, d, stream)
               : LaunchDecodeForType<f16_t>(plan.head_dim_cap, plan.decode_warp, d, stream);

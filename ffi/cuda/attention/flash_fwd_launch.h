@@ -60,8 +60,6 @@ struct FlashPlan {
   int decode_m_tiles;    // decode kernel: m16 tiles of q per CTA (shared-memory sizing); warp
                          // variant: its row capacity (4 or 8)
   int decode_warp_variant;  // warp mma form (row capacity 16): 1 = warpmma, 2 = warpmma2
-  int decode_prefetch = 0;  // warpmma2: L2 prefetch this many stages past the copies (0: none)
-  bool decode_prefetch_rows = false;  // ... of the warp's own rows, not a slice of all heads'
   bool decode;           // sm80: decode warp layout (16 packed rows) instead of prefill (64)
   int block_m;           // packed rows per CTA
   int m_blocks;          // CTAs along packed rows per (sequence, kv head)
