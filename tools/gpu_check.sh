@@ -23,6 +23,9 @@
 #                       "benchmarks/ab_sm90.py --head-dims 128 --dynamic; benchmarks/ab_decode.py"
 #                       (their SUMMARY lines join the table; logs ab1.log, ab2.log, ...)
 #   GPU_CHECK_AB_TIMEOUT  seconds per GPU_CHECK_AB command (default 300)
+#   GPU_CHECK_CLOCKS    1: sample SM clock and power every 50 ms during steps 3 and 3b
+#                       (nvidia-smi queries only, no setting touched) into clocks.csv, with a
+#                       "# <step> start" marker line before each benchmark
 #
 # The CUDA attention backward alone (benchmarks/NOTES_bwd.md):
 #   GPU_CHECK_TESTS=tests/test_attention_grad_gpu.py GPU_CHECK_BENCH=benchmarks/bench_attention_bwd.py \
@@ -73,6 +76,21 @@ if [[ "${GPU_CHECK_TESTS:-}" != none ]]; then
   row tests "$(grep -E '(passed|failed|error|skipped|no tests ran)' "$OUT/pytest.log" | tail -1)"
 fi
 
+# Clock / power trace of the benchmarks (GPU_CHECK_CLOCKS=1): do the benchmark ratios move with
+# the clocks each implementation inherits from the one timed before it (RESULTS.md, session 6)?
+CLOCKS="$OUT/clocks.csv"
+mark() {
+  if [[ "${GPU_CHECK_CLOCKS:-0}" == 1 ]]; then
+    echo "# $1 start $(date '+%Y/%m/%d %H:%M:%S.%3N')" >> "$CLOCKS"
+  fi
+}
+if [[ "${GPU_CHECK_CLOCKS:-0}" == 1 ]]; then
+  nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu --format=csv,noheader \
+      -lms 50 >> "$CLOCKS" 2>&1 &
+  clocks_pid=$!
+  trap 'kill "$clocks_pid" 2>/dev/null' EXIT
+fi
+
 # 3. Benchmarks, with XLA's default memory preallocation (the tests may run without it, for
 # their parallel workers).
 if [[ "${GPU_CHECK_BENCH:-}" != none ]]; then
@@ -83,6 +101,7 @@ if [[ "${GPU_CHECK_BENCH:-}" != none ]]; then
   fi
   for b in "${benches[@]}"; do
     name="$(basename "$b" .py)"
+    mark "$name"
     if env -u XLA_PYTHON_CLIENT_PREALLOCATE "$PY" "$REPO/$b" > "$OUT/$name.log" 2>&1; then
       grep -h '^SUMMARY ' "$OUT/$name.log" | sed 's/^SUMMARY /  /' | while read -r line; do
         row "$name" "$line"; done
@@ -101,6 +120,7 @@ if [[ -n "${GPU_CHECK_AB:-}" ]]; then
     [[ ${#words[@]} -eq 0 ]] && continue
     i=$((i + 1))
     name="$(basename "${words[0]}" .py)"
+    mark "ab$i $name"
     if env -u XLA_PYTHON_CLIENT_PREALLOCATE timeout "${GPU_CHECK_AB_TIMEOUT:-300}" \
         "$PY" "$REPO/${words[0]}" "${words[@]:1}" \
         > "$OUT/ab$i.log" 2>&1; then
