@@ -25,12 +25,13 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import time
 
 import jax
 import jax.numpy as jnp
 
 import jax_sgl
-from timing import batch_seconds
+from timing import batch_seconds, trace_batch
 
 TOKENS = 32768
 SEQLEN = 8192
@@ -98,6 +99,7 @@ def main():
         knobs.append(("dyn+notail", {**knobs[0][1], **knobs[1][1]}))
       impls += [(f"{name} {tag}", fn, {**env, **extra}) for tag, extra in knobs
                 for name, fn, env in impls if env is not None]
+      label = f"D{d} H{h}/{hkv} S={s} causal={causal}"
       times = {name: [] for name, _, _ in impls}
       for _ in range(args.rounds):
         for name, fn, env in impls:
@@ -106,12 +108,13 @@ def main():
               os.environ.pop(knob, None)
             os.environ.update(env)
           try:
+            start = time.time()
             times[name].append(batch_seconds(fn, (q, k, v), calls, settle=calls))
+            trace_batch(f"{label} {name}", start, time.time())
           except Exception as e:  # cuDNN may not take the case; report and go on
             print(f"  ({name}: {type(e).__name__}: {str(e).splitlines()[0][:100]})")
             times[name].append(float("nan"))
       tflops = {name: flops / statistics.median(t) / 1e12 for name, t in times.items()}
-      label = f"D{d} H{h}/{hkv} S={s} causal={causal}"
       base = tflops["cudnn"]
       for name, value in tflops.items():
         spread = (max(times[name]) - min(times[name])) / statistics.median(times[name])

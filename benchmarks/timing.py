@@ -3,10 +3,24 @@ wall clock around block_until_ready, after a warm-up call that compiles."""
 
 from __future__ import annotations
 
+import datetime
+import os
 import statistics
 import time
 
 import jax
+
+# JAX_SGL_BENCH_TRACE=<file>: every timed batch of the interleaved harnesses appends its wall-clock
+# start and end and its implementation there, in nvidia-smi's timestamp format, to line up with
+# tools/gpu_check.sh's clock trace (GPU_CHECK_CLOCKS=1).
+TRACE = os.environ.get("JAX_SGL_BENCH_TRACE")
+
+
+def trace_batch(name, start, end):
+  if TRACE:
+    stamp = lambda t: datetime.datetime.fromtimestamp(t).strftime("%Y/%m/%d %H:%M:%S.%f")[:-3]
+    with open(TRACE, "a") as f:
+      f.write(f"{stamp(start)},{stamp(end)},{name}\n")
 
 
 def batch_seconds(fn, args, calls, settle=0):
@@ -54,5 +68,7 @@ def interleaved_medians(runs, calls, batches):
     for name, (fn, args, prepare) in runs.items():
       if prepare is not None:
         prepare()
+      start = time.time()
       times[name].append(batch_seconds(fn, args, calls, settle=calls))
+      trace_batch(name, start, time.time())
   return {name: statistics.median(t) for name, t in times.items()}

@@ -25,7 +25,9 @@
 #   GPU_CHECK_AB_TIMEOUT  seconds per GPU_CHECK_AB command (default 300)
 #   GPU_CHECK_CLOCKS    1: sample SM clock and power every 50 ms during steps 3 and 3b
 #                       (nvidia-smi queries only, no setting touched) into clocks.csv, with a
-#                       "# <step> start" marker line before each benchmark
+#                       "# <step> start" marker line before each benchmark; the interleaved
+#                       harnesses then log each batch's start, end and implementation
+#                       (batches.csv, benchmarks/timing.py JAX_SGL_BENCH_TRACE)
 #
 # The CUDA attention backward alone (benchmarks/NOTES_bwd.md):
 #   GPU_CHECK_TESTS=tests/test_attention_grad_gpu.py GPU_CHECK_BENCH=benchmarks/bench_attention_bwd.py \
@@ -88,6 +90,7 @@ if [[ "${GPU_CHECK_CLOCKS:-0}" == 1 ]]; then
   nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu --format=csv,noheader \
       -lms 50 >> "$CLOCKS" 2>&1 &
   clocks_pid=$!
+  export JAX_SGL_BENCH_TRACE="$OUT/batches.csv"
   trap 'kill "$clocks_pid" 2>/dev/null' EXIT
 fi
 
