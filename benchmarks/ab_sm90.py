@@ -7,7 +7,8 @@ the CUDA handler at every call) picks it; the 'default' row runs with it unset (
 default variant of the (head dim, causal): CMake JAX_SGL_SM90_DEFAULT_VARIANTS). The
 implementations are interleaved: every round times one batch of back-to-back calls of each, in
 turn (after an untimed batch of the same: timing.batch_seconds' settle), so drifting clocks hit
-all alike; a result is the median over the rounds. TFLOP/s counts 4*B*H*S^2*D, halved when causal (as bench_attention.py).
+all alike; a result is the median over the rounds. TFLOP/s counts 4*B*H*S^2*D, halved when
+causal (as bench_attention.py).
 Prints one line per (config, implementation) and one 'SUMMARY ' line per config with the best
 variant and its ratio to cuDNN (tools/gpu_check.sh collects those).
 
@@ -25,13 +26,12 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import time
 
 import jax
 import jax.numpy as jnp
 
 import jax_sgl
-from timing import batch_seconds, trace_batch
+from timing import batch_seconds
 
 TOKENS = 32768
 SEQLEN = 8192
@@ -108,9 +108,8 @@ def main():
               os.environ.pop(knob, None)
             os.environ.update(env)
           try:
-            start = time.time()
-            times[name].append(batch_seconds(fn, (q, k, v), calls, settle=calls))
-            trace_batch(f"{label} {name}", start, time.time())
+            times[name].append(batch_seconds(fn, (q, k, v), calls, settle=calls,
+                                             trace=f"{label} {name}"))
           except Exception as e:  # cuDNN may not take the case; report and go on
             print(f"  ({name}: {type(e).__name__}: {str(e).splitlines()[0][:100]})")
             times[name].append(float("nan"))

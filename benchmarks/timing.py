@@ -10,26 +10,25 @@ import time
 
 import jax
 
-# JAX_SGL_BENCH_TRACE=<file>: every timed batch of the interleaved harnesses appends its wall-clock
-# start and end and its implementation there, in nvidia-smi's timestamp format, to line up with
-# tools/gpu_check.sh's clock trace (GPU_CHECK_CLOCKS=1).
+# JAX_SGL_BENCH_TRACE=<file>: every batch timed with a `trace` name (the interleaved harnesses)
+# appends its wall-clock start and end (settle included) and that name there, in nvidia-smi's
+# timestamp format, to line up with tools/gpu_check.sh's clock trace (GPU_CHECK_CLOCKS=1).
 TRACE = os.environ.get("JAX_SGL_BENCH_TRACE")
 
 
-def trace_batch(name, start, end):
-  if TRACE:
-    stamp = lambda t: datetime.datetime.fromtimestamp(t).strftime("%Y/%m/%d %H:%M:%S.%f")[:-3]
-    with open(TRACE, "a") as f:
-      f.write(f"{stamp(start)},{stamp(end)},{name}\n")
+def _stamp(t):
+  return datetime.datetime.fromtimestamp(t).strftime("%Y/%m/%d %H:%M:%S.%f")[:-3]
 
 
-def batch_seconds(fn, args, calls, settle=0):
+def batch_seconds(fn, args, calls, settle=0, trace=None):
   """Seconds per call over one batch of `calls` back-to-back calls, after `settle` untimed calls
   of the same function. Settling matters when implementations alternate: the H200's clocks
   follow its power draw with a lag, so a batch that starts right after a low-power
   implementation (the portable kernel, XLA) runs its first milliseconds at clocks it would not
   hold on its own. Session 6 saw cuDNN 7-10% faster in bench_attention.py (after the portable
-  kernel) than in ab_sm90.py (after other attention kernels), and ours slower."""
+  kernel) than in ab_sm90.py (after other attention kernels), and ours slower. `trace`: the
+  batch's name in JAX_SGL_BENCH_TRACE."""
+  start = time.time()
   if settle:
     out = None
     for _ in range(settle):
@@ -39,7 +38,11 @@ def batch_seconds(fn, args, calls, settle=0):
   for _ in range(calls):
     out = fn(*args)
   jax.block_until_ready(out)
-  return (time.perf_counter() - t0) / calls
+  seconds = (time.perf_counter() - t0) / calls
+  if TRACE and trace is not None:
+    with open(TRACE, "a") as f:
+      f.write(f"{_stamp(start)},{_stamp(time.time())},{trace}\n")
+  return seconds
 
 
 def median_seconds(fn, args, calls, batches):
@@ -68,7 +71,5 @@ def interleaved_medians(runs, calls, batches):
     for name, (fn, args, prepare) in runs.items():
       if prepare is not None:
         prepare()
-      start = time.time()
-      times[name].append(batch_seconds(fn, args, calls, settle=calls))
-      trace_batch(name, start, time.time())
+      times[name].append(batch_seconds(fn, args, calls, settle=calls, trace=name))
   return {name: statistics.median(t) for name, t in times.items()}

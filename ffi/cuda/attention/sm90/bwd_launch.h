@@ -36,7 +36,8 @@ int Sm90BwdVariant();
 size_t Sm90BwdDqAccumFloats(const AttentionParams& p, int ws_rows);
 // Whether a call takes the tail split: one without causal mask, window, seqused_k or softcap,
 // whose key blocks all cost the same, unless JAX_SGL_SM90_BWD_TAIL_SPLIT=0 (read at each call; an
-// A/B knob; on by default since the session-6 A/B: +1-2% forward+backward). The key blocks of the last, partial wave then run as shares of their steps on every SM.
+// A/B knob; on by default since the session-6 A/B: +1-2% forward+backward). The key blocks of
+// the last, partial wave then run as shares of their steps on every SM.
 bool Sm90BwdTailSplitRequested(const AttentionParams& p);
 // Scratch bytes of the tail split's float32 dK / dV shares: one 128-key block per SM each
 // (0 when the device's SM count cannot be read).
