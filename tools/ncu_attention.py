@@ -10,8 +10,9 @@ limits each (benchmarks/NOTES_*.md). Two modes:
 
 CASE is <what>-<impl>: what in fwd4k, fwd4kc, fwd8k, fwdbwd4k, fwdbwd4kc (causal), decode32k,
 decode32kc; impl in jax_sgl, cudnn. Shapes are the benchmarks' (bench_attention.py,
-bench_attention_bwd.py): B*S = 32k, H=16, D=128, bf16; decode B=64, 32/8 heads, KV 32k in 16-key pages (decode32kc: jax_sgl on the
-contiguous K/V, as cuDNN reads them in both decode cases).
+bench_attention_bwd.py): B*S = 32k, H=16, D=128, bf16; decode B=64, 32/8 heads, KV 32k in
+16-key pages (decode32kc: jax_sgl on the contiguous K/V, as cuDNN reads them in both decode
+cases).
 """
 
 from __future__ import annotations
