@@ -31,25 +31,20 @@ __global__ void __launch_bounds__(32 * kTailWarps)
     FlashBwdSm90TailSum(const BwdTailSumParams<Element> p) {
   static_assert(kHeadDim % 32 == 0 && kBlockN % kTailWarps == 0);
   constexpr int kPerLane = kHeadDim / 32;
-  const auto [lane, r] = ThisTailThread();
-  const int block = p.first_block + int(blockIdx.x);
-  const int n_block = block % p.n_blocks, rest = block / p.n_blocks;
-  const int kv_head = rest % p.num_kv_heads, batch = rest / p.num_kv_heads;
-  const int key = n_block * kBlockN + r;
-  if (key >= p.seqlen_k) return;
+  const TailRow t = ThisTailRow<kBlockN>(p.first_block, p.n_blocks, p.num_kv_heads);
+  if (t.row >= p.seqlen_k) return;  // t.row: the key
 
   float dk[kPerLane] = {}, dv[kPerLane] = {};
   for (int s = 0; s < p.splits; ++s) {
     // Lane-interleaved columns: consecutive lanes read consecutive floats.
-    const int64_t row = ((int64_t(blockIdx.x) * p.splits + s) * kBlockN + r) * kHeadDim + lane;
+    const int64_t row = ((int64_t(blockIdx.x) * p.splits + s) * kBlockN + t.r) * kHeadDim + t.lane;
 #pragma unroll
     for (int e = 0; e < kPerLane; ++e) {
       dk[e] += p.tail_dk[row + 32 * e];
       dv[e] += p.tail_dv[row + 32 * e];
     }
   }
-  const int64_t out =
-      ((int64_t(batch) * p.seqlen_k + key) * p.num_kv_heads + kv_head) * kHeadDim + lane;
+  const int64_t out = t.Dense(p.seqlen_k, p.num_kv_heads, kHeadDim);
 #pragma unroll
   for (int e = 0; e < kPerLane; ++e) {
     p.dk[out + 32 * e] = Element(dk[e]);

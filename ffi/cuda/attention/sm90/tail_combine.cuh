@@ -33,12 +33,9 @@ __global__ void __launch_bounds__(32 * kTailWarps)
     FlashFwdSm90TailCombine(const TailCombineParams<Element> p) {
   static_assert(kHeadDim % 32 == 0 && kBlockM % kTailWarps == 0);
   constexpr int kPerLane = kHeadDim / 32;
-  const auto [lane, r] = ThisTailThread();
-  const int tile = p.first_tile + int(blockIdx.x);
-  const int m_block = tile % p.num_m_blocks, bh = tile / p.num_m_blocks;
-  const int head = bh % p.num_heads, batch = bh / p.num_heads;
-  const int row = m_block * kBlockM + r;
-  if (row >= p.seqlen_q) return;
+  const TailRow t = ThisTailRow<kBlockM>(p.first_tile, p.num_m_blocks, p.num_heads);
+  const int r = t.r, lane = t.lane;
+  if (t.row >= p.seqlen_q) return;
 
   const int64_t slot0 = int64_t(blockIdx.x) * p.splits;  // split 0 of this tile
   float lse_max = -INFINITY;
@@ -58,12 +55,11 @@ __global__ void __launch_bounds__(32 * kTailWarps)
     }
   }
   const float inv = sum > 0.f ? 1.f / sum : 0.f;
-  Element* dst =
-      p.out + ((int64_t(batch) * p.seqlen_q + row) * p.num_heads + head) * kHeadDim + lane;
+  Element* dst = p.out + t.Dense(p.seqlen_q, p.num_heads, kHeadDim);
 #pragma unroll
   for (int e = 0; e < kPerLane; ++e) dst[32 * e] = Element(acc[e] * inv);
   if (p.lse != nullptr && lane == 0)
-    p.lse[(int64_t(batch) * p.num_heads + head) * p.seqlen_q + row] =
+    p.lse[(int64_t(t.batch) * p.num_heads + t.head) * p.seqlen_q + t.row] =
         sum > 0.f ? lse_max + logf(sum) : -INFINITY;
 }
 
