@@ -11,9 +11,12 @@ import time
 import jax
 
 # JAX_SGL_BENCH_TRACE=<file>: every batch timed with a `trace` name (the interleaved harnesses)
-# appends its wall-clock start and end (settle included) and that name there, in nvidia-smi's
-# timestamp format, to line up with tools/gpu_check.sh's clock trace (GPU_CHECK_CLOCKS=1).
+# appends its wall-clock start (settle included), the start of its timed calls, its end and that
+# name there, in nvidia-smi's timestamp format, to line up with tools/gpu_check.sh's clock trace (GPU_CHECK_CLOCKS=1).
 TRACE = os.environ.get("JAX_SGL_BENCH_TRACE")
+# JAX_SGL_BENCH_SETTLE_S=<seconds>: the least time each settle phase lasts (batch_seconds);
+# unset, a settle phase is one untimed batch.
+SETTLE_SECONDS = float(os.environ.get("JAX_SGL_BENCH_SETTLE_S", "0"))
 
 
 def _stamp(t):
@@ -26,14 +29,20 @@ def batch_seconds(fn, args, calls, settle=0, trace=None):
   follow its power draw with a lag, so a batch that starts right after a low-power
   implementation (the portable kernel, XLA) runs its first milliseconds at clocks it would not
   hold on its own. Session 6 saw cuDNN 7-10% faster in bench_attention.py (after the portable
-  kernel) than in ab_sm90.py (after other attention kernels), and ours slower. `trace`: the
-  batch's name in JAX_SGL_BENCH_TRACE."""
+  kernel) than in ab_sm90.py (after other attention kernels), and ours slower. With
+  JAX_SGL_BENCH_SETTLE_S set, the settle calls repeat until that many seconds have passed, so
+  each timed batch runs in its own implementation's steady state. `trace`: the batch's name in
+  JAX_SGL_BENCH_TRACE."""
   start = time.time()
   if settle:
     out = None
-    for _ in range(settle):
-      out = fn(*args)
-    jax.block_until_ready(out)
+    while True:
+      for _ in range(settle):
+        out = fn(*args)
+      jax.block_until_ready(out)
+      if time.time() - start >= SETTLE_SECONDS:
+        break
+  timed = time.time()
   t0 = time.perf_counter()
   for _ in range(calls):
     out = fn(*args)
@@ -41,7 +50,7 @@ def batch_seconds(fn, args, calls, settle=0, trace=None):
   seconds = (time.perf_counter() - t0) / calls
   if TRACE and trace is not None:
     with open(TRACE, "a") as f:
-      f.write(f"{_stamp(start)},{_stamp(time.time())},{trace}\n")
+      f.write(f"{_stamp(start)},{_stamp(timed)},{_stamp(time.time())},{trace}\n")
   return seconds
 
 

@@ -27,7 +27,10 @@
 #                       (nvidia-smi queries only, no setting touched) into clocks.csv, with a
 #                       "# <step> start" marker line before each benchmark; the interleaved
 #                       harnesses then log each batch's start, end and implementation
-#                       (batches.csv, benchmarks/timing.py JAX_SGL_BENCH_TRACE)
+#                       (batches.csv, benchmarks/timing.py JAX_SGL_BENCH_TRACE); the summary
+#                       gets each implementation's clock during its timed batches
+#                       (tools/clock_trace.py). JAX_SGL_BENCH_SETTLE_S=<s> makes every settle
+#                       phase last that long (benchmarks/timing.py)
 #
 # The CUDA attention backward alone (benchmarks/NOTES_bwd.md):
 #   GPU_CHECK_TESTS=tests/test_attention_grad_gpu.py GPU_CHECK_BENCH=benchmarks/bench_attention_bwd.py \
@@ -87,8 +90,15 @@ mark() {
   fi
 }
 if [[ "${GPU_CHECK_CLOCKS:-0}" == 1 ]]; then
-  nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu --format=csv,noheader \
-      -lms 50 >> "$CLOCKS" 2>&1 &
+  # The instantaneous power and the active clock-event reasons (a bit mask: 0x4 software power
+  # cap, 0x8 hardware slowdown, ...) where the driver knows them, else the basic fields.
+  fields=timestamp,clocks.sm,power.draw,temperature.gpu
+  extra=power.draw.instant,clocks_event_reasons.active
+  if nvidia-smi --query-gpu="$fields,$extra" --format=csv,noheader > /dev/null 2>&1; then
+    fields="$fields,$extra"
+  fi
+  echo "# fields $fields" >> "$CLOCKS"
+  nvidia-smi --query-gpu="$fields" --format=csv,noheader -lms 50 >> "$CLOCKS" 2>&1 &
   clocks_pid=$!
   export JAX_SGL_BENCH_TRACE="$OUT/batches.csv"
   trap 'kill "$clocks_pid" 2>/dev/null' EXIT
@@ -146,6 +156,13 @@ if [[ -n "${GPU_CHECK_SANITIZE:-}" ]]; then
     ${GPU_CHECK_SANITIZE_K:+-k "$GPU_CHECK_SANITIZE_K"} "${san[@]}" > "$OUT/sanitizer.log" 2>&1
   rc=$?
   row sanitizer "exit $rc; $(grep -E 'ERROR SUMMARY' "$OUT/sanitizer.log" | tail -1); $(grep -E '(passed|failed)' "$OUT/sanitizer.log" | tail -1)"
+fi
+
+# The clocks each implementation ran its timed batches at (tools/clock_trace.py).
+if [[ "${GPU_CHECK_CLOCKS:-0}" == 1 && -s "$OUT/batches.csv" ]]; then
+  "$PY" "$REPO/tools/clock_trace.py" "$OUT" > "$OUT/clock_trace.log" 2>&1
+  grep -h '^SUMMARY ' "$OUT/clock_trace.log" | sed 's/^SUMMARY clocks //' | while read -r line; do
+    row clocks "$line"; done
 fi
 
 echo

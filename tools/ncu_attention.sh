@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # Nsight Compute over the attention cases of tools/ncu_attention.py (jax_sgl and cuDNN, one
 # process per case), on the device machine after tools/gpu_check.sh installed the package.
-# Writes $OUT/ncu.tar.gz (one CSV per case) and prints the per-kernel summary.
-#   NCU_CASES  cases to profile (default: every <what>-<impl> of the script)
+# Writes one CSV per case into $OUT/ncu/ as each case finishes (a call cut short by its time limit
+# keeps the cases done) and prints each case's per-kernel summary as it goes.
+#   NCU_CASES   cases to profile (default: every <what>-<impl> of the script)
+#   NCU_KERNEL  kernel-name regex (default Flash|sdpa|cudnn: the attention kernels), e.g.
+#               FlashBwd|sdpa|cudnn to skip our forward in a fwdbwd case
 set -uo pipefail
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 OUT="${OUT:-/tmp/gpu_check}"
 PY="${PYTHON:-python3}"
-dir="$(mktemp -d)"
+dir="$OUT/ncu"
+mkdir -p "$dir"
 cases="${NCU_CASES:-fwd4k-jax_sgl fwd4k-cudnn fwd4kc-jax_sgl fwd4kc-cudnn fwdbwd4k-jax_sgl fwdbwd4k-cudnn decode32k-jax_sgl decode32k-cudnn}"
 cd /tmp  # the installed package, not the source tree
 for c in $cases; do
@@ -20,9 +24,8 @@ for c in $cases; do
       --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats \
       --section InstructionStats \
       --metrics "regex:^(smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio|sm__pipe_tensor_op.*_cycles_active\.avg\.pct_of_peak_sustained_active)$" \
-      --kernel-name "regex:Flash|sdpa|cudnn" \
+      --kernel-name "regex:${NCU_KERNEL:-Flash|sdpa|cudnn}" \
       "$PY" "$REPO/tools/ncu_attention.py" run "$c" > "$dir/$c.csv" 2> "$dir/$c.err" \
     || echo "ncu $c failed: $(tail -2 "$dir/$c.err")"
+  "$PY" "$REPO/tools/ncu_attention.py" summary "$dir/$c.csv"
 done
-tar -C "$dir" -czf "$OUT/ncu.tar.gz" .
-"$PY" "$REPO/tools/ncu_attention.py" summary "$dir"/*.csv
