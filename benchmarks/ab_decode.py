@@ -1,7 +1,7 @@
 """A/B of jax_sgl's CUDA decode paths, in one process, against cuDNN and XLA.
 
 Variants are run-time switches the host dispatch reads at every call (flash_decode_launch.h):
-JAX_SGL_DECODE=old|new|warp|warpmma|warpmma2, JAX_SGL_DECODE_SPLITS=N (0: heuristic),
+JAX_SGL_DECODE=old|new|warp|warpmma|warpmma2|warptma, JAX_SGL_DECODE_SPLITS=N (0: heuristic),
 JAX_SGL_DECODE_STAGES=N, JAX_SGL_DECODE_WAVES=N (warp variants' split heuristic; 0: the count
 that fills the last wave best); so one jitted function serves them all. Configs: the issue's decode (batch 64, KV 4k and 32k, 32 q / 8 kv
 heads, D=128, bf16, one query per sequence; jax_sgl reads a shuffled pool of 16-token pages, the
@@ -62,6 +62,13 @@ def variants(batch):
     for waves in ("1", "0"):
       v[f"warpmma2 stages={st} waves={'fit' if waves == '0' else waves}"] = {
           "JAX_SGL_DECODE": "warpmma2", "JAX_SGL_DECODE_STAGES": st, "JAX_SGL_DECODE_WAVES": waves}
+  # TMA-fed stages (flash_decode_tma.cuh): 8 KiB unpadded stages, so 3 stages still fit 2 CTAs
+  # per SM; 4 stages is one CTA per SM, 2 stages three.
+  v["warptma"] = {"JAX_SGL_DECODE": "warptma"}
+  for st in ("2", "4"):
+    v[f"warptma stages={st}"] = {"JAX_SGL_DECODE": "warptma", "JAX_SGL_DECODE_STAGES": st}
+  v["warptma waves=fit"] = {"JAX_SGL_DECODE": "warptma", "JAX_SGL_DECODE_WAVES": "0"}
+  v["warptma waves=1"] = {"JAX_SGL_DECODE": "warptma", "JAX_SGL_DECODE_WAVES": "1"}
   return v
 
 
@@ -113,6 +120,9 @@ def run_config(b, s, batches, copy_bw, only=None):
     runs[name] = (paged, (q, k_pool, v_pool, table, seqused), env)
   set_env({})
   runs["jax_sgl contiguous"] = (jax.jit(jax_sgl.attention), (q, k, v), {})
+  if not only or any("warptma".startswith(o) or o.startswith("warptma") for o in only):
+    runs["warptma contiguous"] = (jax.jit(jax_sgl.attention), (q, k, v),
+                                  {"JAX_SGL_DECODE": "warptma"})
   for impl in ("cudnn", "xla"):
     try:
       jax.block_until_ready(anchor(impl)(q, k, v))
@@ -137,13 +147,13 @@ def run_config(b, s, batches, copy_bw, only=None):
     ratio = lambda a: f"{a / t:7.2f}x" if a else f"{'-':>8}"
     print(f"{name:<22} {t * 1e6:9.1f} {nbytes / t / 1e9:7.0f} {100 * nbytes / t / copy_bw:6.1f}% "
           f"{ratio(cud)} {ratio(xla)}")
-  ours = [n for n in med if n not in ("jax_sgl contiguous", "cudnn", "xla")]  # paged rows
+  ours = [n for n in med if "contiguous" not in n and n not in ("cudnn", "xla")]  # paged rows
   best = min(ours, key=med.get)
   for name in ("new", "old"):
     med.setdefault(name, float("nan"))
   fmt = lambda n: (f"{nbytes / med[n] / 1e9:.0f} GB/s = {(cud or np.nan) / med[n]:.2f}x cudnn, "
                    f"{(xla or np.nan) / med[n]:.2f}x xla")
-  for mode in ("warp", "warpmma", "warpmma2"):
+  for mode in ("warp", "warpmma", "warpmma2", "warptma"):
     if mode in med:
       rows = [n for n in med if n == mode or n.startswith(mode + " ")]
       top = min(rows, key=med.get)

@@ -8,8 +8,9 @@ The matrix: KV layout (page pools of page size 1, 16 and 64, dense, varlen) x q 
 mask (none, causal, window, softcap) x GQA ratio (MHA, 4, 8, MQA, 16 with two row blocks), then
 head dims 64..256 (and d != d_v) x dtype, the split and ring-depth knobs, varlen q, and the old
 path for comparison. The warp-sliced variants (JAX_SGL_DECODE=warp: CUDA cores, up to 8 packed rows; warpmma: mma,
-up to 16; warpmma2: the mma form with cheap copy addressing; more rows fall back to the mma
-kernel) run the same matrices, plus page sizes that are no power of two and pools whose
+up to 16; warpmma2: the mma form with cheap copy addressing; warptma: warpmma2 with TMA loads
+where it serves (sm_90+, head dims up to 128, pages of a multiple of 16 keys; else warpmma2); more
+rows fall back to the mma kernel) run the same matrices, plus page sizes that are no power of two and pools whose
 unreferenced pages hold NaN (a kernel that reads a masked key's row would show it). Sequences are ragged: empty, one key, lengths that are no multiple of the
 page size, KV shorter than q (rows that see no key), and long enough for many tiles per split.
 Page tables are shuffled and carry padding and out-of-range entries (negative, past the pool,
@@ -139,7 +140,7 @@ def _seed(*parts):
 HEADS = {"none": (32, 8), "causal": (16, 2), "window": (4, 4), "softcap": (8, 1)}
 
 
-MODES = ("new", "warp", "warpmma", "warpmma2")
+MODES = ("new", "warp", "warpmma", "warpmma2", "warptma")
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -236,3 +237,50 @@ def test_old_decode_path(decode_env, layout, q_len):
   decode_env("old", splits=3 if q_len == 1 else None)
   q, k, v, kw = _make(layout, q_len, (32, 8), 128, jnp.bfloat16, _seed("old", layout, q_len))
   _check(q, k, v, {**kw, "causal": True})
+
+
+def _poison_outside(k, v, k_lens, lo_hi):
+  """NaN in every row of a dense [B, S, Hkv, D] K/V outside each sequence's [lo, hi) keys."""
+  pos = jnp.arange(k.shape[1])[None, :]
+  lo = jnp.asarray([lo_hi(n)[0] for n in k_lens])[:, None]
+  hi = jnp.asarray([lo_hi(n)[1] for n in k_lens])[:, None]
+  bad = ((pos < lo) | (pos >= hi))[:, :, None, None]
+  return jnp.where(bad, jnp.nan, k), jnp.where(bad, jnp.nan, v)
+
+
+@pytest.mark.parametrize("mode", ("warpmma2", "warptma"))
+@pytest.mark.parametrize("window", (None, 300))
+def test_decode_dense_nan_outside_range(decode_env, window, mode):
+  """Dense K/V holding NaN outside every sequence's key range (past seqused_k, and before a
+  window's first key, which is no multiple of 16): the TMA form loads whole 16-row stages
+  around those rows, so it must zero their V rows, and its -inf scores must mask their K rows."""
+  decode_env(mode)
+  k_lens = (1000, 1, 517, 2053, 0, 33)
+  q, k, v, kw = _make("dense", 1, (32, 8), 128, jnp.bfloat16, _seed("nan_dense", window),
+                      k_lens=k_lens)
+  mask = {} if window is None else {"window": (window, 0)}
+  lo_hi = (lambda n: (0, n)) if window is None else (lambda n: (max(n - 1 - window, 0), n))
+  _check(q, k, v, {**kw, **mask}, kernel_kv=_poison_outside(k, v, k_lens, lo_hi))
+
+
+@pytest.mark.parametrize("mode", ("warpmma2", "warptma"))
+@pytest.mark.parametrize("layout", ("paged16", "paged32", "paged48"))
+def test_decode_paged_nan_page_tails(decode_env, layout, mode):
+  """Pages of a multiple of 16 keys whose slots past each sequence's length hold NaN, and NaN in
+  the unreferenced pages: the last stage of a sequence covers those slots."""
+  decode_env(mode)
+  k_lens = (1000, 3, 517, 2053)
+  q, k, v, kw = _make(layout, 2, (32, 8), 128, jnp.bfloat16, _seed("nan_tail", layout),
+                      k_lens=k_lens)
+  page_size = k.shape[1]
+  table = np.asarray(kw["page_table"])
+  kk, vv = _poison_unused_pages(k, v, kw["page_table"])
+  bad = np.zeros(k.shape[:2], bool)
+  for b, n in enumerate(k_lens):
+    last = (n - 1) // page_size
+    page = table[b, last] if n > 0 else -1
+    if 0 <= page < k.shape[0]:
+      bad[page, n - last * page_size:] = True
+  bad = jnp.asarray(bad)[:, :, None, None]
+  kk, vv = jnp.where(bad, jnp.nan, kk), jnp.where(bad, jnp.nan, vv)
+  _check(q, k, v, {**kw, "causal": True}, kernel_kv=(kk, vv))

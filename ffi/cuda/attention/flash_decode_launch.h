@@ -16,6 +16,10 @@
 //                                 with more packed rows run this kernel)
 //                 |warpmma2       the mma form with cheap copy addressing, the default
 //                                 (flash_decode_warp2.cuh; pools of < 2^31 rows, else warpmma)
+//                 |warptma        warpmma2 with K/V stages loaded by TMA (flash_decode_tma.cuh;
+//                                 an A/B form: sm_90+ devices, head-dim capacity 64 / 128,
+//                                 dense / varlen K/V or pages of a multiple of 16 keys, else
+//                                 warpmma2)
 //   JAX_SGL_DECODE_SPLITS=N       KV splits (1..32) for decode-shaped calls, either path; 0 or
 //                                 unset: the heuristic
 //   JAX_SGL_DECODE_STAGES=N       cp.async ring depth of the new kernel (2..8, default 4), or of
@@ -89,10 +93,22 @@ constexpr int DecodeWarpMmaSmemBytes(int d, int stages) {
   return main > epilogue ? main : epilogue;
 }
 
-// Which warp mma kernel runs rows bounds of 9..16 (and all rows when selected): the warpmma kernel
-// or warpmma2 (flash_decode_warp2.cuh).
+// Which warp mma kernel runs rows bounds of 9..16 (and all rows when selected): the warpmma kernel,
+// warpmma2 (flash_decode_warp2.cuh) or its TMA form (flash_decode_tma.cuh).
 inline constexpr int kDecodeWarpMma1 = 1;
 inline constexpr int kDecodeWarpMma2 = 2;
+inline constexpr int kDecodeWarpTma = 3;  // flash_decode_tma.cuh
+
+// The TMA form's shared memory: q (16 padded rows), slack to the 1024-byte alignment of the
+// 128-byte swizzle, per warp `stages` x (K, V) tiles of 16 rows x d (unpadded), per warp
+// kDecodeMaxStages mbarriers and key masks; the epilogue reuses it as the mma kernels do.
+constexpr int DecodeWarpTmaSmemBytes(int d, int stages) {
+  const int warps = kDecodeWarpThreads / 32;
+  const int main = 16 * DecodeStride(d) * 2 + 1024 + warps * stages * 2 * 16 * d * 2 +
+                   warps * kDecodeMaxStages * (8 + 4);
+  const int epilogue = warps * 16 * (d + 4) * 4 + 2 * warps * 16 * 4 + 16 * 4;
+  return main > epilogue ? main : epilogue;
+}
 
 struct FlashDecodeArgs {
   FlashFwdArgs fwd;  // params, group, splits and the split-KV scratch, as the sm80 kernel takes

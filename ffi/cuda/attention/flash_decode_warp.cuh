@@ -23,6 +23,7 @@
 #pragma once
 
 #include "ffi/cuda/attention/flash_decode.cuh"
+#include "ffi/cuda/attention/flash_decode_tma.cuh"
 #include "ffi/cuda/attention/flash_decode_warp2.cuh"
 #include "ffi/cuda/attention/flash_decode_warp_mma_steps.cuh"
 
@@ -581,10 +582,16 @@ int CtasPerSmMma(int stages) {
 }  // namespace decode_warp
 
 // args.m_tiles carries the row capacity here: 4 or 8 (CUDA-core kernel), 16 (mma kernel, the
-// warpmma or warpmma2 form by args.warp_variant).
+// warpmma, warpmma2 or TMA form by args.warp_variant; the TMA form at head-dim capacity 64 and
+// 128 only, which the dispatch ensures).
 template <typename T, int kHeadDim>
 cudaError_t LaunchFlashDecodeWarp(const FlashDecodeArgs& args, cudaStream_t stream) {
   if (args.m_tiles > kDecodeWarpMaxRows) {
+    if (args.warp_variant == kDecodeWarpTma) {
+      if constexpr (kHeadDim == 64 || kHeadDim == 128)
+        return decode_tma::Launch<T, kHeadDim>(args, stream);
+      return cudaErrorInvalidValue;
+    }
     return args.warp_variant == kDecodeWarpMma2 ? decode_warp2::Launch<T, kHeadDim>(args, stream)
                                                 : decode_warp::LaunchMma<T, kHeadDim>(args, stream);
   }
@@ -595,6 +602,11 @@ cudaError_t LaunchFlashDecodeWarp(const FlashDecodeArgs& args, cudaStream_t stre
 template <typename T, int kHeadDim>
 int FlashDecodeWarpCtasPerSm(int stages, int rows_cap, int variant) {
   if (rows_cap > kDecodeWarpMaxRows) {
+    if (variant == kDecodeWarpTma) {
+      if constexpr (kHeadDim == 64 || kHeadDim == 128)
+        return decode_tma::CtasPerSm<T, kHeadDim>(stages);
+      return 1;
+    }
     return variant == kDecodeWarpMma2 ? decode_warp2::CtasPerSm<T, kHeadDim>(stages)
                                       : decode_warp::CtasPerSmMma<T, kHeadDim>(stages);
   }

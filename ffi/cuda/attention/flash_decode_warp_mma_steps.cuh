@@ -14,15 +14,16 @@ namespace jax_sgl::cuda::decode_warp_mma {
 // log2 domain, masked to -inf; blk_max: this lane's max of its row halves) and o += P V over the
 // stage's V tile `sv`. kSkipSettled skips the accumulator rescale when no row's max moved (a
 // warp-uniform vote): worth it once the maxima settle over a long sequence.
-template <typename T, int kD, bool kSkipSettled>
-__device__ __forceinline__ void SoftmaxPv(float (&sc)[2][4], const float (&blk_max)[2],
-                                          float (&m_run)[2], float (&l_run)[2],
-                                          float (&o)[kD / 8][4], const T* sv, int lane) {
+// v_at(row, col): the shared-memory address of V element (row, col) of the stage, so that a
+// padded tile (cp.async kernels) and a swizzled one (the TMA kernel) share this code.
+template <typename T, int kD, bool kSkipSettled, typename VAt>
+__device__ __forceinline__ void SoftmaxPvAt(float (&sc)[2][4], const float (&blk_max)[2],
+                                            float (&m_run)[2], float (&l_run)[2],
+                                            float (&o)[kD / 8][4], VAt v_at, int lane) {
   using flash::Elem;
   using flash::Ldmatrix4Trans;
   using flash::QuadMax;
   constexpr int kDT = kD / 8;
-  constexpr int kStride = DecodeStride(kD);
   float corr[2], m_use[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -55,11 +56,21 @@ __device__ __forceinline__ void SoftmaxPv(float (&sc)[2][4], const float (&blk_m
 #pragma unroll
   for (int dt = 0; dt < kDT; dt += 2) {
     uint32_t bv[4];
-    Ldmatrix4Trans(bv, sv + (lane % 8 + ((lane / 8) % 2) * 8) * kStride + dt * 8 +
-                           (lane / 16) * 8);
+    Ldmatrix4Trans(bv, v_at(lane % 8 + ((lane / 8) % 2) * 8, dt * 8 + (lane / 16) * 8));
     Elem<T>::Mma(o[dt], pa, bv);
     Elem<T>::Mma(o[dt + 1], pa, bv + 2);
   }
+}
+
+// SoftmaxPvAt over a tile of DecodeStride(kD)-element rows.
+template <typename T, int kD, bool kSkipSettled>
+__device__ __forceinline__ void SoftmaxPv(float (&sc)[2][4], const float (&blk_max)[2],
+                                          float (&m_run)[2], float (&l_run)[2],
+                                          float (&o)[kD / 8][4], const T* sv, int lane) {
+  constexpr int kStride = DecodeStride(kD);
+  SoftmaxPvAt<T, kD, kSkipSettled>(
+      sc, blk_max, m_run, l_run, o,
+      [sv](int row, int col) -> const void* { return sv + row * kStride + col; }, lane);
 }
 
 // Called by every thread after its last cp.async has landed; reuses the ring's shared memory.

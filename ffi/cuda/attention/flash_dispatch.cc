@@ -5,7 +5,7 @@
 // live in the generated instantiations/ files.
 //
 // Run-time switches, read at every call (documented in flash_decode_launch.h):
-//   JAX_SGL_DECODE=old|new|warp|warpmma|warpmma2, JAX_SGL_DECODE_SPLITS=N, JAX_SGL_DECODE_STAGES=N,
+//   JAX_SGL_DECODE=old|new|warp|warpmma|warpmma2|warptma, JAX_SGL_DECODE_SPLITS=N, JAX_SGL_DECODE_STAGES=N,
 //   JAX_SGL_DECODE_WAVES=N.
 #include <algorithm>
 #include <cstdlib>
@@ -41,7 +41,7 @@ bool DecodeKernelSelected() {
 int DecodeWarpRowsCap() {
   const char* env = std::getenv("JAX_SGL_DECODE");
   if (env == nullptr || *env == '\0' || std::strcmp(env, "warpmma") == 0 ||
-      std::strcmp(env, "warpmma2") == 0)
+      std::strcmp(env, "warpmma2") == 0 || std::strcmp(env, "warptma") == 0)
     return kDecodeWarpMmaMaxRows;
   if (std::strcmp(env, "warp") == 0) return kDecodeWarpMaxRows;
   return 0;
@@ -50,18 +50,29 @@ int DecodeWarpRowsCap() {
 // The warp mma kernel in force: warpmma2 (flash_decode_warp2.cuh; 0.92-0.95x cuDNN's contiguous
 // decode against warpmma's 0.91-0.93x on the H200, 2026-12-02) unless JAX_SGL_DECODE=warpmma, and
 // only when the K/V buffers have fewer than 2^31 rows (its 32-bit slot indices).
-int DecodeWarpMmaVariant(const AttentionParams& p) {
-  const char* env = std::getenv("JAX_SGL_DECODE");
-  const bool want2 = env == nullptr || std::strcmp(env, "warpmma") != 0;
-  return want2 && p.total_k < (int64_t(1) << 31) ? kDecodeWarpMma2 : kDecodeWarpMma1;
-}
-
 int DeviceAttr(cudaDeviceAttr attr, int fallback) {
   int device = 0, value = 0;
   if (cudaGetDevice(&device) != cudaSuccess ||
       cudaDeviceGetAttribute(&value, attr, device) != cudaSuccess)
     return fallback;
   return value;
+}
+
+// Whether the TMA form (JAX_SGL_DECODE=warptma, flash_decode_tma.cuh) takes the call: a device
+// with the tensor copy engine, whole 128-byte column blocks, 16-key stages that never straddle a
+// page. Calls it does not take run warpmma2.
+bool DecodeTmaServes(const AttentionParams& p, int cap) {
+  if (cap != 64 && cap != 128) return false;
+  if (p.kv_layout == KvLayout::kPaged && p.page_size % 16 != 0) return false;
+  return DeviceAttr(cudaDevAttrComputeCapabilityMajor, 0) >= 9;
+}
+
+int DecodeWarpMmaVariant(const AttentionParams& p, int cap) {
+  const char* env = std::getenv("JAX_SGL_DECODE");
+  if (p.total_k >= (int64_t(1) << 31)) return kDecodeWarpMma1;  // 32-bit row indices below
+  if (env != nullptr && std::strcmp(env, "warptma") == 0 && DecodeTmaServes(p, cap))
+    return kDecodeWarpTma;
+  return env != nullptr && std::strcmp(env, "warpmma") == 0 ? kDecodeWarpMma1 : kDecodeWarpMma2;
 }
 
 // Keys per sequence at most (the split heuristic sizes by it; kernels clamp to the real lengths).
@@ -217,11 +228,12 @@ void PlanDecodeWarpKernel(const AttentionParams& p, int cap, int num_sms, int64_
   plan->block_m = kDecodeWarpMaxRows;
   plan->m_blocks = 1;
   plan->decode_m_tiles = mma ? kDecodeWarpMmaMaxRows : (rows <= 4 ? 4 : 8);
-  plan->decode_warp_variant = mma ? DecodeWarpMmaVariant(p) : kDecodeWarpMma1;
+  plan->decode_warp_variant = mma ? DecodeWarpMmaVariant(p, cap) : kDecodeWarpMma1;
   int stages = std::clamp(EnvInt("JAX_SGL_DECODE_STAGES", mma ? 3 : kDecodeDefaultStages), 2,
                           kDecodeMaxStages);
   const int optin = DeviceAttr(cudaDevAttrMaxSharedMemoryPerBlockOptin, 227 * 1024);
   auto smem = [&](int st) {
+    if (plan->decode_warp_variant == kDecodeWarpTma) return DecodeWarpTmaSmemBytes(cap, st);
     return mma ? DecodeWarpMmaSmemBytes(cap, st) : DecodeWarpSmemBytes(cap, st, plan->decode_m_tiles);
   };
   while (stages > 2 && smem(stages) > optin) --stages;
