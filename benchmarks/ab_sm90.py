@@ -123,7 +123,10 @@ def main():
         print(f"{label:<32} {name:<18} {value:7.1f} TFLOP/s  {value / base:5.3f}x cudnn  "
               f"(spread {100 * spread:4.1f}%; per round {statistics.median(paired):5.3f}x, "
               f"{paired[0]:5.3f}-{paired[-1]:5.3f})")
-      best = max((n for n in tflops if n not in ("cudnn", "default")), key=lambda n: tflops[n])
+      # The best named variant, or the default when only it ran (e.g. --variants 0 on a build
+      # without variant 0's extra instantiation).
+      best = max((n for n in tflops if n not in ("cudnn", "default")), key=lambda n: tflops[n],
+                 default="default")
       print(f"SUMMARY sm90 A/B {label}: best {best} {tflops[best]:.0f} TFLOP/s = "
             f"{tflops[best] / base:.3f}x cudnn {base:.0f}; "
             + ", ".join(f"{n} {tflops[n] / base:.3f}x" for n in tflops if n != "cudnn"))
