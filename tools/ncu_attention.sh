@@ -17,13 +17,15 @@ cd /tmp  # the installed package, not the source tree
 for c in $cases; do
   # Clocks stay as the machine sets them (METHOD.md); sections give time, throughputs, issue
   # activity, occupancy and launch shape; the metrics, stall cycles per issue by reason and the
-  # tensor pipes' share. Only the attention kernels are profiled (not XLA's fusions).
+  # tensor pipes' share, and the L2 read sectors / requests from the SMs and across the L2
+  # partitions (ltcfabric) with their hits, against DRAM sectors read: the MemoryWorkloadAnalysis
+  # tables do not reach the CSV. Only the attention kernels are profiled (not XLA's fusions).
   ncu --clock-control none --profile-from-start off --csv --page details \
       --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
       --section MemoryWorkloadAnalysis_Tables \
       --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats \
       --section InstructionStats \
-      --metrics "regex:^(smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio|sm__pipe_tensor_op.*_cycles_active\.avg\.pct_of_peak_sustained_active)$" \
+      --metrics "regex:^(smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio|sm__pipe_tensor_op.*_cycles_active\.avg\.pct_of_peak_sustained_active|lts__t_(sectors|requests)_srcunit_(tex|ltcfabric)_op_read(_lookup_hit|_lookup_miss)?\.sum|dram__sectors_read\.sum)$" \
       --kernel-name "regex:${NCU_KERNEL:-Flash|sdpa|cudnn}" \
       "$PY" "$REPO/tools/ncu_attention.py" run "$c" > "$dir/$c.csv" 2> "$dir/$c.err" \
     || echo "ncu $c failed: $(tail -2 "$dir/$c.err")"
