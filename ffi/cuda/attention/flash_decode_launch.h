@@ -20,6 +20,8 @@
 //                                 an A/B form: sm_90+ devices, head-dim capacity 64 / 128,
 //                                 dense / varlen K/V or pages of a multiple of 16 keys, else
 //                                 warpmma2)
+//   JAX_SGL_DECODE_TMA_L2=N       warptma's L2 promotion of its loads: 0, 64, 128 or 256 bytes
+//                                 (default 256; an A/B knob)
 //   JAX_SGL_DECODE_SPLITS=N       KV splits (1..32) for decode-shaped calls, either path; 0 or
 //                                 unset: the heuristic
 //   JAX_SGL_DECODE_STAGES=N       cp.async ring depth of the new kernel (2..8, default 4), or of

@@ -27,6 +27,7 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
+#include "ffi/cuda/attention/env.h"
 #include "ffi/cuda/attention/flash_decode.cuh"
 #include "ffi/cuda/attention/flash_decode_warp2.cuh"
 #include "ffi/cuda/attention/flash_decode_warp_mma_steps.cuh"
@@ -311,10 +312,23 @@ __global__ void __launch_bounds__(kDecodeWarpThreads, 3)
 #endif
 }
 
+// The copy engine's L2 promotion of the loads, JAX_SGL_DECODE_TMA_L2=0|64|128|256 bytes (read at
+// every call; default 256). An A/B knob: in session 7's ncu run warpmma2's loads (with the
+// .L2::256B hint) hit in L2 53% of the time against cuDNN's 0.8%, at the same L2 throughput and
+// 8% less DRAM throughput, so the promotion may be paying L2 work for no DRAM gain.
+inline CUtensorMapL2promotion L2Promotion() {
+  switch (EnvInt("JAX_SGL_DECODE_TMA_L2", 256)) {
+    case 0: return CU_TENSOR_MAP_L2_PROMOTION_NONE;
+    case 64: return CU_TENSOR_MAP_L2_PROMOTION_L2_64B;
+    case 128: return CU_TENSOR_MAP_L2_PROMOTION_L2_128B;
+    default: return CU_TENSOR_MAP_L2_PROMOTION_L2_256B;
+  }
+}
+
 // A 3-D tiled map of one K/V buffer: (head dim, kv head, row), box (64, 1, 16), 128-byte swizzle;
 // false when the driver refuses it (the dispatch checked the shapes it needs).
 inline bool EncodeMap(CUtensorMap* map, CUtensorMapDataType type, const void* base, int head_dim,
-                      int num_kv_heads, int64_t rows) {
+                      int num_kv_heads, int64_t rows, CUtensorMapL2promotion promotion) {
   static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult status;
@@ -331,8 +345,7 @@ inline bool EncodeMap(CUtensorMap* map, CUtensorMapDataType type, const void* ba
   const cuuint32_t box[3] = {64, 1, kKeys};
   const cuuint32_t element_strides[3] = {1, 1, 1};
   return encode(map, type, 3, const_cast<void*>(base), dims, strides, box, element_strides,
-                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, promotion,
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
@@ -343,8 +356,9 @@ cudaError_t Launch(const FlashDecodeArgs& args, cudaStream_t stream) {
   prm.args = args;
   const CUtensorMapDataType type = std::is_same_v<T, bf16_t> ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
                                                              : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-  if (!EncodeMap(&prm.k_map, type, p.k, p.head_dim, p.num_kv_heads, p.total_k) ||
-      !EncodeMap(&prm.v_map, type, p.v, p.head_dim_v, p.num_kv_heads, p.total_k))
+  const CUtensorMapL2promotion promotion = L2Promotion();
+  if (!EncodeMap(&prm.k_map, type, p.k, p.head_dim, p.num_kv_heads, p.total_k, promotion) ||
+      !EncodeMap(&prm.v_map, type, p.v, p.head_dim_v, p.num_kv_heads, p.total_k, promotion))
     return cudaErrorInvalidValue;
   auto kernel = FlashDecodeTmaKernel<T, kD>;
   const int smem = DecodeWarpTmaSmemBytes(kD, args.stages);
