@@ -29,8 +29,9 @@
 #                       harnesses then log each batch's start, end and implementation
 #                       (batches.csv, benchmarks/timing.py JAX_SGL_BENCH_TRACE); the summary
 #                       gets each implementation's clock during its timed batches
-#                       (tools/clock_trace.py). JAX_SGL_BENCH_SETTLE_S=<s> makes every settle
-#                       phase last that long (benchmarks/timing.py)
+#                       (tools/clock_trace.py)
+#   JAX_SGL_BENCH_SETTLE_S  least seconds of untimed calls before each timed batch (default 0.5
+#                       here; 0: one untimed batch)
 #
 # The CUDA attention backward alone (benchmarks/NOTES_bwd.md):
 #   GPU_CHECK_TESTS=tests/test_attention_grad_gpu.py GPU_CHECK_BENCH=benchmarks/bench_attention_bwd.py \
@@ -42,6 +43,10 @@ OUT="${OUT:-/tmp/gpu_check}"
 PY="${PYTHON:-python3}"
 export JAX_SGL_CUDA_ARCHS="${JAX_SGL_CUDA_ARCHS:-90a}"
 export PYTHONUNBUFFERED=1
+# Steady-state timing: each timed benchmark batch follows at least this many seconds of the same
+# implementation (benchmarks/timing.py). Sustained, the H200 runs attention at its power cap;
+# short batches after a lighter phase get boost clocks first (benchmarks/NOTES_sm90.md, session 7).
+export JAX_SGL_BENCH_SETTLE_S="${JAX_SGL_BENCH_SETTLE_S:-0.5}"
 mkdir -p "$OUT"
 SUMMARY="$OUT/summary.txt"
 : > "$SUMMARY"
