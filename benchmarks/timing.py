@@ -55,8 +55,11 @@ def batch_seconds(fn, args, calls, settle=0, trace=None):
 
 
 def median_seconds(fn, args, calls, batches):
+  """Median seconds per call over `batches` back-to-back batches, the first after a settle phase
+  (so none starts at the clocks of whatever ran before)."""
   jax.block_until_ready(fn(*args))  # warm-up (compile) outside the timings
-  return statistics.median(batch_seconds(fn, args, calls) for _ in range(batches))
+  return statistics.median(batch_seconds(fn, args, calls, settle=calls if i == 0 else 0)
+                           for i in range(batches))
 
 
 def try_time(fn, args, calls, batches):
