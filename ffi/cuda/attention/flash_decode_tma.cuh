@@ -36,7 +36,6 @@ namespace jax_sgl::cuda {
 namespace decode_tma {
 
 using flash::Elem;
-using flash::kLog2e;
 using flash::Ldmatrix4;
 using flash::SmemAddr;
 
@@ -114,18 +113,10 @@ __global__ void __launch_bounds__(kDecodeWarpThreads, 3)
   const int rows_here = min(kDecodeWarpMmaMaxRows, s.q_len * group);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
-  int n_lo = 0, n_hi = 0, unused;
-  if (rows_here > 0) {
-    KeyRange(p, s, 0, &n_lo, &unused);
-    KeyRange(p, s, (rows_here - 1) / group, &unused, &n_hi);
-  }
   // Stages start at a multiple of 16 keys, so that none straddles a page.
-  const int n_base = n_lo & ~(kKeys - 1);
-  const int n_tiles = n_hi > n_lo ? (n_hi - n_base + kKeys - 1) / kKeys : 0;
-  const int t_begin = int(int64_t(n_tiles) * blockIdx.y / num_splits);
-  const int t_end = int(int64_t(n_tiles) * (blockIdx.y + 1) / num_splits);
-  const int my_tiles =
-      t_end - t_begin > warp ? (t_end - t_begin - warp + kWarps - 1) / kWarps : 0;
+  const decode_warp_mma::WarpStages<kKeys, true> stages_of(p, s, group, rows_here, num_splits,
+                                                           warp);
+  const int n_lo = stages_of.n_lo, n_hi = stages_of.n_hi, my_tiles = stages_of.my_tiles;
 
   T* sq = reinterpret_cast<T*>(smem);
   const uint32_t smem0 = SmemAddr(smem);
@@ -144,7 +135,7 @@ __global__ void __launch_bounds__(kDecodeWarpThreads, 3)
   const bool paged = p.kv_layout == KvLayout::kPaged;
   const decode_warp2::FastDiv page_div(paged ? uint32_t(p.page_size) : 1u);
   const int32_t* page_row = paged ? p.page_table + int64_t(b) * p.max_pages : nullptr;
-  auto stage_key0 = [&](int i) { return n_base + (t_begin + warp + i * kWarps) * kKeys; };
+  auto stage_key0 = [&](int i) { return stages_of.Key0(i); };
   auto stage_row = [&](int i) -> uint32_t {
     if (i >= my_tiles) return kNoRow;
     const int j = stage_key0(i);
@@ -188,41 +179,13 @@ __global__ void __launch_bounds__(kDecodeWarpThreads, 3)
     for (int i = 0; i < stages - 1 && i < my_tiles; ++i) issue(stage_row(i), i, i);
     next_row = stage_row(stages - 1);
   }
-  {
-    const T* qp = static_cast<const T*>(p.q);
-    constexpr int kChunks = kD / 8;
-    for (int idx = threadIdx.x; idx < 16 * kChunks; idx += kDecodeWarpThreads) {
-      const int r = idx / kChunks, cq = (idx % kChunks) * 8;
-      uint4 u = make_uint4(0, 0, 0, 0);
-      if (r < rows_here && cq < p.head_dim) {
-        const int64_t row_head = (s.q_row0 + r / group) * p.num_heads + kv_head * group + r % group;
-        u = *reinterpret_cast<const uint4*>(qp + row_head * p.head_dim + cq);
-      }
-      *reinterpret_cast<uint4*>(sq + r * kStride + cq) = u;
-    }
-  }
+  decode_warp_mma::LoadQRows<T, kD>(p, s, group, kv_head, rows_here, sq);
   __syncthreads();
 
-  int row_lo[2], row_hi[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int r = lane / 4 + 8 * h;
-    row_lo[h] = row_hi[h] = 0;
-    if (r < rows_here) KeyRange(p, s, r / group, &row_lo[h], &row_hi[h]);
-  }
-  int all_lo = 0, all_hi = 0;
-  if (rows_here > 0) {
-    KeyRange(p, s, (rows_here - 1) / group, &all_lo, &unused);
-    KeyRange(p, s, 0, &unused, &all_hi);
-  }
-  const bool use_softcap = p.softcap > 0.f;
-  const float score_scale = use_softcap ? p.softmax_scale / p.softcap : p.softmax_scale * kLog2e;
-  const float cap_log2 = p.softcap * kLog2e;
+  const decode_warp_mma::StageScoring scoring(p, s, group, rows_here, lane);
 
   uint32_t qa[kD / 16][4];
-#pragma unroll
-  for (int k0 = 0; k0 < kD; k0 += 16)
-    Ldmatrix4(qa[k0 / 16], sq + (lane % 16) * kStride + k0 + (lane / 16) * 8);
+  decode_warp_mma::LoadQFragments<T, kD>(sq, lane, qa);
 
   float o[kDT][4];
 #pragma unroll
@@ -274,34 +237,8 @@ __global__ void __launch_bounds__(kDecodeWarpThreads, 3)
       Elem<T>::Mma(sc[0], qa[k0 / 16], bk);
       Elem<T>::Mma(sc[1], qa[k0 / 16], bk + 2);
     }
-    const bool whole = valid == 0xffffu && key0 >= all_lo && key0 + kKeys <= all_hi;
-#pragma unroll
-    for (int t = 0; t < 2; ++t) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float x = sc[t][e] * score_scale;
-        if (use_softcap) x = cap_log2 * tanhf(x);
-        sc[t][e] = x;
-      }
-    }
-    if (!whole) {
-#pragma unroll
-      for (int t = 0; t < 2; ++t) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int h = e / 2;
-          const int cc = t * 8 + (lane % 4) * 2 + (e % 2);
-          const int j = key0 + cc;
-          const bool ok = j >= row_lo[h] && j < row_hi[h] && ((valid >> cc) & 1u);
-          sc[t][e] = ok ? sc[t][e] : -INFINITY;
-        }
-      }
-    }
     float blk_max[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-      blk_max[h] = fmaxf(fmaxf(sc[0][2 * h], sc[0][2 * h + 1]),
-                         fmaxf(sc[1][2 * h], sc[1][2 * h + 1]));
+    scoring.Apply(sc, key0, valid, lane, blk_max);
     decode_warp_mma::SoftmaxPvAt<T, kD, true>(
         sc, blk_max, m_run, l_run, o,
         [&](int row, int col) -> const void* { return sv_ptr + SwizzledOffset(row, col); }, lane);
@@ -372,16 +309,8 @@ cudaError_t Launch(const FlashDecodeArgs& args, cudaStream_t stream) {
 
 template <typename T, int kD>
 int CtasPerSm(int stages) {
-  auto kernel = FlashDecodeTmaKernel<T, kD>;
-  const int smem = DecodeWarpTmaSmemBytes(kD, stages);
-  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) !=
-      cudaSuccess)
-    return 1;
-  int n = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kDecodeWarpThreads, smem) !=
-      cudaSuccess)
-    return 1;
-  return n > 0 ? n : 1;
+  return decode_warp_mma::CtasPerSmWithSmem(FlashDecodeTmaKernel<T, kD>,
+                                            DecodeWarpTmaSmemBytes(kD, stages));
 }
 
 }  // namespace decode_tma

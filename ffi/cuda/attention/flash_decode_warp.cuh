@@ -409,7 +409,6 @@ __global__ void __launch_bounds__(kDecodeWarpThreads, kD <= 128 ? 2 : 1)
     FlashDecodeWarpMmaKernel(const FlashDecodeArgs args) {
   constexpr int kStride = DecodeStride(kD);
   constexpr int kKeys = 16;
-  constexpr int kWarps = kDecodeWarpThreads / 32;
   constexpr int kChunks = kD / 8;
   constexpr int kCopies = kKeys * kChunks / 32;
   constexpr int kTileElems = kKeys * kStride;
@@ -425,16 +424,8 @@ __global__ void __launch_bounds__(kDecodeWarpThreads, kD <= 128 ? 2 : 1)
   const int rows_here = min(kDecodeWarpMmaMaxRows, s.q_len * group);  // the host checked the bound
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
-  int n_lo = 0, n_hi = 0, unused;
-  if (rows_here > 0) {
-    KeyRange(p, s, 0, &n_lo, &unused);
-    KeyRange(p, s, (rows_here - 1) / group, &unused, &n_hi);
-  }
-  const int n_tiles = n_hi > n_lo ? (n_hi - n_lo + kKeys - 1) / kKeys : 0;
-  const int t_begin = int(int64_t(n_tiles) * blockIdx.y / num_splits);
-  const int t_end = int(int64_t(n_tiles) * (blockIdx.y + 1) / num_splits);
-  const int my_tiles =
-      t_end - t_begin > warp ? (t_end - t_begin - warp + kWarps - 1) / kWarps : 0;
+  const decode_warp_mma::WarpStages<kKeys> stages_of(p, s, group, rows_here, num_splits, warp);
+  const int n_hi = stages_of.n_hi, my_tiles = stages_of.my_tiles;
 
   T* sq = reinterpret_cast<T*>(smem);
   T* ring = sq + 16 * kStride + warp * stages * 2 * kTileElems;
@@ -446,7 +437,7 @@ __global__ void __launch_bounds__(kDecodeWarpThreads, kD <= 128 ? 2 : 1)
 
   auto source_row = [&](int i, int key) -> int64_t {
     if (i >= my_tiles || key >= kKeys) return -1;
-    const int j = n_lo + (t_begin + warp + i * kWarps) * kKeys + key;
+    const int j = stages_of.Key0(i) + key;
     return KeySourceRow(p, b, s, j, n_hi);
   };
   auto issue = [&](int64_t my_row, int lane0, int st) {
@@ -486,18 +477,7 @@ __global__ void __launch_bounds__(kDecodeWarpThreads, kD <= 128 ? 2 : 1)
       CpAsyncCommit();
     }
   }
-  {
-    const T* qp = static_cast<const T*>(p.q);
-    for (int idx = threadIdx.x; idx < 16 * kChunks; idx += kDecodeWarpThreads) {
-      const int r = idx / kChunks, c = (idx % kChunks) * 8;
-      uint4 u = make_uint4(0, 0, 0, 0);
-      if (r < rows_here && c < p.head_dim) {
-        const int64_t row_head = (s.q_row0 + r / group) * p.num_heads + kv_head * group + r % group;
-        u = *reinterpret_cast<const uint4*>(qp + row_head * p.head_dim + c);
-      }
-      *reinterpret_cast<uint4*>(sq + r * kStride + c) = u;
-    }
-  }
+  decode_warp_mma::LoadQRows<T, kD>(p, s, group, kv_head, rows_here, sq);
   __syncthreads();
 
   int row_lo[2], row_hi[2];
@@ -513,9 +493,7 @@ __global__ void __launch_bounds__(kDecodeWarpThreads, kD <= 128 ? 2 : 1)
 
   // q's A fragments stay in registers for the whole loop (kD / 16 x 4 registers).
   uint32_t qa[kD / 16][4];
-#pragma unroll
-  for (int k0 = 0; k0 < kD; k0 += 16)
-    Ldmatrix4(qa[k0 / 16], sq + (lane % 16) * kStride + k0 + (lane / 16) * 8);
+  decode_warp_mma::LoadQFragments<T, kD>(sq, lane, qa);
 
   float o[kDT][4];
 #pragma unroll
@@ -535,7 +513,7 @@ __global__ void __launch_bounds__(kDecodeWarpThreads, kD <= 128 ? 2 : 1)
     const T* sv = sk + kTileElems;
     const uint32_t valid = masks[st_read];
     st_read = st_read + 1 == stages ? 0 : st_read + 1;
-    const int key0 = n_lo + (t_begin + warp + it * kWarps) * kKeys;
+    const int key0 = stages_of.Key0(it);
 
     float sc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
 #pragma unroll

@@ -25,7 +25,6 @@ namespace decode_warp2 {
 
 using flash::Elem;
 using flash::kLn2;
-using flash::kLog2e;
 using flash::Ldmatrix4;
 using flash::Ldmatrix4Trans;
 using flash::QuadMax;
@@ -71,7 +70,6 @@ __global__ void __launch_bounds__(kDecodeWarpThreads, kD <= 128 ? 3 : 1)
     FlashDecodeWarpMma2Kernel(const FlashDecodeArgs args) {
   constexpr int kStride = DecodeStride(kD);
   constexpr int kKeys = 16;
-  constexpr int kWarps = kDecodeWarpThreads / 32;
   constexpr int kChunks = kD / 8;
   // One copy instruction of the warp covers kKeysPerCopy whole rows (d = 96 / 192: 24 of the
   // 32 lanes copy, so every lane keeps one fixed chunk of its rows).
@@ -92,16 +90,8 @@ __global__ void __launch_bounds__(kDecodeWarpThreads, kD <= 128 ? 3 : 1)
   const int rows_here = min(kDecodeWarpMmaMaxRows, s.q_len * group);  // the host checked the bound
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
-  int n_lo = 0, n_hi = 0, unused;
-  if (rows_here > 0) {
-    KeyRange(p, s, 0, &n_lo, &unused);
-    KeyRange(p, s, (rows_here - 1) / group, &unused, &n_hi);
-  }
-  const int n_tiles = n_hi > n_lo ? (n_hi - n_lo + kKeys - 1) / kKeys : 0;
-  const int t_begin = int(int64_t(n_tiles) * blockIdx.y / num_splits);
-  const int t_end = int(int64_t(n_tiles) * (blockIdx.y + 1) / num_splits);
-  const int my_tiles =
-      t_end - t_begin > warp ? (t_end - t_begin - warp + kWarps - 1) / kWarps : 0;
+  const decode_warp_mma::WarpStages<kKeys> stages_of(p, s, group, rows_here, num_splits, warp);
+  const int n_hi = stages_of.n_hi, my_tiles = stages_of.my_tiles;
 
   T* sq = reinterpret_cast<T*>(smem);
   T* ring = sq + 16 * kStride + warp * stages * 2 * kTileElems;
@@ -117,7 +107,7 @@ __global__ void __launch_bounds__(kDecodeWarpThreads, kD <= 128 ? 3 : 1)
   const uint32_t dense_row0 = paged ? 0u : uint32_t(s.k_row0);
   auto source_slot = [&](int i, int key) -> uint32_t {
     if (i >= my_tiles || key >= kKeys) return kNoRow;
-    const int j = n_lo + (t_begin + warp + i * kWarps) * kKeys + key;
+    const int j = stages_of.Key0(i) + key;
     if (j >= n_hi) return kNoRow;
     if (!paged) return dense_row0 + uint32_t(j);
     const uint32_t pg = page_div.Div(uint32_t(j));
@@ -179,42 +169,13 @@ __global__ void __launch_bounds__(kDecodeWarpThreads, kD <= 128 ? 3 : 1)
       decode::CpAsyncCommit();
     }
   }
-  {
-    const T* qp = static_cast<const T*>(p.q);
-    for (int idx = threadIdx.x; idx < 16 * kChunks; idx += kDecodeWarpThreads) {
-      const int r = idx / kChunks, cq = (idx % kChunks) * 8;
-      uint4 u = make_uint4(0, 0, 0, 0);
-      if (r < rows_here && cq < p.head_dim) {
-        const int64_t row_head = (s.q_row0 + r / group) * p.num_heads + kv_head * group + r % group;
-        u = *reinterpret_cast<const uint4*>(qp + row_head * p.head_dim + cq);
-      }
-      *reinterpret_cast<uint4*>(sq + r * kStride + cq) = u;
-    }
-  }
+  decode_warp_mma::LoadQRows<T, kD>(p, s, group, kv_head, rows_here, sq);
   __syncthreads();
 
-  int row_lo[2], row_hi[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int r = lane / 4 + 8 * h;
-    row_lo[h] = row_hi[h] = 0;
-    if (r < rows_here) KeyRange(p, s, r / group, &row_lo[h], &row_hi[h]);
-  }
-  // Keys every real row sees: lo grows and hi grows with the q row (bottom-right alignment), so
-  // the last row bounds lo and the first bounds hi.
-  int all_lo = 0, all_hi = 0;
-  if (rows_here > 0) {
-    KeyRange(p, s, (rows_here - 1) / group, &all_lo, &unused);
-    KeyRange(p, s, 0, &unused, &all_hi);
-  }
-  const bool use_softcap = p.softcap > 0.f;
-  const float score_scale = use_softcap ? p.softmax_scale / p.softcap : p.softmax_scale * kLog2e;
-  const float cap_log2 = p.softcap * kLog2e;
+  const decode_warp_mma::StageScoring scoring(p, s, group, rows_here, lane);
 
   uint32_t qa[kD / 16][4];
-#pragma unroll
-  for (int k0 = 0; k0 < kD; k0 += 16)
-    Ldmatrix4(qa[k0 / 16], sq + (lane % 16) * kStride + k0 + (lane / 16) * 8);
+  decode_warp_mma::LoadQFragments<T, kD>(sq, lane, qa);
 
   float o[kDT][4];
 #pragma unroll
@@ -234,7 +195,7 @@ __global__ void __launch_bounds__(kDecodeWarpThreads, kD <= 128 ? 3 : 1)
     const T* sv = sk + kTileElems;
     const uint32_t valid = masks[st_read];
     st_read = st_read + 1 == stages ? 0 : st_read + 1;
-    const int key0 = n_lo + (t_begin + warp + it * kWarps) * kKeys;
+    const int key0 = stages_of.Key0(it);
 
     float sc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
 #pragma unroll
@@ -244,34 +205,8 @@ __global__ void __launch_bounds__(kDecodeWarpThreads, kD <= 128 ? 3 : 1)
       Elem<T>::Mma(sc[0], qa[k0 / 16], bk);
       Elem<T>::Mma(sc[1], qa[k0 / 16], bk + 2);
     }
-    const bool whole = valid == 0xffffu && key0 >= all_lo && key0 + kKeys <= all_hi;
-#pragma unroll
-    for (int t = 0; t < 2; ++t) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float x = sc[t][e] * score_scale;
-        if (use_softcap) x = cap_log2 * tanhf(x);
-        sc[t][e] = x;
-      }
-    }
-    if (!whole) {
-#pragma unroll
-      for (int t = 0; t < 2; ++t) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int h = e / 2;
-          const int cc = t * 8 + (lane % 4) * 2 + (e % 2);
-          const int j = key0 + cc;
-          const bool ok = j >= row_lo[h] && j < row_hi[h] && ((valid >> cc) & 1u);
-          sc[t][e] = ok ? sc[t][e] : -INFINITY;
-        }
-      }
-    }
     float blk_max[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-      blk_max[h] = fmaxf(fmaxf(sc[0][2 * h], sc[0][2 * h + 1]),
-                         fmaxf(sc[1][2 * h], sc[1][2 * h + 1]));
+    scoring.Apply(sc, key0, valid, lane, blk_max);
     decode_warp_mma::SoftmaxPv<T, kD, true>(sc, blk_max, m_run, l_run, o, sv, lane);
   }
   asm volatile("cp.async.wait_group 0;\n" ::: "memory");

@@ -14,6 +14,125 @@ namespace jax_sgl::cuda::decode_warp_mma {
 // log2 domain, masked to -inf; blk_max: this lane's max of its row halves) and o += P V over the
 // stage's V tile `sv`. kSkipSettled skips the accumulator rescale when no row's max moved (a
 // warp-uniform vote): worth it once the maxima settle over a long sequence.
+// The keys any of the CTA's rows may see, [n_lo, n_hi), cut into stages of kKeys keys from
+// `first` (n_lo, or n_lo rounded down to a multiple of kKeys when kAligned); this split's
+// stages [t_begin, t_end), of which warp w takes t_begin + w, + kWarps, ...: my_tiles of them.
+template <int kKeys, bool kAligned = false>
+struct WarpStages {
+  static constexpr int kWarps = kDecodeWarpThreads / 32;
+  int n_lo = 0, n_hi = 0, first = 0, t_begin = 0, my_tiles = 0, warp;
+
+  __device__ WarpStages(const AttentionParams& p, const SeqBounds& s, int group, int rows_here,
+                        int num_splits, int warp_in_cta)
+      : warp(warp_in_cta) {
+    int unused;
+    if (rows_here > 0) {
+      KeyRange(p, s, 0, &n_lo, &unused);
+      KeyRange(p, s, (rows_here - 1) / group, &unused, &n_hi);
+    }
+    first = kAligned ? n_lo / kKeys * kKeys : n_lo;
+    const int n_tiles = n_hi > n_lo ? (n_hi - first + kKeys - 1) / kKeys : 0;
+    t_begin = int(int64_t(n_tiles) * blockIdx.y / num_splits);
+    const int t_end = int(int64_t(n_tiles) * (blockIdx.y + 1) / num_splits);
+    my_tiles = t_end - t_begin > warp ? (t_end - t_begin - warp + kWarps - 1) / kWarps : 0;
+  }
+  // First key of this warp's i-th stage.
+  __device__ __forceinline__ int Key0(int i) const {
+    return first + (t_begin + warp + i * kWarps) * kKeys;
+  }
+};
+
+// Loads the CTA's 16 packed q rows (row r = query r / group, head r % group of this kv head) into
+// sq (DecodeStride(kD)-element rows), zeros past rows_here and head_dim; plain loads, once.
+template <typename T, int kD>
+__device__ __forceinline__ void LoadQRows(const AttentionParams& p, const SeqBounds& s, int group,
+                                          int kv_head, int rows_here, T* sq) {
+  constexpr int kStride = DecodeStride(kD);
+  constexpr int kChunks = kD / 8;
+  const T* qp = static_cast<const T*>(p.q);
+  for (int idx = threadIdx.x; idx < 16 * kChunks; idx += kDecodeWarpThreads) {
+    const int r = idx / kChunks, cq = (idx % kChunks) * 8;
+    uint4 u = make_uint4(0, 0, 0, 0);
+    if (r < rows_here && cq < p.head_dim) {
+      const int64_t row_head = (s.q_row0 + r / group) * p.num_heads + kv_head * group + r % group;
+      u = *reinterpret_cast<const uint4*>(qp + row_head * p.head_dim + cq);
+    }
+    *reinterpret_cast<uint4*>(sq + r * kStride + cq) = u;
+  }
+}
+
+// q's A fragments for the whole loop (kD / 16 x 4 registers), from LoadQRows' tile.
+template <typename T, int kD>
+__device__ __forceinline__ void LoadQFragments(const T* sq, int lane, uint32_t (&qa)[kD / 16][4]) {
+  constexpr int kStride = DecodeStride(kD);
+#pragma unroll
+  for (int k0 = 0; k0 < kD; k0 += 16)
+    flash::Ldmatrix4(qa[k0 / 16], sq + (lane % 16) * kStride + k0 + (lane / 16) * 8);
+}
+
+// The keys [lo, hi) of this lane's two accumulator rows (lane / 4 and lane / 4 + 8), the keys
+// every real row sees [all_lo, all_hi) (lo and hi grow with the q row, bottom-right aligned: the
+// last row bounds lo, the first bounds hi), and the score transform into the log2 domain.
+struct StageScoring {
+  int row_lo[2], row_hi[2];
+  int all_lo, all_hi;
+  bool softcap;
+  float score_scale, cap_log2;
+
+  __device__ StageScoring(const AttentionParams& p, const SeqBounds& s, int group, int rows_here,
+                          int lane) {
+    int unused;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = lane / 4 + 8 * h;
+      row_lo[h] = row_hi[h] = 0;
+      if (r < rows_here) KeyRange(p, s, r / group, &row_lo[h], &row_hi[h]);
+    }
+    all_lo = all_hi = 0;
+    if (rows_here > 0) {
+      KeyRange(p, s, (rows_here - 1) / group, &all_lo, &unused);
+      KeyRange(p, s, 0, &unused, &all_hi);
+    }
+    softcap = p.softcap > 0.f;
+    score_scale = softcap ? p.softmax_scale / p.softcap : p.softmax_scale * flash::kLog2e;
+    cap_log2 = p.softcap * flash::kLog2e;
+  }
+
+  // The stage's 16 x 16 scores (keys key0 .. key0 + 15, `valid`: the keys that exist) into the
+  // log2 domain, -inf where a row does not see the key, and each row half's max. A stage every
+  // row sees whole skips the per-element mask (a warp-uniform branch).
+  __device__ __forceinline__ void Apply(float (&sc)[2][4], int key0, uint32_t valid, int lane,
+                                        float (&blk_max)[2]) const {
+    const bool whole = valid == 0xffffu && key0 >= all_lo && key0 + 16 <= all_hi;
+#pragma unroll
+    for (int t = 0; t < 2; ++t) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float x = sc[t][e] * score_scale;
+        if (softcap) x = cap_log2 * tanhf(x);
+        sc[t][e] = x;
+      }
+    }
+    if (!whole) {
+#pragma unroll
+      for (int t = 0; t < 2; ++t) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int h = e / 2;
+          const int cc = t * 8 + (lane % 4) * 2 + (e % 2);
+          const int j = key0 + cc;
+          const bool ok = j >= row_lo[h] && j < row_hi[h] && ((valid >> cc) & 1u);
+          sc[t][e] = ok ? sc[t][e] : -INFINITY;
+        }
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      blk_max[h] = fmaxf(fmaxf(sc[0][2 * h], sc[0][2 * h + 1]),
+                         fmaxf(sc[1][2 * h], sc[1][2 * h + 1]));
+  }
+};
+
 // v_at(row, col): the shared-memory address of V element (row, col) of the stage, so that a
 // padded tile (cp.async kernels) and a swizzled one (the TMA kernel) share this code.
 template <typename T, int kD, bool kSkipSettled, typename VAt>
@@ -174,9 +293,9 @@ cudaError_t Launch(Kernel kernel, const FlashDecodeArgs& args, cudaStream_t stre
   return cudaGetLastError();
 }
 
-template <int kD, typename Kernel>
-int CtasPerSm(Kernel kernel, int stages) {
-  const int smem = DecodeWarpMmaSmemBytes(kD, stages);
+// Resident CTAs per SM of a warp-sliced kernel taking `smem` bytes of dynamic shared memory.
+template <typename Kernel>
+int CtasPerSmWithSmem(Kernel kernel, int smem) {
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) !=
       cudaSuccess)
     return 1;
@@ -185,6 +304,11 @@ int CtasPerSm(Kernel kernel, int stages) {
       cudaSuccess)
     return 1;
   return n > 0 ? n : 1;
+}
+
+template <int kD, typename Kernel>
+int CtasPerSm(Kernel kernel, int stages) {
+  return CtasPerSmWithSmem(kernel, DecodeWarpMmaSmemBytes(kD, stages));
 }
 
 }  // namespace jax_sgl::cuda::decode_warp_mma
