@@ -109,7 +109,7 @@ def main():
             os.environ.update(env)
           try:
             times[name].append(batch_seconds(fn, (q, k, v), calls, settle=calls,
-                                             trace=f"{label} {name}"))
+                                             trace=f"{label} | {name}"))
           except Exception as e:  # cuDNN may not take the case; report and go on
             print(f"  ({name}: {type(e).__name__}: {str(e).splitlines()[0][:100]})")
             times[name].append(float("nan"))

@@ -12,7 +12,9 @@ import jax
 
 # JAX_SGL_BENCH_TRACE=<file>: every batch timed with a `trace` name (the interleaved harnesses)
 # appends its wall-clock start (settle included), the start of its timed calls, its end and that
-# name there, in nvidia-smi's timestamp format, to line up with tools/gpu_check.sh's clock trace (GPU_CHECK_CLOCKS=1).
+# name there, in nvidia-smi's timestamp format, to line up with tools/gpu_check.sh's clock trace
+# (GPU_CHECK_CLOCKS=1). A name "<config> | <implementation>" is summed per implementation by
+# tools/clock_trace.py.
 TRACE = os.environ.get("JAX_SGL_BENCH_TRACE")
 # JAX_SGL_BENCH_SETTLE_S=<seconds>: the least time each settle phase lasts (batch_seconds);
 # unset, a settle phase is one untimed batch.

@@ -6,14 +6,15 @@ JAX_SGL_DECODE_STAGES at every call, so these tests switch kernels and knobs per
 
 The matrix: KV layout (page pools of page size 1, 16 and 64, dense, varlen) x q length 1..8 x
 mask (none, causal, window, softcap) x GQA ratio (MHA, 4, 8, MQA, 16 with two row blocks), then
-head dims 64..256 (and d != d_v) x dtype, the split and ring-depth knobs, varlen q, and the old
-path for comparison. The warp-sliced variants (JAX_SGL_DECODE=warp: CUDA cores, up to 8 packed rows; warpmma: mma,
-up to 16; warpmma2: the mma form with cheap copy addressing; warptma: warpmma2 with TMA loads
-where it serves (sm_90+, head dims up to 128, pages of a multiple of 16 keys; else warpmma2); more
-rows fall back to the mma kernel) run the same matrices, plus page sizes that are no power of two and pools whose
-unreferenced pages hold NaN (a kernel that reads a masked key's row would show it). Sequences are ragged: empty, one key, lengths that are no multiple of the
-page size, KV shorter than q (rows that see no key), and long enough for many tiles per split.
-Page tables are shuffled and carry padding and out-of-range entries (negative, past the pool,
+head dims 64..256 (and d != d_v) x dtype, the split and ring-depth knobs, varlen q, and the old path
+for comparison. The warp-sliced variants (JAX_SGL_DECODE=warp: CUDA cores, up to 8 packed rows;
+warpmma: mma, up to 16; warpmma2: the mma form with cheap copy addressing; warptma: warpmma2 with
+TMA loads where it serves (sm_90+, head dims up to 128, pages of a multiple of 16 keys; else
+warpmma2); more rows fall back to the mma kernel) run the same matrices, plus page sizes that are no
+power of two and pools whose unreferenced pages hold NaN (a kernel that reads a masked key's row
+would show it). Sequences are ragged: empty, one key, lengths that are no multiple of the page size,
+KV shorter than q (rows that see no key), and long enough for many tiles per split. Page tables are
+shuffled and carry padding and out-of-range entries (negative, past the pool,
 huge), also inside a used range (those keys are masked). Outputs are poisoned before each call.
 """
 

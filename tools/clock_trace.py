@@ -5,10 +5,10 @@ implementation run at other clocks than another in the same comparison?
 
   python3 tools/clock_trace.py OUT_DIR
 
-One 'SUMMARY ' line per benchmark step and implementation (the batch name's last word: cudnn,
-sm90, variant4, ...):
-the number of samples, median and 10th percentile SM clock, median power, and the share of
-samples with the software power cap (clock event reason 0x4) active where the trace has it.
+One 'SUMMARY ' line per benchmark step and implementation (the batch name, or its part after
+" | " in names of the form "<config> | <implementation>": cudnn, sm90, variant4 notail, ...): the
+number of samples, median and 10th percentile SM clock, median power, and the share of samples
+with the software power cap (clock event reason 0x4) active where the trace has it.
 """
 
 from __future__ import annotations
@@ -84,7 +84,8 @@ def main(out):
   per_impl = collections.defaultdict(list)
   for start, end, name in batches(f"{out}/batches.csv"):
     step = next((n for t, n in reversed(steps) if t <= start), "?")
-    per_impl[f"{step}: {name.split(' ')[-1]}"] += [s for s in clock if start <= s[0] <= end]
+    impl = name.rsplit(" | ", 1)[-1]
+    per_impl[f"{step}: {impl}"] += [s for s in clock if start <= s[0] <= end]
   for impl, got in per_impl.items():
     clocks = sorted(s[1] for s in got if s[1] is not None)
     powers = [s[2] for s in got if s[2] is not None]

@@ -135,10 +135,9 @@ __global__ void __launch_bounds__(kDecodeWarpThreads, 3)
   const bool paged = p.kv_layout == KvLayout::kPaged;
   const decode_warp2::FastDiv page_div(paged ? uint32_t(p.page_size) : 1u);
   const int32_t* page_row = paged ? p.page_table + int64_t(b) * p.max_pages : nullptr;
-  auto stage_key0 = [&](int i) { return stages_of.Key0(i); };
   auto stage_row = [&](int i) -> uint32_t {
     if (i >= my_tiles) return kNoRow;
-    const int j = stage_key0(i);
+    const int j = stages_of.Key0(i);
     if (!paged) return uint32_t(s.k_row0) + uint32_t(j);
     const uint32_t pg = page_div.Div(uint32_t(j));
     const int page = page_row[pg];
@@ -166,7 +165,7 @@ __global__ void __launch_bounds__(kDecodeWarpThreads, 3)
     } else {
       BarArrive(bar);
     }
-    masks[st] = row != kNoRow ? in_range(stage_key0(i)) : 0u;
+    masks[st] = row != kNoRow ? in_range(stages_of.Key0(i)) : 0u;
   };
 
   if (lane == 0) {
@@ -223,7 +222,7 @@ __global__ void __launch_bounds__(kDecodeWarpThreads, 3)
     }
     st_read = st_read + 1 == stages ? 0 : st_read + 1;
     if (st_read == 0) parity ^= 1u;
-    const int key0 = stage_key0(it);
+    const int key0 = stages_of.Key0(it);
 
     float sc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
 #pragma unroll
@@ -297,14 +296,8 @@ cudaError_t Launch(const FlashDecodeArgs& args, cudaStream_t stream) {
   if (!EncodeMap(&prm.k_map, type, p.k, p.head_dim, p.num_kv_heads, p.total_k, promotion) ||
       !EncodeMap(&prm.v_map, type, p.v, p.head_dim_v, p.num_kv_heads, p.total_k, promotion))
     return cudaErrorInvalidValue;
-  auto kernel = FlashDecodeTmaKernel<T, kD>;
-  const int smem = DecodeWarpTmaSmemBytes(kD, args.stages);
-  cudaError_t err =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  if (err != cudaSuccess) return err;
-  const dim3 grid(unsigned(int64_t(p.batch) * p.num_kv_heads), unsigned(args.fwd.num_splits));
-  kernel<<<grid, kDecodeWarpThreads, smem, stream>>>(prm);
-  return cudaGetLastError();
+  return decode_warp_mma::LaunchWithSmem(FlashDecodeTmaKernel<T, kD>, prm, args,
+                                         DecodeWarpTmaSmemBytes(kD, args.stages), stream);
 }
 
 template <typename T, int kD>

@@ -1,19 +1,16 @@
-// The parts the two warp-sliced mma decode kernels share (warpmma in flash_decode_warp.cuh,
-// warpmma2 in flash_decode_warp2.cuh; they differ in how they stream K/V and mask the scores):
-// the online-softmax update and P V of one 16-key stage, the end where each warp's (m, l, o) of
-// the same 16 packed rows over its own slice of the keys merge through shared memory and the CTA
-// writes the rows' output and LSE (or its split's float32 partials), and the launch and occupancy
-// query.
+// The parts the warp-sliced mma decode kernels share (warpmma in flash_decode_warp.cuh, warpmma2
+// in flash_decode_warp2.cuh, warptma in flash_decode_tma.cuh; they differ in how they stream K/V
+// into shared memory): the split of the keys into per-warp stages, the q tile and its fragments,
+// the scoring and masking of a 16-key stage, its online-softmax update and P V, the end where each
+// warp's (m, l, o) of the same 16 packed rows over its own slice of the keys merge through shared
+// memory and the CTA writes the rows' output and LSE (or its split's float32 partials), and the
+// launch and occupancy query.
 #pragma once
 
 #include "ffi/cuda/attention/flash_decode.cuh"
 
 namespace jax_sgl::cuda::decode_warp_mma {
 
-// One stage's online-softmax update of this lane's rows (sc: the stage's 16 x 16 scores in the
-// log2 domain, masked to -inf; blk_max: this lane's max of its row halves) and o += P V over the
-// stage's V tile `sv`. kSkipSettled skips the accumulator rescale when no row's max moved (a
-// warp-uniform vote): worth it once the maxima settle over a long sequence.
 // The keys any of the CTA's rows may see, [n_lo, n_hi), cut into stages of kKeys keys from
 // `first` (n_lo, or n_lo rounded down to a multiple of kKeys when kAligned); this split's
 // stages [t_begin, t_end), of which warp w takes t_begin + w, + kWarps, ...: my_tiles of them.
@@ -133,8 +130,12 @@ struct StageScoring {
   }
 };
 
-// v_at(row, col): the shared-memory address of V element (row, col) of the stage, so that a
+// One stage's online-softmax update of this lane's rows (sc: the stage's 16 x 16 scores in the
+// log2 domain, masked to -inf; blk_max: this lane's max of its row halves) and o += P V over the
+// stage's V tile. v_at(row, col): the shared-memory address of V element (row, col), so that a
 // padded tile (cp.async kernels) and a swizzled one (the TMA kernel) share this code.
+// kSkipSettled skips the accumulator rescale when no row's max moved (a warp-uniform vote): worth
+// it once the maxima settle over a long sequence.
 template <typename T, int kD, bool kSkipSettled, typename VAt>
 __device__ __forceinline__ void SoftmaxPvAt(float (&sc)[2][4], const float (&blk_max)[2],
                                             float (&m_run)[2], float (&l_run)[2],
@@ -181,7 +182,7 @@ __device__ __forceinline__ void SoftmaxPvAt(float (&sc)[2][4], const float (&blk
   }
 }
 
-// SoftmaxPvAt over a tile of DecodeStride(kD)-element rows.
+// SoftmaxPvAt over a V tile `sv` of DecodeStride(kD)-element rows.
 template <typename T, int kD, bool kSkipSettled>
 __device__ __forceinline__ void SoftmaxPv(float (&sc)[2][4], const float (&blk_max)[2],
                                           float (&m_run)[2], float (&l_run)[2],
@@ -192,7 +193,7 @@ __device__ __forceinline__ void SoftmaxPv(float (&sc)[2][4], const float (&blk_m
       [sv](int row, int col) -> const void* { return sv + row * kStride + col; }, lane);
 }
 
-// Called by every thread after its last cp.async has landed; reuses the ring's shared memory.
+// Called by every thread after its last K/V load has landed; reuses the ring's shared memory.
 template <typename T, int kD>
 __device__ __forceinline__ void MergeWarpsAndStore(const FlashDecodeArgs& args,
                                                    const SeqBounds& s, int b, int kv_head,
@@ -281,16 +282,23 @@ __device__ __forceinline__ void MergeWarpsAndStore(const FlashDecodeArgs& args,
   }
 }
 
-template <int kD, typename Kernel>
-cudaError_t Launch(Kernel kernel, const FlashDecodeArgs& args, cudaStream_t stream) {
-  const int smem = DecodeWarpMmaSmemBytes(kD, args.stages);
+// Launches a warp-sliced kernel taking `param` (its FlashDecodeArgs, or a struct holding them)
+// with `smem` bytes of dynamic shared memory; grid: x = batch * num_kv_heads, y = KV splits.
+template <typename Kernel, typename Param>
+cudaError_t LaunchWithSmem(Kernel kernel, const Param& param, const FlashDecodeArgs& args,
+                           int smem, cudaStream_t stream) {
   cudaError_t err =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
   const AttentionParams& p = args.fwd.p;
   const dim3 grid(unsigned(int64_t(p.batch) * p.num_kv_heads), unsigned(args.fwd.num_splits));
-  kernel<<<grid, kDecodeWarpThreads, smem, stream>>>(args);
+  kernel<<<grid, kDecodeWarpThreads, smem, stream>>>(param);
   return cudaGetLastError();
+}
+
+template <int kD, typename Kernel>
+cudaError_t Launch(Kernel kernel, const FlashDecodeArgs& args, cudaStream_t stream) {
+  return LaunchWithSmem(kernel, args, args, DecodeWarpMmaSmemBytes(kD, args.stages), stream);
 }
 
 // Resident CTAs per SM of a warp-sliced kernel taking `smem` bytes of dynamic shared memory.

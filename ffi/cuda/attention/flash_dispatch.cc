@@ -5,8 +5,8 @@
 // live in the generated instantiations/ files.
 //
 // Run-time switches, read at every call (documented in flash_decode_launch.h):
-//   JAX_SGL_DECODE=old|new|warp|warpmma|warpmma2|warptma, JAX_SGL_DECODE_SPLITS=N, JAX_SGL_DECODE_STAGES=N,
-//   JAX_SGL_DECODE_WAVES=N.
+//   JAX_SGL_DECODE=old|new|warp|warpmma|warpmma2|warptma, JAX_SGL_DECODE_TMA_L2=N,
+//   JAX_SGL_DECODE_SPLITS=N, JAX_SGL_DECODE_STAGES=N, JAX_SGL_DECODE_WAVES=N.
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -47,9 +47,6 @@ int DecodeWarpRowsCap() {
   return 0;
 }
 
-// The warp mma kernel in force: warpmma2 (flash_decode_warp2.cuh; 0.92-0.95x cuDNN's contiguous
-// decode against warpmma's 0.91-0.93x on the H200, 2026-12-02) unless JAX_SGL_DECODE=warpmma, and
-// only when the K/V buffers have fewer than 2^31 rows (its 32-bit slot indices).
 int DeviceAttr(cudaDeviceAttr attr, int fallback) {
   int device = 0, value = 0;
   if (cudaGetDevice(&device) != cudaSuccess ||
@@ -67,9 +64,13 @@ bool DecodeTmaServes(const AttentionParams& p, int cap) {
   return DeviceAttr(cudaDevAttrComputeCapabilityMajor, 0) >= 9;
 }
 
+// The warp mma kernel in force: warpmma2 (flash_decode_warp2.cuh; 0.92-0.95x cuDNN's contiguous
+// decode against warpmma's 0.91-0.93x on the H200, 2026-12-02) unless JAX_SGL_DECODE=warpmma, or
+// its TMA form where JAX_SGL_DECODE=warptma and DecodeTmaServes; both only when the K/V buffers
+// have fewer than 2^31 rows (their 32-bit row indices), else warpmma.
 int DecodeWarpMmaVariant(const AttentionParams& p, int cap) {
   const char* env = std::getenv("JAX_SGL_DECODE");
-  if (p.total_k >= (int64_t(1) << 31)) return kDecodeWarpMma1;  // 32-bit row indices below
+  if (p.total_k >= (int64_t(1) << 31)) return kDecodeWarpMma1;
   if (env != nullptr && std::strcmp(env, "warptma") == 0 && DecodeTmaServes(p, cap))
     return kDecodeWarpTma;
   return env != nullptr && std::strcmp(env, "warpmma") == 0 ? kDecodeWarpMma1 : kDecodeWarpMma2;
