@@ -10,7 +10,8 @@ matters most). GB/s counts the K/V bytes read once. Timings: every variant and a
 batch of back-to-back calls in turn, `--batches` times (interleaved, so drift hits all alike);
 the median batch is reported. K/V are far larger than the 60 MB L2.
 
-One 'SUMMARY ' line per config: the default (JAX_SGL_DECODE unset: warpmma) vs cuDNN and XLA, the
+One 'SUMMARY ' line per config: the default (JAX_SGL_DECODE unset: warptma where it serves, else
+warpmma2) vs cuDNN and XLA, the
 block-wide decode kernel (new), the old path, and the best variant. `--only PREFIX...` keeps the
 variants whose names start with one of the prefixes (plus the default and the anchors): e.g.
 `--only warpmma` runs the warpmma and warpmma2 rows alone.
@@ -70,9 +71,9 @@ def variants(batch):
     v[f"warptma stages={st}"] = {"JAX_SGL_DECODE": "warptma", "JAX_SGL_DECODE_STAGES": st}
   v["warptma waves=fit"] = {"JAX_SGL_DECODE": "warptma", "JAX_SGL_DECODE_WAVES": "0"}
   v["warptma waves=1"] = {"JAX_SGL_DECODE": "warptma", "JAX_SGL_DECODE_WAVES": "1"}
-  # Its L2 promotion (JAX_SGL_DECODE_TMA_L2; default 256 B): session 7's ncu saw warpmma2 hit
-  # 53% in L2 against cuDNN's 0.8% at equal L2 throughput and 8% less DRAM throughput.
-  for size in ("0", "128"):
+  # Its L2 promotion (JAX_SGL_DECODE_TMA_L2; default 128 B). 256 B, warpmma2's hint, made half
+  # the L2 reads hits (ncu, session 7) and ran 3-6% slower (session 8).
+  for size in ("0", "256"):
     v[f"warptma l2={size}"] = {"JAX_SGL_DECODE": "warptma", "JAX_SGL_DECODE_TMA_L2": size}
   return v
 
@@ -125,9 +126,9 @@ def run_config(b, s, batches, copy_bw, only=None):
     runs[name] = (paged, (q, k_pool, v_pool, table, seqused), env)
   set_env({})
   runs["jax_sgl contiguous"] = (jax.jit(jax_sgl.attention), (q, k, v), {})
-  if not only or any("warptma".startswith(o) or o.startswith("warptma") for o in only):
-    runs["warptma contiguous"] = (jax.jit(jax_sgl.attention), (q, k, v),
-                                  {"JAX_SGL_DECODE": "warptma"})
+  if not only or any("warpmma2".startswith(o) or o.startswith("warpmma2") for o in only):
+    runs["warpmma2 contiguous"] = (jax.jit(jax_sgl.attention), (q, k, v),
+                                   {"JAX_SGL_DECODE": "warpmma2"})
   for impl in ("cudnn", "xla"):
     try:
       jax.block_until_ready(anchor(impl)(q, k, v))

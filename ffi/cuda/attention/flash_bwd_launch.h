@@ -3,8 +3,9 @@
 // handler (.cc) and the kernels (.cu) both include it.
 //
 // Three kernels, all reading the forward's saved out and lse (nothing else of the forward):
-//   1. preprocess, one warp per (q row, head): D = rowsum(dO * O) - dlse, and lse in the log2
-//      domain with fully masked rows (lse = -inf) turned into +inf so that their P is exactly 0;
+//   1. preprocess, one CTA per (64 q rows, head, sequence): D = rowsum(dO * O) - dlse, and lse
+//      in the log2 domain with fully masked rows (lse = -inf) turned into +inf so that their P
+//      is exactly 0;
 //   2. dK/dV, one CTA per (key block, kv head, sequence): recomputes P^T and dS^T for its keys
 //      against every packed q row (query row x q head of the GQA group) that can see them and
 //      keeps dK, dV in registers until the end: each key row is written once, no atomics;

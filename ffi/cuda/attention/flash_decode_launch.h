@@ -14,14 +14,14 @@
 //                                 kDecodeWarpMaxRows packed rows (others: new)
 //                 |warpmma        or its mma form for at most kDecodeWarpMmaMaxRows rows (calls
 //                                 with more packed rows run this kernel)
-//                 |warpmma2       the mma form with cheap copy addressing, the default
-//                                 (flash_decode_warp2.cuh; pools of < 2^31 rows, else warpmma)
-//                 |warptma        warpmma2 with K/V stages loaded by TMA (flash_decode_tma.cuh;
-//                                 an A/B form: sm_90+ devices, head-dim capacity 64 / 128,
-//                                 dense / varlen K/V or pages of a multiple of 16 keys, else
-//                                 warpmma2)
+//                 |warpmma2       the mma form with cheap copy addressing (flash_decode_warp2.cuh;
+//                                 pools of < 2^31 rows, else warpmma)
+//                 |warptma        warpmma2 with K/V stages loaded by TMA (flash_decode_tma.cuh),
+//                                 the default where it serves: sm_90+ devices, head-dim capacity
+//                                 64 / 128, dense / varlen K/V or pages of a multiple of 16 keys;
+//                                 other calls run warpmma2 (unset JAX_SGL_DECODE is the same)
 //   JAX_SGL_DECODE_TMA_L2=N       warptma's L2 promotion of its loads: 0, 64, 128 or 256 bytes
-//                                 (default 256; an A/B knob)
+//                                 (default 128; an A/B knob)
 //   JAX_SGL_DECODE_SPLITS=N       KV splits (1..32) for decode-shaped calls, either path; 0 or
 //                                 unset: the heuristic
 //   JAX_SGL_DECODE_STAGES=N       cp.async ring depth of the new kernel (2..8, default 4), or of
@@ -118,7 +118,7 @@ struct FlashDecodeArgs {
   int m_tiles;       // m16 tiles of q the shared memory holds (1, 2 or 4: rows bound / 16);
                      // warp kernel: its row capacity (4 or 8; 16 = the warp mma kernel)
   int m_blocks;      // CTAs along packed rows per (sequence, kv head): ceil(rows / 64)
-  int warp_variant = kDecodeWarpMma1;  // warp mma kernel (m_tiles 16): warpmma or warpmma2
+  int warp_variant = kDecodeWarpMma1;  // warp mma kernel (m_tiles 16): kDecodeWarp*
 };
 
 // One instantiation per (storage type, head-dim capacity), in instantiations/flash_decode_*.cu.

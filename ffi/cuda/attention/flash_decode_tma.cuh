@@ -1,5 +1,5 @@
-// Decode attention, warp-sliced mma kernel fed by the tensor copy engine (JAX_SGL_DECODE=warptma,
-// sm_90+): the warpmma2 kernel (flash_decode_warp2.cuh: per-warp rings of 16-key stages, one m16
+// Decode attention, warp-sliced mma kernel fed by the tensor copy engine (warptma: the default
+// decode kernel on sm_90+ where it serves, below): the warpmma2 kernel (flash_decode_warp2.cuh: per-warp rings of 16-key stages, one m16
 // tile of packed rows, merge of the 4 warps at the end) with each stage's K and V loaded by
 // `cp.async.bulk.tensor` instead of 32 lanes x 16 cp.async copies of 16 bytes.
 //
@@ -249,15 +249,15 @@ __global__ void __launch_bounds__(kDecodeWarpThreads, 3)
 }
 
 // The copy engine's L2 promotion of the loads, JAX_SGL_DECODE_TMA_L2=0|64|128|256 bytes (read at
-// every call; default 256). An A/B knob: in session 7's ncu run warpmma2's loads (with the
-// .L2::256B hint) hit in L2 53% of the time against cuDNN's 0.8%, at the same L2 throughput and
-// 8% less DRAM throughput, so the promotion may be paying L2 work for no DRAM gain.
+// every call; default 128). With 256 (as warpmma2's .L2::256B hint) half of the L2 reads hit
+// (ncu, session 7): each stage row is 256 bytes, so the promoted second half comes back as a hit
+// and costs L2 work for no DRAM gain; 128 and 0 ran 3-6% faster on the H200 (2026-12-03).
 inline CUtensorMapL2promotion L2Promotion() {
-  switch (EnvInt("JAX_SGL_DECODE_TMA_L2", 256)) {
+  switch (EnvInt("JAX_SGL_DECODE_TMA_L2", 128)) {
     case 0: return CU_TENSOR_MAP_L2_PROMOTION_NONE;
     case 64: return CU_TENSOR_MAP_L2_PROMOTION_L2_64B;
-    case 128: return CU_TENSOR_MAP_L2_PROMOTION_L2_128B;
-    default: return CU_TENSOR_MAP_L2_PROMOTION_L2_256B;
+    case 256: return CU_TENSOR_MAP_L2_PROMOTION_L2_256B;
+    default: return CU_TENSOR_MAP_L2_PROMOTION_L2_128B;
   }
 }
 

@@ -55,25 +55,24 @@ int DeviceAttr(cudaDeviceAttr attr, int fallback) {
   return value;
 }
 
-// Whether the TMA form (JAX_SGL_DECODE=warptma, flash_decode_tma.cuh) takes the call: a device
-// with the tensor copy engine, whole 128-byte column blocks, 16-key stages that never straddle a
-// page. Calls it does not take run warpmma2.
+// Whether the TMA form (warptma, flash_decode_tma.cuh) can take the call: a device with the
+// tensor copy engine, whole 128-byte column blocks, 16-key stages that never straddle a page.
 bool DecodeTmaServes(const AttentionParams& p, int cap) {
   if (cap != 64 && cap != 128) return false;
   if (p.kv_layout == KvLayout::kPaged && p.page_size % 16 != 0) return false;
   return DeviceAttr(cudaDevAttrComputeCapabilityMajor, 0) >= 9;
 }
 
-// The warp mma kernel in force: warpmma2 (flash_decode_warp2.cuh; 0.92-0.95x cuDNN's contiguous
-// decode against warpmma's 0.91-0.93x on the H200, 2026-12-02) unless JAX_SGL_DECODE=warpmma, or
-// its TMA form where JAX_SGL_DECODE=warptma and DecodeTmaServes; both only when the K/V buffers
-// have fewer than 2^31 rows (their 32-bit row indices), else warpmma.
+// The warp mma kernel in force. By default warptma where DecodeTmaServes (paged 0.96-1.00x
+// cuDNN's contiguous decode on the H200 with the 128-byte L2 promotion, 2026-12-03, against
+// warpmma2's 0.91-0.93x), else warpmma2; JAX_SGL_DECODE=warpmma2 or warpmma forces those. All
+// but warpmma need fewer than 2^31 K/V rows (32-bit row indices).
 int DecodeWarpMmaVariant(const AttentionParams& p, int cap) {
   const char* env = std::getenv("JAX_SGL_DECODE");
   if (p.total_k >= (int64_t(1) << 31)) return kDecodeWarpMma1;
-  if (env != nullptr && std::strcmp(env, "warptma") == 0 && DecodeTmaServes(p, cap))
-    return kDecodeWarpTma;
-  return env != nullptr && std::strcmp(env, "warpmma") == 0 ? kDecodeWarpMma1 : kDecodeWarpMma2;
+  if (env != nullptr && std::strcmp(env, "warpmma") == 0) return kDecodeWarpMma1;
+  if (env != nullptr && std::strcmp(env, "warpmma2") == 0) return kDecodeWarpMma2;
+  return DecodeTmaServes(p, cap) ? kDecodeWarpTma : kDecodeWarpMma2;
 }
 
 // Keys per sequence at most (the split heuristic sizes by it; kernels clamp to the real lengths).
