@@ -3,9 +3,10 @@
 Variants are run-time switches the host dispatch reads at every call (flash_decode_launch.h):
 JAX_SGL_DECODE=old|new|warp|warpmma|warpmma2|warptma, JAX_SGL_DECODE_SPLITS=N (0: heuristic),
 JAX_SGL_DECODE_STAGES=N, JAX_SGL_DECODE_WAVES=N (warp variants' split heuristic; 0: the count
-that fills the last wave best); so one jitted function serves them all. Configs: the issue's decode (batch 64, KV 4k and 32k, 32 q / 8 kv
-heads, D=128, bf16, one query per sequence; jax_sgl reads a shuffled pool of 16-token pages, the
-anchors the same keys contiguously) plus batch 8 at KV 32k (few sequences: the split count
+that fills the last wave best), JAX_SGL_DECODE_TMA_L2=N; so one jitted function serves them all.
+Configs: the issue's decode (batch 64, KV 4k and 32k, 32 q / 8 kv heads, D=128, bf16, one query
+per sequence; jax_sgl reads a shuffled pool of 16-token pages, the anchors the same keys
+contiguously) plus batch 8 at KV 32k (few sequences: the split count
 matters most). GB/s counts the K/V bytes read once. Timings: every variant and anchor runs one
 batch of back-to-back calls in turn, `--batches` times (interleaved, so drift hits all alike);
 the median batch is reported. K/V are far larger than the 60 MB L2.

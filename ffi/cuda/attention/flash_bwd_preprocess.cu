@@ -61,6 +61,8 @@ __global__ void __launch_bounds__(kThreads) FlashBwdPreprocessKernel(const Flash
   const int dv = p.head_dim_v;
   const int half = threadIdx.x / 16, sub = threadIdx.x % 16;
 
+  const T* out = static_cast<const T*>(p.out);
+  const T* dout = static_cast<const T*>(bp.dout);
   uint4 o[kRowsPerHalfWarp][kMaxChunks], g[kRowsPerHalfWarp][kMaxChunks];
 #pragma unroll
   for (int r = 0; r < kRowsPerHalfWarp; ++r) {
@@ -70,10 +72,9 @@ __global__ void __launch_bounds__(kThreads) FlashBwdPreprocessKernel(const Flash
     for (int k = 0; k < kMaxChunks; ++k) {
       const int c = (sub + 16 * k) * 8;
       const bool live = i < rows && c < dv;
-      o[r][k] = live ? __ldg(reinterpret_cast<const uint4*>(static_cast<const T*>(p.out) + at + c))
-                     : make_uint4(0, 0, 0, 0);
-      g[r][k] = live ? __ldg(reinterpret_cast<const uint4*>(static_cast<const T*>(bp.dout) + at + c))
-                     : make_uint4(0, 0, 0, 0);
+      const uint4 zero = make_uint4(0, 0, 0, 0);
+      o[r][k] = live ? __ldg(reinterpret_cast<const uint4*>(out + at + c)) : zero;
+      g[r][k] = live ? __ldg(reinterpret_cast<const uint4*>(dout + at + c)) : zero;
     }
   }
   __shared__ float dot[kRows];

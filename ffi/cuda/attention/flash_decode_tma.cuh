@@ -1,7 +1,8 @@
 // Decode attention, warp-sliced mma kernel fed by the tensor copy engine (warptma: the default
-// decode kernel on sm_90+ where it serves, below): the warpmma2 kernel (flash_decode_warp2.cuh: per-warp rings of 16-key stages, one m16
-// tile of packed rows, merge of the 4 warps at the end) with each stage's K and V loaded by
-// `cp.async.bulk.tensor` instead of 32 lanes x 16 cp.async copies of 16 bytes.
+// decode kernel on sm_90+ where it serves, below): the warpmma2 kernel (flash_decode_warp2.cuh:
+// per-warp rings of 16-key stages, one m16 tile of packed rows, merge of the 4 warps at the end)
+// with each stage's K and V loaded by `cp.async.bulk.tensor` instead of 32 lanes x 16 cp.async
+// copies of 16 bytes.
 //
 // Why: session 6's L2 prefetch experiment (NOTES_decode.md) read the warpmma2 stream as bound by
 // L2 request work, not by DRAM locality or bytes in flight. A stage's 16 keys of one kv head are
