@@ -8,13 +8,12 @@
 // lse, dlse and both outputs are read and written contiguously. Each half-warp takes kRows / 16
 // rows and issues all their 16-byte loads of O and dO before reducing any: a warp per row with one
 // load pair in flight (the first form) ran at 1.9 TB/s on the H200 (ncu, 2026-12-03).
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 
 #include <cstdint>
 
 #include "ffi/common/numeric.h"
 #include "ffi/cuda/attention/flash_bwd_launch.h"
+#include "ffi/cuda/attention/unpack.cuh"
 
 namespace jax_sgl::cuda {
 namespace {
@@ -24,29 +23,14 @@ constexpr int kRows = 64;                            // rows per CTA
 constexpr int kRowsPerHalfWarp = kRows / (kThreads / 16);
 constexpr int kMaxChunks = 2;                        // 16 lanes x 8 elements x 2: head_dim_v <= 256
 
-// Two packed elements to float2 by the hardware converters (numeric.h's ToFloat is the portable
-// bit-level form; for f16 it is a dozen instructions per element).
-__device__ __forceinline__ float2 Float2(uint32_t u, bf16_t) {
-  __nv_bfloat162 x;
-  memcpy(&x, &u, 4);
-  return __bfloat1622float2(x);
-}
-__device__ __forceinline__ float2 Float2(uint32_t u, f16_t) {
-  __half2 x;
-  memcpy(&x, &u, 4);
-  return __half22float2(x);
-}
-
 template <typename T>
 __device__ __forceinline__ float Dot8(const uint4& a, const uint4& b) {
-  const uint32_t x[4] = {a.x, a.y, a.z, a.w}, y[4] = {b.x, b.y, b.z, b.w};
+  float x[8], y[8];
+  Unpack8<T>(a, x);
+  Unpack8<T>(b, y);
   float s = 0.f;
 #pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    const float2 u = Float2(x[e], T{}), v = Float2(y[e], T{});
-    s = fmaf(u.x, v.x, s);
-    s = fmaf(u.y, v.y, s);
-  }
+  for (int e = 0; e < 8; ++e) s = fmaf(x[e], y[e], s);
   return s;
 }
 

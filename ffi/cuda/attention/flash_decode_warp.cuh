@@ -26,6 +26,7 @@
 #include "ffi/cuda/attention/flash_decode_tma.cuh"
 #include "ffi/cuda/attention/flash_decode_warp2.cuh"
 #include "ffi/cuda/attention/flash_decode_warp_mma_steps.cuh"
+#include "ffi/cuda/attention/unpack.cuh"
 
 namespace jax_sgl::cuda {
 namespace decode_warp {
@@ -56,23 +57,6 @@ struct WarpConfig {
   static_assert(kStageKeys % kKeysPerStep == 0 && kStageKeys * kChunks % 32 == 0, "stage shape");
   static_assert(kStageKeys <= 32, "one lane per key resolves the page table");
 };
-
-// Eight 16-bit values (one 16-byte vector) to float32.
-template <typename T>
-__device__ __forceinline__ void Unpack8(const uint4& u, float (&f)[8]) {
-  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    if constexpr (std::is_same_v<T, bf16_t>) {
-      f[2 * i] = __uint_as_float(w[i] << 16);
-      f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-    } else {
-      const float2 x = __half22float2(*reinterpret_cast<const __half2*>(&w[i]));
-      f[2 * i] = x.x;
-      f[2 * i + 1] = x.y;
-    }
-  }
-}
 
 // CTAs per SM the register budget is held to (65536 / (128 x this) registers a thread): 3 at
 // d <= 128 with 4 rows (168 registers; 4 CTAs = 128 registers spills two values in the loop),
