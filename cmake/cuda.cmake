@@ -89,8 +89,8 @@ short: calls of at most 2048 rows and keys")
 # Extra variants for A/B runs (picked at run time by JAX_SGL_SM90_VARIANT): each costs one more
 # nvcc run per (head dim, dtype), so the default build has none.
 set(JAX_SGL_SM90_VARIANTS "" CACHE STRING "extra sm90 attention kernel variants to build (A/B)")
-# Extra sm90 backward performance variants (sm90/bwd_config.h bit sets, 1-15: 2 and 8 exclude
-# each other and 4; picked at run time by JAX_SGL_SM90_BWD_VARIANT) for A/B runs; the default build has none
+# Extra sm90 backward performance variants (sm90/bwd_config.h bit sets, 1-15 without both 2 and
+# 8; picked at run time by JAX_SGL_SM90_BWD_VARIANT) for A/B runs; the default build has none
 # (variant 0 only).
 set(JAX_SGL_SM90_BWD_VARIANTS "" CACHE STRING "extra sm90 backward kernel variants to build (A/B)")
 if("90a" IN_LIST JAX_SGL_CUDA_ARCHS AND TARGET jax_sgl_cutlass AND JAX_SGL_SM90_HEAD_DIMS)

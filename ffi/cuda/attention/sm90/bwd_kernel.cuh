@@ -340,21 +340,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     const int diag = k_len - params.seqlen_q;
     const bool keys_partial = n0 + kBlockN > k_len;
 
-    // dQ part += into dq_accum at dst, in the accumulator's register order (DqAccumIndex).
-    auto reduce_dq = [&](float* dst, auto const& acc) {
-#pragma unroll
-      for (int j = 0; j < size(acc) / 4; ++j)
-        RedAddV4(dst + DqAccumIndex(j, thread_in_wg), acc(4 * j), acc(4 * j + 1), acc(4 * j + 2),
-                 acc(4 * j + 3));
-    };
-
     // K and V land even when there is no step: the epilogue reuses their smem.
     shared.barrier_kv.wait(0);
     if (step_end > step_begin) {
       PipelineState read_q, read_do;
-      // Cfg::kDeferDq: the destination of the previous step's dQ part, whose GEMM this step
-      // runs (nullptr: none).
-      float* dq_pending = nullptr;
       for (int step = step_begin; step < step_end; ++step) {
         const int g = step / m_steps;
         const int m = rows.m_begin + step % m_steps;
@@ -364,24 +353,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
         Tensor tSrS = partition_fragment_C(mma_sdp, Shape<Int<kKeys>, Int<kBlockM>>{});
         Tensor tdPrdP = partition_fragment_C(mma_sdp, Shape<Int<kKeys>, Int<kBlockM>>{});
-        Tensor tdQrdQ =
-            partition_fragment_C(mma_dq, Shape<Int<Cfg::kDqRows>, Int<Cfg::kDqCols>>{});
-        if constexpr (Cfg::kDeferDq) {
-          if (dq_pending != nullptr)
-            BwdGemm<true, false>(mma_dq, tdQrdS(_, _, _, buf ^ 1), tdQrK, tdQrdQ);
-        }
         pipe_q.consumer_wait(read_q);
         BwdGemm<true, false>(mma_sdp, tSrK, tSrQ(_, _, _, read_q.index()), tSrS);
-        if constexpr (Cfg::kDeferDq) {
-          // The previous step's dQ part: its GEMM went to the tensor cores just before this
-          // step's S^T, and is reduced while S^T runs. (The wait is not under the condition:
-          // ptxas serializes every wgmma after a wait on a divergent path, C7518.)
-          warpgroup_wait<1>();
-          if (dq_pending != nullptr) {
-            warpgroup_fence_operand(tdQrdQ);
-            reduce_dq(dq_pending, tdQrdQ);
-          }
-        }
         pipe_do.consumer_wait(read_do);
         BwdGemm<true, false>(mma_sdp, tdPrV, tdPrdO(_, _, _, read_do.index()), tdPrdP);
 
@@ -479,7 +452,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                 pipe_q.consumer_release(read_q);
                 pipe_do.consumer_release(read_do);
               }
-              reduce_dq(params.dq_accum + dq_tile + part * Cfg::kDqPartFloats, acc);
+              float* dst = params.dq_accum + dq_tile + part * Cfg::kDqPartFloats;
+#pragma unroll
+              for (int j = 0; j < size(acc) / 4; ++j)
+                RedAddV4(dst + DqAccumIndex(j, thread_in_wg), acc(4 * j), acc(4 * j + 1),
+                         acc(4 * j + 2), acc(4 * j + 3));
             }
           } else {
             // The previous step's bulk reduce has read this consumer's dQ staging before any
@@ -487,22 +464,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             if constexpr (Cfg::kDqBulk)
               if (thread_in_wg == 0) tma_store_wait<0>();
             cutlass::arch::NamedBarrier::sync(kConsumerThreads, uint32_t(BwdBarrier::kDsReady));
-            float* dst = params.dq_accum + dq_tile + consumer * Cfg::kDqPartFloats;
-            if constexpr (Cfg::kDeferDq) {
-              // dQ runs at the start of the next step (or after the loop).
-              dq_pending = dst;
-              warpgroup_wait<0>();
-              pipe_q.consumer_release(read_q);
-              pipe_do.consumer_release(read_do);
-              ++read_q;
-              ++read_do;
-              continue;
-            }
+            Tensor tdQrdQ = partition_fragment_C(mma_dq, Shape<Int<Cfg::kDqRows>,
+                                                               Int<Cfg::kDqCols>>{});
             BwdGemm<true, false>(mma_dq, tdQrdS(_, _, _, buf), tdQrK, tdQrdQ);
             warpgroup_wait<0>();
             warpgroup_fence_operand(tdQrdQ);
             pipe_q.consumer_release(read_q);
             pipe_do.consumer_release(read_do);
+            float* dst = params.dq_accum + dq_tile + consumer * Cfg::kDqPartFloats;
             if constexpr (Cfg::kDqBulk) {
               // Same layout as the reductions below, staged in smem (one 16-byte store per
               // thread and group: conflict-free), then one bulk reduce-add of the 16 KiB part.
@@ -517,7 +486,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
               if (thread_in_wg == 0)
                 BulkReduceAddF32(dst, staged, Cfg::kDqPartFloats * int(sizeof(float)));
             } else {
-              reduce_dq(dst, tdQrdQ);
+#pragma unroll
+              for (int j = 0; j < size(tdQrdQ) / 4; ++j)
+                RedAddV4(dst + DqAccumIndex(j, thread_in_wg), tdQrdQ(4 * j), tdQrdQ(4 * j + 1),
+                         tdQrdQ(4 * j + 2), tdQrdQ(4 * j + 3));
             }
           }
         } else {
@@ -527,15 +499,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         }
         ++read_q;
         ++read_do;
-      }
-      if constexpr (Cfg::kDeferDq) {
-        if (dq_pending != nullptr) {  // the last step's dQ
-          Tensor tdQrdQ = partition_fragment_C(mma_dq, Shape<Int<Cfg::kDqRows>,
-                                                             Int<Cfg::kDqCols>>{});
-          BwdGemm<true, false>(mma_dq, tdQrdS(_, _, _, (step_end - 1) % 2), tdQrK, tdQrdQ);
-          warpgroup_wait<0>();
-          reduce_dq(dq_pending, tdQrdQ);
-        }
       }
     }
 
