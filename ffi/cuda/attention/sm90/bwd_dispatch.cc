@@ -141,15 +141,8 @@ int Sm90BwdHeadChunk(const AttentionParams& p, int n_blocks, int num_sms) {
   if (!(p.causal || p.window_left >= 0 || p.window_right >= 0) || num_sms <= 0 ||
       n_blocks <= 0 || forced == 0)
     return 0;
-  const int pairs = p.num_kv_heads * p.batch;
-  if (forced > 0) return std::min(pairs, forced);
-  // The smallest divisor of the pair count giving at least two waves per chunk: a short last
-  // chunk would put long CTAs at the end again (in a greedy model of the block scheduler over
-  // S 1k-16k, 1-8 sequences, 8-32 heads, 132 SMs: 0.3% over the ideal on average, 1.1% at worst;
-  // two-wave chunks with a remainder: 4.1% / 17.7%; launch order 5.3% / 23.7%).
-  int chunk = std::min(pairs, std::max(1, (2 * num_sms + n_blocks - 1) / n_blocks));
-  while (pairs % chunk != 0) ++chunk;
-  return chunk;
+  const int two_waves = std::max(1, (2 * num_sms + n_blocks - 1) / n_blocks);
+  return std::min(p.num_kv_heads * p.batch, forced > 0 ? forced : two_waves);
 }
 
 size_t Sm90BwdTailBytes(const AttentionParams& p) {

@@ -43,7 +43,7 @@ bool Sm90BwdTailSplitRequested(const AttentionParams& p);
 // batch) pairs go in chunks of the returned size, and within a chunk the key block is the outer
 // index, so each chunk's longest CTAs start first and its shortest fill the end of the kernel
 // (greedy longest first), while the CTAs running at once share the Q / dO of a few heads in L2:
-// at least two waves of num_sms CTAs per chunk, in chunks of equal size. 0: launch order (key block fastest, the CTAs of a
+// about two waves of num_sms CTAs per chunk. 0: launch order (key block fastest, the CTAs of a
 // head together) for calls whose key blocks all cost the same. JAX_SGL_SM90_BWD_LPT (read at
 // each call; A/B and test knob): 0 launch order, n > 0 chunks of n pairs.
 int Sm90BwdHeadChunk(const AttentionParams& p, int n_blocks, int num_sms);
