@@ -14,9 +14,6 @@
              sm90notail sm90 without the tail split of the forward and the backward
                        (JAX_SGL_SM90_TAIL_SPLIT=0, JAX_SGL_SM90_BWD_TAIL_SPLIT=0; A/B knobs;
                        the split is on in all other rows);
-             sm90nolpt sm90 with the causal / window CTAs in launch order
-                       (JAX_SGL_SM90_BWD_LPT=0; A/B knob) instead of chunks of heads, longest
-                       first;
              sm90v<V>  sm90 in performance variant V (JAX_SGL_SM90_BWD_VARIANT=V,
                        sm90/bwd_config.h; built by JAX_SGL_SM90_BWD_VARIANTS), for A/B runs.
            The sm90 variants run only where the build has the kernel and the device is 9.0;
@@ -46,27 +43,22 @@ DTYPE = jnp.bfloat16
 
 
 # --bwd variant -> (JAX_SGL_SM90_BWD, JAX_SGL_BWD_DETERMINISTIC, JAX_SGL_SM90_BWD_VARIANT, tail
-# split of the forward and the backward: JAX_SGL_SM90_TAIL_SPLIT, JAX_SGL_SM90_BWD_TAIL_SPLIT,
-# the backward's chunked CTA order for causal / window calls: JAX_SGL_SM90_BWD_LPT, "" = unset)
+# split of the forward and the backward: JAX_SGL_SM90_TAIL_SPLIT, JAX_SGL_SM90_BWD_TAIL_SPLIT)
 # while it is timed.
-BWD_VARIANTS = {"sm80": ("0", "0", "0", "1", ""), "sm90": ("1", "0", "0", "1", ""),
-                "sm90det": ("1", "1", "0", "1", ""), "sm90det80": ("1", "sm80", "0", "1", ""),
-                "sm90notail": ("1", "0", "0", "0", ""), "sm90nolpt": ("1", "0", "0", "1", "0"),
-                **{f"sm90v{v}": ("1", "0", str(v), "1", "") for v in range(1, 16)
+BWD_VARIANTS = {"sm80": ("0", "0", "0", "1"), "sm90": ("1", "0", "0", "1"),
+                "sm90det": ("1", "1", "0", "1"), "sm90det80": ("1", "sm80", "0", "1"),
+                "sm90notail": ("1", "0", "0", "0"),
+                **{f"sm90v{v}": ("1", "0", str(v), "1") for v in range(1, 16)
                    if not (v & 2 and v & 8)}}
 
 
 def set_bwd_variant(name):
-  sm90, det, variant, tail, lpt = BWD_VARIANTS[name]
+  sm90, det, variant, tail = BWD_VARIANTS[name]
   os.environ["JAX_SGL_SM90_BWD"] = sm90
   os.environ["JAX_SGL_BWD_DETERMINISTIC"] = det
   os.environ["JAX_SGL_SM90_BWD_VARIANT"] = variant
   os.environ["JAX_SGL_SM90_TAIL_SPLIT"] = tail
   os.environ["JAX_SGL_SM90_BWD_TAIL_SPLIT"] = tail
-  if lpt:
-    os.environ["JAX_SGL_SM90_BWD_LPT"] = lpt
-  else:
-    os.environ.pop("JAX_SGL_SM90_BWD_LPT", None)
 
 
 def sm90_bwd_available(head_dim, name="sm90"):

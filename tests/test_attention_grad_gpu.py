@@ -357,42 +357,6 @@ def test_dense_softcap(bwd_kernel, dq, shape, causal, monkeypatch):
   _check(q, k, v, {"softcap": 5.0, "causal": causal})
 
 
-# JAX_SGL_SM90_BWD_LPT: "auto" (unset: chunks of about two waves), 0 (launch order), or a chunk of
-# n (kv head, batch) pairs; 4 of the 6 pairs below leaves a partial last chunk.
-CHUNKS = {"auto": None, "launch": "0", "one": "1", "partial": "4"}
-
-
-@pytest.mark.parametrize("chunk", CHUNKS)
-@pytest.mark.parametrize("mask", ["causal", "window"])
-@pytest.mark.parametrize("head_dim", [64, 128])
-def test_chunked_order(bwd_kernel, head_dim, mask, chunk, monkeypatch):
-  """The sm90 backward's CTA order for calls whose key blocks differ in cost (causal, windows):
-  (kv head, batch) pairs in chunks, key block outer within a chunk. Every order gives gradients
-  right against the reference, and each CTA's dK / dV does not depend on the order: bitwise
-  equal to launch order's."""
-  if bwd_kernel != "sm90":
-    pytest.skip("the chunked order is the sm90 backward's")
-  _need_sm90_bwd(bwd_kernel, head_dim, jnp.bfloat16)
-  batch, seqlen, h, hkv = 3, 389, 4, 2  # 4 key blocks x 6 pairs
-  keys = jax.random.split(jax.random.PRNGKey(7 + head_dim + len(mask)), 3)
-  q = _rand(keys[0], (batch, seqlen, h, head_dim), jnp.bfloat16)
-  k = _rand(keys[1], (batch, seqlen, hkv, head_dim), jnp.bfloat16)
-  v = _rand(keys[2], (batch, seqlen, hkv, head_dim), jnp.bfloat16)
-  kw = {"causal": True} if mask == "causal" else {"window": (150, 20)}
-  if CHUNKS[chunk] is None:
-    monkeypatch.delenv("JAX_SGL_SM90_BWD_LPT", raising=False)
-  else:
-    monkeypatch.setenv("JAX_SGL_SM90_BWD_LPT", CHUNKS[chunk])
-  _check(q, k, v, kw)
-  w_out = jnp.asarray(np.random.default_rng(3).standard_normal(q.shape), jnp.float32)
-  ordered = _grads(q, k, v, kw, w_out)
-  monkeypatch.setenv("JAX_SGL_SM90_BWD_LPT", "0")
-  launch = _grads(q, k, v, kw, w_out)
-  for name, a, b in zip("kv", ordered[1:], launch[1:]):
-    np.testing.assert_array_equal(np.asarray(a).view(np.uint16), np.asarray(b).view(np.uint16),
-                                  err_msg=f"d{name}")
-
-
 def _bwd_tail_shape(case):
   """(batch, seqlen_q, seqlen_k, heads, kv heads) whose 128-key blocks number just past a whole
   wave of the device's SMs, so that the sm90 backward's tail split runs: 'few' leaves 1-2 blocks

@@ -1,6 +1,5 @@
 // Host side of the sm_90a flash attention backward: whether it may run a call (coverage, opt-in,
 // device) and the (dtype, head dim) switch over the instantiations this build compiled.
-#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -134,15 +133,6 @@ const char* Sm90BwdBuiltKernels() {
 bool Sm90BwdTailSplitRequested(const AttentionParams& p) {
   return !p.causal && p.window_left < 0 && p.window_right < 0 && p.seqused_k == nullptr &&
          p.softcap <= 0.f && EnvInt("JAX_SGL_SM90_BWD_TAIL_SPLIT", 1) != 0;
-}
-
-int Sm90BwdHeadChunk(const AttentionParams& p, int n_blocks, int num_sms) {
-  const int forced = EnvInt("JAX_SGL_SM90_BWD_LPT", -1);
-  if (!(p.causal || p.window_left >= 0 || p.window_right >= 0) || num_sms <= 0 ||
-      n_blocks <= 0 || forced == 0)
-    return 0;
-  const int two_waves = std::max(1, (2 * num_sms + n_blocks - 1) / n_blocks);
-  return std::min(p.num_kv_heads * p.batch, forced > 0 ? forced : two_waves);
 }
 
 size_t Sm90BwdTailBytes(const AttentionParams& p) {

@@ -71,10 +71,6 @@ struct BwdKernelParams {
   int tail_splits;
   float* tail_dk;      // [tail block, split, kBlockN, head_dim]
   float* tail_dv;
-  // > 0 (never with the tail split): the main kernel's CTAs take their blocks in chunks of
-  // head_chunk (kv head, batch) pairs, key block outer within a chunk (Sm90BwdHeadChunk); 0:
-  // launch order.
-  int head_chunk;
 };
 
 // Named barriers (ids after CUTLASS's reserved ones).
@@ -214,21 +210,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     n_block = block % params.n_blocks;
     kv_head = block / params.n_blocks % kv_heads;
     batch = block / params.n_blocks / kv_heads;
-  } else {
-    const int linear = (batch * int(gridDim.y) + kv_head) * int(gridDim.x) + n_block;
-    if (linear >= params.num_whole)
-      return;  // a tail block: the kTail kernel runs it (the whole CTA, before any barrier)
-    if (params.head_chunk > 0) {
-      // Chunk c holds pairs [c * head_chunk, ...) (the last one may hold fewer), key block outer.
-      const int chunk = linear / (params.head_chunk * int(gridDim.x));
-      const int first = chunk * params.head_chunk;
-      const int pairs = min(params.head_chunk, int(gridDim.y * gridDim.z) - first);
-      const int within = linear - first * int(gridDim.x);
-      n_block = within / pairs;
-      const int pair = first + within % pairs;
-      kv_head = pair % int(gridDim.y);
-      batch = pair / int(gridDim.y);
-    }
+  } else if ((batch * int(gridDim.y) + kv_head) * int(gridDim.x) + n_block >= params.num_whole) {
+    return;  // a tail block: the kTail kernel runs it (the whole CTA, before any barrier)
   }
   const int n0 = n_block * kBlockN;
   // Keys of this sequence: the causal diagonal and the key mask use k_len (as the sm80 kernels

@@ -85,12 +85,13 @@ cudaError_t LaunchFlashBwdSm90(const FlashBwdArgs& args, float* dq_accum, bool d
   // Tail split (args.sm90_tail: Sm90BwdTailSplitRequested, never with softcap; ChooseTailSplit):
   // each key block of the last, partial wave (one CTA per SM) runs on several CTAs of a second
   // launch over shares of its steps, and FlashBwdSm90TailSum adds their dK and dV.
-  int num_sms = 0;
-  if (cudaError_t err = CurrentSmCount(&num_sms); err != cudaSuccess) return err;
   TailSplit split{0, 0};
-  if (args.sm90_tail != nullptr)
+  if (args.sm90_tail != nullptr) {
+    int num_sms = 0;
+    if (cudaError_t err = CurrentSmCount(&num_sms); err != cudaSuccess) return err;
     split = ChooseTailSplit(num_blocks, num_sms,
                             (p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM * args.group);
+  }
   const int tail_blocks = split.tail, tail_splits = split.splits;
   // Sm90BwdTailBytes: dK then dV, one 128-key block per SM each.
   static_assert(Cfg::kBlockN == 128, "Sm90BwdTailBytes sizes 128-key blocks");
@@ -124,8 +125,6 @@ cudaError_t LaunchFlashBwdSm90(const FlashBwdArgs& args, float* dq_accum, bool d
       tail_splits,
       tail_blocks > 0 ? args.sm90_tail : nullptr,
       tail_blocks > 0 ? args.sm90_tail + tail_floats : nullptr,
-      // The tail split is for calls whose blocks cost the same; the chunked order for the others.
-      tail_blocks > 0 ? 0 : Sm90BwdHeadChunk(p, n_blocks, num_sms),
   };
   cudaError_t err;
   if (dq_accum != nullptr &&

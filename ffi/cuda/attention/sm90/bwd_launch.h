@@ -39,14 +39,6 @@ size_t Sm90BwdDqAccumFloats(const AttentionParams& p, int ws_rows);
 // A/B knob; on by default since the session-6 A/B: +1-2% forward+backward). The key blocks of
 // the last, partial wave then run as shares of their steps on every SM.
 bool Sm90BwdTailSplitRequested(const AttentionParams& p);
-// The CTA order of a call whose key blocks differ in cost (causal mask or window): the (kv head,
-// batch) pairs go in chunks of the returned size, and within a chunk the key block is the outer
-// index, so each chunk's longest CTAs start first and its shortest fill the end of the kernel
-// (greedy longest first), while the CTAs running at once share the Q / dO of a few heads in L2:
-// about two waves of num_sms CTAs per chunk. 0: launch order (key block fastest, the CTAs of a
-// head together) for calls whose key blocks all cost the same. JAX_SGL_SM90_BWD_LPT (read at
-// each call; A/B and test knob): 0 launch order, n > 0 chunks of n pairs.
-int Sm90BwdHeadChunk(const AttentionParams& p, int n_blocks, int num_sms);
 // Scratch bytes of the tail split's float32 dK / dV shares: one 128-key block per SM each
 // (0 when the device's SM count cannot be read).
 size_t Sm90BwdTailBytes(const AttentionParams& p);
