@@ -421,7 +421,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           BwdGemm<false, true>(mma_kv, tPrP, tdVrdO(_, _, _, read_do.index()), tdVrdV);
         }
         Tensor tdSrdS = AccToA<Element, kBlockM>(tdPrdP);
-        BwdGemm<false, true>(mma_kv, tdSrdS, tdKrQ(_, _, _, read_q.index()), tdKrdK);
+        auto issue_dk = [&]() {
+          BwdGemm<false, true>(mma_kv, tdSrdS, tdKrQ(_, _, _, read_q.index()), tdKrdK);
+        };
+        if constexpr (!Cfg::kDkAfterDq) issue_dk();
 
         if (params.dq_accum != nullptr) {
           Tensor tdSsdS_buf = tdSsdS(_, _, _, buf);
@@ -467,9 +470,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             Tensor tdQrdQ = partition_fragment_C(mma_dq, Shape<Int<Cfg::kDqRows>,
                                                                Int<Cfg::kDqCols>>{});
             BwdGemm<true, false>(mma_dq, tdQrdS(_, _, _, buf), tdQrK, tdQrdQ);
-            warpgroup_wait<0>();
+            if constexpr (Cfg::kDkAfterDq) {
+              issue_dk();
+              warpgroup_wait<1>();  // dV and dQ done; dK runs on (it reads Q: released below)
+            } else {
+              warpgroup_wait<0>();
+              pipe_q.consumer_release(read_q);
+            }
             warpgroup_fence_operand(tdQrdQ);
-            pipe_q.consumer_release(read_q);
             pipe_do.consumer_release(read_do);
             float* dst = params.dq_accum + dq_tile + consumer * Cfg::kDqPartFloats;
             if constexpr (Cfg::kDqBulk) {
@@ -491,8 +499,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                 RedAddV4(dst + DqAccumIndex(j, thread_in_wg), tdQrdQ(4 * j), tdQrdQ(4 * j + 1),
                          tdQrdQ(4 * j + 2), tdQrdQ(4 * j + 3));
             }
+            if constexpr (Cfg::kDkAfterDq) {
+              warpgroup_wait<0>();
+              pipe_q.consumer_release(read_q);
+            }
           }
         } else {
+          if constexpr (Cfg::kDkAfterDq) issue_dk();
           warpgroup_wait<0>();
           pipe_q.consumer_release(read_q);
           pipe_do.consumer_release(read_do);
