@@ -17,10 +17,9 @@
 //      hd64 together with 2: smem);
 //   2: dQ parts go through smem and one cp.reduce.async.bulk .add.f32 per consumer and step
 //      (16 KiB, issued by one thread) instead of 8 red.global.add.v4.f32 per thread;
-//   4: the dK GEMM is issued after the dQ GEMM, not before the dS^T store (FlashAttention-3's
-//      order): the wait for dQ leaves dK running, so the tensor cores have it while the dQ part
-//      is reduced (not with 2 or 8). Bit 4 was "softcap path in its own kernel" until session 3;
-//      that is now how every variant is built (bwd_kernel.cuh kSoftcap).
+//   4: unused. It was "softcap path in its own kernel" (session 3: +12-16% fwd+bwd; with the plain
+//      and softcap paths in one kernel ptxas serialized every wgmma, C7512) and then "dK after dQ"
+//      (session 9: +0.6-1.6%); both are now how every variant is built (bwd_kernel.cuh).
 //   8: each consumer computes dQ over its own 64 keys only (both 64 x 64 parts of the tile, one
 //      after the other, twice the reductions) after a barrier of its own warpgroup, instead of
 //      its part over all 128 keys after a barrier of both: the consumers no longer run in
@@ -45,9 +44,7 @@ struct BwdConfig {
   static_assert(kVariant >= 0 && kVariant <= 15);
   static constexpr bool kDqBulk = (kVariant & 2) != 0;
   static constexpr bool kDqOwnKeys = (kVariant & 8) != 0;
-  static constexpr bool kDkAfterDq = (kVariant & 4) != 0;
   static_assert(!(kDqOwnKeys && kDqBulk), "variant bits 2 and 8 exclude each other");
-  static_assert(!kDkAfterDq || !(kDqOwnKeys || kDqBulk), "variant bit 4 excludes 2 and 8");
 
   static constexpr int kConsumers = 2;
   static constexpr int kWarpgroupKeys = 64;                   // wgmma M of the key-major GEMMs
