@@ -9,7 +9,7 @@
 //   dV += P^T dO,  dK += dS^T Q           (RS wgmma: P^T and dS^T straight from registers)
 // and, after both consumers have written their dS^T into smem, dQ_part = dS K over all 128 keys
 // (SS wgmma; each consumer one half of the dQ tile), added to a float32 buffer with vector
-// reductions (bwd_kernel.cuh).
+// reductions (bwd_kernel.cuh). dK is issued after dQ, so it runs while the dQ part is reduced.
 //
 // kVariant (A/B performance variants, picked at run time by JAX_SGL_SM90_BWD_VARIANT through
 // bwd_dispatch.cc; 0 is the default kernel) is a bit set:
