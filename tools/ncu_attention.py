@@ -7,6 +7,10 @@ limits each (benchmarks/NOTES_*.md). Two modes:
   python3 tools/ncu_attention.py summary CSV.. one line per kernel of each `ncu --csv --page
                                                details` file: time, SM / tensor / DRAM throughput,
                                                issue activity, registers, occupancy
+  python3 tools/ncu_attention.py hot CSV [N]   from a source page (NCU_SOURCE=1 in
+                                               tools/ncu_attention.sh): the warp-stall samples by
+                                               reason and by opcode, and the N hottest SASS lines
+                                               with their top reasons
 
 CASE is <what>-<impl>: what in fwd4k, fwd4kc, fwd8k, fwdbwd4k, fwdbwd4kc (causal), decode32k,
 decode32kc; impl in jax_sgl, cudnn. Shapes are the benchmarks' (bench_attention.py,
@@ -151,10 +155,46 @@ def summary(paths):
                         for k, v in sorted(l2.items())))
 
 
+def hot(path, top=30):
+  with open(path, newline="") as f:
+    rows = list(csv.reader(f))
+  head = next(i for i, r in enumerate(rows) if r and r[0] == "Address")
+  col = {name: i for i, name in enumerate(rows[head])}
+  lines = rows[head + 1:]
+  reasons = [n for n in rows[head] if n.startswith("stall_") and "(" not in n]
+
+  def value(row, name):
+    try:
+      return float(row[col[name]].replace(",", ""))
+    except ValueError:
+      return 0.0
+
+  samples = "Warp Stall Sampling (All Samples)"
+  total = sum(value(r, samples) for r in lines) or 1.0
+  print(f"{path}: {total:.0f} warp samples")
+  by_reason = {n: sum(value(r, n) for r in lines) for n in reasons}
+  for n, v in sorted(by_reason.items(), key=lambda kv: -kv[1])[:10]:
+    print(f"  {n.removeprefix('stall_'):20s} {100 * v / total:5.1f}%")
+  by_op = {}
+  for r in lines:
+    words = [w for w in r[col["Source"]].split() if not w.startswith("@")]
+    op = words[0].split(".")[0] if words else "?"
+    by_op[op] = by_op.get(op, 0.0) + value(r, samples)
+  print("  by opcode: " + ", ".join(f"{op} {100 * v / total:.1f}%" for op, v in
+                                   sorted(by_op.items(), key=lambda kv: -kv[1])[:12]))
+  for r in sorted(lines, key=lambda r: -value(r, samples))[:top]:
+    why = sorted(((value(r, n), n.removeprefix("stall_")) for n in reasons), reverse=True)[:2]
+    print(f"  {r[col['Address']][-5:]} {100 * value(r, samples) / total:5.2f}%  "
+          f"{r[col['Source']].strip()[:64]:64s} " +
+          " ".join(f"{n} {100 * v / total:.2f}" for v, n in why if v))
+
+
 if __name__ == "__main__":
   if len(sys.argv) >= 3 and sys.argv[1] == "run":
     run(sys.argv[2])
   elif len(sys.argv) >= 3 and sys.argv[1] == "summary":
     summary(sys.argv[2:])
+  elif len(sys.argv) >= 3 and sys.argv[1] == "hot":
+    hot(sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 30)
   else:
     sys.exit(__doc__)

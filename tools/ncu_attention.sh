@@ -6,6 +6,10 @@
 #   NCU_CASES   cases to profile (default: every <what>-<impl> of the script)
 #   NCU_KERNEL  kernel-name regex (default Flash|sdpa|cudnn: the attention kernels), e.g.
 #               FlashBwd|sdpa|cudnn to skip our forward in a fwdbwd case
+#   NCU_SOURCE  1: instead, sample warp stalls per SASS instruction (SourceCounters) of the first
+#               kernel matching NCU_KERNEL in each case, and write the source page as
+#               $OUT/ncu/<case>.sass.csv (instruction, samples, stall reasons per line) and
+#               the details page as <case>.csv
 set -uo pipefail
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 OUT="${OUT:-/tmp/gpu_check}"
@@ -15,6 +19,19 @@ mkdir -p "$dir"
 cases="${NCU_CASES:-fwd4k-jax_sgl fwd4k-cudnn fwd4kc-jax_sgl fwd4kc-cudnn fwdbwd4k-jax_sgl fwdbwd4k-cudnn decode32k-jax_sgl decode32k-cudnn}"
 cd /tmp  # the installed package, not the source tree
 for c in $cases; do
+  if [ "${NCU_SOURCE:-0}" = 1 ]; then
+    # One launch is enough: the sampler sees every warp of the kernel's ~4k CTAs.
+    ncu --clock-control none --profile-from-start off --set none --section SourceCounters \
+        --section WarpStateStats --launch-count 1 -f -o "$dir/$c" \
+        --kernel-name "regex:${NCU_KERNEL:-Flash|sdpa|cudnn}" \
+        "$PY" "$REPO/tools/ncu_attention.py" run "$c" > "$dir/$c.log" 2>&1 \
+      || echo "ncu $c failed: $(tail -2 "$dir/$c.log")"
+    ncu --import "$dir/$c.ncu-rep" --page source --csv --print-source sass \
+      > "$dir/$c.sass.csv" 2>> "$dir/$c.log" || echo "ncu source page of $c failed"
+    ncu --import "$dir/$c.ncu-rep" --page details --csv > "$dir/$c.csv" 2>> "$dir/$c.log"
+    rm -f "$dir/$c.ncu-rep"  # large; the two pages hold what the notes use
+    continue
+  fi
   # Clocks stay as the machine sets them (METHOD.md); sections give time, throughputs, issue
   # activity, occupancy and launch shape; the metrics, stall cycles per issue by reason and the
   # tensor pipes' share, and the L2 read sectors / requests from the SMs and across the L2
