@@ -18,8 +18,9 @@
 //   2: dQ parts go through smem and one cp.reduce.async.bulk .add.f32 per consumer and step
 //      (16 KiB, issued by one thread) instead of 8 red.global.add.v4.f32 per thread;
 //   4: unused. It was "softcap path in its own kernel" (session 3: +12-16% fwd+bwd; with the plain
-//      and softcap paths in one kernel ptxas serialized every wgmma, C7512) and then "dK after dQ"
-//      (session 9: +0.6-1.6%); both are now how every variant is built (bwd_kernel.cuh).
+//      and softcap paths in one kernel ptxas serialized every wgmma, C7512), "dK after dQ"
+//      (session 9: +0.6-1.6%) and P^T by ex2.approx.ftz.f32 instead of exp2f (session 10:
+//      +0.6-1.9%); all three are now how every variant is built (bwd_kernel.cuh).
 //   8: each consumer computes dQ over its own 64 keys only (both 64 x 64 parts of the tile, one
 //      after the other, twice the reductions) after a barrier of its own warpgroup, instead of
 //      its part over all 128 keys after a barrier of both: the consumers no longer run in

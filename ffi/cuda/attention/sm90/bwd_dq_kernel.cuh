@@ -197,12 +197,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #pragma unroll
           for (int i = 0; i < size(tSrS); ++i)
             tSrS(i) = visible(i)
-                          ? exp2f(fmaf(tSrS(i), params.scale_log2, -lse2[AccCoord::Row(i) / 8]))
+                          ? Exp2Ftz(fmaf(tSrS(i), params.scale_log2, -lse2[AccCoord::Row(i) / 8]))
                           : 0.f;
         } else {
 #pragma unroll
           for (int i = 0; i < size(tSrS); ++i)
-            tSrS(i) = exp2f(fmaf(tSrS(i), params.scale_log2, -lse2[AccCoord::Row(i) / 8]));
+            tSrS(i) = Exp2Ftz(fmaf(tSrS(i), params.scale_log2, -lse2[AccCoord::Row(i) / 8]));
         }
         warpgroup_wait<0>();
         warpgroup_fence_operand(tSrdP);
@@ -219,7 +219,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           const int r = AccCoord::Row(i) / 8;
           const float t = tanhf(tSrS(i) * params.softcap_scale);
           const float p =
-              !masked || visible(i) ? exp2f(fmaf(t, params.cap_log2, -lse2[r])) : 0.f;
+              !masked || visible(i) ? Exp2Ftz(fmaf(t, params.cap_log2, -lse2[r])) : 0.f;
           tSrdP(i) = p * (tSrdP(i) - dsum[r]) * (1.f - t * t);
         }
       }

@@ -383,12 +383,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #pragma unroll
             for (int i = 0; i < size(tSrS); ++i)
               tSrS(i) = visible(i)
-                            ? exp2f(fmaf(tSrS(i), params.scale_log2, -lse2[AccCoord::Col(i)]))
+                            ? Exp2Ftz(fmaf(tSrS(i), params.scale_log2, -lse2[AccCoord::Col(i)]))
                             : 0.f;
           } else {
 #pragma unroll
             for (int i = 0; i < size(tSrS); ++i)
-              tSrS(i) = exp2f(fmaf(tSrS(i), params.scale_log2, -lse2[AccCoord::Col(i)]));
+              tSrS(i) = Exp2Ftz(fmaf(tSrS(i), params.scale_log2, -lse2[AccCoord::Col(i)]));
           }
           // dV += P^T dO goes to the tensor cores before dP^T is waited for: it runs while dS^T
           // is computed (groups complete in order, so wait<1> below still means dP^T is done).
@@ -411,7 +411,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           for (int i = 0; i < size(tSrS); ++i) {
             const float t = tanhf(tSrS(i) * params.softcap_scale);
             const float p = !masked || visible(i)
-                                ? exp2f(fmaf(t, params.cap_log2, -lse2[AccCoord::Col(i)]))
+                                ? Exp2Ftz(fmaf(t, params.cap_log2, -lse2[AccCoord::Col(i)]))
                                 : 0.f;
             tdPrdP(i) = p * (tdPrdP(i) - dsum[AccCoord::Col(i)]) * (1.f - t * t);
             tSrS(i) = p;
