@@ -29,7 +29,7 @@ for c in $cases; do
     ncu --import "$dir/$c.ncu-rep" --page source --csv --print-source sass \
       > "$dir/$c.sass.csv" 2>> "$dir/$c.log" || echo "ncu source page of $c failed"
     ncu --import "$dir/$c.ncu-rep" --page details --csv > "$dir/$c.csv" 2>> "$dir/$c.log"
-    rm -f "$dir/$c.ncu-rep"  # large; the two pages hold what the notes use
+    rm -f "$dir/$c.ncu-rep"  # large; the source page and the stall details are kept
     continue
   fi
   # Clocks stay as the machine sets them (METHOD.md); sections give time, throughputs, issue
