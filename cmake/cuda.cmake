@@ -4,8 +4,17 @@ set(CMAKE_CUDA_ARCHITECTURES ${JAX_SGL_CUDA_ARCHS})
 enable_language(CUDA)
 set(CMAKE_CUDA_STANDARD 17)
 set(CMAKE_CUDA_STANDARD_REQUIRED ON)
-find_package(CUDAToolkit REQUIRED)
 message(STATUS "jax_sgl: CUDA enabled, archs ${JAX_SGL_CUDA_ARCHS}")
+# The runtime, linked statically, from the compiler's own toolkit tree (system or PyPI wheels):
+# not find_package(CUDAToolkit), which fails on the wheels' layout (no libcudart.so there) and
+# could pick another toolkit than the compiler's. The host sources (handlers) include
+# cuda_runtime.h from the same tree.
+find_library(JAX_SGL_CUDART_STATIC cudart_static HINTS ${CMAKE_CUDA_IMPLICIT_LINK_DIRECTORIES}
+             NO_DEFAULT_PATH REQUIRED)
+add_library(jax_sgl_cudart INTERFACE)
+target_include_directories(jax_sgl_cudart SYSTEM INTERFACE ${CMAKE_CUDA_TOOLKIT_INCLUDE_DIRECTORIES})
+target_link_libraries(jax_sgl_cudart INTERFACE "${JAX_SGL_CUDART_STATIC}" Threads::Threads
+                      ${CMAKE_DL_LIBS} rt)
 
 set(JAX_SGL_CUDA_SOURCES
   ffi/cuda/rope_pool/rope_pool.cu
@@ -44,7 +53,7 @@ target_sources(_native PRIVATE ${JAX_SGL_CUDA_SOURCES})
 # _native exists before CUDA is enabled, so it did not pick up CMAKE_CUDA_ARCHITECTURES.
 set_target_properties(_native PROPERTIES CUDA_ARCHITECTURES "${JAX_SGL_CUDA_ARCHS}")
 target_compile_definitions(_native PRIVATE JAX_SGL_HAVE_CUDA=1)
-target_link_libraries(_native PRIVATE CUDA::cudart_static)
+target_link_libraries(_native PRIVATE jax_sgl_cudart)
 target_compile_options(_native PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr -lineinfo>)
 
 # CuTe/CUTLASS headers for the matrix kernels, from the nvidia-cutlass wheel
@@ -66,9 +75,6 @@ if(JAX_SGL_CUTLASS_INCLUDE_DIR)
   add_library(jax_sgl_cutlass INTERFACE)
   target_include_directories(jax_sgl_cutlass SYSTEM INTERFACE "${JAX_SGL_CUTLASS_INCLUDE_DIR}")
   message(STATUS "jax_sgl: CuTe/CUTLASS headers: ${JAX_SGL_CUTLASS_INCLUDE_DIR}")
-else()
-  message(STATUS "jax_sgl: nvidia-cutlass not found (pip install nvidia-cutlass); kernels that "
-                 "need CuTe are skipped")
 endif()
 
 # Hopper flash forward and backward (ffi/cuda/attention/sm90, CuTe wgmma + TMA): built when 90a is
@@ -162,7 +168,7 @@ if("90a" IN_LIST JAX_SGL_CUDA_ARCHS AND TARGET jax_sgl_cutlass AND JAX_SGL_SM90_
   set_target_properties(jax_sgl_sm90 PROPERTIES CUDA_ARCHITECTURES "90a"
                                                 POSITION_INDEPENDENT_CODE ON)
   target_include_directories(jax_sgl_sm90 PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})
-  target_link_libraries(jax_sgl_sm90 PRIVATE jax_sgl_cutlass CUDA::cudart_static)
+  target_link_libraries(jax_sgl_sm90 PRIVATE jax_sgl_cutlass jax_sgl_cudart)
   target_compile_options(jax_sgl_sm90 PRIVATE --expt-relaxed-constexpr -lineinfo)
   # wgmma N other than 2^k (the wide variants' 176 / 80 key tiles) is behind this switch in
   # CuTe's MMA selectors; without it they silently pick N = 16.
@@ -176,4 +182,16 @@ if("90a" IN_LIST JAX_SGL_CUDA_ARCHS AND TARGET jax_sgl_cutlass AND JAX_SGL_SM90_
                  "dtypes ${JAX_SGL_SM90_DTYPES}, defaults ${JAX_SGL_SM90_DEFAULT_VARIANTS}, "
                  "extra variants '${JAX_SGL_SM90_VARIANTS}', extra backward variants "
                  "'${JAX_SGL_SM90_BWD_VARIANTS}': ${_n} files")
+endif()
+
+# A build for sm_90a without CuTe would fall back to the portable kernels at a third of the speed:
+# say so in one loud line, and let the module report it (attention_backend_info(), and a
+# one-time warning at the first call on a Hopper GPU).
+string(REPLACE ";" "," _jax_sgl_archs_csv "${JAX_SGL_CUDA_ARCHS}")
+target_compile_definitions(_native PRIVATE "JAX_SGL_CUDA_ARCHS_BUILT=\"${_jax_sgl_archs_csv}\"")
+if("90a" IN_LIST JAX_SGL_CUDA_ARCHS AND NOT TARGET jax_sgl_cutlass)
+  message(WARNING "jax_sgl: *** Hopper (sm90) attention kernels NOT built: no CuTe headers "
+                  "(nvidia-cutlass) in the build environment; install with nvcc on PATH (the "
+                  "build then pulls nvidia-cutlass) or set JAX_SGL_CUTLASS_INCLUDE_DIR ***")
+  target_compile_definitions(_native PRIVATE JAX_SGL_SM90_NO_CUTE=1)
 endif()

@@ -63,6 +63,22 @@ NB_MODULE(_native, m) {
 #endif
     return d;
   });
+  // How the CUDA part was built (jax_sgl.attention_backend_info()): its archs, and whether the
+  // sm_90a kernels were left out for want of the CuTe headers.
+  m.def("build_info", []() {
+    nb::dict d;
+#ifdef JAX_SGL_CUDA_ARCHS_BUILT
+    d["cuda_archs"] = std::string(JAX_SGL_CUDA_ARCHS_BUILT);
+#else
+    d["cuda_archs"] = std::string();
+#endif
+#ifdef JAX_SGL_SM90_NO_CUTE
+    d["sm90_no_cute"] = true;
+#else
+    d["sm90_no_cute"] = false;
+#endif
+    return d;
+  });
   // The sm_90a attention instantiations in this build (jax_sgl.attention_backend_info()).
   m.def("sm90_attention_kernels", []() -> std::string {
 #ifdef JAX_SGL_HAVE_SM90

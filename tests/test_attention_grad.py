@@ -265,7 +265,10 @@ def test_backward_lowers_to_reference_without_native_kernel():
     warnings.simplefilter("ignore", RuntimeWarning)
     exported = jax.export.export(jax.jit(jax.grad(f, argnums=(0, 1, 2))), platforms=["tpu"])(
         q, k, v)
-  assert "jax_sgl_attention" not in exported.mlir_module()
+  # The primitive's name may still appear in debug locations (jax 0.11+); only a custom call counts.
+  module = exported.mlir_module()
+  assert "stablehlo.dot_general" in module
+  assert "custom_call @jax_sgl" not in module
 
 
 @pytest.mark.skipif("jax_sgl_attention_bwd" not in jax_sgl.CUDA_TARGETS,
