@@ -1,6 +1,17 @@
 # CUDA part of jax_sgl._native: kernels compiled for JAX_SGL_CUDA_ARCHS, handlers registered for
 # the "CUDA" platform. Included from the top-level CMakeLists only when nvcc was found.
-set(CMAKE_CUDA_ARCHITECTURES ${JAX_SGL_CUDA_ARCHS})
+# SASS for every arch, and PTX only for plain ones (80: JIT-compiled on GPUs newer than any
+# listed arch). PTX of an arch-specific target (90a, 100a) runs only on that very arch, where the
+# SASS already is: it would only make the binary larger.
+set(JAX_SGL_CUDA_ARCHITECTURES)
+foreach(_arch ${JAX_SGL_CUDA_ARCHS})
+  if(_arch MATCHES "a$")
+    list(APPEND JAX_SGL_CUDA_ARCHITECTURES "${_arch}-real")
+  else()
+    list(APPEND JAX_SGL_CUDA_ARCHITECTURES "${_arch}")
+  endif()
+endforeach()
+set(CMAKE_CUDA_ARCHITECTURES ${JAX_SGL_CUDA_ARCHITECTURES})
 enable_language(CUDA)
 set(CMAKE_CUDA_STANDARD 17)
 set(CMAKE_CUDA_STANDARD_REQUIRED ON)
@@ -9,7 +20,8 @@ message(STATUS "jax_sgl: CUDA enabled, archs ${JAX_SGL_CUDA_ARCHS}")
 # not find_package(CUDAToolkit), which fails on the wheels' layout (no libcudart.so there) and
 # could pick another toolkit than the compiler's. The host sources (handlers) include
 # cuda_runtime.h from the same tree.
-find_library(JAX_SGL_CUDART_STATIC cudart_static HINTS ${CMAKE_CUDA_IMPLICIT_LINK_DIRECTORIES}
+find_library(JAX_SGL_CUDART_STATIC cudart_static
+             HINTS ${CMAKE_CUDA_IMPLICIT_LINK_DIRECTORIES} "${JAX_SGL_PIP_CUDA_ROOT}/lib"
              NO_DEFAULT_PATH REQUIRED)
 add_library(jax_sgl_cudart INTERFACE)
 target_include_directories(jax_sgl_cudart SYSTEM INTERFACE ${CMAKE_CUDA_TOOLKIT_INCLUDE_DIRECTORIES})
@@ -51,7 +63,7 @@ foreach(d 64 96 128 192 256)
 endforeach()
 target_sources(_native PRIVATE ${JAX_SGL_CUDA_SOURCES})
 # _native exists before CUDA is enabled, so it did not pick up CMAKE_CUDA_ARCHITECTURES.
-set_target_properties(_native PROPERTIES CUDA_ARCHITECTURES "${JAX_SGL_CUDA_ARCHS}")
+set_target_properties(_native PROPERTIES CUDA_ARCHITECTURES "${JAX_SGL_CUDA_ARCHITECTURES}")
 target_compile_definitions(_native PRIVATE JAX_SGL_HAVE_CUDA=1)
 target_link_libraries(_native PRIVATE jax_sgl_cudart)
 target_compile_options(_native PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr -lineinfo>)
@@ -165,7 +177,7 @@ if("90a" IN_LIST JAX_SGL_CUDA_ARCHS AND TARGET jax_sgl_cutlass AND JAX_SGL_SM90_
        CONTENT "${_jax_sgl_sm90_bwd_inc}" @ONLY)
   target_include_directories(_native PRIVATE "${_jax_sgl_sm90_gen}")
   add_library(jax_sgl_sm90 OBJECT ${_jax_sgl_sm90_sources})
-  set_target_properties(jax_sgl_sm90 PROPERTIES CUDA_ARCHITECTURES "90a"
+  set_target_properties(jax_sgl_sm90 PROPERTIES CUDA_ARCHITECTURES "90a-real"
                                                 POSITION_INDEPENDENT_CODE ON)
   target_include_directories(jax_sgl_sm90 PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})
   target_link_libraries(jax_sgl_sm90 PRIVATE jax_sgl_cutlass jax_sgl_cudart)

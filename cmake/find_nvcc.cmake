@@ -25,6 +25,10 @@ elseif(_jax_sgl_cuda STREQUAL "pip")
                         "isolated pip build installs it itself)")
   endif()
   set(CMAKE_CUDA_COMPILER "${_jax_sgl_pip_nvcc}" CACHE FILEPATH "" FORCE)
+  # The nvcc wheel's profile links from lib64/, the cudart wheel installs into lib/: show nvcc
+  # lib/ for CMake's compiler check, and cuda.cmake looks for the static cudart there.
+  get_filename_component(JAX_SGL_PIP_CUDA_ROOT "${_jax_sgl_pip_nvcc}/../.." ABSOLUTE)
+  set(ENV{NVCC_APPEND_FLAGS} "$ENV{NVCC_APPEND_FLAGS} -L${JAX_SGL_PIP_CUDA_ROOT}/lib")
   message(STATUS "jax_sgl: nvcc from PyPI: ${CMAKE_CUDA_COMPILER}")
 elseif(_jax_sgl_cuda STREQUAL "auto")
   if(NOT CMAKE_CUDA_COMPILER AND NOT DEFINED ENV{CUDACXX})
