@@ -1,0 +1,16 @@
+# jax_sgl_sources(<key> <var>): the list <key> of ffi/sources.json (the one list of native sources
+# that CMake and bazel/ both read) into <var>.
+function(jax_sgl_sources key var)
+  file(READ "${PROJECT_SOURCE_DIR}/ffi/sources.json" _json)
+  set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS "${PROJECT_SOURCE_DIR}/ffi/sources.json")
+  string(JSON _n LENGTH "${_json}" "${key}")
+  set(_out)
+  if(_n GREATER 0)
+    math(EXPR _last "${_n} - 1")
+    foreach(i RANGE ${_last})
+      string(JSON _item GET "${_json}" "${key}" ${i})
+      list(APPEND _out "${_item}")
+    endforeach()
+  endif()
+  set(${var} ${_out} PARENT_SCOPE)
+endfunction()
