@@ -26,6 +26,7 @@ from jax_sgl._checks import (ATTN_FN, KV_PAGED, AttentionSpec, check_attention,
 from jax_sgl._dtypes import is_fp8
 from jax_sgl._primitive import (at_front, batch_size, ffi_rule, register_lowerings,
                                 warn_reference_once)
+from jax_sgl._registration import warn_if_sm90_absent
 from jax_sgl._sharding import partition_attention, partition_attention_bwd
 
 TARGET = "jax_sgl_attention_fwd"
@@ -68,6 +69,7 @@ def _ffi_attrs(ctx, spec: AttentionSpec) -> dict:
   q_aval = ctx.avals_in[0]
   if "cuda" in ctx.module_context.platforms:
     check_attention_cuda(q_aval.dtype, ctx.avals_in[2].dtype)
+    warn_if_sm90_absent()
   max_seqlen_q = q_aval.shape[0] if spec.varlen_q else q_aval.shape[1]
   return dict(
       kv_layout=np.int64(spec.kv_layout), varlen_q=np.bool_(spec.varlen_q),
