@@ -1,6 +1,6 @@
 """A/B of jax_sgl's CUDA decode paths, in one process, against cuDNN and XLA.
 
-Variants are run-time switches the host dispatch reads at every call (flash_decode_launch.h):
+Variants are run-time switches the host dispatch reads at every call (decode/launch.h):
 JAX_SGL_DECODE=old|new|warp|warpmma|warpmma2|warptma, JAX_SGL_DECODE_SPLITS=N (0: heuristic),
 JAX_SGL_DECODE_STAGES=N, JAX_SGL_DECODE_WAVES=N (warp variants' split heuristic; 0: the count
 that fills the last wave best), JAX_SGL_DECODE_TMA_L2=N; so one jitted function serves them all.
@@ -65,7 +65,7 @@ def variants(batch):
     for waves in ("1", "0"):
       v[f"warpmma2 stages={st} waves={'fit' if waves == '0' else waves}"] = {
           "JAX_SGL_DECODE": "warpmma2", "JAX_SGL_DECODE_STAGES": st, "JAX_SGL_DECODE_WAVES": waves}
-  # TMA-fed stages (flash_decode_tma.cuh): 8 KiB unpadded stages, so 3 stages still fit 2 CTAs
+  # TMA-fed stages (decode/tma_kernel.cuh): 8 KiB unpadded stages, so 3 stages still fit 2 CTAs
   # per SM; 4 stages is one CTA per SM, 2 stages three.
   v["warptma"] = {"JAX_SGL_DECODE": "warptma"}
   for st in ("2", "4"):

@@ -1,4 +1,4 @@
-"""A/B of the sm_90a flash forward's variants (ffi/cuda/attention/sm90/variants.h) against cuDNN,
+"""A/B of the sm_90a flash forward's variants (ffi/cuda/attention/sm90/fwd/tile_size.h) against cuDNN,
 all in one process on one H200: bf16, S = 8k (--seqlens), B*S = 32k tokens, hd64 / hd128 / hd256
 with 16/16 heads and hd128 with GQA 32/8, causal and not.
 

@@ -15,7 +15,7 @@
                        (JAX_SGL_SM90_TAIL_SPLIT=0, JAX_SGL_SM90_BWD_TAIL_SPLIT=0; A/B knobs;
                        the split is on in all other rows);
              sm90v<V>  sm90 in performance variant V (JAX_SGL_SM90_BWD_VARIANT=V,
-                       sm90/bwd_config.h; built by JAX_SGL_SM90_BWD_VARIANTS), for A/B runs.
+                       sm90/bwd/config.h; built by JAX_SGL_SM90_BWD_VARIANTS), for A/B runs.
            The sm90 variants run only where the build has the kernel and the device is 9.0;
            these dense calls are all in its coverage. Both variables are read by the handler
            at every call, so one process times all of them.

@@ -17,11 +17,11 @@ set(JAX_SGL_CUDA_SOURCES
 set(JAX_SGL_ATTN_HEAD_DIMS "64;96;128;192;256" CACHE STRING "Attention head-dim kernels to build")
 list(APPEND JAX_SGL_CUDA_SOURCES
   ffi/cuda/attention/attention_handler.cc
-  ffi/cuda/attention/flash_dispatch.cc
-  ffi/cuda/attention/flash_split_combine.cu
+  ffi/cuda/attention/fwd_dispatch.cc
+  ffi/cuda/attention/common/split_combine.cu
   ffi/cuda/attention/attention_bwd_handler.cc
-  ffi/cuda/attention/flash_bwd_dispatch.cc
-  ffi/cuda/attention/flash_bwd_preprocess.cu
+  ffi/cuda/attention/bwd_dispatch.cc
+  ffi/cuda/attention/bwd_sm80/preprocess.cu
 )
 foreach(d 64 96 128 192 256)
   if(d IN_LIST JAX_SGL_ATTN_HEAD_DIMS)
@@ -30,7 +30,7 @@ foreach(d 64 96 128 192 256)
       ffi/cuda/attention/instantiations/flash_fwd_sm80_hdim${d}_fp16.cu
       ffi/cuda/attention/instantiations/flash_decode_hdim${d}_bf16.cu
       ffi/cuda/attention/instantiations/flash_decode_hdim${d}_fp16.cu)
-    # The backward (flash_bwd_sm80.cuh) has capacities up to 128 only.
+    # The backward (bwd_sm80/kernel.cuh) has capacities up to 128 only.
     if(d LESS_EQUAL 128)
       list(APPEND JAX_SGL_CUDA_SOURCES
         ffi/cuda/attention/instantiations/flash_bwd_sm80_hdim${d}_bf16.cu
@@ -78,10 +78,10 @@ endif()
 # extra A/B variants of JAX_SGL_SM90_VARIANTS. The list goes to the dispatch as X-macros in a
 # generated header (sm90_kernels.inc). At run time JAX_SGL_SM90 turns the kernel off. The backward
 # (head dims 64 and 128) defines JAX_SGL_SM90_BWD_HAVE_HDIM<D>_<DTYPE>; JAX_SGL_SM90_BWD picks it
-# at run time (sm90/bwd_dispatch.cc).
+# at run time (sm90/bwd/dispatch.cc).
 set(JAX_SGL_SM90_HEAD_DIMS "64;128;256" CACHE STRING "sm90 attention head dims to build")
 set(JAX_SGL_SM90_DTYPES "bf16;fp16" CACHE STRING "sm90 attention dtypes to build")
-# The variant (sm90/variants.h) a call runs when JAX_SGL_SM90_VARIANT is unset, per head dim:
+# The variant (sm90/fwd/tile_size.h) a call runs when JAX_SGL_SM90_VARIANT is unset, per head dim:
 # "<head dim>:<non-causal>:<causal>", the best measured on an H200 (benchmarks/NOTES_sm90.md).
 set(JAX_SGL_SM90_DEFAULT_VARIANTS "64:6:6;128:4:4;256:7:7" CACHE STRING
     "sm90 attention default variant per head dim: <head dim>:<non-causal>:<causal>[:<short>], \
@@ -89,7 +89,7 @@ short: calls of at most 2048 rows and keys")
 # Extra variants for A/B runs (picked at run time by JAX_SGL_SM90_VARIANT): each costs one more
 # nvcc run per (head dim, dtype), so the default build has none.
 set(JAX_SGL_SM90_VARIANTS "" CACHE STRING "extra sm90 attention kernel variants to build (A/B)")
-# Extra sm90 backward performance variants (sm90/bwd_config.h bit sets, 1-15 without both 2 and
+# Extra sm90 backward performance variants (sm90/bwd/config.h bit sets, 1-15 without both 2 and
 # 8; picked at run time by JAX_SGL_SM90_BWD_VARIANT) for A/B runs; the default build has none
 # (variant 0 only).
 set(JAX_SGL_SM90_BWD_VARIANTS "" CACHE STRING "extra sm90 backward kernel variants to build (A/B)")
@@ -167,8 +167,8 @@ if("90a" IN_LIST JAX_SGL_CUDA_ARCHS AND TARGET jax_sgl_cutlass AND JAX_SGL_SM90_
   # wgmma N other than 2^k (the wide variants' 176 / 80 key tiles) is behind this switch in
   # CuTe's MMA selectors; without it they silently pick N = 16.
   target_compile_definitions(jax_sgl_sm90 PRIVATE CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED=1)
-  target_sources(_native PRIVATE ffi/cuda/attention/sm90/dispatch.cc
-                                 ffi/cuda/attention/sm90/bwd_dispatch.cc
+  target_sources(_native PRIVATE ffi/cuda/attention/sm90/fwd/dispatch.cc
+                                 ffi/cuda/attention/sm90/bwd/dispatch.cc
                                  $<TARGET_OBJECTS:jax_sgl_sm90>)
   target_compile_definitions(_native PRIVATE JAX_SGL_HAVE_SM90=1)
   list(LENGTH _jax_sgl_sm90_sources _n)

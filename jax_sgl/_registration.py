@@ -26,7 +26,7 @@ def attention_backend_info() -> dict:
 
   sm90_kernels: the sm_90a (Hopper wgmma + TMA) instantiations compiled in, e.g.
   ("hdim128_bf16", "hdim128_bf16_variant4", "hdim128_default_v6_v4_s4"): each (head dim, dtype),
-  each variant of it (ffi/cuda/attention/sm90/variants.h), and per head dim the variants calls
+  each variant of it (ffi/cuda/attention/sm90/fwd/tile_size.h), and per head dim the variants calls
   run by default when JAX_SGL_SM90_VARIANT is unset: non-causal, causal, and "_s<v>" for calls
   of at most 2048 rows and keys where the head dim has one. sm90_mode: JAX_SGL_SM90 as the CUDA
   handler reads it at every call: "on"

@@ -1,4 +1,4 @@
-"""The CUDA decode kernel (flash_decode.cuh) against the pure-JAX reference (float32 oracle).
+"""The CUDA decode kernel (decode/block_kernel.cuh) against the pure-JAX reference (float32 oracle).
 
 Decode-shaped calls (at most 8 q rows per sequence) run on the dedicated decode kernel unless
 JAX_SGL_DECODE=old; the host dispatch reads JAX_SGL_DECODE, JAX_SGL_DECODE_SPLITS and

@@ -148,7 +148,7 @@ def test_other_head_dims(layout, head_dim, head_dim_v):
 @pytest.mark.parametrize("mask", ("none", "causal", "window"))
 @pytest.mark.parametrize("q_len", (1, 2, 4, 8))
 def test_paged_decode(q_len, mask):
-  """q length 1..8 per sequence over long paged KV: the decode kernel (flash_decode.cuh) by
+  """q length 1..8 per sequence over long paged KV: the decode kernel (decode/block_kernel.cuh) by
   default, or with JAX_SGL_DECODE=old the sm80 decode / prefill layouts; split-KV partials are
   merged by the combine kernel. tests/test_attention_decode_gpu.py has the decode matrix."""
   batch, k_lens = 5, (1000, 1, 0, 517, 2048)

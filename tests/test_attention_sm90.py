@@ -6,7 +6,7 @@ anything but a compute-capability-9.0 device, or in a build
 without the (dtype, head dim) instantiation, the test is skipped rather than silently testing the
 portable kernel. Outputs are poisoned beforehand so unwritten elements show up as NaN.
 
-Every test runs once per kernel variant (ffi/cuda/attention/sm90/variants.h) that the build holds
+Every test runs once per kernel variant (ffi/cuda/attention/sm90/fwd/tile_size.h) that the build holds
 for its (head dim, dtype) (the defaults of CMake JAX_SGL_SM90_DEFAULT_VARIANTS plus the extra
 JAX_SGL_SM90_VARIANTS), picked by JAX_SGL_SM90_VARIANT like the handler reads it, and once with
 it unset (the default path).
@@ -59,8 +59,8 @@ def _sm90(monkeypatch):
   monkeypatch.setenv("JAX_SGL_DECODE", "old")
 
 
-VARIANTS = (None,) + tuple(range(13))  # ffi/cuda/attention/sm90/variants.h; None: unset
-# The persistent variants (sm90/variants.h Variant(v).persistent), which run the tail split; the
+VARIANTS = (None,) + tuple(range(13))  # ffi/cuda/attention/sm90/fwd/tile_size.h; None: unset
+# The persistent variants (sm90/fwd/tile_size.h Variant(v).persistent), which run the tail split; the
 # others take one CTA per tile and ignore it.
 PERSISTENT_VARIANTS = ("1", "2", "3", "4", "5", "6", "9", "10", "11", "12")
 

@@ -7,10 +7,10 @@
 #include <type_traits>
 
 #include "ffi/common/numeric.h"
-#include "ffi/cuda/attention/device.h"
-#include "ffi/cuda/attention/env.h"
-#include "ffi/cuda/attention/sm90/bwd_launch.h"
-#include "ffi/cuda/attention/sm90/launch.h"
+#include "ffi/cuda/attention/common/device.h"
+#include "ffi/cuda/attention/common/env.h"
+#include "ffi/cuda/attention/sm90/bwd/launch.h"
+#include "ffi/cuda/attention/sm90/fwd/launch.h"
 
 namespace jax_sgl::cuda {
 namespace {

@@ -24,8 +24,8 @@
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
 #include "ffi/common/attention_geometry.h"
-#include "ffi/cuda/attention/sm90/config.h"
-#include "ffi/cuda/attention/sm90/softmax.h"
+#include "ffi/cuda/attention/sm90/fwd/config.h"
+#include "ffi/cuda/attention/sm90/fwd/softmax.h"
 #include "ffi/cuda/attention/sm90/tma_load.h"
 
 namespace jax_sgl::cuda::sm90 {

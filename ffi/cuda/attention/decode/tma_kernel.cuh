@@ -1,5 +1,5 @@
 // Decode attention, warp-sliced mma kernel fed by the tensor copy engine (warptma: the default
-// decode kernel on sm_90+ where it serves, below): the warpmma2 kernel (flash_decode_warp2.cuh:
+// decode kernel on sm_90+ where it serves, below): the warpmma2 kernel (decode/cp_async_kernel.cuh:
 // per-warp rings of 16-key stages, one m16 tile of packed rows, merge of the 4 warps at the end)
 // with each stage's K and V loaded by `cp.async.bulk.tensor` instead of 32 lanes x 16 cp.async
 // copies of 16 bytes.
@@ -20,7 +20,7 @@
 // behind a bad page entry issues no copy at all; rows past the buffer's end are the copy
 // engine's zero fill. So nothing outside the buffers is read.
 //
-// Served (flash_dispatch.cc): head-dim capacity 64 or 128, dense / varlen K/V, or paged with a
+// Served (fwd_dispatch.cc): head-dim capacity 64 or 128, dense / varlen K/V, or paged with a
 // page size that is a multiple of 16, buffers of < 2^31 rows, on a device of compute capability
 // 9.0 or later. Everything else of the warp mma kernels (masks, softcap, LSE, splits) is theirs.
 #pragma once
@@ -28,10 +28,10 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
-#include "ffi/cuda/attention/env.h"
-#include "ffi/cuda/attention/flash_decode.cuh"
-#include "ffi/cuda/attention/flash_decode_warp2.cuh"
-#include "ffi/cuda/attention/flash_decode_warp_mma_steps.cuh"
+#include "ffi/cuda/attention/common/env.h"
+#include "ffi/cuda/attention/decode/block_kernel.cuh"
+#include "ffi/cuda/attention/decode/cp_async_kernel.cuh"
+#include "ffi/cuda/attention/decode/warp_steps.cuh"
 
 namespace jax_sgl::cuda {
 namespace decode_tma {

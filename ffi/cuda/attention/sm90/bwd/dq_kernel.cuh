@@ -15,9 +15,9 @@
 #include <cutlass/arch/reg_reconfig.h>
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
-#include "ffi/cuda/attention/sm90/bwd_dq_config.h"
-#include "ffi/cuda/attention/sm90/bwd_kernel.cuh"  // BwdGemm, AccToA, StorePairs
-#include "ffi/cuda/attention/sm90/softmax.h"      // AccCoord
+#include "ffi/cuda/attention/sm90/bwd/dq_config.h"
+#include "ffi/cuda/attention/sm90/bwd/kernel.cuh"  // BwdGemm, AccToA, StorePairs
+#include "ffi/cuda/attention/sm90/fwd/softmax.h"      // AccCoord
 
 namespace jax_sgl::cuda::sm90 {
 

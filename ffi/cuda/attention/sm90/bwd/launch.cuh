@@ -6,11 +6,11 @@
 #pragma once
 
 #include "ffi/common/numeric.h"
-#include "ffi/cuda/attention/sm90/bwd_dq_kernel.cuh"
-#include "ffi/cuda/attention/sm90/bwd_kernel.cuh"
-#include "ffi/cuda/attention/sm90/bwd_launch.h"
-#include "ffi/cuda/attention/sm90/bwd_tail_sum.cuh"
-#include "ffi/cuda/attention/sm90/launch.cuh"  // CutlassType, DenseTensor
+#include "ffi/cuda/attention/sm90/bwd/dq_kernel.cuh"
+#include "ffi/cuda/attention/sm90/bwd/kernel.cuh"
+#include "ffi/cuda/attention/sm90/bwd/launch.h"
+#include "ffi/cuda/attention/sm90/bwd/tail_sum.cuh"
+#include "ffi/cuda/attention/sm90/fwd/launch.cuh"  // CutlassType, DenseTensor
 
 namespace jax_sgl::cuda {
 

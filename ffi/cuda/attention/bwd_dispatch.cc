@@ -1,7 +1,7 @@
 // Host side of the CUDA attention backward: which calls it serves, how much workspace they need,
 // and the launch sequence (clear unowned gradient rows, preprocess, dK/dV, dQ), on the sm_90a
-// kernels where they serve the call (sm90/bwd_launch.h) and the sm80 kernels otherwise. Host
-// code only: the kernels live in flash_bwd_preprocess.cu and the generated instantiations/ files.
+// kernels where they serve the call (sm90/bwd/launch.h) and the sm80 kernels otherwise. Host
+// code only: the kernels live in bwd_sm80/preprocess.cu and the generated instantiations/ files.
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -10,7 +10,7 @@
 #include "ffi/cuda/attention/flash_bwd_launch.h"
 #include "ffi/cuda/attention/flash_fwd_launch.h"  // HeadDimBuilt
 #ifdef JAX_SGL_HAVE_SM90
-#include "ffi/cuda/attention/sm90/bwd_launch.h"
+#include "ffi/cuda/attention/sm90/bwd/launch.h"
 #endif
 
 namespace jax_sgl::cuda {

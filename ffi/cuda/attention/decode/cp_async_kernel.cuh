@@ -1,5 +1,5 @@
 // Decode attention, warp-sliced mma kernel with cheap copy addressing (JAX_SGL_DECODE=warpmma2):
-// the warpmma kernel of flash_decode_warp.cuh (per-warp cp.async rings of 16-key stages, the
+// the warpmma kernel of decode/warp_launch.cuh (per-warp cp.async rings of 16-key stages, the
 // m16n8k16 chunk on one m16 tile of packed rows, merge of the 4 warps at the end) with the issue
 // path cut from ~55 to a few SASS instructions per key, where the H200 run put most of its time:
 //   - the key's source row is resolved once per stage by the lane that owns the key, as a 32-bit
@@ -17,8 +17,8 @@
 // Everything else (layouts, masks, softcap, LSE, split partials) is the warpmma kernel's.
 #pragma once
 
-#include "ffi/cuda/attention/flash_decode.cuh"
-#include "ffi/cuda/attention/flash_decode_warp_mma_steps.cuh"
+#include "ffi/cuda/attention/decode/block_kernel.cuh"
+#include "ffi/cuda/attention/decode/warp_steps.cuh"
 
 namespace jax_sgl::cuda {
 namespace decode_warp2 {

@@ -12,7 +12,7 @@
 //                       forward's loop with dP = dO V^T beside S and dQ += dS K in place of PV.
 // The S/dP accumulators of one mma are laid out exactly as the A operand of the next (as P is in
 // the forward), so P^T and dS^T go from registers into the second product without shared memory.
-// The warp primitives (mma, ldmatrix, cp.async) are the forward's (flash_fwd_sm80.cuh).
+// The warp primitives (mma, ldmatrix, cp.async) are the forward's (prefill_sm80/kernel.cuh).
 // Included only by the generated instantiation files (instantiations/flash_bwd_sm80_*.cu).
 #pragma once
 
@@ -24,7 +24,7 @@
 #include "ffi/common/attention_bwd_params.h"
 #include "ffi/common/attention_seq.h"
 #include "ffi/cuda/attention/flash_bwd_launch.h"
-#include "ffi/cuda/attention/flash_fwd_sm80.cuh"
+#include "ffi/cuda/attention/prefill_sm80/kernel.cuh"
 
 namespace jax_sgl::cuda {
 namespace flash_bwd {

@@ -1,4 +1,4 @@
-// Host-side contract of the dedicated decode kernel (flash_decode.cuh): its tile geometry as
+// Host-side contract of the dedicated decode kernel (decode/block_kernel.cuh): its tile geometry as
 // constexpr functions (so the dispatch can size shared memory, occupancy and splits without CUDA
 // syntax), the launch arguments, and the per-(dtype, head dim) launcher the instantiations define.
 //
@@ -8,15 +8,15 @@
 // through a kStages-deep cp.async ring. Partials of a split go to the same float32 scratch the
 // sm80 kernel uses, merged by LaunchSplitCombine.
 //
-// Run-time switches (read by flash_dispatch.cc at every call, so one process can A/B them):
+// Run-time switches (read by fwd_dispatch.cc at every call, so one process can A/B them):
 //   JAX_SGL_DECODE=old|new|warp   the sm80 split-KV path, this kernel, or the warp-sliced
-//                                 CUDA-core kernel (flash_decode_warp.cuh) for calls of at most
+//                                 CUDA-core kernel (decode/warp_launch.cuh) for calls of at most
 //                                 kDecodeWarpMaxRows packed rows (others: new)
 //                 |warpmma        or its mma form for at most kDecodeWarpMmaMaxRows rows (calls
 //                                 with more packed rows run this kernel)
-//                 |warpmma2       the mma form with cheap copy addressing (flash_decode_warp2.cuh;
+//                 |warpmma2       the mma form with cheap copy addressing (decode/cp_async_kernel.cuh;
 //                                 pools of < 2^31 rows, else warpmma)
-//                 |warptma        warpmma2 with K/V stages loaded by TMA (flash_decode_tma.cuh),
+//                 |warptma        warpmma2 with K/V stages loaded by TMA (decode/tma_kernel.cuh),
 //                                 the default where it serves: sm_90+ devices, head-dim capacity
 //                                 64 / 128, dense / varlen K/V or pages of a multiple of 16 keys;
 //                                 other calls run warpmma2 (unset JAX_SGL_DECODE is the same)
@@ -66,7 +66,7 @@ constexpr int DecodeSmemBytes(int d, int stages, int m_tiles) {
   return main > DecodeEpilogueBytes(d) ? main : DecodeEpilogueBytes(d);
 }
 
-// Warp-sliced kernel (flash_decode_warp.cuh): 4 warps, each with its own ring of stages of
+// Warp-sliced kernel (decode/warp_launch.cuh): 4 warps, each with its own ring of stages of
 // DecodeWarpStageKeys keys (K + V: 4 KiB at d = 64 / 128 / 256, 3 KiB at 96 / 192); a group of
 // DecodeWarpVecLanes lanes (8 dims, 16 bytes each) holds one key; row capacity 4 or 8.
 inline constexpr int kDecodeWarpThreads = 128;
@@ -96,10 +96,10 @@ constexpr int DecodeWarpMmaSmemBytes(int d, int stages) {
 }
 
 // Which warp mma kernel runs rows bounds of 9..16 (and all rows when selected): the warpmma kernel,
-// warpmma2 (flash_decode_warp2.cuh) or its TMA form (flash_decode_tma.cuh).
+// warpmma2 (decode/cp_async_kernel.cuh) or its TMA form (decode/tma_kernel.cuh).
 inline constexpr int kDecodeWarpMma1 = 1;
 inline constexpr int kDecodeWarpMma2 = 2;
-inline constexpr int kDecodeWarpTma = 3;  // flash_decode_tma.cuh
+inline constexpr int kDecodeWarpTma = 3;  // decode/tma_kernel.cuh
 
 // The TMA form's shared memory: q (16 padded rows), slack to the 1024-byte alignment of the
 // 128-byte swizzle, per warp `stages` x (K, V) tiles of 16 rows x d (unpadded), per warp

@@ -18,8 +18,8 @@
 // Included only by the generated instantiation files (instantiations/flash_decode_*.cu).
 #pragma once
 
-#include "ffi/cuda/attention/flash_decode_launch.h"
-#include "ffi/cuda/attention/flash_fwd_sm80.cuh"  // Elem, Ldmatrix*, Quad*, kLog2e, kLn2
+#include "ffi/cuda/attention/decode/launch.h"
+#include "ffi/cuda/attention/prefill_sm80/kernel.cuh"  // Elem, Ldmatrix*, Quad*, kLog2e, kLn2
 
 namespace jax_sgl::cuda {
 namespace decode {

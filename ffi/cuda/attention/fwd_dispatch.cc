@@ -4,7 +4,7 @@
 // device reads), so the same plan holds when XLA replays the call. Host code only: the kernels
 // live in the generated instantiations/ files.
 //
-// Run-time switches, read at every call (documented in flash_decode_launch.h):
+// Run-time switches, read at every call (documented in decode/launch.h):
 //   JAX_SGL_DECODE=old|new|warp|warpmma|warpmma2|warptma, JAX_SGL_DECODE_TMA_L2=N,
 //   JAX_SGL_DECODE_SPLITS=N, JAX_SGL_DECODE_STAGES=N, JAX_SGL_DECODE_WAVES=N.
 #include <algorithm>
@@ -13,10 +13,10 @@
 #include <type_traits>
 
 #include "ffi/common/attention_seq.h"
-#include "ffi/cuda/attention/env.h"
-#include "ffi/cuda/attention/flash_decode_launch.h"
+#include "ffi/cuda/attention/common/env.h"
+#include "ffi/cuda/attention/decode/launch.h"
 #include "ffi/cuda/attention/flash_fwd_launch.h"
-#include "ffi/cuda/attention/sm90/launch.h"
+#include "ffi/cuda/attention/sm90/fwd/launch.h"
 
 namespace jax_sgl::cuda {
 namespace {
@@ -55,7 +55,7 @@ int DeviceAttr(cudaDeviceAttr attr, int fallback) {
   return value;
 }
 
-// Whether the TMA form (warptma, flash_decode_tma.cuh) can take the call: a device with the
+// Whether the TMA form (warptma, decode/tma_kernel.cuh) can take the call: a device with the
 // tensor copy engine, whole 128-byte column blocks, 16-key stages that never straddle a page.
 bool DecodeTmaServes(const AttentionParams& p, int cap) {
   if (cap != 64 && cap != 128) return false;

@@ -1,5 +1,5 @@
-// The parts the warp-sliced mma decode kernels share (warpmma in flash_decode_warp.cuh, warpmma2
-// in flash_decode_warp2.cuh, warptma in flash_decode_tma.cuh; they differ in how they stream K/V
+// The parts the warp-sliced mma decode kernels share (warpmma in decode/warp_launch.cuh, warpmma2
+// in decode/cp_async_kernel.cuh, warptma in decode/tma_kernel.cuh; they differ in how they stream K/V
 // into shared memory): the split of the keys into per-warp stages, the q tile and its fragments,
 // the scoring and masking of a 16-key stage, its online-softmax update and P V, the end where each
 // warp's (m, l, o) of the same 16 packed rows over its own slice of the keys merge through shared
@@ -7,7 +7,7 @@
 // launch and occupancy query.
 #pragma once
 
-#include "ffi/cuda/attention/flash_decode.cuh"
+#include "ffi/cuda/attention/decode/block_kernel.cuh"
 
 namespace jax_sgl::cuda::decode_warp_mma {
 

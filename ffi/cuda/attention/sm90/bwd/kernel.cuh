@@ -29,8 +29,8 @@
 #include <cutlass/arch/reg_reconfig.h>
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
-#include "ffi/cuda/attention/sm90/bwd_config.h"
-#include "ffi/cuda/attention/sm90/softmax.h"  // AccCoord
+#include "ffi/cuda/attention/sm90/bwd/config.h"
+#include "ffi/cuda/attention/sm90/fwd/softmax.h"  // AccCoord
 
 namespace jax_sgl::cuda::sm90 {
 

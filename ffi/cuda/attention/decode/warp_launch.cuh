@@ -2,7 +2,7 @@
 // rows (q length x GQA group) per (sequence, kv head) are at most kDecodeWarpMaxRows, the usual
 // decode (GQA 4-8, one or two q rows). Learned from flash-decoding / FlashInfer's decode kernels.
 //
-// Why not the mma kernel (flash_decode.cuh) here: with 4 valid rows of 16 its m16n8k16 work is
+// Why not the mma kernel (decode/block_kernel.cuh) here: with 4 valid rows of 16 its m16n8k16 work is
 // 3/4 padding, each 16-key chunk is a dependent mma -> softmax -> mma chain, every stage ends in
 // a block-wide barrier, and its copies put 4 threads on a 256-byte row in 16-byte pieces 64 bytes
 // apart (half-used 32-byte sectors per instruction). Here:
@@ -19,14 +19,14 @@
 //     registers, dot products reduce with xor shuffles inside the group; each lane group (32 /
 //     kVecLanes of them per warp) keeps its own running (m, l, acc) over its keys, so the loop
 //     has no cross-group reduction; one max/rescale per stage (4 keys per group at d = 128).
-// Masks, layouts, outputs and split partials are those of flash_decode.cuh.
+// Masks, layouts, outputs and split partials are those of decode/block_kernel.cuh.
 #pragma once
 
-#include "ffi/cuda/attention/flash_decode.cuh"
-#include "ffi/cuda/attention/flash_decode_tma.cuh"
-#include "ffi/cuda/attention/flash_decode_warp2.cuh"
-#include "ffi/cuda/attention/flash_decode_warp_mma_steps.cuh"
-#include "ffi/cuda/attention/unpack.cuh"
+#include "ffi/cuda/attention/decode/block_kernel.cuh"
+#include "ffi/cuda/attention/decode/tma_kernel.cuh"
+#include "ffi/cuda/attention/decode/cp_async_kernel.cuh"
+#include "ffi/cuda/attention/decode/warp_steps.cuh"
+#include "ffi/cuda/attention/common/unpack.cuh"
 
 namespace jax_sgl::cuda {
 namespace decode_warp {
@@ -384,7 +384,7 @@ int CtasPerSm(int stages) {
 }
 
 // The mma form (JAX_SGL_DECODE=warpmma): per-warp rings and copies as above, but a stage is 16
-// keys in ldmatrix-padded rows and the warp runs the m16n8k16 chunk of flash_decode.cuh on it
+// keys in ldmatrix-padded rows and the warp runs the m16n8k16 chunk of decode/block_kernel.cuh on it
 // (one m16 tile of packed rows: ~12 instructions per key instead of ~75 on CUDA cores), with its
 // own online softmax; the warps merge at the end as the mma kernel's warps do. 2 CTAs per SM at
 // d = 128 and 3 stages (8.5 KiB each per warp).

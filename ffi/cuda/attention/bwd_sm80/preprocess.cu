@@ -13,7 +13,7 @@
 
 #include "ffi/common/numeric.h"
 #include "ffi/cuda/attention/flash_bwd_launch.h"
-#include "ffi/cuda/attention/unpack.cuh"
+#include "ffi/cuda/attention/common/unpack.cuh"
 
 namespace jax_sgl::cuda {
 namespace {

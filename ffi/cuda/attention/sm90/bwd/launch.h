@@ -1,11 +1,11 @@
 // Host contract of the sm_90a flash attention backward (wgmma + TMA, warp-specialized;
-// sm90/bwd_kernel.cuh). No CUDA kernel syntax: flash_bwd_dispatch.cc includes it.
+// sm90/bwd/kernel.cuh). No CUDA kernel syntax: bwd_dispatch.cc includes it.
 //
 // The sm90 backward replaces the sm80 dK/dV kernel and the sm80 dQ kernel: dQ comes from float32
 // reductions into a workspace plus a convert kernel (default, not bitwise reproducible), or,
 // with JAX_SGL_BWD_DETERMINISTIC=1, from a separate sm90 dQ kernel without atomics
 // (JAX_SGL_BWD_DETERMINISTIC=sm80: the sm80 dQ kernel, for A/B). The kernels read the workspace
-// the shared preprocess kernel writes (flash_bwd_preprocess.cu), laid out [batch, num_heads,
+// the shared preprocess kernel writes (bwd_sm80/preprocess.cu), laid out [batch, num_heads,
 // ws_rows] with ws_rows = seqlen_q rounded up to Sm90BwdRowBlock(), so each step's row values
 // are one in-bounds bulk copy.
 #pragma once
@@ -28,7 +28,7 @@ bool Sm90BwdEnabled(const AttentionParams& p);
 // Query rows per step of the kernel for p's head dim: the workspace's row padding.
 int Sm90BwdRowBlock(const AttentionParams& p);
 
-// The performance variant (sm90/bwd_config.h) JAX_SGL_SM90_BWD_VARIANT asks for, read at each
+// The performance variant (sm90/bwd/config.h) JAX_SGL_SM90_BWD_VARIANT asks for, read at each
 // call: 0 (the default kernel) when unset or not a number in [0, 15].
 int Sm90BwdVariant();
 
@@ -56,7 +56,7 @@ cudaError_t RunFlashBwdSm90(const FlashBwdArgs& args, float* dq_accum, bool dq_k
                             cudaStream_t stream);
 
 // One instantiation per (storage type, head dim, variant), in instantiations/flash_bwd_sm90_*.cu.
-// kVariant: sm90/bwd_config.h (0: the default kernel; others are A/B performance variants).
+// kVariant: sm90/bwd/config.h (0: the default kernel; others are A/B performance variants).
 template <typename T, int kHeadDim, int kVariant>
 cudaError_t LaunchFlashBwdSm90(const FlashBwdArgs& args, float* dq_accum, bool dq_kernel,
                                cudaStream_t stream);

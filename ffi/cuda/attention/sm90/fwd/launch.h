@@ -1,5 +1,5 @@
-// Host contract of the sm_90a flash forward (wgmma + TMA, warp-specialized; sm90/kernel.cuh).
-// No CUDA kernel syntax: flash_dispatch.cc includes it.
+// Host contract of the sm_90a flash forward (wgmma + TMA, warp-specialized; sm90/fwd/kernel.cuh).
+// No CUDA kernel syntax: fwd_dispatch.cc includes it.
 //
 // The dispatcher uses this kernel unless the environment sets JAX_SGL_SM90=0, when the device is
 // compute capability 9.0, the build has the (dtype, head dim) instantiation
@@ -63,7 +63,7 @@ bool Sm90TailSplitRequested(const AttentionParams& p);
 // Bytes of scratch the call needs (Sm90TailSplitRequested, the variant and the device's SMs).
 size_t Sm90ScratchBytes(const AttentionParams& p, int num_sms);
 
-// Launches the sm90 kernel, in the variant JAX_SGL_SM90_VARIANT selects (sm90/variants.h);
+// Launches the sm90 kernel, in the variant JAX_SGL_SM90_VARIANT selects (sm90/fwd/tile_size.h);
 // the caller checked Sm90Unsupported(p) == nullptr. scratch: Sm90ScratchBytes(p, SMs) of device
 // memory that this call may overwrite.
 cudaError_t RunFlashFwdSm90(const AttentionParams& p, void* scratch, cudaStream_t stream);

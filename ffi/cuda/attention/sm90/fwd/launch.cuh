@@ -7,12 +7,12 @@
 #include <algorithm>
 
 #include "ffi/common/numeric.h"
-#include "ffi/cuda/attention/device.h"
-#include "ffi/cuda/attention/env.h"
-#include "ffi/cuda/attention/sm90/kernel.cuh"
-#include "ffi/cuda/attention/sm90/launch.h"
-#include "ffi/cuda/attention/sm90/tail_combine.cuh"
-#include "ffi/cuda/attention/sm90/variants.h"
+#include "ffi/cuda/attention/common/device.h"
+#include "ffi/cuda/attention/common/env.h"
+#include "ffi/cuda/attention/sm90/fwd/kernel.cuh"
+#include "ffi/cuda/attention/sm90/fwd/launch.h"
+#include "ffi/cuda/attention/sm90/fwd/tail_combine.cuh"
+#include "ffi/cuda/attention/sm90/fwd/tile_size.h"
 
 namespace jax_sgl::cuda {
 namespace sm90 {

@@ -1,7 +1,7 @@
 // Host side of the sm_90a flash forward: whether it may run a call (switch, device, coverage)
 // and the (dtype, head dim, variant) switch over the instantiations this build compiled.
 //
-// JAX_SGL_SM90_VARIANT=<0..12> (read at each call) picks the kernel variant (sm90/variants.h) for
+// JAX_SGL_SM90_VARIANT=<0..12> (read at each call) picks the kernel variant (sm90/fwd/tile_size.h) for
 // A/B runs; unset, unparsable or not built for the call's (dtype, head dim) means the default of
 // its (head dim, causal, short call) (CMake JAX_SGL_SM90_DEFAULT_VARIANTS, always built).
 //
@@ -16,9 +16,9 @@
 #include <string>
 
 #include "ffi/common/numeric.h"
-#include "ffi/cuda/attention/env.h"
-#include "ffi/cuda/attention/sm90/launch.h"
-#include "ffi/cuda/attention/sm90/variants.h"
+#include "ffi/cuda/attention/common/env.h"
+#include "ffi/cuda/attention/sm90/fwd/launch.h"
+#include "ffi/cuda/attention/sm90/fwd/tile_size.h"
 
 namespace jax_sgl::cuda {
 namespace {
