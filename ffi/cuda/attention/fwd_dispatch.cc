@@ -3,17 +3,10 @@
 // prefill / decode layouts), and the number of KV splits, from the shapes and the device alone (no
 // device reads), so the same plan holds when XLA replays the call. Host code only: the kernels
 // live in the generated instantiations/ files.
-//
-// Run-time switches, read at every call (documented in decode/launch.h):
-//   JAX_SGL_DECODE=old|new|warp|warpmma|warpmma2|warptma, JAX_SGL_DECODE_TMA_L2=N,
-//   JAX_SGL_DECODE_SPLITS=N, JAX_SGL_DECODE_STAGES=N, JAX_SGL_DECODE_WAVES=N.
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 #include <type_traits>
 
 #include "ffi/common/attention_seq.h"
-#include "ffi/cuda/attention/common/env.h"
 #include "ffi/cuda/attention/decode/launch.h"
 #include "ffi/cuda/attention/flash_fwd_launch.h"
 #include "ffi/cuda/attention/sm90/fwd/launch.h"
@@ -30,23 +23,6 @@ constexpr int kDecodeMinTilesPerSplit = 8;
 // registers up to d = 128, 160 at 192, 206 at 256); shared memory usually binds first.
 int DecodeMaxCtasPerSm(int cap) { return cap <= 128 ? 4 : (cap <= 192 ? 3 : 2); }
 
-bool DecodeKernelSelected() {
-  const char* env = std::getenv("JAX_SGL_DECODE");
-  return env == nullptr || std::strcmp(env, "old") != 0;
-}
-
-// Row capacity of the warp-sliced decode variant in force: 16 for the mma forms (warpmma2, the
-// default, and warpmma; benchmarks/NOTES_decode.md), 8 for the CUDA-core form (warp), 0 for
-// JAX_SGL_DECODE=new (the block-wide decode kernel).
-int DecodeWarpRowsCap() {
-  const char* env = std::getenv("JAX_SGL_DECODE");
-  if (env == nullptr || *env == '\0' || std::strcmp(env, "warpmma") == 0 ||
-      std::strcmp(env, "warpmma2") == 0 || std::strcmp(env, "warptma") == 0)
-    return kDecodeWarpMmaMaxRows;
-  if (std::strcmp(env, "warp") == 0) return kDecodeWarpMaxRows;
-  return 0;
-}
-
 int DeviceAttr(cudaDeviceAttr attr, int fallback) {
   int device = 0, value = 0;
   if (cudaGetDevice(&device) != cudaSuccess ||
@@ -55,7 +31,7 @@ int DeviceAttr(cudaDeviceAttr attr, int fallback) {
   return value;
 }
 
-// Whether the TMA form (warptma, decode/tma_kernel.cuh) can take the call: a device with the
+// Whether the TMA form (decode/tma_kernel.cuh) can take the call: a device with the
 // tensor copy engine, whole 128-byte column blocks, 16-key stages that never straddle a page.
 bool DecodeTmaServes(const AttentionParams& p, int cap) {
   if (cap != 64 && cap != 128) return false;
@@ -63,16 +39,12 @@ bool DecodeTmaServes(const AttentionParams& p, int cap) {
   return DeviceAttr(cudaDevAttrComputeCapabilityMajor, 0) >= 9;
 }
 
-// The warp mma kernel in force. By default warptma where DecodeTmaServes (paged 0.96-1.00x
-// cuDNN's contiguous decode on the H200 with the 128-byte L2 promotion, 2026-12-03, against
-// warpmma2's 0.91-0.93x), else warpmma2; JAX_SGL_DECODE=warpmma2 or warpmma forces those. All
-// but warpmma need fewer than 2^31 K/V rows (32-bit row indices).
-int DecodeWarpMmaVariant(const AttentionParams& p, int cap) {
-  const char* env = std::getenv("JAX_SGL_DECODE");
-  if (p.total_k >= (int64_t(1) << 31)) return kDecodeWarpMma1;
-  if (env != nullptr && std::strcmp(env, "warpmma") == 0) return kDecodeWarpMma1;
-  if (env != nullptr && std::strcmp(env, "warpmma2") == 0) return kDecodeWarpMma2;
-  return DecodeTmaServes(p, cap) ? kDecodeWarpTma : kDecodeWarpMma2;
+// The warp-sliced form of a call: TMA where DecodeTmaServes (paged 0.96-1.00x cuDNN's contiguous
+// decode on the H200 with the 128-byte L2 promotion, against the cp.async form's 0.91-0.93x),
+// else cp.async. Both take 32-bit row indices: pools of 2^31 rows or more run the 64-bit form.
+DecodeWarpForm WarpForm(const AttentionParams& p, int cap) {
+  if (p.total_k >= (int64_t(1) << 31)) return DecodeWarpForm::kCpAsyncInt64;
+  return DecodeTmaServes(p, cap) ? DecodeWarpForm::kTma : DecodeWarpForm::kCpAsync;
 }
 
 // Keys per sequence at most (the split heuristic sizes by it; kernels clamp to the real lengths).
@@ -113,7 +85,7 @@ void SetScratch(const AttentionParams& p, FlashPlan* plan) {
   }
 }
 
-// JAX_SGL_DECODE_WAVES=0 ("fit"): the split count whose CTAs fill their last wave of `slots`
+// The split count whose CTAs fill their last wave of `slots`
 // best (busy fraction of the waves), fewest splits on ties, at most 4 waves' worth and `most`.
 // Uniform CTAs finish together, so a last wave a third full idles two thirds of the GPU for a
 // wave's time: B=8 x 8 kv heads on 264 slots is 64 CTAs (a quarter wave) at 1 split, 448 (1.7
@@ -133,19 +105,16 @@ int64_t FittedSplits(int64_t base, int64_t slots, int64_t most) {
   return best;
 }
 
-// KV splits of a decode plan: JAX_SGL_DECODE_SPLITS when set, else enough CTAs for `waves` full
-// waves of the `slots` resident CTA slots over `base` CTAs per split (waves 0: FittedSplits), but
-// at most `max_by_keys` (each split keeps enough key tiles that its prologue does not show);
-// within 1..kMaxSplits.
+// KV splits of a decode plan: enough CTAs for `waves` full waves of the `slots` resident CTA
+// slots over `base` CTAs per split (waves 0: FittedSplits), but at most `max_by_keys` (each split
+// keeps enough key tiles that its prologue does not show); within 1..kMaxSplits.
 int DecodeSplits(int64_t base, int64_t slots, int waves, int64_t max_by_keys) {
-  int64_t splits = EnvInt("JAX_SGL_DECODE_SPLITS", 0);
-  if (splits <= 0) {
-    if (waves == 0 && base > 0) {
-      splits = FittedSplits(base, slots, std::min<int64_t>(max_by_keys, kMaxSplits));
-    } else {
-      splits = base > 0 ? (std::max(waves, 1) * slots + base - 1) / base : 1;
-      splits = std::min<int64_t>(splits, max_by_keys);
-    }
+  int64_t splits;
+  if (waves == 0 && base > 0) {
+    splits = FittedSplits(base, slots, std::min<int64_t>(max_by_keys, kMaxSplits));
+  } else {
+    splits = base > 0 ? (std::max(waves, 1) * slots + base - 1) / base : 1;
+    splits = std::min<int64_t>(splits, max_by_keys);
   }
   return int(std::clamp<int64_t>(splits, 1, kMaxSplits));
 }
@@ -163,8 +132,7 @@ void PlanDecodeKernel(const AttentionParams& p, int cap, int num_sms, FlashPlan*
   plan->block_m = kDecodeMaxRows;
   plan->m_blocks = int(std::max<int64_t>(1, (rows + kDecodeMaxRows - 1) / kDecodeMaxRows));
   plan->decode_m_tiles = rows_cta > 32 ? 4 : (rows_cta > 16 ? 2 : 1);
-  int stages = std::clamp(EnvInt("JAX_SGL_DECODE_STAGES", kDecodeDefaultStages), 2,
-                          kDecodeMaxStages);
+  int stages = kDecodeDefaultStages;
   const int optin = DeviceAttr(cudaDevAttrMaxSharedMemoryPerBlockOptin, 227 * 1024);
   while (stages > 2 && DecodeSmemBytes(cap, stages, plan->decode_m_tiles) > optin) --stages;
   plan->decode_stages = stages;
@@ -206,50 +174,45 @@ R WithHeadDimCap(int cap, R fallback, F&& f) {
 }
 
 template <typename T>
-int DecodeWarpCtasPerSm(int cap, int stages, int rows_cap, int variant) {
+int DecodeWarpCtasPerSm(int cap, int stages, DecodeWarpForm form) {
   return WithHeadDimCap(cap, 1, [&](auto d) {
-    return FlashDecodeWarpCtasPerSm<T, decltype(d)::value>(stages, rows_cap, variant);
+    return FlashDecodeWarpCtasPerSm<T, decltype(d)::value>(stages, form);
   });
 }
 
-// The warp-sliced decode kernels' plan (rows bound <= the variant's capacity): row capacity (4
-// or 8 on CUDA cores, 16 = the mma form), ring depth per warp (default 4, 3 for the mma form's
-// 8.5 KiB stages: 2 CTAs per SM at d = 128), and splits for JAX_SGL_DECODE_WAVES (default 1 for
-// the mma form, 2 for CUDA cores; 0: FittedSplits) full waves of the resident
-// CTA slots the occupancy API reports, never under kDecodeWarpMinStagesPerWarp stages per warp.
+// The warp-sliced decode kernels' plan (at most kDecodeWarpMmaMaxRows packed rows): the form,
+// ring depth per warp (3 of the 8.5 KiB stages: 2 CTAs per SM at d = 128, shrunk if the device's
+// shared memory per block cannot hold it), and splits for the resident CTA slots the occupancy
+// API reports: one wave when the splits-of-one CTAs already fill the slots (B=64, KV 4k: 3842 vs
+// 3710 GB/s at two; fitting the last wave there costs 3% at KV 32k), else the best-filled last
+// wave (B=8, KV 32k: 3811 GB/s against 3027 at one wave), never under
+// kDecodeWarpMinStagesPerWarp stages per warp.
+constexpr int kDecodeWarpStages = 3;
 constexpr int kDecodeWarpMinStagesPerWarp = 4;
-void PlanDecodeWarpKernel(const AttentionParams& p, int cap, int num_sms, int64_t rows,
-                          int rows_cap, FlashPlan* plan) {
-  const bool mma = rows_cap > kDecodeWarpMaxRows;
+void PlanDecodeWarpKernel(const AttentionParams& p, int cap, int num_sms, FlashPlan* plan) {
   plan->head_dim_cap = cap;
   plan->decode_kernel = true;
   plan->decode_warp = true;
   plan->decode = false;
-  plan->block_m = kDecodeWarpMaxRows;
+  plan->block_m = kDecodeWarpMmaMaxRows;
   plan->m_blocks = 1;
-  plan->decode_m_tiles = mma ? kDecodeWarpMmaMaxRows : (rows <= 4 ? 4 : 8);
-  plan->decode_warp_variant = mma ? DecodeWarpMmaVariant(p, cap) : kDecodeWarpMma1;
-  int stages = std::clamp(EnvInt("JAX_SGL_DECODE_STAGES", mma ? 3 : kDecodeDefaultStages), 2,
-                          kDecodeMaxStages);
+  plan->decode_m_tiles = kDecodeWarpMmaMaxRows;
+  plan->decode_warp_form = WarpForm(p, cap);
+  int stages = kDecodeWarpStages;
   const int optin = DeviceAttr(cudaDevAttrMaxSharedMemoryPerBlockOptin, 227 * 1024);
   auto smem = [&](int st) {
-    if (plan->decode_warp_variant == kDecodeWarpTma) return DecodeWarpTmaSmemBytes(cap, st);
-    return mma ? DecodeWarpMmaSmemBytes(cap, st) : DecodeWarpSmemBytes(cap, st, plan->decode_m_tiles);
+    return plan->decode_warp_form == DecodeWarpForm::kTma ? DecodeWarpTmaSmemBytes(cap, st)
+                                                          : DecodeWarpMmaSmemBytes(cap, st);
   };
   while (stages > 2 && smem(stages) > optin) --stages;
   plan->decode_stages = stages;
   const int ctas_per_sm = p.q_type == DType::kBF16
-      ? DecodeWarpCtasPerSm<bf16_t>(cap, stages, plan->decode_m_tiles, plan->decode_warp_variant)
-      : DecodeWarpCtasPerSm<f16_t>(cap, stages, plan->decode_m_tiles, plan->decode_warp_variant);
+      ? DecodeWarpCtasPerSm<bf16_t>(cap, stages, plan->decode_warp_form)
+      : DecodeWarpCtasPerSm<f16_t>(cap, stages, plan->decode_warp_form);
   const int64_t slots = int64_t(ctas_per_sm) * std::max(num_sms, 1);
   const int64_t base = int64_t(p.batch) * p.num_kv_heads;
-  // The mma forms: one wave when the splits-of-one CTAs already fill the slots (B=64, KV 4k: 3842
-  // vs 3710 GB/s at two; fitting the last wave there costs 3% at KV 32k), else the best-filled
-  // last wave (B=8, KV 32k: 3811 GB/s against 3027 at one wave). Two for the CUDA-core form.
-  const int waves =
-      std::clamp(EnvInt("JAX_SGL_DECODE_WAVES", !mma ? 2 : (base < slots ? 0 : 1)), 0, 8);
-  const int64_t stage_keys = mma ? 16 : DecodeWarpStageKeys(cap);
-  const int64_t n_tiles = (KeyBound(p) + stage_keys - 1) / stage_keys;
+  const int waves = base < slots ? 0 : 1;
+  const int64_t n_tiles = (KeyBound(p) + 15) / 16;  // 16-key stages
   plan->num_splits = DecodeSplits(
       base, slots, waves, n_tiles / (int64_t(kDecodeWarpThreads / 32) * kDecodeWarpMinStagesPerWarp));
   SetScratch(p, plan);
@@ -290,16 +253,16 @@ const char* PlanFlashFwd(const AttentionParams& p, int num_sms, FlashPlan* plan)
   plan->sm90 = false;
   plan->decode_kernel = false;
   plan->decode_warp = false;
-  plan->decode_warp_variant = kDecodeWarpMma1;
+  plan->decode_warp_form = DecodeWarpForm::kCpAsync;
   int cap = 0;
   // Decode-shaped calls (a bound of kDecodeMaxQLen q rows per sequence: dense q, or varlen q
-  // with that few rows in all) take the dedicated decode kernel unless JAX_SGL_DECODE=old.
+  // with that few rows in all) take the dedicated decode kernels: the warp-sliced ones for at
+  // most kDecodeWarpMmaMaxRows packed rows, else the block-wide one.
   const bool decode_shape = p.seqlen_q >= 1 && p.seqlen_q <= kDecodeMaxQLen;
-  if (decode_shape && DecodeKernelSelected() && CheckSm80Support(p, &cap) == nullptr) {
+  if (decode_shape && CheckSm80Support(p, &cap) == nullptr) {
     const int64_t rows = int64_t(p.seqlen_q) * (p.num_heads / p.num_kv_heads);
-    const int warp_rows_cap = DecodeWarpRowsCap();
-    if (rows <= warp_rows_cap)
-      PlanDecodeWarpKernel(p, cap, num_sms, rows, warp_rows_cap, plan);
+    if (rows <= kDecodeWarpMmaMaxRows)
+      PlanDecodeWarpKernel(p, cap, num_sms, plan);
     else
       PlanDecodeKernel(p, cap, num_sms, plan);
     return nullptr;
@@ -330,9 +293,6 @@ const char* PlanFlashFwd(const AttentionParams& p, int num_sms, FlashPlan* plan)
   const int64_t target = plan->decode ? 8LL * num_sms : (ctas < num_sms ? 2LL * num_sms : ctas);
   int64_t splits = ctas > 0 ? (target + ctas - 1) / ctas : 1;
   splits = std::min<int64_t>({splits, kMaxSplits, std::max<int64_t>(1, blocks_n / 4)});
-  // JAX_SGL_DECODE_SPLITS overrides the count for decode-shaped calls here too (A/B of the paths).
-  if (const int forced = EnvInt("JAX_SGL_DECODE_SPLITS", 0); decode_shape && forced > 0)
-    splits = std::min(forced, kMaxSplits);
   plan->num_splits = int(std::max<int64_t>(1, splits));
   SetScratch(p, plan);
   return nullptr;
@@ -366,7 +326,7 @@ const char* RunFlashFwd(const AttentionParams& p, const FlashPlan& plan, void* s
   cudaError_t err;
   if (plan.decode_kernel) {
     FlashDecodeArgs d{args, plan.decode_stages, plan.decode_m_tiles, plan.m_blocks};
-    if (plan.decode_warp) d.warp_variant = plan.decode_warp_variant;
+    if (plan.decode_warp) d.warp_form = plan.decode_warp_form;
     err = p.q_type == DType::kBF16
               ? LaunchDecodeForType<bf16_t>(plan.head_dim_cap, plan.decode_warp, d, stream)
               : LaunchDecodeForType<f16_t>(plan.head_dim_cap, plan.decode_warp, d, stream);

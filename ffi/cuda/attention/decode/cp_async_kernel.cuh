@@ -1,7 +1,8 @@
-// Decode attention, warp-sliced mma kernel with cheap copy addressing (JAX_SGL_DECODE=warpmma2):
-// the warpmma kernel of decode/warp_launch.cuh (per-warp cp.async rings of 16-key stages, the
-// m16n8k16 chunk on one m16 tile of packed rows, merge of the 4 warps at the end) with the issue
-// path cut from ~55 to a few SASS instructions per key, where the H200 run put most of its time:
+// Decode attention, warp-sliced mma kernel on cp.async stages with cheap copy addressing: the
+// form for devices without the tensor copy engine's use here (tma_kernel.cuh) and pools of < 2^31
+// rows. Per-warp cp.async rings of 16-key stages, the m16n8k16 chunk on one m16 tile of packed
+// rows, merge of the 4 warps at the end (warp_steps.cuh), with the issue path cut from ~55 (the
+// 64-bit form, cp_async_int64_kernel.cuh) to a few SASS instructions per key:
 //   - the key's source row is resolved once per stage by the lane that owns the key, as a 32-bit
 //     slot index (the host sends only pools of < 2^31 rows here); the copying lanes shuffle that
 //     one word and make the address with one IMAD.WIDE.U32 per tensor (slot x row stride + the
@@ -14,14 +15,14 @@
 //   - a stage every row sees whole (all 16 keys valid and inside every row's [lo, hi)) skips the
 //     per-element masking, and a stage that moves no row's running max skips the rescale of the
 //     accumulators (warp-uniform branches): the middle of every long sequence.
-// Everything else (layouts, masks, softcap, LSE, split partials) is the warpmma kernel's.
+// Layouts, masks, softcap, LSE and split partials are those of block_kernel.cuh.
 #pragma once
 
 #include "ffi/cuda/attention/decode/block_kernel.cuh"
 #include "ffi/cuda/attention/decode/warp_steps.cuh"
 
 namespace jax_sgl::cuda {
-namespace decode_warp2 {
+namespace decode_cp_async {
 
 using flash::Elem;
 using flash::kLn2;
@@ -63,11 +64,11 @@ __device__ __forceinline__ uint64_t Opaque(uint64_t x) {
 }
 
 // grid: x = batch * num_kv_heads, y = KV splits; kDecodeWarpThreads threads; shared memory as
-// the warpmma kernel (DecodeWarpMmaSmemBytes). Registers held to 3 CTAs per SM at d <= 128 (168,
-// no spills), which shared memory allows at 2 stages (JAX_SGL_DECODE_STAGES=2: ~74 KiB a CTA).
+// the 64-bit form (DecodeWarpMmaSmemBytes). Registers held to 3 CTAs per SM at d <= 128 (168,
+// no spills), which shared memory allows at 2 stages (~74 KiB a CTA).
 template <typename T, int kD>
 __global__ void __launch_bounds__(kDecodeWarpThreads, kD <= 128 ? 3 : 1)
-    FlashDecodeWarpMma2Kernel(const FlashDecodeArgs args) {
+    FlashDecodeCpAsyncKernel(const FlashDecodeArgs args) {
   constexpr int kStride = DecodeStride(kD);
   constexpr int kKeys = 16;
   constexpr int kChunks = kD / 8;
@@ -217,13 +218,13 @@ __global__ void __launch_bounds__(kDecodeWarpThreads, kD <= 128 ? 3 : 1)
 
 template <typename T, int kD>
 cudaError_t Launch(const FlashDecodeArgs& args, cudaStream_t stream) {
-  return decode_warp_mma::Launch<kD>(FlashDecodeWarpMma2Kernel<T, kD>, args, stream);
+  return decode_warp_mma::Launch<kD>(FlashDecodeCpAsyncKernel<T, kD>, args, stream);
 }
 
 template <typename T, int kD>
 int CtasPerSm(int stages) {
-  return decode_warp_mma::CtasPerSm<kD>(FlashDecodeWarpMma2Kernel<T, kD>, stages);
+  return decode_warp_mma::CtasPerSm<kD>(FlashDecodeCpAsyncKernel<T, kD>, stages);
 }
 
-}  // namespace decode_warp2
+}  // namespace decode_cp_async
 }  // namespace jax_sgl::cuda

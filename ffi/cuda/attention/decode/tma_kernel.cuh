@@ -1,11 +1,11 @@
-// Decode attention, warp-sliced mma kernel fed by the tensor copy engine (warptma: the default
-// decode kernel on sm_90+ where it serves, below): the warpmma2 kernel (decode/cp_async_kernel.cuh:
+// Decode attention, warp-sliced mma kernel fed by the tensor copy engine (the default decode
+// kernel on sm_90+ where it serves, below): the cp.async form (decode/cp_async_kernel.cuh:
 // per-warp rings of 16-key stages, one m16 tile of packed rows, merge of the 4 warps at the end)
 // with each stage's K and V loaded by `cp.async.bulk.tensor` instead of 32 lanes x 16 cp.async
 // copies of 16 bytes.
 //
-// Why: session 6's L2 prefetch experiment (NOTES_decode.md) read the warpmma2 stream as bound by
-// L2 request work, not by DRAM locality or bytes in flight. A stage's 16 keys of one kv head are
+// Why: the L2 prefetch experiment (benchmarks/notes/NOTES_decode.md) read the cp.async form's
+// stream as bound by L2 request work, not by DRAM locality or bytes in flight. A stage's 16 keys of one kv head are
 // 16 rows of 2 x 128 bytes (d = 128); one TMA box per 128-byte column block asks for them in one
 // instruction, and the copy engine, not 32 lanes' LDGSTS, makes the L2 requests.
 //
@@ -28,7 +28,6 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
-#include "ffi/cuda/attention/common/env.h"
 #include "ffi/cuda/attention/decode/block_kernel.cuh"
 #include "ffi/cuda/attention/decode/cp_async_kernel.cuh"
 #include "ffi/cuda/attention/decode/warp_steps.cuh"
@@ -134,7 +133,7 @@ __global__ void __launch_bounds__(kDecodeWarpThreads, 3)
   // First row of this warp's i-th stage in the [rows, Hkv, D] buffer, kNoRow past the range or
   // behind a bad page entry; and which of its 16 keys are in [n_lo, n_hi).
   const bool paged = p.kv_layout == KvLayout::kPaged;
-  const decode_warp2::FastDiv page_div(paged ? uint32_t(p.page_size) : 1u);
+  const decode_cp_async::FastDiv page_div(paged ? uint32_t(p.page_size) : 1u);
   const int32_t* page_row = paged ? p.page_table + int64_t(b) * p.max_pages : nullptr;
   auto stage_row = [&](int i) -> uint32_t {
     if (i >= my_tiles) return kNoRow;
@@ -249,18 +248,11 @@ __global__ void __launch_bounds__(kDecodeWarpThreads, 3)
 #endif
 }
 
-// The copy engine's L2 promotion of the loads, JAX_SGL_DECODE_TMA_L2=0|64|128|256 bytes (read at
-// every call; default 128). With 256 (as warpmma2's .L2::256B hint) half of the L2 reads hit
-// (ncu, session 7): each stage row is 256 bytes, so the promoted second half comes back as a hit
-// and costs L2 work for no DRAM gain; 128 and 0 ran 3-6% faster on the H200 (2026-12-03).
-inline CUtensorMapL2promotion L2Promotion() {
-  switch (EnvInt("JAX_SGL_DECODE_TMA_L2", 128)) {
-    case 0: return CU_TENSOR_MAP_L2_PROMOTION_NONE;
-    case 64: return CU_TENSOR_MAP_L2_PROMOTION_L2_64B;
-    case 256: return CU_TENSOR_MAP_L2_PROMOTION_L2_256B;
-    default: return CU_TENSOR_MAP_L2_PROMOTION_L2_128B;
-  }
-}
+// The copy engine's L2 promotion of the loads: 128 bytes. With 256 (as cp_async_kernel.cuh's
+// .L2::256B hint) half of the L2 reads hit (ncu): each stage row is 256 bytes, so the promoted
+// second half comes back as a hit and costs L2 work for no DRAM gain; 128 and 0 ran 3-6% faster
+// on the H200.
+inline constexpr CUtensorMapL2promotion kL2Promotion = CU_TENSOR_MAP_L2_PROMOTION_L2_128B;
 
 // A 3-D tiled map of one K/V buffer: (head dim, kv head, row), box (64, 1, 16), 128-byte swizzle;
 // false when the driver refuses it (the dispatch checked the shapes it needs).
@@ -293,7 +285,7 @@ cudaError_t Launch(const FlashDecodeArgs& args, cudaStream_t stream) {
   prm.args = args;
   const CUtensorMapDataType type = std::is_same_v<T, bf16_t> ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
                                                              : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-  const CUtensorMapL2promotion promotion = L2Promotion();
+  const CUtensorMapL2promotion promotion = kL2Promotion;
   if (!EncodeMap(&prm.k_map, type, p.k, p.head_dim, p.num_kv_heads, p.total_k, promotion) ||
       !EncodeMap(&prm.v_map, type, p.v, p.head_dim_v, p.num_kv_heads, p.total_k, promotion))
     return cudaErrorInvalidValue;

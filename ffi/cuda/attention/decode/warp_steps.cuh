@@ -1,6 +1,5 @@
-// The parts the warp-sliced mma decode kernels share (warpmma in decode/warp_launch.cuh, warpmma2
-// in decode/cp_async_kernel.cuh, warptma in decode/tma_kernel.cuh; they differ in how they stream K/V
-// into shared memory): the split of the keys into per-warp stages, the q tile and its fragments,
+// The parts the warp-sliced mma decode kernels share (cp_async_int64_kernel.cuh,
+// cp_async_kernel.cuh and tma_kernel.cuh; they differ in how they stream K/V into shared memory): the split of the keys into per-warp stages, the q tile and its fragments,
 // the scoring and masking of a 16-key stage, its online-softmax update and P V, the end where each
 // warp's (m, l, o) of the same 16 packed rows over its own slice of the keys merge through shared
 // memory and the CTA writes the rows' output and LSE (or its split's float32 partials), and the

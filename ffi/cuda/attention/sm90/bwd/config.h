@@ -11,20 +11,6 @@
 // (SS wgmma; each consumer one half of the dQ tile), added to a float32 buffer with vector
 // reductions (bwd_kernel.cuh). dK is issued after dQ, so it runs while the dQ part is reduced.
 //
-// kVariant (A/B performance variants, picked at run time by JAX_SGL_SM90_BWD_VARIANT through
-// bwd_dispatch.cc; 0 is the default kernel) is a bit set:
-//   1: 3 Q/dO stages instead of 2 (the producer runs further ahead of the consumers; not at
-//      hd64 together with 2: smem);
-//   2: dQ parts go through smem and one cp.reduce.async.bulk .add.f32 per consumer and step
-//      (16 KiB, issued by one thread) instead of 8 red.global.add.v4.f32 per thread;
-//   4: unused. It was "softcap path in its own kernel" (session 3: +12-16% fwd+bwd; with the plain
-//      and softcap paths in one kernel ptxas serialized every wgmma, C7512), "dK after dQ"
-//      (session 9: +0.6-1.6%) and P^T by ex2.approx.ftz.f32 instead of exp2f (session 10:
-//      +0.6-1.9%); all three are now how every variant is built (bwd_kernel.cuh).
-//   8: each consumer computes dQ over its own 64 keys only (both 64 x 64 parts of the tile, one
-//      after the other, twice the reductions) after a barrier of its own warpgroup, instead of
-//      its part over all 128 keys after a barrier of both: the consumers no longer run in
-//      lockstep. Not with 2.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -36,16 +22,11 @@ namespace jax_sgl::cuda::sm90 {
 
 using namespace cute;
 
-template <typename Element_, int kHeadDim_, int kVariant_ = 0>
+template <typename Element_, int kHeadDim_>
 struct BwdConfig {
   using Element = Element_;  // cutlass::bfloat16_t or cutlass::half_t
   static constexpr int kHeadDim = kHeadDim_;
-  static_assert(kHeadDim == 64 || kHeadDim == 128);
-  static constexpr int kVariant = kVariant_;
-  static_assert(kVariant >= 0 && kVariant <= 15);
-  static constexpr bool kDqBulk = (kVariant & 2) != 0;
-  static constexpr bool kDqOwnKeys = (kVariant & 8) != 0;
-  static_assert(!(kDqOwnKeys && kDqBulk), "variant bits 2 and 8 exclude each other");
+  static_assert(kHeadDim == 64 || kHeadDim == 128, "the sm90 backward serves head dims 64, 128");
 
   static constexpr int kConsumers = 2;
   static constexpr int kWarpgroupKeys = 64;                   // wgmma M of the key-major GEMMs
@@ -55,9 +36,8 @@ struct BwdConfig {
   // give 128 + 64 + 32 = 224 under the 240 setmaxnreg grants; hd64 affords 128 rows (64 + 128 +
   // 32), which halves the q steps and their fixed costs.
   static constexpr int kBlockM = kHeadDim == 128 ? 64 : 128;
-  // Q (and dO) tiles in flight. hd64 with the dQ staging has no room for a third stage (its
-  // 64 KiB dS buffers): variants 3 and 7 run 2 stages there.
-  static constexpr int kStages = (kVariant & 1) && !(kHeadDim == 64 && kDqBulk) ? 3 : 2;
+  // Q (and dO) tiles in flight: a third stage cost 1-3% forward+backward on the H200.
+  static constexpr int kStages = 2;
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = 240;  // (24 + 2 * 240) * 128 <= 65536
@@ -131,13 +111,9 @@ struct BwdConfig {
     typename Pipeline::SharedStorage pipe_q;
     typename Pipeline::SharedStorage pipe_do;
     cutlass::arch::ClusterTransactionBarrier barrier_kv;
-    // kDqBulk: each consumer's dQ part (DqAccumIndex order), the source of its bulk reduce-add.
-    // Last, so variant 0 keeps its offsets (and, rounded to 1 KiB, its size).
-    alignas(128) float dq[kDqBulk ? kConsumers * kDqPartFloats : 4];
   };
 
-  // 227 KiB of dynamic smem per CTA on sm_90 (hd128 variants 3, 7: 3 stages + the dQ staging,
-  // 226 KiB).
+  // 227 KiB of dynamic smem per CTA on sm_90.
   static_assert(sizeof(SharedStorage) <= 227 * 1024);
 
   static constexpr int kKVHalfBytes = kWarpgroupKeys * kHeadDim * sizeof(Element);

@@ -8,64 +8,38 @@
 
 #include "ffi/common/numeric.h"
 #include "ffi/cuda/attention/common/device.h"
-#include "ffi/cuda/attention/common/env.h"
 #include "ffi/cuda/attention/sm90/bwd/launch.h"
 #include "ffi/cuda/attention/sm90/fwd/launch.h"
 
 namespace jax_sgl::cuda {
 namespace {
 
-// cmake/cuda.cmake defines JAX_SGL_SM90_BWD_HAVE_HDIM<D>_<DTYPE> for each backward file it
-// builds, and lists the extra performance variants (JAX_SGL_SM90_BWD_VARIANTS) as
-// JAX_SGL_SM90_BWD_VARIANT(D, DTYPE, V) lines in the generated sm90_bwd_variants.inc. Calls
-// f(T* tag, integral_constant<int, D>, integral_constant<int, V>) for the matching storage type
-// and head dim, in variant v when built, else 0; returns false when (dtype, head dim) was left out.
+// instantiations/sm90_kernels.inc lists, as X-macros, each (head dim, dtype) this build compiled
+// (JAX_SGL_SM90_BWD(head dim, bf16|fp16)); JAX_SGL_SM90_DISABLE_HDIM<D>_<DTYPE> drops one. Calls
+// f(T* tag, integral_constant<int, D>) for the matching storage type and head dim; returns false
+// when (dtype, head dim) was left out.
+using Sm90BwdType_bf16 = bf16_t;
+using Sm90BwdType_fp16 = f16_t;
+constexpr DType kSm90BwdDType_bf16 = DType::kBF16;
+constexpr DType kSm90BwdDType_fp16 = DType::kF16;
+
 template <typename F>
-bool WithInstantiation(DType t, int d, int v, F&& f) {
-  const bool bf16 = t == DType::kBF16;
-  (void)bf16, (void)d, (void)v, (void)f;  // unused when no instantiation is built
-#define JAX_SGL_SM90_BWD_VARIANT(D, DTYPE, V)                                             \
-  if (d == D && bf16 == JAX_SGL_SM90_BWD_IS_BF16_##DTYPE && v == V) {                      \
-    f(static_cast<JAX_SGL_SM90_BWD_TYPE_##DTYPE*>(nullptr), std::integral_constant<int, D>{}, \
-      std::integral_constant<int, V>{});                                                  \
-    return true;                                                                          \
+bool WithInstantiation(DType t, int d, F&& f) {
+  (void)t, (void)d, (void)f;  // unused when no instantiation is built
+#define JAX_SGL_SM90_FWD(D, T)
+#define JAX_SGL_SM90_BWD(D, T)                                                       \
+  if (t == kSm90BwdDType_##T && d == D) {                                            \
+    f(static_cast<Sm90BwdType_##T*>(nullptr), std::integral_constant<int, D>{});     \
+    return true;                                                                     \
   }
-#define JAX_SGL_SM90_BWD_IS_BF16_bf16 true
-#define JAX_SGL_SM90_BWD_IS_BF16_fp16 false
-#define JAX_SGL_SM90_BWD_TYPE_bf16 bf16_t
-#define JAX_SGL_SM90_BWD_TYPE_fp16 f16_t
-#if __has_include("sm90_bwd_variants.inc")
-#include "sm90_bwd_variants.inc"
-#endif
-#undef JAX_SGL_SM90_BWD_VARIANT
-#undef JAX_SGL_SM90_BWD_IS_BF16_bf16
-#undef JAX_SGL_SM90_BWD_IS_BF16_fp16
-#undef JAX_SGL_SM90_BWD_TYPE_bf16
-#undef JAX_SGL_SM90_BWD_TYPE_fp16
-#define JAX_SGL_SM90_BWD_CASE(D, TYPE, IS_BF16)                     \
-  if (d == D && bf16 == IS_BF16) {                                  \
-    f(static_cast<TYPE*>(nullptr), std::integral_constant<int, D>{}, \
-      std::integral_constant<int, 0>{});                            \
-    return true;                                                    \
-  }
-#ifdef JAX_SGL_SM90_BWD_HAVE_HDIM64_BF16
-  JAX_SGL_SM90_BWD_CASE(64, bf16_t, true)
-#endif
-#ifdef JAX_SGL_SM90_BWD_HAVE_HDIM64_FP16
-  JAX_SGL_SM90_BWD_CASE(64, f16_t, false)
-#endif
-#ifdef JAX_SGL_SM90_BWD_HAVE_HDIM128_BF16
-  JAX_SGL_SM90_BWD_CASE(128, bf16_t, true)
-#endif
-#ifdef JAX_SGL_SM90_BWD_HAVE_HDIM128_FP16
-  JAX_SGL_SM90_BWD_CASE(128, f16_t, false)
-#endif
-#undef JAX_SGL_SM90_BWD_CASE
+#include "ffi/cuda/attention/instantiations/sm90_kernels.inc"
+#undef JAX_SGL_SM90_FWD
+#undef JAX_SGL_SM90_BWD
   return false;
 }
 
 bool Built(DType t, int d) {
-  return WithInstantiation(t, d, 0, [](auto, auto, auto) {});
+  return WithInstantiation(t, d, [](auto, auto) {});
 }
 
 }  // namespace
@@ -97,11 +71,6 @@ bool Sm90BwdEnabled(const AttentionParams&) {
   return IsComputeCapability90();
 }
 
-int Sm90BwdVariant() {
-  const int v = EnvInt("JAX_SGL_SM90_BWD_VARIANT", 0);
-  return v >= 0 && v <= 15 ? v : 0;
-}
-
 int Sm90BwdRowBlock(const AttentionParams& p) { return p.head_dim == 128 ? 64 : 128; }
 
 size_t Sm90BwdDqAccumFloats(const AttentionParams& p, int ws_rows) {
@@ -110,29 +79,17 @@ size_t Sm90BwdDqAccumFloats(const AttentionParams& p, int ws_rows) {
 
 const char* Sm90BwdBuiltKernels() {
   return ""
-#ifdef JAX_SGL_SM90_BWD_HAVE_HDIM64_BF16
-         " hdim64_bf16"
-#endif
-#ifdef JAX_SGL_SM90_BWD_HAVE_HDIM64_FP16
-         " hdim64_fp16"
-#endif
-#ifdef JAX_SGL_SM90_BWD_HAVE_HDIM128_BF16
-         " hdim128_bf16"
-#endif
-#ifdef JAX_SGL_SM90_BWD_HAVE_HDIM128_FP16
-         " hdim128_fp16"
-#endif
-#define JAX_SGL_SM90_BWD_VARIANT(D, DTYPE, V) " hdim" #D "_" #DTYPE "_v" #V
-#if __has_include("sm90_bwd_variants.inc")
-#include "sm90_bwd_variants.inc"
-#endif
-#undef JAX_SGL_SM90_BWD_VARIANT
+#define JAX_SGL_SM90_FWD(D, T)
+#define JAX_SGL_SM90_BWD(D, T) " hdim" #D "_" #T
+#include "ffi/cuda/attention/instantiations/sm90_kernels.inc"
+#undef JAX_SGL_SM90_FWD
+#undef JAX_SGL_SM90_BWD
       ;
 }
 
 bool Sm90BwdTailSplitRequested(const AttentionParams& p) {
   return !p.causal && p.window_left < 0 && p.window_right < 0 && p.seqused_k == nullptr &&
-         p.softcap <= 0.f && EnvInt("JAX_SGL_SM90_BWD_TAIL_SPLIT", 1) != 0;
+         p.softcap <= 0.f;
 }
 
 size_t Sm90BwdTailBytes(const AttentionParams& p) {
@@ -145,11 +102,9 @@ cudaError_t RunFlashBwdSm90(const FlashBwdArgs& args, float* dq_accum, bool dq_k
                             cudaStream_t stream) {
   const AttentionParams& p = args.bp.fwd;
   cudaError_t err = cudaErrorInvalidValue;
-  WithInstantiation(p.q_type, p.head_dim, Sm90BwdVariant(),
-                    [&](auto* tag, auto head_dim, auto variant) {
+  WithInstantiation(p.q_type, p.head_dim, [&](auto* tag, auto head_dim) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    err = LaunchFlashBwdSm90<T, decltype(head_dim)::value, decltype(variant)::value>(
-        args, dq_accum, dq_kernel, stream);
+    err = LaunchFlashBwdSm90<T, decltype(head_dim)::value>(args, dq_accum, dq_kernel, stream);
   });
   return err;
 }

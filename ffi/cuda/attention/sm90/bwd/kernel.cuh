@@ -61,7 +61,7 @@ struct BwdKernelParams {
   // bottom-right aligned), -1 = unbounded; causal is window_right = 0.
   int window_left;
   int window_right;
-  // Tail split (bwd_launch.cuh, JAX_SGL_SM90_BWD_TAIL_SPLIT=1): key blocks from num_whole on, in
+  // Tail split (launch.cuh, Sm90BwdTailSplitRequested): key blocks from num_whole on, in
   // (key block, kv head, batch) order, are the last, partial wave's. The main kernel skips them;
   // the kTail kernel runs each on tail_splits CTAs over shares of its steps, which store dK
   // (scaled) and dV in float32 to tail_dk / tail_dv for FlashBwdSm90TailSum. Off: num_whole is
@@ -79,10 +79,6 @@ enum class BwdBarrier : uint32_t {
   kMmaDone = 1,
   kEpilogue0 = 2,
   kEpilogue1 = 3,
-  kDqStored0 = 4,  // Cfg::kDqBulk: a consumer's dQ part is in smem (4 + consumer)
-  kDqStored1 = 5,
-  kOwnDs0 = 6,  // Cfg::kDqOwnKeys: a consumer's dS^T is in smem (6 + consumer)
-  kOwnDs1 = 7,
 };
 
 // Query-row blocks a CTA with keys [n0, n0 + block_n) visits, per q head: [m_begin, m_end), the
@@ -120,16 +116,6 @@ __device__ __forceinline__ void RedAddV4(float* dst, float a, float b, float c, 
   asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(dst), "f"(a), "f"(b),
                "f"(c), "f"(d)
                : "memory");
-}
-
-// dst[0, bytes) += src[0, bytes) (float32), one bulk async reduction from smem, committed as
-// its own bulk group (tma_store_wait waits for its smem reads).
-__device__ __forceinline__ void BulkReduceAddF32(float* dst, const float* src, int bytes) {
-  asm volatile(
-      "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;" ::"l"(dst),
-      "r"(cute::cast_smem_ptr_to_uint(src)), "r"(bytes)
-      : "memory");
-  cute::tma_store_arrive();
 }
 
 // One wgmma batch: C (+)= A B over the K blocks, committed as one group; the caller waits.
@@ -421,14 +407,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           BwdGemm<false, true>(mma_kv, tPrP, tdVrdO(_, _, _, read_do.index()), tdVrdV);
         }
         Tensor tdSrdS = AccToA<Element, kBlockM>(tdPrdP);
-        // dK += dS^T Q. With the shared dQ split it goes to the tensor cores after dQ (as in
-        // FlashAttention-3): the wait for dQ then leaves dK running while the dQ part is reduced
-        // (+0.6-1.6% fwd+bwd on the H200 against issuing it here, session 9).
-        constexpr bool kDkAfterDq = !Cfg::kDqOwnKeys && !Cfg::kDqBulk;
+        // dK += dS^T Q goes to the tensor cores after dQ (as in FlashAttention-3): the wait for
+        // dQ then leaves dK running while the dQ part is reduced (+0.6-1.6% fwd+bwd on the H200
+        // against issuing it before dQ).
         auto issue_dk = [&]() {
           BwdGemm<false, true>(mma_kv, tdSrdS, tdKrQ(_, _, _, read_q.index()), tdKrdK);
         };
-        if constexpr (!kDkAfterDq) issue_dk();
 
         if (params.dq_accum != nullptr) {
           Tensor tdSsdS_buf = tdSsdS(_, _, _, buf);
@@ -436,80 +420,23 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           cutlass::arch::fence_view_async_shared();  // generic-proxy writes -> wgmma reads
           const int64_t dq_tile = ((int64_t(batch) * params.num_heads + head) *
                                        (params.ws_rows / kBlockM) + m) * (kBlockM * Cfg::kHeadDim);
-          if constexpr (Cfg::kDqOwnKeys) {
-            // dQ += dS K over this consumer's 64 keys only, for both parts of the tile: its
-            // own dS^T region and K half, so only its own warpgroup syncs (no lockstep with
-            // the other consumer). Twice the reductions of the shared split.
-            cutlass::arch::NamedBarrier::sync(128, uint32_t(BwdBarrier::kOwnDs0) + consumer);
-            // One part at a time: two accumulators in flight run ptxas out of registers
-            // (C7512, every wgmma serialized).
+          cutlass::arch::NamedBarrier::sync(kConsumerThreads, uint32_t(BwdBarrier::kDsReady));
+          Tensor tdQrdQ = partition_fragment_C(mma_dq, Shape<Int<Cfg::kDqRows>,
+                                                             Int<Cfg::kDqCols>>{});
+          BwdGemm<true, false>(mma_dq, tdQrdS(_, _, _, buf), tdQrK, tdQrdQ);
+          issue_dk();
+          warpgroup_wait<1>();  // dV and dQ done; dK runs on (it reads Q: released below)
+          warpgroup_fence_operand(tdQrdQ);
+          pipe_do.consumer_release(read_do);
+          float* dst = params.dq_accum + dq_tile + consumer * Cfg::kDqPartFloats;
 #pragma unroll
-            for (int part = 0; part < 2; ++part) {
-              const int pm = part % Cfg::kDqSplitM, pn = part / Cfg::kDqSplitM;
-              Tensor a = thr_dq.partition_fragment_A(local_tile(
-                  sdS, Shape<Int<Cfg::kDqRows>, Int<kKeys>, _2>{}, make_coord(pm, consumer, _0{})));
-              Tensor b = thr_dq.partition_fragment_B(local_tile(
-                  sKt, Shape<Int<Cfg::kDqCols>, Int<kKeys>>{}, make_coord(pn, consumer)));
-              Tensor acc = partition_fragment_C(mma_dq, Shape<Int<Cfg::kDqRows>,
-                                                              Int<Cfg::kDqCols>>{});
-              BwdGemm<true, false>(mma_dq, a(_, _, _, buf), b, acc);
-              warpgroup_wait<0>();
-              warpgroup_fence_operand(acc);
-              if (part == 0) {  // dV and dK are done too: Q and dO are free
-                pipe_q.consumer_release(read_q);
-                pipe_do.consumer_release(read_do);
-              }
-              float* dst = params.dq_accum + dq_tile + part * Cfg::kDqPartFloats;
-#pragma unroll
-              for (int j = 0; j < size(acc) / 4; ++j)
-                RedAddV4(dst + DqAccumIndex(j, thread_in_wg), acc(4 * j), acc(4 * j + 1),
-                         acc(4 * j + 2), acc(4 * j + 3));
-            }
-          } else {
-            // The previous step's bulk reduce has read this consumer's dQ staging before any
-            // thread passes the barrier below (and so before it is overwritten).
-            if constexpr (Cfg::kDqBulk)
-              if (thread_in_wg == 0) tma_store_wait<0>();
-            cutlass::arch::NamedBarrier::sync(kConsumerThreads, uint32_t(BwdBarrier::kDsReady));
-            Tensor tdQrdQ = partition_fragment_C(mma_dq, Shape<Int<Cfg::kDqRows>,
-                                                               Int<Cfg::kDqCols>>{});
-            BwdGemm<true, false>(mma_dq, tdQrdS(_, _, _, buf), tdQrK, tdQrdQ);
-            if constexpr (kDkAfterDq) {
-              issue_dk();
-              warpgroup_wait<1>();  // dV and dQ done; dK runs on (it reads Q: released below)
-            } else {
-              warpgroup_wait<0>();
-              pipe_q.consumer_release(read_q);
-            }
-            warpgroup_fence_operand(tdQrdQ);
-            pipe_do.consumer_release(read_do);
-            float* dst = params.dq_accum + dq_tile + consumer * Cfg::kDqPartFloats;
-            if constexpr (Cfg::kDqBulk) {
-              // Same layout as the reductions below, staged in smem (one 16-byte store per
-              // thread and group: conflict-free), then one bulk reduce-add of the 16 KiB part.
-              float* staged = shared.dq + consumer * Cfg::kDqPartFloats;
-#pragma unroll
-              for (int j = 0; j < size(tdQrdQ) / 4; ++j)
-                *reinterpret_cast<float4*>(staged + DqAccumIndex(j, thread_in_wg)) =
-                    make_float4(tdQrdQ(4 * j), tdQrdQ(4 * j + 1), tdQrdQ(4 * j + 2),
-                                tdQrdQ(4 * j + 3));
-              cutlass::arch::fence_view_async_shared();  // generic-proxy writes -> bulk copy reads
-              cutlass::arch::NamedBarrier::sync(128, uint32_t(BwdBarrier::kDqStored0) + consumer);
-              if (thread_in_wg == 0)
-                BulkReduceAddF32(dst, staged, Cfg::kDqPartFloats * int(sizeof(float)));
-            } else {
-#pragma unroll
-              for (int j = 0; j < size(tdQrdQ) / 4; ++j)
-                RedAddV4(dst + DqAccumIndex(j, thread_in_wg), tdQrdQ(4 * j), tdQrdQ(4 * j + 1),
-                         tdQrdQ(4 * j + 2), tdQrdQ(4 * j + 3));
-            }
-            if constexpr (kDkAfterDq) {
-              warpgroup_wait<0>();
-              pipe_q.consumer_release(read_q);
-            }
-          }
+          for (int j = 0; j < size(tdQrdQ) / 4; ++j)
+            RedAddV4(dst + DqAccumIndex(j, thread_in_wg), tdQrdQ(4 * j), tdQrdQ(4 * j + 1),
+                     tdQrdQ(4 * j + 2), tdQrdQ(4 * j + 3));
+          warpgroup_wait<0>();
+          pipe_q.consumer_release(read_q);
         } else {
-          if constexpr (kDkAfterDq) issue_dk();
+          issue_dk();
           warpgroup_wait<0>();
           pipe_q.consumer_release(read_q);
           pipe_do.consumer_release(read_do);
@@ -539,9 +466,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         *reinterpret_cast<float2*>(&tdKgdK(i)) = make_float2(
             tdKrdK(i) * params.softmax_scale, tdKrdK(i + 1) * params.softmax_scale);
         *reinterpret_cast<float2*>(&tdVgdV(i)) = make_float2(tdVrdV(i), tdVrdV(i + 1));
-      }
-      if constexpr (Cfg::kDqBulk) {
-        if (thread_in_wg == 0) tma_store_wait<0>();  // the last dQ bulk reduce read its smem
       }
       return;
     }

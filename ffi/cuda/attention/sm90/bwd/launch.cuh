@@ -64,10 +64,10 @@ cudaError_t LaunchFlashBwdSm90Dq(const FlashBwdArgs& args, cudaStream_t stream) 
 
 }  // namespace sm90
 
-template <typename T, int kHeadDim, int kVariant>
+template <typename T, int kHeadDim>
 cudaError_t LaunchFlashBwdSm90(const FlashBwdArgs& args, float* dq_accum, bool dq_kernel,
                                cudaStream_t stream) {
-  using Cfg = sm90::BwdConfig<typename sm90::CutlassType<T>::type, kHeadDim, kVariant>;
+  using Cfg = sm90::BwdConfig<typename sm90::CutlassType<T>::type, kHeadDim>;
   using namespace cute;
   const AttentionBwdParams& bp = args.bp;
   const AttentionParams& p = bp.fwd;

@@ -28,36 +28,29 @@ bool Sm90BwdEnabled(const AttentionParams& p);
 // Query rows per step of the kernel for p's head dim: the workspace's row padding.
 int Sm90BwdRowBlock(const AttentionParams& p);
 
-// The performance variant (sm90/bwd/config.h) JAX_SGL_SM90_BWD_VARIANT asks for, read at each
-// call: 0 (the default kernel) when unset or not a number in [0, 15].
-int Sm90BwdVariant();
-
 // Float32 elements of the dQ accumulation buffer: [batch, num_heads, ws_rows, head_dim].
 size_t Sm90BwdDqAccumFloats(const AttentionParams& p, int ws_rows);
 // Whether a call takes the tail split: one without causal mask, window, seqused_k or softcap,
-// whose key blocks all cost the same, unless JAX_SGL_SM90_BWD_TAIL_SPLIT=0 (read at each call; an
-// A/B knob; on by default since the session-6 A/B: +1-2% forward+backward). The key blocks of
-// the last, partial wave then run as shares of their steps on every SM.
+// whose key blocks all cost the same (measured +1-2% forward+backward). The key blocks of the
+// last, partial wave then run as shares of their steps on every SM.
 bool Sm90BwdTailSplitRequested(const AttentionParams& p);
 // Scratch bytes of the tail split's float32 dK / dV shares: one 128-key block per SM each
 // (0 when the device's SM count cannot be read).
 size_t Sm90BwdTailBytes(const AttentionParams& p);
 
-// The backward instantiations this build holds ("hdim128_bf16 hdim128_bf16_v3 ..."; leading
-// space; _v<V>: the extra performance variants of JAX_SGL_SM90_BWD_VARIANTS).
+// The backward instantiations this build holds (" hdim128_bf16 ..."; leading space).
 const char* Sm90BwdBuiltKernels();
 
 // Runs the sm90 dK/dV kernel and dQ: with dq_accum != nullptr (Sm90BwdDqAccumFloats floats)
 // through its float32 reductions (zeroing dq_accum first, converting it after), else with
 // dq_kernel by the deterministic sm90 dQ kernel, else not at all (the caller runs the sm80 dQ
 // kernel). args.ws_rows must be a multiple of Sm90BwdRowBlock(p) and the workspace filled by
-// LaunchFlashBwdPreprocess. Runs variant Sm90BwdVariant() where this build has it, else 0.
+// LaunchFlashBwdPreprocess.
 cudaError_t RunFlashBwdSm90(const FlashBwdArgs& args, float* dq_accum, bool dq_kernel,
                             cudaStream_t stream);
 
-// One instantiation per (storage type, head dim, variant), in instantiations/flash_bwd_sm90_*.cu.
-// kVariant: sm90/bwd/config.h (0: the default kernel; others are A/B performance variants).
-template <typename T, int kHeadDim, int kVariant>
+// One instantiation per (storage type, head dim), in instantiations/sm90_bwd_*.cu.
+template <typename T, int kHeadDim>
 cudaError_t LaunchFlashBwdSm90(const FlashBwdArgs& args, float* dq_accum, bool dq_kernel,
                                cudaStream_t stream);
 

@@ -1,7 +1,6 @@
-// Compile-time shape of the sm_90a flash forward for one (dtype, head dim, variant): tile sizes,
-// shared memory layouts and the two warpgroup MMAs, all as CuTe types. Everything else is a
-// run-time parameter (kernel.cuh). The variants (variants.h) differ in the key tile, in whether
-// the CTAs are persistent and in the softmax's instruction schedule.
+// Compile-time shape of the sm_90a flash forward for one (dtype, head dim): tile sizes (from
+// tile_size.h), shared memory layouts and the two warpgroup MMAs, all as CuTe types. Everything
+// else is a run-time parameter (kernel.cuh).
 //
 // CTA = 3 warpgroups: warpgroup 0 loads (TMA), warpgroups 1 and 2 each own 64 query rows of the
 // 128-row tile and take turns on the tensor cores (ping-pong). The 64-row halves of Q/O are
@@ -12,6 +11,8 @@
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
 #include <cutlass/numeric_types.h>
 #include <cutlass/pipeline/sm90_pipeline.hpp>
+
+#include "ffi/cuda/attention/sm90/fwd/tile_size.h"
 
 namespace jax_sgl::cuda::sm90 {
 
@@ -32,41 +33,20 @@ struct HeldTile {
   int iter;
 };
 
-// Keys per tile of variant 0: 128 keeps S (64 fp32 per thread) and O (kHeadDim/2 per thread) plus
-// the P operand inside 240 registers up to hd128; hd256's O alone takes 128 registers, so its key
-// tile halves. Two stages of K and V fit smem at every head dim (hd256: 64+64+64 KiB).
-constexpr int DefaultBlockN(int head_dim) { return head_dim <= 128 ? 128 : 64; }
-
-// kPersistent: grid = #SMs, each CTA loops over work tiles (kernel.cuh) and the loads of the next
-// tile overlap the epilogue of the current one. kFastSoftmax: tree reductions for the row max and
-// sum, O rescaled only when a row max moved (softmax.h). kEarlyRescale: the O rescale of a step
-// runs between the issue of S = Q K^T and of P V (kernel.cuh). kLeanSoftmax: branch-free softmax
-// with ex2.approx.ftz (softmax.h). kDeferPvWait: the wait for a step's P V moves to the top of
-// the next step (kernel.cuh). kDirectO: O goes from registers to global memory, not through smem
-// and a TMA store (kernel.cuh epilogue). kQStages: Q buffers of a persistent CTA; with two, the
-// next tile's Q loads while this tile's main loop still runs (kernel.cuh producer).
-template <typename Element_, int kHeadDim_, int kBlockN_ = DefaultBlockN(kHeadDim_),
-          bool kPersistent_ = false, bool kFastSoftmax_ = false, bool kEarlyRescale_ = false,
-          bool kLeanSoftmax_ = false, bool kDeferPvWait_ = false, bool kDirectO_ = false,
-          int kQStages_ = 1>
+template <typename Element_, int kHeadDim_>
 struct FlashConfig {
   using Element = Element_;  // cutlass::bfloat16_t or cutlass::half_t
   static constexpr int kHeadDim = kHeadDim_;
-  static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256);
-  static constexpr bool kPersistent = kPersistent_;
-  static constexpr bool kFastSoftmax = kFastSoftmax_;
-  static constexpr bool kEarlyRescale = kEarlyRescale_;
-  static constexpr bool kLeanSoftmax = kLeanSoftmax_;
-  static constexpr bool kDeferPvWait = kDeferPvWait_;
-  static constexpr bool kDirectO = kDirectO_;
-  static constexpr int kQStages = kQStages_;
-  static_assert(kQStages == 1 || kQStages == 2);
+  static_assert(Sm90FwdHeadDim(kHeadDim), "the sm90 forward serves head dims 64, 128, 256");
+  static constexpr FwdTileSize kTile = FwdTile(kHeadDim);
+  static constexpr bool kPersistent = kTile.persistent;
+  static constexpr bool kEarlyRescale = kTile.early_rescale;
 
   static constexpr int kWarpgroupRows = 64;                   // wgmma M per warpgroup
   static constexpr int kConsumers = 2;                        // consumer warpgroups (ping-pong)
   static constexpr int kBlockM = kWarpgroupRows * kConsumers; // query rows per CTA
   // Keys per tile: a multiple of 16 (the K step of P V), at most 256 (wgmma N, TMA box).
-  static constexpr int kBlockN = kBlockN_;
+  static constexpr int kBlockN = kTile.block_n;
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256);
   static constexpr int kStages = 2;
   static constexpr int kThreads = 128 * (1 + kConsumers);
@@ -111,33 +91,26 @@ struct FlashConfig {
   using Pipeline = cutlass::PipelineTmaAsync<kStages>;
 
   // Persistent CTAs stage O in its own buffer when it fits (the next tile's Q then loads during
-  // this tile's epilogue); otherwise, and always in variant 0, O reuses the Q buffer.
+  // this tile's epilogue, as Q is free once the main loop ends); otherwise O reuses the Q buffer.
   static constexpr int kQBytes = cosize_v<SmemLayoutQ> * int(sizeof(Element));
   static constexpr int kSmemLimit = 227 * 1024;  // sm_90 opt-in dynamic smem per block
   static constexpr bool kSeparateO =
-      kPersistent && !kDirectO &&
-      kQBytes * (kQStages + 1) + 2 * cosize_v<SmemLayoutKV> * int(sizeof(Element)) + 1024 <=
-          kSmemLimit;
-  // Persistent: whether Q is free for the next tile when a tile's main loop ends (O does not
-  // leave through the Q buffer), or only once O has been stored from it.
-  static constexpr bool kQFreeAfterLoop = kSeparateO || kDirectO;
-  // Two Q buffers only where O has a way out of its own (and so each Q is free after the loop).
-  static_assert(kQStages == 1 || (kPersistent && kQFreeAfterLoop));
+      kPersistent &&
+      kQBytes * 2 + 2 * cosize_v<SmemLayoutKV> * int(sizeof(Element)) + 1024 <= kSmemLimit;
 
   struct SharedStorage {
-    // Q buffer b at b * cosize_v<SmemLayoutQ>; O too if !kSeparateO (then kQStages is 1).
-    alignas(1024) cute::array_aligned<Element, kQStages * cosize_v<SmemLayoutQ>> q;
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutQ>> q;  // O too if !kSeparateO
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutKV>> k;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutKV>> v;
     alignas(1024) cute::array_aligned<Element, kSeparateO ? cosize_v<SmemLayoutQ> : 8> o;
     typename Pipeline::SharedStorage pipe_k;
     typename Pipeline::SharedStorage pipe_v;
-    // Per Q buffer: Q (and, persistent, the tile) ready; persistent: the consumers are done with
-    // it; the work tile of its Q, or -1.
-    cutlass::arch::ClusterTransactionBarrier barrier_q[kQStages];
-    cutlass::arch::ClusterBarrier barrier_q_empty[kQStages];
-    int tile[kQStages];
-    HeldTile held[kConsumers];                           // persistent: each consumer's tile
+    // Q (and, persistent, the tile) ready; persistent: the consumers are done with Q; the work
+    // tile of the Q in smem, or -1.
+    cutlass::arch::ClusterTransactionBarrier barrier_q;
+    cutlass::arch::ClusterBarrier barrier_q_empty;
+    int tile;
+    HeldTile held[kConsumers];  // persistent: each consumer's tile
   };
   static_assert(sizeof(SharedStorage) <= kSmemLimit);
 

@@ -1,9 +1,5 @@
 // Host side of the sm_90a flash forward: whether it may run a call (switch, device, coverage)
-// and the (dtype, head dim, variant) switch over the instantiations this build compiled.
-//
-// JAX_SGL_SM90_VARIANT=<0..12> (read at each call) picks the kernel variant (sm90/fwd/tile_size.h) for
-// A/B runs; unset, unparsable or not built for the call's (dtype, head dim) means the default of
-// its (head dim, causal, short call) (CMake JAX_SGL_SM90_DEFAULT_VARIANTS, always built).
+// and the (dtype, head dim) switch over the instantiations this build compiled.
 //
 // Varlen calls (cu_seqlens_q, varlen k/v, seqused_k) run on the sm90 kernel's varlen
 // instantiation unless JAX_SGL_SM90_VARLEN=0 (read at each call) keeps them on the portable
@@ -16,62 +12,40 @@
 #include <string>
 
 #include "ffi/common/numeric.h"
-#include "ffi/cuda/attention/common/env.h"
 #include "ffi/cuda/attention/sm90/fwd/launch.h"
 #include "ffi/cuda/attention/sm90/fwd/tile_size.h"
 
 namespace jax_sgl::cuda {
 namespace {
 
-// cmake/cuda.cmake's sm90_kernels.inc names, as X-macros, each compiled instantiation
-// (JAX_SGL_SM90_KERNEL(head dim, bf16|fp16, variant)) and each built head dim's default variants
-// (JAX_SGL_SM90_DEFAULT(head dim, non-causal, causal, short or -1)).
+// instantiations/sm90_kernels.inc lists, as X-macros, each (head dim, dtype) this build compiled
+// (JAX_SGL_SM90_FWD(head dim, bf16|fp16)); JAX_SGL_SM90_DISABLE_HDIM<D>_<DTYPE> drops one.
 using Sm90Type_bf16 = bf16_t;
 using Sm90Type_fp16 = f16_t;
 constexpr DType kSm90DType_bf16 = DType::kBF16;
 constexpr DType kSm90DType_fp16 = DType::kF16;
 
-// Whether this build compiled variant v of the (dtype, head dim) kernel; v < 0: any variant.
-bool Built(DType t, int d, int v = -1) {
-  (void)t, (void)d, (void)v;
-#define JAX_SGL_SM90_KERNEL(D, T, V) \
-  if (t == kSm90DType_##T && d == D && (v < 0 || v == V)) return true;
-#define JAX_SGL_SM90_DEFAULT(D, NON_CAUSAL, CAUSAL, SHORT)
-#include "sm90_kernels.inc"
-#undef JAX_SGL_SM90_KERNEL
-#undef JAX_SGL_SM90_DEFAULT
+bool Built(DType t, int d) {
+  (void)t, (void)d;
+#define JAX_SGL_SM90_FWD(D, T) \
+  if (t == kSm90DType_##T && d == D) return true;
+#define JAX_SGL_SM90_BWD(D, T)
+#include "ffi/cuda/attention/instantiations/sm90_kernels.inc"
+#undef JAX_SGL_SM90_FWD
+#undef JAX_SGL_SM90_BWD
   return false;
 }
 
-// Calls of at most this many rows and keys per sequence take the head dim's short-call default
-// when it has one: at S=1k the persistent v4 ran 0.92-0.95x cuDNN non-causal where v6 and v7
-// ran 0.85-0.86x (H200, 2026-12-02, NOTES_sm90.md).
-constexpr int kShortCallRows = 2048;
-
-int DefaultVariant(const AttentionParams& p) {
-  const int d = p.head_dim;
-  const bool shorter = std::max(p.seqlen_q, p.seqlen_k) <= kShortCallRows;
-  (void)d, (void)shorter;
-#define JAX_SGL_SM90_KERNEL(D, T, V)
-#define JAX_SGL_SM90_DEFAULT(D, NON_CAUSAL, CAUSAL, SHORT) \
-  if (d == D) return SHORT >= 0 && shorter ? SHORT : (p.causal ? CAUSAL : NON_CAUSAL);
-#include "sm90_kernels.inc"
-#undef JAX_SGL_SM90_KERNEL
-#undef JAX_SGL_SM90_DEFAULT
-  return 0;
-}
-
-// Launches variant v of the (dtype, head dim) instantiation, which must be built.
-cudaError_t Launch(DType t, int d, int v, const AttentionParams& p, void* scratch,
-                   cudaStream_t stream) {
-  (void)t, (void)d, (void)v, (void)p, (void)scratch, (void)stream;
-#define JAX_SGL_SM90_KERNEL(D, T, V)              \
-  if (t == kSm90DType_##T && d == D && v == V) \
-    return LaunchFlashFwdSm90<Sm90Type_##T, D, V>(p, scratch, stream);
-#define JAX_SGL_SM90_DEFAULT(D, NON_CAUSAL, CAUSAL, SHORT)
-#include "sm90_kernels.inc"
-#undef JAX_SGL_SM90_KERNEL
-#undef JAX_SGL_SM90_DEFAULT
+// Launches the (dtype, head dim) instantiation, which must be built.
+cudaError_t Launch(DType t, int d, const AttentionParams& p, void* scratch, cudaStream_t stream) {
+  (void)t, (void)d, (void)p, (void)scratch, (void)stream;
+#define JAX_SGL_SM90_FWD(D, T)            \
+  if (t == kSm90DType_##T && d == D) \
+    return LaunchFlashFwdSm90<Sm90Type_##T, D>(p, scratch, stream);
+#define JAX_SGL_SM90_BWD(D, T)
+#include "ffi/cuda/attention/instantiations/sm90_kernels.inc"
+#undef JAX_SGL_SM90_FWD
+#undef JAX_SGL_SM90_BWD
   return cudaErrorInvalidValue;
 }
 
@@ -92,12 +66,6 @@ const char* VarlenUnsupported(const AttentionParams& p) {
   if (p.kv_layout == KvLayout::kDense && p.seqlen_k < 1) return "sm90 kernel: non-empty k";
   if (p.cu_seqlens_q == nullptr && p.seqlen_q < 1) return "sm90 kernel: non-empty q";
   return nullptr;
-}
-
-// JAX_SGL_SM90_VARIANT as a variant index, or -1 (unset, or not a number below kNumVariants).
-int RequestedVariant() {
-  const int v = EnvInt("JAX_SGL_SM90_VARIANT", -1);
-  return v >= 0 && v < sm90::kNumVariants ? v : -1;
 }
 
 }  // namespace
@@ -125,7 +93,7 @@ const char* Sm90Unsupported(const AttentionParams& p) {
 }
 
 bool Sm90Enabled() {
-  // Every instantiation passed the sm90 GPU tests on an H200 (benchmarks/NOTES_sm90.md,
+  // Every instantiation passed the sm90 GPU tests on an H200 (benchmarks/notes/NOTES_sm90.md,
   // 2026-12-02), so all built ones run by default; JAX_SGL_SM90=0 routes everything to the
   // portable kernel. Read at every call (a getenv is far cheaper than a launch), so a process, or
   // a test, can switch kernels between calls without recompiling anything.
@@ -145,56 +113,33 @@ bool IsComputeCapability90() {
 }
 
 const char* Sm90BuiltKernels() {
-  // " hdim128_bf16 hdim128_bf16_variant1 ... hdim128_default_v6_v4_s4": each (head dim, dtype)
-  // once, each of its variants, then per head dim the default variants (non-causal, causal and,
-  // when it has one, short calls).
   // Built once: the list is fixed at compile time.
   static const std::string kernels = [] {
     std::string s;
-    auto add = [&s](const std::string& token) {
-      if ((s + " ").find(" " + token + " ") == std::string::npos) s += " " + token;
-    };
-#define JAX_SGL_SM90_KERNEL(D, T, V) add("hdim" #D "_" #T);
-#define JAX_SGL_SM90_DEFAULT(D, NON_CAUSAL, CAUSAL, SHORT)
-#include "sm90_kernels.inc"
-#undef JAX_SGL_SM90_KERNEL
-#undef JAX_SGL_SM90_DEFAULT
-#define JAX_SGL_SM90_KERNEL(D, T, V) add("hdim" #D "_" #T "_variant" #V);
-#define JAX_SGL_SM90_DEFAULT(D, NON_CAUSAL, CAUSAL, SHORT)
-#include "sm90_kernels.inc"
-#undef JAX_SGL_SM90_KERNEL
-#undef JAX_SGL_SM90_DEFAULT
-#define JAX_SGL_SM90_KERNEL(D, T, V)
-#define JAX_SGL_SM90_DEFAULT(D, NON_CAUSAL, CAUSAL, SHORT) \
-  add("hdim" #D "_default_v" #NON_CAUSAL "_v" #CAUSAL + \
-      std::string(SHORT >= 0 ? "_s" #SHORT : ""));
-#include "sm90_kernels.inc"
-#undef JAX_SGL_SM90_KERNEL
-#undef JAX_SGL_SM90_DEFAULT
+#define JAX_SGL_SM90_FWD(D, T) s += " hdim" #D "_" #T;
+#define JAX_SGL_SM90_BWD(D, T)
+#include "ffi/cuda/attention/instantiations/sm90_kernels.inc"
+#undef JAX_SGL_SM90_FWD
+#undef JAX_SGL_SM90_BWD
     return s;
   }();
   return kernels.c_str();
 }
 
-int Sm90Variant(const AttentionParams& p) {
-  const int v = RequestedVariant();
-  return v >= 0 && Built(p.q_type, p.head_dim, v) ? v : DefaultVariant(p);
-}
-
 bool Sm90TailSplitRequested(const AttentionParams& p) {
   const bool dense = p.cu_seqlens_q == nullptr && p.kv_layout == KvLayout::kDense &&
                      p.seqused_k == nullptr;
-  return dense && !p.causal && EnvInt("JAX_SGL_SM90_TAIL_SPLIT", 1) != 0;
+  return dense && !p.causal;
 }
 
 size_t Sm90ScratchBytes(const AttentionParams& p, int num_sms) {
-  if (!Sm90TailSplitRequested(p) || !sm90::Variant(Sm90Variant(p)).persistent)
+  if (!Sm90TailSplitRequested(p) || !sm90::FwdTile(p.head_dim).persistent)
     return kSm90CounterBytes;
   return kSm90CounterBytes + Sm90TailBytes(num_sms, std::max(p.head_dim, p.head_dim_v));
 }
 
 cudaError_t RunFlashFwdSm90(const AttentionParams& p, void* scratch, cudaStream_t stream) {
-  return Launch(p.q_type, p.head_dim, Sm90Variant(p), p, scratch, stream);
+  return Launch(p.q_type, p.head_dim, p, scratch, stream);
 }
 
 }  // namespace jax_sgl::cuda

@@ -1,12 +1,11 @@
 // The sm_90a flash attention forward kernel (dense layout). A work tile is 128 query rows of one
-// (q head, batch); variant 0 runs one CTA per tile, persistent variants (Cfg::kPersistent) run
-// #SMs CTAs that loop over tiles (WorkTiles below). Warpgroup 0 is the producer: one thread issues the TMA loads of Q and of the K/V tiles
+// (q head, batch); by the head dim's tile choice (tile_size.h) one CTA runs per tile, or #SMs
+// persistent CTAs (Cfg::kPersistent) loop over tiles. Warpgroup 0 is the producer: one thread issues the TMA loads of Q and of the K/V tiles
 // into a kStages-deep smem ring (cutlass::PipelineTmaAsync: full/empty mbarriers per stage).
 // Warpgroups 1 and 2 are consumers, 64 query rows each:
 //   - S = Q K^T and O += P V on wgmma; P stays in registers (RS wgmma).
-//   - Intra-warpgroup overlap: the S of tile j is issued together with the P V of tile j+1, so the
-//     softmax of tile j runs while the tensor cores finish P V (in SASS only with
-//     Cfg::kDeferPvWait: otherwise ptxas hoists the P V wait above the softmax).
+//   - The S of tile j is issued together with the P V of tile j+1 (ptxas places the P V wait
+//     above the softmax, so the softmax hides behind the other warpgroup's GEMMs, not this one's).
 //   - Ping-pong: a pair of named barriers makes the two consumers issue their GEMMs in turn, so
 //     one warpgroup's softmax hides behind the other's GEMMs.
 // Keys are walked from the last tile down: tiles that cross the causal diagonal / right window
@@ -132,8 +131,8 @@ __device__ __forceinline__ WorkTile DecodeTile(int t, int num_m_blocks, int num_
 }
 
 // The tile a persistent CTA takes after tile t: every CTA starts at blockIdx.x. With a counter
-// (causal, whose tiles differ up to num_m_blocks-fold; or JAX_SGL_SM90_DYNAMIC_TILES=1) the next
-// free tile, greedy in DecodeTile's order; else a static stride (non-causal tiles cost the same).
+// (causal, whose tiles differ up to num_m_blocks-fold) the next free tile, greedy in DecodeTile's
+// order; else a static stride (non-causal tiles cost the same).
 __device__ __forceinline__ int NextTile(int t, int* counter) {
   return counter != nullptr ? int(gridDim.x) + atomicAdd(counter, 1) : t + int(gridDim.x);
 }
@@ -258,7 +257,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
   const int warpgroup = threadIdx.x / 128;
   const int thread_in_wg = threadIdx.x % 128;
-  // Variant 0's one tile: causal CTAs with more rows have more key tiles, launch them first.
+  // Non-persistent: the CTA's one tile; causal CTAs with more rows have more key tiles, launch them first.
   WorkTile launch_tile{params.causal ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x),
                       int(blockIdx.y), int(blockIdx.z)};
   // Persistent and varlen: tile indices name (linear row block, head); the sequence comes from
@@ -297,24 +296,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   pipe_params.num_consumers = kConsumerThreads;
   Pipeline pipe_k(shared.pipe_k, pipe_params, Shape<_1, _1, _1>{});
   Pipeline pipe_v(shared.pipe_v, pipe_params, Shape<_1, _1, _1>{});
-  constexpr int kQStages = Cfg::kQStages;
   if (threadIdx.x == 0) {
-    for (int b = 0; b < kQStages; ++b) {
-      shared.barrier_q[b].init(1);
-      // Q is free again when every consumer thread finished its last wgmma on it (separate or
-      // direct O), or when each consumer's O store out of the Q buffer has completed.
-      if constexpr (kPersistent)
-        shared.barrier_q_empty[b].init(Cfg::kQFreeAfterLoop ? kConsumerThreads : Cfg::kConsumers);
-    }
+    shared.barrier_q.init(1);
+    // Q is free again when every consumer thread finished its last wgmma on it (separate O), or
+    // when each consumer's O store out of the Q buffer has completed.
+    if constexpr (kPersistent)
+      shared.barrier_q_empty.init(Cfg::kSeparateO ? kConsumerThreads : Cfg::kConsumers);
   }
   cutlass::arch::fence_barrier_init();
   __syncthreads();
 
-  // Q buffer b (kQStages > 1: the one of work item ordinal iter is iter % kQStages).
-  auto q_buffer = [&](int b) {
-    return make_tensor(make_smem_ptr(shared.q.data() + b * cosize_v<typename Cfg::SmemLayoutQ>),
-                       typename Cfg::SmemLayoutQ{});
-  };
+  Tensor sQ = make_tensor(make_smem_ptr(shared.q.data()), typename Cfg::SmemLayoutQ{});
   Tensor sK = make_tensor(make_smem_ptr(shared.k.data()), typename Cfg::SmemLayoutKV{});
   Tensor sV = make_tensor(make_smem_ptr(shared.v.data()), typename Cfg::SmemLayoutKV{});
   Tensor sVt = make_tensor(make_smem_ptr(shared.v.data()), typename Cfg::SmemLayoutVt{});
@@ -338,7 +330,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     // Loads one work tile in the order the consumers use it: K[last], Q, then (K[n], V[n+1])
     // pairs, then V[first]. claim_q() runs just before Q is written (persistent: waits for the
     // consumers to be done with the previous Q, then publishes the tile).
-    auto load_tile = [&](WorkTile const& w, KeyTiles const& tiles, int qb, auto&& claim_q) {
+    auto load_tile = [&](WorkTile const& w, KeyTiles const& tiles, auto&& claim_q) {
       const int kv_head = w.head / params.group;
       // [64, D, m/64] rows of this (batch, head); [N, D, n] keys of this (batch, kv head).
       // Varlen: boxes that run past a sequence's end read the next sequence's rows (or TMA's
@@ -349,7 +341,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                              Shape<Int<kBlockN>, Int<Cfg::kHeadDim>>{}, make_coord(_, _0{}));
       Tensor gV = local_tile(head_rows(mV, kv_head, w.batch, w.k_row0),
                              Shape<Int<kBlockN>, Int<Cfg::kHeadDim>>{}, make_coord(_, _0{}));
-      auto tQ = tma_partition(params.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(q_buffer(qb)),
+      auto tQ = tma_partition(params.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ),
                               group_modes<0, 2>(gQ));
       auto tK = tma_partition(params.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK),
                               group_modes<0, 2>(gK));
@@ -376,9 +368,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       };
       if (!tiles.empty()) load_k(tiles.n_end - 1);
       claim_q();
-      shared.barrier_q[qb].arrive_and_expect_tx(2 * Cfg::kQHalfBytes);
+      shared.barrier_q.arrive_and_expect_tx(2 * Cfg::kQHalfBytes);
       for (int half = 0; half < Cfg::kConsumers; ++half)
-        copy(NoCacheHint(params.tma_q.with(reinterpret_cast<uint64_t&>(shared.barrier_q[qb]))),
+        copy(NoCacheHint(params.tma_q.with(reinterpret_cast<uint64_t&>(shared.barrier_q))),
              tQg(_, 2 * w.m_block + half), tQs(_, half));
       // Rolled: nvcc unrolled it 4x, and the addresses of the unrolled copies did not fit the
       // producer's 24 registers (varlen spilled); the producer waits on the ring anyway.
@@ -391,29 +383,27 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     };
     if constexpr (!kPersistent) {
       const KeyTiles tiles = key_tiles(launch_tile);
-      if (!tiles.empty()) load_tile(launch_tile, tiles, 0, [] {});
+      if (!tiles.empty()) load_tile(launch_tile, tiles, [] {});
     } else {
       // Every tile goes through the Q barrier, also one without keys (the consumers write its
-      // zeros), and a final -1 tells the consumers to stop.
-      // Item ordinal iter uses Q buffer iter % kQStages, free once the consumers released
-      // ordinal iter - kQStages of the same buffer.
+      // zeros), and a final -1 tells the consumers to stop. Item ordinal iter may write Q once
+      // the consumers released ordinal iter - 1.
       int iter = 0;
       for (int t = int(blockIdx.x);; t = NextTile(t, params.tile_counter)) {
         const bool valid = t < params.num_tiles;
-        const int qb = kQStages > 1 ? iter % kQStages : 0;
         auto claim_q = [&] {
-          if (iter >= kQStages) shared.barrier_q_empty[qb].wait(((iter - kQStages) / kQStages) & 1);
-          *reinterpret_cast<volatile int*>(&shared.tile[qb]) = valid ? t : -1;
+          if (iter >= 1) shared.barrier_q_empty.wait((iter - 1) & 1);
+          *reinterpret_cast<volatile int*>(&shared.tile) = valid ? t : -1;
           CompilerFence();
         };
         if (!valid) {
           claim_q();
-          shared.barrier_q[qb].arrive();
+          shared.barrier_q.arrive();
           break;
         }
         WorkTile w = ItemTile(params, t);
         if (!resolve(w)) continue;  // varlen: past the last sequence; the consumers never see it
-        load_tile(w, key_tiles(w), qb, claim_q);
+        load_tile(w, key_tiles(w), claim_q);
         ++iter;
       }
     }
@@ -452,15 +442,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     };
 
     // One work tile: main loop, then normalize, LSE and O -> smem -> TMA store. Q must be in smem.
-    // last_tile (variant 0): the CTA's only tile, where consumer 1 skips its last hand-over so
+    // last_tile (non-persistent): the CTA's only tile, where consumer 1 skips its last hand-over so
     // every arrive meets a sync; persistent CTAs keep handing over and consumer 0 syncs once more
     // at exit. Returns the ordinal of the next published tile (persistent).
     // always_inline: NVVM outlines this lambda otherwise, and ptxas then serializes every wgmma
     // (C7520).
-    auto run_tile = [&](WorkTile const& tile, bool last_tile, int qb)
+    auto run_tile = [&](WorkTile const& tile, bool last_tile)
                         __attribute__((always_inline)) {
       const KeyTiles tiles = key_tiles(tile);
-      Tensor tSrQ = thr_qk.partition_fragment_A(q_buffer(qb)(_, _, consumer));
+      Tensor tSrQ = thr_qk.partition_fragment_A(sQ(_, _, consumer));
       const int row_base = tile.m_block * kBlockM + consumer * kRows + coord.row0;  // row of r = 0
       const int diag = seqlen_k(tile) - seqlen_q(tile);
       const int key_end = seqlen_k(tile);
@@ -517,7 +507,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         // Early rescale: the correction of the latest softmax step waits here until the next
         // step's S is issued (the first one scales O = 0: harmless).
         float correction[2];
-        softmax.template Step<Cfg::kFastSoftmax, Cfg::kLeanSoftmax>(tSrS, correction);
+        softmax.Step(tSrS, correction);
         Tensor tOrP = to_p(tSrS);
 
         // One step: S_n issued with P_{n+1} V_{n+1}; softmax of S_n while P V runs.
@@ -537,16 +527,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           if constexpr (kSoftcap) apply_softcap(s);
           if constexpr (decltype(masked)::value) mask(s, n);
           float corr[2];
-          softmax.template Step<Cfg::kFastSoftmax, Cfg::kLeanSoftmax>(s, corr);
+          softmax.Step(s, corr);
           warpgroup_wait<0>();
           pipe_v.consumer_release(read_v);
           ++read_v;
           if constexpr (Cfg::kEarlyRescale) {
             correction[0] = corr[0];
             correction[1] = corr[1];
-          } else if constexpr (Cfg::kFastSoftmax) {
-            // Divergence only costs the warps where some row max moved.
-            if (corr[0] != 1.f || corr[1] != 1.f) ScaleRows(tOrO, corr);
           } else {
             ScaleRows(tOrO, corr);
           }
@@ -554,62 +541,21 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #pragma unroll
           for (int i = 0; i < size(p); ++i) tOrP(i) = p(i);
         };
-        // Deferred P V wait (Cfg::kDeferPvWait, implies the early rescale): ptxas hoists a
-        // wait_group 0 that follows the softmax up above it (NOTES_sm90.md v3), so this step
-        // has none. The P V issued in step n is waited for at the top of step n-1, after the K
-        // wait loop, a basic block ptxas does not hoist across; P is packed there from tSrS,
-        // which then takes the next S. The softmax thus runs under this warpgroup's P V.
-        bool pv_in_flight = false;
-        auto finish_pv = [&] {
-          warpgroup_wait<0>();
-          if (pv_in_flight) {
-            pipe_v.consumer_release(read_v);
-            ++read_v;
-          }
-          Tensor p = to_p(tSrS);
-#pragma unroll
-          for (int i = 0; i < size(p); ++i) tOrP(i) = p(i);
-        };
-        auto step_deferred = [&](int n, auto masked) {
-          pipe_k.consumer_wait(read_k);
-          finish_pv();
-          cutlass::arch::NamedBarrier::sync(kConsumerThreads, my_turn);
-          Gemm<true, false>(mma_qk, tSrQ, tSrK(_, _, _, read_k.index()), tSrS);
-          ScaleRows(tOrO, correction);
-          pipe_v.consumer_wait(read_v);
-          Gemm<false, true>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
-          pv_in_flight = true;
-          hand_over(n == tiles.n_begin);
-          warpgroup_wait<1>();
-          pipe_k.consumer_release(read_k);
-          ++read_k;
-          if constexpr (kSoftcap) apply_softcap(tSrS);
-          if constexpr (decltype(masked)::value) mask(tSrS, n);
-          softmax.template Step<Cfg::kFastSoftmax, Cfg::kLeanSoftmax>(tSrS, correction);
-        };
         // The remaining tiles, n_end - 2 down to n_begin, in three straight passes: the masked
         // right edge (>= n_mask_begin), the unmasked middle (>= n_mask_end), the masked left
         // edge (the rest, < n_mask_end). A tile in [n_mask_begin, n_mask_end) (narrow window)
         // goes with the first pass. One loop around both kinds of step kept the state of both
-        // live at once and spilled (NOTES_sm90.md, spill fix). Persistent: only a count lives
+        // live at once and spilled (benchmarks/notes/NOTES_sm90.md, spill fix). Persistent: only a count lives
         // across the middle (its step uses no n); the left edge's range and start come from
         // the held tile again (n there is min(n_end - 2, n_mask_begin - 1, n_mask_end - 1)).
-        auto walk = [&](auto&& step_fn) {
-          for (n = tiles.n_end - 2; n >= tiles.n_mask_begin; --n) step_fn(n, cute::true_type{});
-          for (int c = n - tiles.n_mask_end; c >= 0; --c, --n) step_fn(n, cute::false_type{});
-          const KeyTiles left = kPersistent ? key_tiles(LoadTile(shared.held[consumer])) : tiles;
-          if constexpr (kPersistent)
-            n = min(left.n_end - 2, min(left.n_mask_begin, left.n_mask_end) - 1);
-          for (; n >= left.n_begin; --n) step_fn(n, cute::true_type{});
-        };
-        if constexpr (Cfg::kDeferPvWait) {
-          walk(step_deferred);
-          finish_pv();
-        } else {
-          walk(step);
-        }
+        for (n = tiles.n_end - 2; n >= tiles.n_mask_begin; --n) step(n, cute::true_type{});
+        for (int c = n - tiles.n_mask_end; c >= 0; --c, --n) step(n, cute::false_type{});
+        const KeyTiles left = kPersistent ? key_tiles(LoadTile(shared.held[consumer])) : tiles;
+        if constexpr (kPersistent)
+          n = min(left.n_end - 2, min(left.n_mask_begin, left.n_mask_end) - 1);
+        for (; n >= left.n_begin; --n) step(n, cute::true_type{});
 
-        if constexpr (Cfg::kEarlyRescale || Cfg::kDeferPvWait) ScaleRows(tOrO, correction);
+        if constexpr (Cfg::kEarlyRescale) ScaleRows(tOrO, correction);
         pipe_v.consumer_wait(read_v);
         Gemm<false, true>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
         warpgroup_wait<0>();
@@ -620,12 +566,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       // keep it in registers across the main loop, which needs them all: held there, it spilled.
       const WorkTile w = kPersistent ? LoadTile(shared.held[consumer]) : tile;
       const int next_iter = kPersistent ? LoadTileIter(shared.held[consumer]) + 1 : 0;
-      // Row of r = 0 again; variant 0 keeps row_base, live anyway (hd256 spilled m_block).
+      // Row of r = 0 again; non-persistent keeps row_base, live anyway (hd256 spilled m_block).
       const int out_row =
           kPersistent ? w.m_block * kBlockM + consumer * kRows + coord.row0 : row_base;
-      // With a separate O buffer or none, Q is done: the producer may load a later tile's into it.
-      if constexpr (kPersistent && Cfg::kQFreeAfterLoop)
-        shared.barrier_q_empty[kQStages > 1 ? (next_iter - 1) % kQStages : 0].arrive();
+      // With a separate O buffer, Q is done: the producer may load a later tile's into it.
+      if constexpr (kPersistent && Cfg::kSeparateO) shared.barrier_q_empty.arrive();
 
       // ---- Epilogue: normalize, LSE, O -> smem -> TMA store --------------------------------
       float inv_sum[2], lse[2];
@@ -650,10 +595,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #pragma unroll
             for (int r = 0; r < 2; ++r) params.tail_lse[row0 + coord.row0 + 8 * r] = lse[r];
           }
-          if constexpr (!Cfg::kQFreeAfterLoop) {
-            // As the direct O path below: Q may be reloaded once every thread is past its wgmma.
+          if constexpr (!Cfg::kSeparateO) {
+            // Q may be reloaded once every thread is past its last wgmma on it.
             cutlass::arch::NamedBarrier::sync(128, epilogue_barrier);
-            if (thread_in_wg == 0) shared.barrier_q_empty[0].arrive();
+            if (thread_in_wg == 0) shared.barrier_q_empty.arrive();
           }
           return next_iter;
         }
@@ -670,10 +615,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           if (row < seqlen_q(w)) lse_row[row] = lse[r];
         }
       }
-      if constexpr (kVarlen || Cfg::kDirectO) {
-        // Row by row from registers: varlen, because a TMA box would write the next sequence's
-        // rows; direct O, to keep O out of the Q buffer. Rows of this warpgroup's 64-row block
-        // past the sequence's end are skipped. Values 2j and 2j+1 of the accumulator are
+      if constexpr (kVarlen) {
+        // Row by row from registers, because a TMA box would write the next sequence's rows.
+        // Rows of this warpgroup's 64-row block past the sequence's end are skipped. Values 2j and 2j+1 of the accumulator are
         // adjacent columns of one row (even column), stored as one 32-bit word.
         const int block_row0 = out_row - coord.row0;  // tile row of this warpgroup's row 0
         const int rows_left = seqlen_q(w) - block_row0;
@@ -693,15 +637,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             *reinterpret_cast<uint32_t*>(&tOgO(i)) = lo | (hi << 16);
           }
         }
-        if constexpr (kPersistent && !Cfg::kQFreeAfterLoop) {
+        if constexpr (kPersistent && !Cfg::kSeparateO) {
           // Every thread's last wgmma on Q has completed (wait<0> above): Q may be reloaded.
           cutlass::arch::NamedBarrier::sync(128, epilogue_barrier);
-          if (thread_in_wg == 0) shared.barrier_q_empty[0].arrive();
+          if (thread_in_wg == 0) shared.barrier_q_empty.arrive();
         }
         return next_iter;
       }
       // sOmine is free: in the Q buffer, this warpgroup's last wgmma has completed (wait<0>
-      // above) and only this warpgroup ever read it (with no key tile, variant 0 never loaded
+      // above) and only this warpgroup ever read it (with no key tile, a non-persistent CTA never loaded
       // Q at all); in its own buffer, once the previous tile's store has read it.
       if constexpr (Cfg::kSeparateO) {
         if (thread_in_wg == 0) tma_store_wait<0>();
@@ -723,7 +667,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         tma_store_arrive();
         if constexpr (!Cfg::kSeparateO) {
           tma_store_wait<0>();
-          if constexpr (kPersistent) shared.barrier_q_empty[0].arrive();  // O has left the Q buffer
+          if constexpr (kPersistent) shared.barrier_q_empty.arrive();  // O has left the Q buffer
         }
       }
       return next_iter;
@@ -732,21 +676,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     if constexpr (!kPersistent) {
       if (!key_tiles(launch_tile).empty()) {
         start_turns();
-        shared.barrier_q[0].wait(0);
+        shared.barrier_q.wait(0);
       }
-      run_tile(launch_tile, true, 0);
+      run_tile(launch_tile, true);
     } else {
       start_turns();
       for (int iter = 0;;) {
-        const int qb = kQStages > 1 ? iter % kQStages : 0;
-        shared.barrier_q[qb].wait((iter / kQStages) & 1);
+        shared.barrier_q.wait(iter & 1);
         CompilerFence();
-        const int t = *reinterpret_cast<volatile int*>(&shared.tile[qb]);
+        const int t = *reinterpret_cast<volatile int*>(&shared.tile);
         if (t < 0) break;
         WorkTile w = ItemTile(params, t);
         resolve(w);  // true: the producer published only tiles that resolve
         StoreTile(shared.held[consumer], w, iter);
-        iter = run_tile(w, false, qb);
+        iter = run_tile(w, false);
       }
       // Meets consumer 1's last hand-over.
       if (consumer == 0) cutlass::arch::NamedBarrier::sync(kConsumerThreads, my_turn);

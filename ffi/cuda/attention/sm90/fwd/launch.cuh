@@ -1,6 +1,6 @@
 // Host launcher of the sm_90a flash forward: builds the TMA descriptors for one call (dense
 // [batch, seq, heads, head_dim] tensors) and launches one CTA per (128 query rows, q head, batch),
-// or, for the persistent variants, one CTA per SM.
+// or, where the head dim's tile choice is persistent (tile_size.h), one CTA per SM.
 // Included only by the generated instantiations/flash_fwd_sm90_*.cu files.
 #pragma once
 
@@ -8,11 +8,9 @@
 
 #include "ffi/common/numeric.h"
 #include "ffi/cuda/attention/common/device.h"
-#include "ffi/cuda/attention/common/env.h"
 #include "ffi/cuda/attention/sm90/fwd/kernel.cuh"
 #include "ffi/cuda/attention/sm90/fwd/launch.h"
 #include "ffi/cuda/attention/sm90/fwd/tail_combine.cuh"
-#include "ffi/cuda/attention/sm90/fwd/tile_size.h"
 
 namespace jax_sgl::cuda {
 namespace sm90 {
@@ -32,23 +30,8 @@ auto DenseTensor(const void* ptr, int rows, int head_dim, int heads, int batch) 
                      make_stride(row, _1{}, int64_t(head_dim), row * rows));
 }
 
-// Q buffers of a variant that asks for `requested`: two only where they fit smem beside two K/V
-// stages and an O buffer (hd64 and hd128 at 128 keys, hd64 wide; not hd128 wide or hd256).
-constexpr int QStages(int head_dim, int block_n, int requested) {
-  const int q = 2 * 64 * head_dim * 2, kv = 2 * 2 * block_n * head_dim * 2;  // 16-bit elements
-  return requested > 1 && 3 * q + kv + 1024 <= 227 * 1024 ? requested : 1;
-}
-
-template <typename T, int kHeadDim, int kVariant>
-using VariantConfig =
-    FlashConfig<typename CutlassType<T>::type, kHeadDim,
-                Variant(kVariant).wide ? WideBlockN(kHeadDim) : DefaultBlockN(kHeadDim),
-                Variant(kVariant).persistent, Variant(kVariant).fast_softmax,
-                Variant(kVariant).early_rescale, Variant(kVariant).lean_softmax,
-                Variant(kVariant).defer_pv_wait, Variant(kVariant).direct_o,
-                QStages(kHeadDim,
-                        Variant(kVariant).wide ? WideBlockN(kHeadDim) : DefaultBlockN(kHeadDim),
-                        Variant(kVariant).q_stages)>;
+template <typename T, int kHeadDim>
+using FwdConfig = FlashConfig<typename CutlassType<T>::type, kHeadDim>;
 
 }  // namespace sm90
 
@@ -57,9 +40,9 @@ using VariantConfig =
 // JAX_SGL_SM90_VARLEN=0) launch the kVarlen instantiation: packed [total, D, H, 1] TMA views and
 // a grid (persistent: tile range) of linear row blocks x q heads, a bound that the kernel maps
 // onto (sequence, row block) tiles (kernel.cuh VarlenTile).
-template <typename T, int kHeadDim, int kVariant>
+template <typename T, int kHeadDim>
 cudaError_t LaunchFlashFwdSm90(const AttentionParams& p, void* scratch, cudaStream_t stream) {
-  using Cfg = sm90::VariantConfig<T, kHeadDim, kVariant>;
+  using Cfg = sm90::FwdConfig<T, kHeadDim>;
   using namespace cute;
   const bool varlen =
       p.cu_seqlens_q != nullptr || p.kv_layout != KvLayout::kDense || p.seqused_k != nullptr;
@@ -104,11 +87,9 @@ cudaError_t LaunchFlashFwdSm90(const AttentionParams& p, void* scratch, cudaStre
   static_assert(Cfg::kBlockM == 128, "Sm90TailBytes sizes 128-row blocks");
   float* tail_o = reinterpret_cast<float*>(static_cast<char*>(scratch) + kSm90CounterBytes);
   float* tail_lse = tail_o + int64_t(num_sms) * Cfg::kBlockM * kHeadDim;
-  // Persistent CTAs take their tiles from a counter when causal (tiles of unequal cost), or for
-  // every call with JAX_SGL_SM90_DYNAMIC_TILES=1 (A/B: whether a greedy order also evens out
-  // CTAs that run at unequal speed); else in a static stride.
-  const bool dynamic_tiles =
-      Cfg::kPersistent && (p.causal || EnvInt("JAX_SGL_SM90_DYNAMIC_TILES", 0) != 0);
+  // Persistent CTAs take their tiles from a counter when causal (tiles of unequal cost), else in a
+  // static stride (a counter for non-causal calls too measured -1.2% to +2.7%: no clear gain).
+  const bool dynamic_tiles = Cfg::kPersistent && p.causal;
   sm90::KernelParams<Cfg> params{
       make_tma_copy(SM90_TMA_LOAD{}, q, typename Cfg::SmemLayoutQHalf{}, typename Cfg::RowsD{},
                     _1{}),

@@ -3,7 +3,7 @@
 //
 // The dispatcher uses this kernel unless the environment sets JAX_SGL_SM90=0, when the device is
 // compute capability 9.0, the build has the (dtype, head dim) instantiation
-// (JAX_SGL_SM90_HEAD_DIMS) and Sm90Unsupported() finds nothing missing. Anything else runs on the
+// (JAX_SGL_SM90_HEAD_DIMS x JAX_SGL_SM90_DTYPES) and Sm90Unsupported() finds nothing missing. Anything else runs on the
 // portable sm80 kernel.
 #pragma once
 
@@ -27,12 +27,10 @@ bool Sm90Enabled();
 bool IsComputeCapability90();
 
 // The instantiations this build holds, space separated with a leading space: each (head dim,
-// dtype) (" hdim128_bf16"), each of its variants (" hdim128_bf16_variant1"), then per built head
-// dim its default variants, non-causal then causal (" hdim128_default_v1_v1"), for
-// jax_sgl.attention_backend_info().
+// dtype) (" hdim128_bf16"), for jax_sgl.attention_backend_info().
 const char* Sm90BuiltKernels();
 
-// Device scratch of a call on the sm90 kernel: the persistent variants' tile counter, then, for
+// Device scratch of a call on the sm90 kernel: the persistent kernel's tile counter, then, for
 // the tail split, room for one float32 O row block and LSE per SM (launch.cuh).
 inline constexpr size_t kSm90CounterBytes = 256;
 inline size_t Sm90TailBytes(int num_sms, int head_dim) {
@@ -54,26 +52,20 @@ inline TailSplit ChooseTailSplit(int units, int num_sms, int max_shares) {
   return r > 0 && 2 * r <= num_sms && splits >= 2 ? TailSplit{r, splits} : TailSplit{0, 0};
 }
 
-// Whether a call takes the tail split: a dense, non-causal call, unless JAX_SGL_SM90_TAIL_SPLIT=0
-// (read at each call; an A/B knob; on by default since the session-6 A/B: +1.5-3%). Persistent
-// variants then run the tiles of the last, partial wave as key shares on every CTA, merged by a
-// second kernel.
+// Whether a call takes the tail split: a dense, non-causal call (measured +1.0-2.9% at S = 1k-8k).
+// Persistent kernels then run the tiles of the last, partial wave as key shares on every CTA,
+// merged by a second kernel.
 bool Sm90TailSplitRequested(const AttentionParams& p);
 
-// Bytes of scratch the call needs (Sm90TailSplitRequested, the variant and the device's SMs).
+// Bytes of scratch the call needs (Sm90TailSplitRequested, the tile choice and the device's SMs).
 size_t Sm90ScratchBytes(const AttentionParams& p, int num_sms);
 
-// Launches the sm90 kernel, in the variant JAX_SGL_SM90_VARIANT selects (sm90/fwd/tile_size.h);
-// the caller checked Sm90Unsupported(p) == nullptr. scratch: Sm90ScratchBytes(p, SMs) of device
-// memory that this call may overwrite.
+// Launches the sm90 kernel; the caller checked Sm90Unsupported(p) == nullptr. scratch:
+// Sm90ScratchBytes(p, SMs) of device memory that this call may overwrite.
 cudaError_t RunFlashFwdSm90(const AttentionParams& p, void* scratch, cudaStream_t stream);
 
-// The variant a call runs now: JAX_SGL_SM90_VARIANT when this build has it for the call's
-// (dtype, head dim), else the default of its (head dim, causal).
-int Sm90Variant(const AttentionParams& p);
-
-// One instantiation per (storage type, head dim, variant), in instantiations/flash_fwd_sm90_*.cu.
-template <typename T, int kHeadDim, int kVariant>
+// One instantiation per (storage type, head dim), in instantiations/sm90_fwd_*.cu.
+template <typename T, int kHeadDim>
 cudaError_t LaunchFlashFwdSm90(const AttentionParams& p, void* scratch, cudaStream_t stream);
 
 }  // namespace jax_sgl::cuda

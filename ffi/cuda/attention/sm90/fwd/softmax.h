@@ -52,77 +52,35 @@ struct OnlineSoftmax {
 
   // Turns scores S into probabilities P in place (unnormalized: exp2 relative to the running max)
   // and returns in correction[r] the factor the output rows accumulated so far must take.
-  // kFast: the row max and sum run as four independent chains per row (a 64-long dependent
-  // chain of FMNMX / FADD is latency bound), and correction[r] is exactly 1 when row r's max did
-  // not move, so the caller can skip the O rescale.
-  // kLean: no branch anywhere (the correction of a row without keys yet is 0 instead of 1: its
-  // sum and output are 0 either way) and Exp2Ftz. A branch in the softmax makes ptxas wait for
-  // the in-flight P V wgmma before it (SASS: WARPGROUP.DEPBAR.LE gsb0, 0x0 ahead of the whole
+  // No branch anywhere (the correction of a row without keys yet is 0 instead of 1: its sum and
+  // output are 0 either way) and Exp2Ftz. A branch in the softmax makes ptxas wait for the
+  // in-flight P V wgmma before it (SASS: WARPGROUP.DEPBAR.LE gsb0, 0x0 ahead of the whole
   // softmax), which undoes the overlap of the softmax with this warpgroup's P V.
-  template <bool kFast = false, bool kLean = false, typename Tensor>
+  template <typename Tensor>
   __device__ void Step(Tensor& s, float (&correction)[2]) {
     constexpr int kSize = decltype(cute::size(s))::value;
-    constexpr int kChains = 4;
-    static_assert(kSize % (2 * kChains) == 0);
     float tile_max[2] = {-INFINITY, -INFINITY};
-    if constexpr (kFast) {
-      // Element i of row r: i = 4 g + 2 r + c; chain (2 g + c) % kChains.
-      float part[2][kChains];
 #pragma unroll
-      for (int r = 0; r < 2; ++r)
-#pragma unroll
-        for (int j = 0; j < kChains; ++j) part[r][j] = -INFINITY;
-#pragma unroll
-      for (int i = 0; i < kSize; ++i) {
-        const int r = (i / 2) % 2, j = (2 * (i / 4) + i % 2) % kChains;
-        part[r][j] = fmaxf(part[r][j], s(i));
-      }
-#pragma unroll
-      for (int r = 0; r < 2; ++r)
-        tile_max[r] = fmaxf(fmaxf(part[r][0], part[r][1]), fmaxf(part[r][2], part[r][3]));
-    } else {
-#pragma unroll
-      for (int i = 0; i < kSize; ++i) {
-        const int r = (i / 2) % 2;
-        tile_max[r] = fmaxf(tile_max[r], s(i));
-      }
+    for (int i = 0; i < kSize; ++i) {
+      const int r = (i / 2) % 2;
+      tile_max[r] = fmaxf(tile_max[r], s(i));
     }
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const float new_max = fmaxf(row_max[r], QuadMax(tile_max[r]));
       // A row with no unmasked key yet keeps max -inf: use 0 as its offset so exp2 gives 0, not
       // NaN, and leave its (zero) sums alone.
-      if constexpr (kLean)
-        correction[r] = Exp2Ftz((row_max[r] - (new_max == -INFINITY ? 0.f : new_max)) * scale_log2);
-      else if constexpr (kFast)
-        correction[r] = new_max == row_max[r] || new_max == -INFINITY
-                            ? 1.f
-                            : exp2f((row_max[r] - new_max) * scale_log2);
-      else
-        correction[r] = new_max == -INFINITY ? 1.f : exp2f((row_max[r] - new_max) * scale_log2);
+      correction[r] = Exp2Ftz((row_max[r] - (new_max == -INFINITY ? 0.f : new_max)) * scale_log2);
       row_max[r] = new_max;
       row_sum[r] *= correction[r];
     }
     const float offset[2] = {row_max[0] == -INFINITY ? 0.f : row_max[0] * scale_log2,
                              row_max[1] == -INFINITY ? 0.f : row_max[1] * scale_log2};
-    if constexpr (kFast) {
-      float part[2][kChains] = {};
 #pragma unroll
-      for (int i = 0; i < kSize; ++i) {
-        const int r = (i / 2) % 2, j = (2 * (i / 4) + i % 2) % kChains;
-        s(i) = exp2f(fmaf(s(i), scale_log2, -offset[r]));
-        part[r][j] += s(i);
-      }
-#pragma unroll
-      for (int r = 0; r < 2; ++r) row_sum[r] += (part[r][0] + part[r][1]) + (part[r][2] + part[r][3]);
-    } else {
-#pragma unroll
-      for (int i = 0; i < kSize; ++i) {
-        const int r = (i / 2) % 2;
-        const float x = fmaf(s(i), scale_log2, -offset[r]);
-        s(i) = kLean ? Exp2Ftz(x) : exp2f(x);
-        row_sum[r] += s(i);
-      }
+    for (int i = 0; i < kSize; ++i) {
+      const int r = (i / 2) % 2;
+      s(i) = Exp2Ftz(fmaf(s(i), scale_log2, -offset[r]));
+      row_sum[r] += s(i);
     }
   }
 
