@@ -12,8 +12,9 @@
 //                       forward's loop with dP = dO V^T beside S and dQ += dS K in place of PV.
 // The S/dP accumulators of one mma are laid out exactly as the A operand of the next (as P is in
 // the forward), so P^T and dS^T go from registers into the second product without shared memory.
-// The warp primitives (mma, ldmatrix, cp.async) are the forward's (prefill_sm80/kernel.cuh).
-// Included only by the generated instantiation files (instantiations/flash_bwd_sm80_*.cu).
+// The warp primitives (mma, ldmatrix, cp.async) are common/mma.cuh; the staging of Q / K / V tiles is
+// the forward's (prefill_sm80/kernel.cuh).
+// Included only by the generated instantiation files (instantiations/bwd_sm80_*.cu).
 #pragma once
 
 #include <cuda_bf16.h>

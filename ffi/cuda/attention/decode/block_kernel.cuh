@@ -15,11 +15,11 @@
 //     domain); the warps sharing a tile merge through shared memory at the end, then the CTA
 //     writes out + lse, or its split's float32 partials for the combine kernel.
 // Causal and windows are bottom-right aligned per query row, as everywhere in jax_sgl.
-// Included only by the generated instantiation files (instantiations/flash_decode_*.cu).
+// Included only by the generated instantiation files (instantiations/decode_*.cu).
 #pragma once
 
 #include "ffi/cuda/attention/decode/launch.h"
-#include "ffi/cuda/attention/prefill_sm80/kernel.cuh"  // Elem, Ldmatrix*, Quad*, kLog2e, kLn2
+#include "ffi/cuda/attention/common/mma.cuh"
 
 namespace jax_sgl::cuda {
 namespace decode {

@@ -80,7 +80,7 @@ struct FlashDecodeArgs {
   DecodeWarpForm warp_form = DecodeWarpForm::kCpAsync;  // the warp-sliced kernels' form
 };
 
-// One instantiation per (storage type, head-dim capacity), in instantiations/flash_decode_*.cu.
+// One instantiation per (storage type, head-dim capacity), in instantiations/decode_*.cu.
 template <typename T, int kHeadDim>
 cudaError_t LaunchFlashDecode(const FlashDecodeArgs& args, cudaStream_t stream);
 template <typename T, int kHeadDim>

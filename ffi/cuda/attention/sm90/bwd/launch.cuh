@@ -2,7 +2,7 @@
 // [batch, seq, heads, head_dim] tensors), then the kernels: zero dq_accum, dK/dV (+ dQ
 // reductions) with one CTA per (128 keys, kv head, batch), and the dQ convert; or, for the
 // deterministic dQ, dK/dV alone and then the dQ kernel, one CTA per (128 rows, q head, batch).
-// Included only by the generated instantiations/flash_bwd_sm90_*.cu files.
+// Included only by the generated instantiations/sm90_bwd_*.cu files.
 #pragma once
 
 #include "ffi/common/numeric.h"

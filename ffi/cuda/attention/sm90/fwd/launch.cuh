@@ -1,7 +1,7 @@
 // Host launcher of the sm_90a flash forward: builds the TMA descriptors for one call (dense
 // [batch, seq, heads, head_dim] tensors) and launches one CTA per (128 query rows, q head, batch),
 // or, where the head dim's tile choice is persistent (tile_size.h), one CTA per SM.
-// Included only by the generated instantiations/flash_fwd_sm90_*.cu files.
+// Included only by the generated instantiations/sm90_fwd_*.cu files.
 #pragma once
 
 #include <algorithm>
