@@ -37,8 +37,7 @@ KINDS = {
         "template cudaError_t LaunchFlashFwdSm90<{t}, {d}>(const AttentionParams&, void*, cudaStream_t);",
     ]),
     "sm90_bwd": ("sm90/bwd/launch.cuh", [
-        "template cudaError_t LaunchFlashBwdSm90<{t}, {d}>(const FlashBwdArgs&, float*, bool,",
-        "                                                cudaStream_t);",
+        "template cudaError_t LaunchFlashBwdSm90<{t}, {d}>(const FlashBwdArgs&, float*, bool, cudaStream_t);",
     ]),
 }
 

@@ -3,7 +3,6 @@
 #include "ffi/cuda/attention/sm90/bwd/launch.cuh"
 
 namespace jax_sgl::cuda {
-template cudaError_t LaunchFlashBwdSm90<f16_t, 64>(const FlashBwdArgs&, float*, bool,
-                                                cudaStream_t);
+template cudaError_t LaunchFlashBwdSm90<f16_t, 64>(const FlashBwdArgs&, float*, bool, cudaStream_t);
 }  // namespace jax_sgl::cuda
 #endif

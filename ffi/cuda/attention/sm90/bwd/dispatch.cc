@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include "ffi/common/numeric.h"
+#include "ffi/cuda/attention/sm90/kernel_list.h"
 #include "ffi/cuda/attention/common/device.h"
 #include "ffi/cuda/attention/sm90/bwd/launch.h"
 #include "ffi/cuda/attention/sm90/fwd/launch.h"
@@ -14,22 +15,16 @@
 namespace jax_sgl::cuda {
 namespace {
 
-// instantiations/sm90_kernels.inc lists, as X-macros, each (head dim, dtype) this build compiled
-// (JAX_SGL_SM90_BWD(head dim, bf16|fp16)); JAX_SGL_SM90_DISABLE_HDIM<D>_<DTYPE> drops one. Calls
-// f(T* tag, integral_constant<int, D>) for the matching storage type and head dim; returns false
-// when (dtype, head dim) was left out.
-using Sm90BwdType_bf16 = bf16_t;
-using Sm90BwdType_fp16 = f16_t;
-constexpr DType kSm90BwdDType_bf16 = DType::kBF16;
-constexpr DType kSm90BwdDType_fp16 = DType::kF16;
+// Calls f(T* tag, integral_constant<int, D>) for the matching built storage type and head dim
+// (sm90/kernel_list.h); returns false when (dtype, head dim) was left out.
 
 template <typename F>
 bool WithInstantiation(DType t, int d, F&& f) {
   (void)t, (void)d, (void)f;  // unused when no instantiation is built
 #define JAX_SGL_SM90_FWD(D, T)
 #define JAX_SGL_SM90_BWD(D, T)                                                       \
-  if (t == kSm90BwdDType_##T && d == D) {                                            \
-    f(static_cast<Sm90BwdType_##T*>(nullptr), std::integral_constant<int, D>{});     \
+  if (t == sm90::kDType_##T && d == D) {                                            \
+    f(static_cast<sm90::Type_##T*>(nullptr), std::integral_constant<int, D>{});     \
     return true;                                                                     \
   }
 #include "ffi/cuda/attention/instantiations/sm90_kernels.inc"

@@ -12,23 +12,19 @@
 #include <string>
 
 #include "ffi/common/numeric.h"
+#include "ffi/cuda/attention/sm90/kernel_list.h"
 #include "ffi/cuda/attention/sm90/fwd/launch.h"
 #include "ffi/cuda/attention/sm90/fwd/tile_size.h"
 
 namespace jax_sgl::cuda {
 namespace {
 
-// instantiations/sm90_kernels.inc lists, as X-macros, each (head dim, dtype) this build compiled
-// (JAX_SGL_SM90_FWD(head dim, bf16|fp16)); JAX_SGL_SM90_DISABLE_HDIM<D>_<DTYPE> drops one.
-using Sm90Type_bf16 = bf16_t;
-using Sm90Type_fp16 = f16_t;
-constexpr DType kSm90DType_bf16 = DType::kBF16;
-constexpr DType kSm90DType_fp16 = DType::kF16;
+// The (head dim, dtype) pairs this build compiled (sm90/kernel_list.h).
 
 bool Built(DType t, int d) {
   (void)t, (void)d;
 #define JAX_SGL_SM90_FWD(D, T) \
-  if (t == kSm90DType_##T && d == D) return true;
+  if (t == sm90::kDType_##T && d == D) return true;
 #define JAX_SGL_SM90_BWD(D, T)
 #include "ffi/cuda/attention/instantiations/sm90_kernels.inc"
 #undef JAX_SGL_SM90_FWD
@@ -40,8 +36,8 @@ bool Built(DType t, int d) {
 cudaError_t Launch(DType t, int d, const AttentionParams& p, void* scratch, cudaStream_t stream) {
   (void)t, (void)d, (void)p, (void)scratch, (void)stream;
 #define JAX_SGL_SM90_FWD(D, T)            \
-  if (t == kSm90DType_##T && d == D) \
-    return LaunchFlashFwdSm90<Sm90Type_##T, D>(p, scratch, stream);
+  if (t == sm90::kDType_##T && d == D) \
+    return LaunchFlashFwdSm90<sm90::Type_##T, D>(p, scratch, stream);
 #define JAX_SGL_SM90_BWD(D, T)
 #include "ffi/cuda/attention/instantiations/sm90_kernels.inc"
 #undef JAX_SGL_SM90_FWD
