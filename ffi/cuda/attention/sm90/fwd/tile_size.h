@@ -29,10 +29,10 @@ constexpr bool Sm90FwdHeadDim(int head_dim) {
 constexpr FwdTileSize FwdTile(int head_dim) {
   // hd64: 192-key tiles halve the softmax rounds per FLOP, which matter most at hd64 (half the
   // GEMM per softmax element of hd128); persistent with the early rescale measured 0.996-0.998x
-  // against 0.94-0.97x for 128 keys (v4 / v7 tiles) and 1.01-1.05x with the tail split at 4k-8k.
-  // hd128: persistent 128-key tiles, rescale after the softmax: 1.10x causal, 1.00-1.01x
-  // non-causal (1.03-1.07x at 8k with the tail split); 176-key tiles (S 88 + P 44 + O 64
-  // registers) ran 0.98-1.03x non-causal and 1.05-1.08x causal, the early rescale 0.99x / 1.09x.
+  // against 0.94-0.97x for 128-key tiles, and 1.01-1.05x with the tail split at 4k-8k.
+  // hd128: persistent 128-key tiles, rescale after the softmax: best or tied-best in all twelve
+  // (S 1k-8k, heads, mask) cells after the spill fix, 0.89-1.06x where 176-key tiles ran
+  // 0.79-0.98x; 1.03-1.09x at 8k with the tail split. (176 keys: S 88 + P 44 + O 64 registers.)
   // hd256: O alone takes 128 registers, so keys come in tiles of 80 (Q 64 KiB + 2 stages x
   // 2 x 40 KiB = 224 KiB of smem), one CTA per tile with the early rescale: 1.07x non-causal,
   // 1.09x causal, against 0.96-1.03x persistent.
