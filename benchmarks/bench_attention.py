@@ -86,7 +86,7 @@ def anchor(impl, causal):
 
 
 def set_sm90_env(value):
-  """A `prepare` hook: the CUDA handler reads JAX_SGL_SM90 at every call (sm90/dispatch.cc)."""
+  """A `prepare` hook: the CUDA handler reads JAX_SGL_SM90 at every call (sm90/fwd/dispatch.cc)."""
   return lambda: os.environ.__setitem__("JAX_SGL_SM90", value)
 
 

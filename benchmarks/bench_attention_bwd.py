@@ -11,11 +11,6 @@
              sm90det   the same with JAX_SGL_BWD_DETERMINISTIC=1 (dQ by the sm90 dQ kernel, no
                        atomics: bitwise reproducible);
              sm90det80 JAX_SGL_BWD_DETERMINISTIC=sm80 (dQ by the sm80 dQ kernel; not default).
-             sm90notail sm90 without the tail split of the forward and the backward
-                       (JAX_SGL_SM90_TAIL_SPLIT=0, JAX_SGL_SM90_BWD_TAIL_SPLIT=0; A/B knobs;
-                       the split is on in all other rows);
-             sm90v<V>  sm90 in performance variant V (JAX_SGL_SM90_BWD_VARIANT=V,
-                       sm90/bwd_config.h; built by JAX_SGL_SM90_BWD_VARIANTS), for A/B runs.
            The sm90 variants run only where the build has the kernel and the device is 9.0;
            these dense calls are all in its coverage. Both variables are read by the handler
            at every call, so one process times all of them.
@@ -42,31 +37,23 @@ from timing import median_seconds, try_time
 DTYPE = jnp.bfloat16
 
 
-# --bwd variant -> (JAX_SGL_SM90_BWD, JAX_SGL_BWD_DETERMINISTIC, JAX_SGL_SM90_BWD_VARIANT, tail
-# split of the forward and the backward: JAX_SGL_SM90_TAIL_SPLIT, JAX_SGL_SM90_BWD_TAIL_SPLIT)
-# while it is timed.
-BWD_VARIANTS = {"sm80": ("0", "0", "0", "1"), "sm90": ("1", "0", "0", "1"),
-                "sm90det": ("1", "1", "0", "1"), "sm90det80": ("1", "sm80", "0", "1"),
-                "sm90notail": ("1", "0", "0", "0"),
-                **{f"sm90v{v}": ("1", "0", str(v), "1") for v in range(1, 16)
-                   if not (v & 2 and v & 8)}}
+# --bwd variant -> (JAX_SGL_SM90_BWD, JAX_SGL_BWD_DETERMINISTIC) while it is timed.
+BWD_VARIANTS = {"sm80": ("0", "0"), "sm90": ("1", "0"), "sm90det": ("1", "1"),
+                "sm90det80": ("1", "sm80")}
 
 
 def set_bwd_variant(name):
-  sm90, det, variant, tail = BWD_VARIANTS[name]
+  sm90, det = BWD_VARIANTS[name]
   os.environ["JAX_SGL_SM90_BWD"] = sm90
   os.environ["JAX_SGL_BWD_DETERMINISTIC"] = det
-  os.environ["JAX_SGL_SM90_BWD_VARIANT"] = variant
-  os.environ["JAX_SGL_SM90_TAIL_SPLIT"] = tail
-  os.environ["JAX_SGL_SM90_BWD_TAIL_SPLIT"] = tail
 
 
 def sm90_bwd_available(head_dim, name="sm90"):
-  """The sm90 backward (for sm90v<V>: its variant V) for bf16 at head_dim is built and the
-  device is compute capability 9.0."""
+  """The sm90 backward for bf16 at head_dim is built and the device is compute capability 9.0."""
+  del name
   info = jax_sgl.attention_backend_info()
   device = jax.devices()[0]
-  kernel = f"hdim{head_dim}_bf16" + (f"_v{name[5:]}" if name.startswith("sm90v") else "")
+  kernel = f"hdim{head_dim}_bf16"
   return (kernel in info.get("sm90_bwd_kernels", ())
           and getattr(device, "compute_capability", "") == "9.0")
 

@@ -31,7 +31,7 @@ def batch_seconds(fn, args, calls, settle=0, trace=None):
   follow its power draw with a lag, so a batch that starts right after a low-power
   implementation (the portable kernel, XLA) runs its first milliseconds at clocks it would not
   hold on its own. Session 6 saw cuDNN 7-10% faster in bench_attention.py (after the portable
-  kernel) than in ab_sm90.py (after other attention kernels), and ours slower. With
+  kernel) than in an A/B harness (after other attention kernels), and ours slower. With
   JAX_SGL_BENCH_SETTLE_S set, the settle calls repeat until that many seconds have passed, so
   each timed batch runs in its own implementation's steady state. `trace`: the batch's name in
   JAX_SGL_BENCH_TRACE."""

@@ -32,34 +32,66 @@ set(JAX_SGL_CUDA_SOURCES
   ffi/cuda/rope_pool/rope_pool.cu
   ffi/cuda/rope_pool/rope_pool_handler.cc
 )
-# Attention forward and backward (ffi/cuda/attention): one generated instantiation file per dtype x head-dim
-# capacity. JAX_SGL_ATTN_HEAD_DIMS trims the set for dev builds; left-out head dims are compiled
-# out of the dispatch too and report "not built" at run time.
+# Attention forward and backward (ffi/cuda/attention): one generated instantiation file per
+# (kind, head dim, dtype), listed in ffi/cuda/attention/instantiations.json (the one list;
+# generate_instantiations.py writes the files from it). JAX_SGL_ATTN_HEAD_DIMS trims the portable
+# (sm80) family for dev builds; left-out head dims get their guard defined, so the dispatch
+# compiles them out too and reports "not built" at run time.
 set(JAX_SGL_ATTN_HEAD_DIMS "64;96;128;192;256" CACHE STRING "Attention head-dim kernels to build")
 list(APPEND JAX_SGL_CUDA_SOURCES
   ffi/cuda/attention/attention_handler.cc
-  ffi/cuda/attention/flash_dispatch.cc
-  ffi/cuda/attention/flash_split_combine.cu
+  ffi/cuda/attention/fwd_dispatch.cc
+  ffi/cuda/attention/common/split_combine.cu
   ffi/cuda/attention/attention_bwd_handler.cc
-  ffi/cuda/attention/flash_bwd_dispatch.cc
-  ffi/cuda/attention/flash_bwd_preprocess.cu
+  ffi/cuda/attention/bwd_dispatch.cc
+  ffi/cuda/attention/bwd_sm80/preprocess.cu
 )
-foreach(d 64 96 128 192 256)
-  if(d IN_LIST JAX_SGL_ATTN_HEAD_DIMS)
-    list(APPEND JAX_SGL_CUDA_SOURCES
-      ffi/cuda/attention/instantiations/flash_fwd_sm80_hdim${d}_bf16.cu
-      ffi/cuda/attention/instantiations/flash_fwd_sm80_hdim${d}_fp16.cu
-      ffi/cuda/attention/instantiations/flash_decode_hdim${d}_bf16.cu
-      ffi/cuda/attention/instantiations/flash_decode_hdim${d}_fp16.cu)
-    # The backward (flash_bwd_sm80.cuh) has capacities up to 128 only.
-    if(d LESS_EQUAL 128)
-      list(APPEND JAX_SGL_CUDA_SOURCES
-        ffi/cuda/attention/instantiations/flash_bwd_sm80_hdim${d}_bf16.cu
-        ffi/cuda/attention/instantiations/flash_bwd_sm80_hdim${d}_fp16.cu)
-    endif()
-  else()
-    target_compile_definitions(_native PRIVATE JAX_SGL_ATTN_DISABLE_HDIM${d}=1)
+set(_jax_sgl_inst_file "${CMAKE_CURRENT_SOURCE_DIR}/ffi/cuda/attention/instantiations.json")
+file(READ "${_jax_sgl_inst_file}" _jax_sgl_inst)
+set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS "${_jax_sgl_inst_file}")
+# jax_sgl_instantiations(<family> <head dims> <dtypes> <out sources> <out guards>): the files of
+# the family's kinds for the wanted (head dim, dtype) pairs, and the guard macros to define for
+# the pairs left out (a guard several kinds share is left undefined while any of them is built).
+function(jax_sgl_instantiations family want_dims want_dtypes out_sources out_guards)
+  string(JSON _pattern GET "${_jax_sgl_inst}" families ${family} guard)
+  string(JSON _ndtypes LENGTH "${_jax_sgl_inst}" dtypes)
+  string(JSON _nkinds LENGTH "${_jax_sgl_inst}" families ${family} kinds)
+  math(EXPR _ndtypes "${_ndtypes} - 1")
+  math(EXPR _nkinds "${_nkinds} - 1")
+  set(_sources)
+  set(_built)
+  set(_all)
+  foreach(k RANGE ${_nkinds})
+    string(JSON _kind MEMBER "${_jax_sgl_inst}" families ${family} kinds ${k})
+    string(JSON _ndims LENGTH "${_jax_sgl_inst}" families ${family} kinds ${_kind})
+    math(EXPR _ndims "${_ndims} - 1")
+    foreach(j RANGE ${_ndims})
+      string(JSON d GET "${_jax_sgl_inst}" families ${family} kinds ${_kind} ${j})
+      foreach(i RANGE ${_ndtypes})
+        string(JSON t GET "${_jax_sgl_inst}" dtypes ${i})
+        string(TOUPPER "${t}" _t)
+        string(REPLACE "{d}" "${d}" _g "${_pattern}")
+        string(REPLACE "{DTYPE}" "${_t}" _g "${_g}")
+        list(APPEND _all ${_g})
+        if(d IN_LIST want_dims AND t IN_LIST want_dtypes)
+          list(APPEND _sources ffi/cuda/attention/instantiations/${_kind}_hdim${d}_${t}.cu)
+          list(APPEND _built ${_g})
+        endif()
+      endforeach()
+    endforeach()
+  endforeach()
+  list(REMOVE_DUPLICATES _all)
+  if(_built)
+    list(REMOVE_ITEM _all ${_built})
   endif()
+  set(${out_sources} ${_sources} PARENT_SCOPE)
+  set(${out_guards} ${_all} PARENT_SCOPE)
+endfunction()
+# The portable family is built for both dtypes always; only its head dims are trimmed.
+jax_sgl_instantiations(sm80 "${JAX_SGL_ATTN_HEAD_DIMS}" "bf16;fp16" _sources _guards)
+list(APPEND JAX_SGL_CUDA_SOURCES ${_sources})
+foreach(g ${_guards})
+  target_compile_definitions(_native PRIVATE ${g}=1)
 endforeach()
 target_sources(_native PRIVATE ${JAX_SGL_CUDA_SOURCES})
 # _native exists before CUDA is enabled, so it did not pick up CMAKE_CUDA_ARCHITECTURES.
@@ -90,110 +122,35 @@ if(JAX_SGL_CUTLASS_INCLUDE_DIR)
 endif()
 
 # Hopper flash forward and backward (ffi/cuda/attention/sm90, CuTe wgmma + TMA): built when 90a is
-# among the archs and CuTe is found, for sm_90a only (its own object library, so other archs never see
-# wgmma). One file per (head dim, dtype, variant): the head dims and dtypes of
-# JAX_SGL_SM90_HEAD_DIMS x JAX_SGL_SM90_DTYPES, each in the variants its defaults need plus the
-# extra A/B variants of JAX_SGL_SM90_VARIANTS. The list goes to the dispatch as X-macros in a
-# generated header (sm90_kernels.inc). At run time JAX_SGL_SM90 turns the kernel off. The backward
-# (head dims 64 and 128) defines JAX_SGL_SM90_BWD_HAVE_HDIM<D>_<DTYPE>; JAX_SGL_SM90_BWD picks it
-# at run time (sm90/bwd_dispatch.cc).
+# among the archs and CuTe is found, for sm_90a only (its own object library, so other archs never
+# see wgmma). One file per (kind, head dim, dtype) of instantiations.json's sm90 family, for
+# JAX_SGL_SM90_HEAD_DIMS x JAX_SGL_SM90_DTYPES; the pairs left out get their guard defined, which
+# the dispatch's list (instantiations/sm90_kernels.inc) honours. At run time JAX_SGL_SM90 turns
+# the forward off and JAX_SGL_SM90_BWD the backward.
 set(JAX_SGL_SM90_HEAD_DIMS "64;128;256" CACHE STRING "sm90 attention head dims to build")
 set(JAX_SGL_SM90_DTYPES "bf16;fp16" CACHE STRING "sm90 attention dtypes to build")
-# The variant (sm90/variants.h) a call runs when JAX_SGL_SM90_VARIANT is unset, per head dim:
-# "<head dim>:<non-causal>:<causal>", the best measured on an H200 (benchmarks/NOTES_sm90.md).
-set(JAX_SGL_SM90_DEFAULT_VARIANTS "64:6:6;128:4:4;256:7:7" CACHE STRING
-    "sm90 attention default variant per head dim: <head dim>:<non-causal>:<causal>[:<short>], \
-short: calls of at most 2048 rows and keys")
-# Extra variants for A/B runs (picked at run time by JAX_SGL_SM90_VARIANT): each costs one more
-# nvcc run per (head dim, dtype), so the default build has none.
-set(JAX_SGL_SM90_VARIANTS "" CACHE STRING "extra sm90 attention kernel variants to build (A/B)")
-# Extra sm90 backward performance variants (sm90/bwd_config.h bit sets, 1-15 without both 2 and
-# 8; picked at run time by JAX_SGL_SM90_BWD_VARIANT) for A/B runs; the default build has none
-# (variant 0 only).
-set(JAX_SGL_SM90_BWD_VARIANTS "" CACHE STRING "extra sm90 backward kernel variants to build (A/B)")
 if("90a" IN_LIST JAX_SGL_CUDA_ARCHS AND TARGET jax_sgl_cutlass AND JAX_SGL_SM90_HEAD_DIMS)
-  set(_jax_sgl_sm90_sources)
-  set(_jax_sgl_sm90_inc "// Generated by cmake/cuda.cmake: the sm90 kernels of this build.\n")
-  set(_jax_sgl_sm90_bwd_inc "// Generated by cmake/cuda.cmake: extra sm90 backward variants.\n")
-  foreach(d ${JAX_SGL_SM90_HEAD_DIMS})
-    set(_defaults)
-    foreach(entry ${JAX_SGL_SM90_DEFAULT_VARIANTS})
-      string(REPLACE ":" ";" entry "${entry}")
-      list(GET entry 0 _d)
-      if(_d STREQUAL d)
-        list(GET entry 1 _non_causal)
-        list(GET entry 2 _causal)
-        set(_short -1)
-        list(LENGTH entry _fields)
-        if(_fields GREATER 3)
-          list(GET entry 3 _short)
-        endif()
-        set(_defaults ${_non_causal} ${_causal})
-        if(NOT _short EQUAL -1)
-          list(APPEND _defaults ${_short})
-        endif()
-      endif()
-    endforeach()
-    if(NOT _defaults)
-      message(FATAL_ERROR "jax_sgl: JAX_SGL_SM90_DEFAULT_VARIANTS has no entry for head dim ${d}")
-    endif()
-    string(APPEND _jax_sgl_sm90_inc
-      "JAX_SGL_SM90_DEFAULT(${d}, ${_non_causal}, ${_causal}, ${_short})\n")
-    set(_variants ${_defaults} ${JAX_SGL_SM90_VARIANTS})
-    list(REMOVE_DUPLICATES _variants)
-    list(SORT _variants)
-    foreach(t ${JAX_SGL_SM90_DTYPES})
-      foreach(v ${_variants})
-        if(v STREQUAL "0")
-          set(_suffix "")
-        else()
-          set(_suffix "_variant${v}")
-        endif()
-        list(APPEND _jax_sgl_sm90_sources
-          ffi/cuda/attention/instantiations/flash_fwd_sm90_hdim${d}_${t}${_suffix}.cu)
-        string(APPEND _jax_sgl_sm90_inc "JAX_SGL_SM90_KERNEL(${d}, ${t}, ${v})\n")
-      endforeach()
-      string(TOUPPER "${t}" _t)
-      # The backward (sm90/bwd_*) exists for head dims 64 and 128.
-      if(d EQUAL 64 OR d EQUAL 128)
-        list(APPEND _jax_sgl_sm90_sources
-          ffi/cuda/attention/instantiations/flash_bwd_sm90_hdim${d}_${t}.cu)
-        target_compile_definitions(_native PRIVATE JAX_SGL_SM90_BWD_HAVE_HDIM${d}_${_t}=1)
-        foreach(v ${JAX_SGL_SM90_BWD_VARIANTS})
-          if(NOT v STREQUAL "0")
-            list(APPEND _jax_sgl_sm90_sources
-              ffi/cuda/attention/instantiations/flash_bwd_sm90_hdim${d}_${t}_variant${v}.cu)
-            string(APPEND _jax_sgl_sm90_bwd_inc "JAX_SGL_SM90_BWD_VARIANT(${d}, ${t}, ${v})\n")
-          endif()
-        endforeach()
-      endif()
-    endforeach()
+  jax_sgl_instantiations(sm90 "${JAX_SGL_SM90_HEAD_DIMS}" "${JAX_SGL_SM90_DTYPES}"
+                         _jax_sgl_sm90_sources _guards)
+  foreach(g ${_guards})
+    target_compile_definitions(_native PRIVATE ${g}=1)
   endforeach()
-  set(_jax_sgl_sm90_gen "${CMAKE_CURRENT_BINARY_DIR}/jax_sgl_sm90_generated")
-  # Rewritten only when the list changes, so a reconfigure does not rebuild the dispatch.
-  file(CONFIGURE OUTPUT "${_jax_sgl_sm90_gen}/sm90_kernels.inc" CONTENT "${_jax_sgl_sm90_inc}"
-       @ONLY)
-  file(CONFIGURE OUTPUT "${_jax_sgl_sm90_gen}/sm90_bwd_variants.inc"
-       CONTENT "${_jax_sgl_sm90_bwd_inc}" @ONLY)
-  target_include_directories(_native PRIVATE "${_jax_sgl_sm90_gen}")
   add_library(jax_sgl_sm90 OBJECT ${_jax_sgl_sm90_sources})
   set_target_properties(jax_sgl_sm90 PROPERTIES CUDA_ARCHITECTURES "90a-real"
                                                 POSITION_INDEPENDENT_CODE ON)
   target_include_directories(jax_sgl_sm90 PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})
   target_link_libraries(jax_sgl_sm90 PRIVATE jax_sgl_cutlass jax_sgl_cudart)
   target_compile_options(jax_sgl_sm90 PRIVATE --expt-relaxed-constexpr -lineinfo)
-  # wgmma N other than 2^k (the wide variants' 176 / 80 key tiles) is behind this switch in
-  # CuTe's MMA selectors; without it they silently pick N = 16.
+  # wgmma N other than 2^k (hd256's 80-key tiles) is behind this switch in CuTe's MMA selectors;
+  # without it they silently pick N = 16.
   target_compile_definitions(jax_sgl_sm90 PRIVATE CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED=1)
-  target_sources(_native PRIVATE ffi/cuda/attention/sm90/dispatch.cc
-                                 ffi/cuda/attention/sm90/bwd_dispatch.cc
+  target_sources(_native PRIVATE ffi/cuda/attention/sm90/fwd/dispatch.cc
+                                 ffi/cuda/attention/sm90/bwd/dispatch.cc
                                  $<TARGET_OBJECTS:jax_sgl_sm90>)
   target_compile_definitions(_native PRIVATE JAX_SGL_HAVE_SM90=1)
   list(LENGTH _jax_sgl_sm90_sources _n)
   message(STATUS "jax_sgl: sm90 attention: head dims ${JAX_SGL_SM90_HEAD_DIMS}, "
-                 "dtypes ${JAX_SGL_SM90_DTYPES}, defaults ${JAX_SGL_SM90_DEFAULT_VARIANTS}, "
-                 "extra variants '${JAX_SGL_SM90_VARIANTS}', extra backward variants "
-                 "'${JAX_SGL_SM90_BWD_VARIANTS}': ${_n} files")
+                 "dtypes ${JAX_SGL_SM90_DTYPES}: ${_n} files")
 endif()
 
 # A build for sm_90a without CuTe would fall back to the portable kernels at a third of the speed:

@@ -34,20 +34,16 @@ for _name, _capsule in _ext.cuda_targets().items():
 def attention_backend_info() -> dict:
   """Which CUDA attention kernels this build holds and would use, so benchmarks can name them.
 
-  sm90_kernels: the sm_90a (Hopper wgmma + TMA) instantiations compiled in, e.g.
-  ("hdim128_bf16", "hdim128_bf16_variant4", "hdim128_default_v6_v4_s4"): each (head dim, dtype),
-  each variant of it (ffi/cuda/attention/sm90/variants.h), and per head dim the variants calls
-  run by default when JAX_SGL_SM90_VARIANT is unset: non-causal, causal, and "_s<v>" for calls
-  of at most 2048 rows and keys where the head dim has one. sm90_mode: JAX_SGL_SM90 as the CUDA
-  handler reads it at every call: "on"
+  sm90_kernels: the sm_90a (Hopper wgmma + TMA) instantiations compiled in, each (head dim,
+  dtype), e.g. ("hdim128_bf16",). sm90_mode: JAX_SGL_SM90 as the CUDA handler reads it at every
+  call: "on"
   (unset or anything but "0": the built instantiations serve the dense calls they cover on a
   compute-capability-9.0 device) or "off" (=0). Everything else runs on the portable sm80 kernel.
   cuda_bwd_kernel: the CUDA backward kernel is compiled in. cuda_bwd_mode: "on" unless
   JAX_SGL_CUDA_BWD=0, which lowers gradients traced from then on to the vjp of the pure-JAX
   reference instead of the kernel (float16/bfloat16, head dims up to 128).
-  sm90_bwd_kernels: the sm_90a backward instantiations compiled in ("hdim128_bf16", and
-  "hdim128_bf16_v4" for each extra performance variant of JAX_SGL_SM90_BWD_VARIANTS, picked at
-  every call by JAX_SGL_SM90_BWD_VARIANT: sm90_bwd_variant). sm90_bwd_mode: JAX_SGL_SM90_BWD
+  sm90_bwd_kernels: the sm_90a backward instantiations compiled in ("hdim128_bf16", ...).
+  sm90_bwd_mode: JAX_SGL_SM90_BWD
   as the backward handler reads it at every call: "on" (unset or anything but "0": every built
   instantiation) or "off" (=0); the sm90 backward serves dense calls
   (seqused_k, causal, windows and softcap included) at head dims 64 / 128 on a 9.0 device, the
@@ -61,7 +57,6 @@ def attention_backend_info() -> dict:
           "cuda_bwd_mode": "off" if os.environ.get("JAX_SGL_CUDA_BWD") == "0" else "on",
           "sm90_bwd_kernels": tuple(_ext.sm90_attention_bwd_kernels().split()),
           "sm90_bwd_mode": "off" if os.environ.get("JAX_SGL_SM90_BWD") == "0" else "on",
-          "sm90_bwd_variant": os.environ.get("JAX_SGL_SM90_BWD_VARIANT", "0"),
           "bwd_deterministic": os.environ.get("JAX_SGL_BWD_DETERMINISTIC") in ("1", "sm80"),
           "sm90_absent": sm90_absent_reason()}
 

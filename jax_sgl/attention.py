@@ -184,7 +184,7 @@ def _attention_bwd_abstract_eval(q, k, v, *rest, spec, present):
 
 _native_bwd_rule = ffi_rule(BWD_TARGET)
 
-# The CUDA backward kernel (ffi/cuda/attention/flash_bwd_sm80.cuh, verified on an H200 on
+# The CUDA backward kernel (ffi/cuda/attention/bwd_sm80/kernel.cuh, verified on an H200 on
 # 2026-12-02) serves the combinations below; CUDA lowers every other one, and every gradient traced
 # while JAX_SGL_CUDA_BWD=0 is set, to the vjp of the pure-JAX reference.
 CUDA_BWD_ENV = "JAX_SGL_CUDA_BWD"

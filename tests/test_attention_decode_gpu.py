@@ -1,21 +1,19 @@
-"""The CUDA decode kernel (flash_decode.cuh) against the pure-JAX reference (float32 oracle).
+"""The CUDA decode kernels (ffi/cuda/attention/decode/) against the pure-JAX reference (float32
+oracle).
 
-Decode-shaped calls (at most 8 q rows per sequence) run on the dedicated decode kernel unless
-JAX_SGL_DECODE=old; the host dispatch reads JAX_SGL_DECODE, JAX_SGL_DECODE_SPLITS and
-JAX_SGL_DECODE_STAGES at every call, so these tests switch kernels and knobs per test.
+Decode-shaped calls (at most 8 q rows per sequence) run on the dedicated decode kernels, picked by
+shape and device alone: at most 16 packed rows (q length x GQA group) per (sequence, kv head) on
+the warp-sliced forms (TMA loads where they serve: sm_90+, head dims up to 128, pages of a multiple
+of 16 keys; else cp.async), more on the block-wide kernel.
 
 The matrix: KV layout (page pools of page size 1, 16 and 64, dense, varlen) x q length 1..8 x
 mask (none, causal, window, softcap) x GQA ratio (MHA, 4, 8, MQA, 16 with two row blocks), then
-head dims 64..256 (and d != d_v) x dtype, the split and ring-depth knobs, varlen q, and the old path
-for comparison. The warp-sliced variants (JAX_SGL_DECODE=warp: CUDA cores, up to 8 packed rows;
-warpmma: mma, up to 16; warpmma2: the mma form with cheap copy addressing; warptma: warpmma2 with
-TMA loads where it serves (sm_90+, head dims up to 128, pages of a multiple of 16 keys; else
-warpmma2); more rows fall back to the mma kernel) run the same matrices, plus page sizes that are no
-power of two and pools whose unreferenced pages hold NaN (a kernel that reads a masked key's row
-would show it). Sequences are ragged: empty, one key, lengths that are no multiple of the page size,
-KV shorter than q (rows that see no key), and long enough for many tiles per split. Page tables are
-shuffled and carry padding and out-of-range entries (negative, past the pool,
-huge), also inside a used range (those keys are masked). Outputs are poisoned before each call.
+head dims 64..256 (and d != d_v) x dtype, varlen q, page sizes that are no power of two and pools
+whose unreferenced pages hold NaN (a kernel that reads a masked key's row would show it).
+Sequences are ragged: empty, one key, lengths that are no multiple of the page size, KV shorter
+than q (rows that see no key), and long enough for many tiles per split. Page tables are shuffled
+and carry padding and out-of-range entries (negative, past the pool, huge), also inside a used
+range (those keys are masked). Outputs are poisoned before each call.
 """
 
 from __future__ import annotations
@@ -43,19 +41,6 @@ TOL = {jnp.dtype(jnp.bfloat16): 2.5e-2, jnp.dtype(jnp.float16): 4e-3}
 K_LENS = (1000, 0, 1, 517, 2053)
 MASK_KW = {"none": {}, "causal": {"causal": True}, "window": {"window": (300, 2)},
            "softcap": {"softcap": 5.0, "causal": True}}
-
-
-@pytest.fixture
-def decode_env(monkeypatch):
-  """Sets the decode switches for one test (unset ones fall back to the defaults)."""
-  def set_env(mode="new", splits=None, stages=None):
-    monkeypatch.setenv("JAX_SGL_DECODE", mode)
-    for name, value in (("JAX_SGL_DECODE_SPLITS", splits), ("JAX_SGL_DECODE_STAGES", stages)):
-      if value is None:
-        monkeypatch.delenv(name, raising=False)
-      else:
-        monkeypatch.setenv(name, str(value))
-  return set_env
 
 
 def _rand(key, shape, dtype):
@@ -141,15 +126,10 @@ def _seed(*parts):
 HEADS = {"none": (32, 8), "causal": (16, 2), "window": (4, 4), "softcap": (8, 1)}
 
 
-MODES = ("new", "warp", "warpmma", "warpmma2", "warptma")
-
-
-@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("mask", MASK_KW)
 @pytest.mark.parametrize("q_len", (1, 3, 8))
 @pytest.mark.parametrize("layout", ("paged1", "paged16", "paged64", "dense", "varlen"))
-def test_decode_layouts(decode_env, layout, q_len, mask, mode):
-  decode_env(mode)
+def test_decode_layouts(layout, q_len, mask):
   q, k, v, kw = _make(layout, q_len, HEADS[mask], 128, jnp.bfloat16,
                       _seed(layout, q_len, mask))
   _check(q, k, v, {**kw, **MASK_KW[mask]})
@@ -157,12 +137,10 @@ def test_decode_layouts(decode_env, layout, q_len, mask, mode):
 
 @pytest.mark.parametrize("heads", ((4, 4), (8, 1), (32, 8), (48, 4), (64, 4)),
                          ids=lambda h: f"{h[0]}x{h[1]}")
-@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("q_len", (1, 2, 5, 8))
-def test_decode_gqa(decode_env, heads, q_len, mode):
+def test_decode_gqa(heads, q_len):
   """Packed rows from 1 to 128 per (sequence, kv head): one to four m16 tiles per CTA, and two
-  row blocks (64 q heads / 4 kv heads x 8 rows); the warp variants' 4 / 8 / 16 row capacities."""
-  decode_env(mode)
+  row blocks (64 q heads / 4 kv heads x 8 rows); the warp forms up to 16 rows."""
   q, k, v, kw = _make("paged16", q_len, heads, 128, jnp.bfloat16, _seed(heads, q_len))
   _check(q, k, v, {**kw, "causal": True})
 
@@ -171,39 +149,22 @@ def test_decode_gqa(decode_env, heads, q_len, mode):
 @pytest.mark.parametrize("head_dim,head_dim_v",
                          [(64, 64), (96, 96), (128, 128), (192, 192), (256, 256), (80, 80),
                           (192, 128), (40, 24)])
-@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("q_len", (1, 5))
-def test_decode_head_dims(decode_env, q_len, head_dim, head_dim_v, dtype, mode):
-  decode_env(mode)
+def test_decode_head_dims(q_len, head_dim, head_dim_v, dtype):
   q, k, v, kw = _make("paged16", q_len, (8, 2), head_dim, dtype,
                       _seed(q_len, head_dim, head_dim_v), head_dim_v=head_dim_v)
   _check(q, k, v, {**kw, "causal": True, "softcap": 10.0})
 
 
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("stages", (None, 2, 3, 8))
-@pytest.mark.parametrize("splits", (None, 1, 2, 7, 32))
-def test_decode_knobs(decode_env, splits, stages, mode):
-  """Every split count (empty splits included) and ring depth gives the same answer (q length 1
-  too, so the warp variants' 4-row form runs)."""
-  decode_env(mode, splits=splits, stages=stages)
-  q, k, v, kw = _make("paged16", 1 if splits == 7 else 2, (32, 8), 128, jnp.bfloat16, 5)
-  _check(q, k, v, {**kw, "window": (700, 0)})
-
-
-@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("layout", ("paged16", "varlen"))
-def test_decode_varlen_q(decode_env, layout, mode):
+def test_decode_varlen_q(layout):
   """A packed q of at most 8 rows in all (ragged per sequence, one uncovered row)."""
-  decode_env(mode)
   q, k, v, kw = _make(layout, 2, (8, 2), 128, jnp.bfloat16, 17, varlen_q=True)
   _check(q, k, v, {**kw, "causal": True})
 
 
-@pytest.mark.parametrize("mode", MODES)
-def test_decode_long_kv(decode_env, mode):
+def test_decode_long_kv():
   """A single long sequence (many splits of many tiles each) next to a short one."""
-  decode_env(mode)
   q, k, v, kw = _make("paged16", 1, (32, 8), 128, jnp.bfloat16, 23, k_lens=(40000, 7))
   _check(q, k, v, kw)
 
@@ -218,26 +179,15 @@ def _poison_unused_pages(k, v, table):
   return jnp.where(bad, jnp.nan, k), jnp.where(bad, jnp.nan, v)
 
 
-@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("q_len", (1, 4))
 @pytest.mark.parametrize("layout", ("paged3", "paged7", "paged24", "paged1", "paged64"))
-def test_decode_page_sizes_nan_pool(decode_env, layout, q_len, mode):
+def test_decode_page_sizes_nan_pool(layout, q_len):
   """Page sizes that are no power of two (the page lookup's divide), stages that straddle pages,
   and NaN in the unreferenced pages: masked keys (bad entries, past the length) are never read."""
-  decode_env(mode)
   q, k, v, kw = _make(layout, q_len, (32, 8), 128, jnp.bfloat16, _seed("nan", layout, q_len),
                       k_lens=(1000, 3, 517, 2053))
   # The reference gathers masked keys' rows (clamped pages) too, so it runs on the clean pool.
   _check(q, k, v, {**kw, "causal": True}, kernel_kv=_poison_unused_pages(k, v, kw["page_table"]))
-
-
-@pytest.mark.parametrize("layout", ("paged16", "dense"))
-@pytest.mark.parametrize("q_len", (1, 4))
-def test_old_decode_path(decode_env, layout, q_len):
-  """JAX_SGL_DECODE=old keeps the sm80 split-KV path (and sm90 for dense) correct for A/B runs."""
-  decode_env("old", splits=3 if q_len == 1 else None)
-  q, k, v, kw = _make(layout, q_len, (32, 8), 128, jnp.bfloat16, _seed("old", layout, q_len))
-  _check(q, k, v, {**kw, "causal": True})
 
 
 def _poison_outside(k, v, k_lens, lo_hi):
@@ -249,13 +199,11 @@ def _poison_outside(k, v, k_lens, lo_hi):
   return jnp.where(bad, jnp.nan, k), jnp.where(bad, jnp.nan, v)
 
 
-@pytest.mark.parametrize("mode", ("warpmma2", "warptma"))
 @pytest.mark.parametrize("window", (None, 300))
-def test_decode_dense_nan_outside_range(decode_env, window, mode):
+def test_decode_dense_nan_outside_range(window):
   """Dense K/V holding NaN outside every sequence's key range (past seqused_k, and before a
   window's first key, which is no multiple of 16): the TMA form loads whole 16-row stages
   around those rows, so it must zero their V rows, and its -inf scores must mask their K rows."""
-  decode_env(mode)
   k_lens = (1000, 1, 517, 2053, 0, 33)
   q, k, v, kw = _make("dense", 1, (32, 8), 128, jnp.bfloat16, _seed("nan_dense", window),
                       k_lens=k_lens)
@@ -264,12 +212,10 @@ def test_decode_dense_nan_outside_range(decode_env, window, mode):
   _check(q, k, v, {**kw, **mask}, kernel_kv=_poison_outside(k, v, k_lens, lo_hi))
 
 
-@pytest.mark.parametrize("mode", ("warpmma2", "warptma"))
 @pytest.mark.parametrize("layout", ("paged16", "paged32", "paged48"))
-def test_decode_paged_nan_page_tails(decode_env, layout, mode):
+def test_decode_paged_nan_page_tails(layout):
   """Pages of a multiple of 16 keys whose slots past each sequence's length hold NaN, and NaN in
   the unreferenced pages: the last stage of a sequence covers those slots."""
-  decode_env(mode)
   k_lens = (1000, 3, 517, 2053)
   q, k, v, kw = _make(layout, 2, (32, 8), 128, jnp.bfloat16, _seed("nan_tail", layout),
                       k_lens=k_lens)

@@ -148,9 +148,8 @@ def test_other_head_dims(layout, head_dim, head_dim_v):
 @pytest.mark.parametrize("mask", ("none", "causal", "window"))
 @pytest.mark.parametrize("q_len", (1, 2, 4, 8))
 def test_paged_decode(q_len, mask):
-  """q length 1..8 per sequence over long paged KV: the decode kernel (flash_decode.cuh) by
-  default, or with JAX_SGL_DECODE=old the sm80 decode / prefill layouts; split-KV partials are
-  merged by the combine kernel. tests/test_attention_decode_gpu.py has the decode matrix."""
+  """q length 1..8 per sequence over long paged KV: the decode kernels (decode/); split-KV
+  partials are merged by the combine kernel. tests/test_attention_decode_gpu.py has the decode matrix."""
   batch, k_lens = 5, (1000, 1, 0, 517, 2048)
   q, k, v, kw = _make_case("paged_page", 128, 128, (32, 8), jnp.bfloat16, q_len,
                            q_lens=(q_len,) * batch, k_lens=k_lens)

@@ -12,8 +12,7 @@ Every test runs twice, once per CUDA backward: "sm80" (JAX_SGL_SM90_BWD=0: the p
 kernels) and "sm90" (JAX_SGL_SM90_BWD=1: the Hopper wgmma + TMA kernel wherever it covers the call,
 i.e. dense layouts (seqused_k, causal, sliding windows and softcap included) at head dims 64 and
 128 with head_dim == head_dim_v; every other case checks the explicit fallback to the sm80
-kernels), plus "sm90v<V>" for each extra performance variant the build holds
-(JAX_SGL_SM90_BWD_VARIANTS, picked by JAX_SGL_SM90_BWD_VARIANT). The sm90 runs are skipped off
+kernels). The sm90 runs are skipped off
 compute capability 9.0. test_dense (below) adds dense shapes, mostly without seqused_k, and runs
 the sm90 backward's deterministic dQ kernel too.
 
@@ -64,33 +63,18 @@ Q_LENS = (5, 0, 150, 19)
 K_LENS = (70, 9, 140, 300)
 
 
-def _built_sm90_bwd_variants():
-  """The extra sm90 backward performance variants of this build (JAX_SGL_SM90_BWD_VARIANTS,
-  reported as "hdim<D>_<dtype>_v<V>"): each adds a "sm90v<V>" run of every test."""
-  try:
-    names = jax_sgl.attention_backend_info().get("sm90_bwd_kernels", ())
-  except Exception:  # pylint: disable=broad-except
-    return []
-  return sorted({int(n.rsplit("_v", 1)[1]) for n in names if "_v" in n})
-
-
-@pytest.fixture(autouse=True,
-                params=["sm80", "sm90"] + [f"sm90v{v}" for v in _built_sm90_bwd_variants()])
+@pytest.fixture(autouse=True, params=["sm80", "sm90"])
 def bwd_kernel(request, monkeypatch):
   """Which CUDA backward serves the covered calls of the test (see the module docstring):
-  "sm80", "sm90" or "sm90v<V>" (the sm90 backward in variant V, JAX_SGL_SM90_BWD_VARIANT); the
-  sm90 ones are all reported to the tests as "sm90"."""
+  "sm80" or "sm90"."""
   monkeypatch.delenv("JAX_SGL_CUDA_BWD", raising=False)
   monkeypatch.delenv("JAX_SGL_BWD_DETERMINISTIC", raising=False)
-  monkeypatch.delenv("JAX_SGL_SM90_BWD_VARIANT", raising=False)
-  sm90 = request.param.startswith("sm90")
+  sm90 = request.param == "sm90"
   if sm90:
     if not is_sm90_device():
       pytest.skip("the sm90 backward needs a compute capability 9.0 device")
     if "hdim128_bf16" not in jax_sgl.attention_backend_info().get("sm90_bwd_kernels", ()):
       pytest.skip("this build has no sm90 backward (JAX_SGL_SM90_HEAD_DIMS)")
-    if request.param != "sm90":
-      monkeypatch.setenv("JAX_SGL_SM90_BWD_VARIANT", request.param[len("sm90v"):])
   monkeypatch.setenv("JAX_SGL_SM90_BWD", "1" if sm90 else "0")
   return "sm90" if sm90 else "sm80"
 
@@ -376,7 +360,7 @@ def _bwd_tail_shape(case):
 @pytest.mark.parametrize("case", ["few", "many", "short"])
 @pytest.mark.parametrize("dq", ["atomic", "det"])
 def test_tail_split(bwd_kernel, dq, case, head_dim, monkeypatch):
-  """The tail split (default; JAX_SGL_SM90_BWD_TAIL_SPLIT=0 turns it off): the key blocks of the
+  """The tail split (calls without mask, window, seqused_k or softcap): the key blocks of the
   last partial wave run as shares of their steps on all SMs, and a second kernel adds their dK and
   dV. Right against the reference, and dK / dV bitwise repeatable."""
   if bwd_kernel != "sm90":
@@ -384,7 +368,6 @@ def test_tail_split(bwd_kernel, dq, case, head_dim, monkeypatch):
   _need_sm90_bwd(bwd_kernel, head_dim, jnp.bfloat16)
   if dq == "det":
     monkeypatch.setenv("JAX_SGL_BWD_DETERMINISTIC", "1")
-  monkeypatch.delenv("JAX_SGL_SM90_BWD_TAIL_SPLIT", raising=False)
   batch, sq, sk, h, hkv = _bwd_tail_shape(case)
   keys = jax.random.split(jax.random.PRNGKey(31 + head_dim + len(case)), 3)
   q = _rand(keys[0], (batch, sq, h, head_dim), jnp.bfloat16)

@@ -5,17 +5,14 @@ CUDA handler at every call, turns it off: every test here clears it through monk
 anything but a compute-capability-9.0 device, or in a build
 without the (dtype, head dim) instantiation, the test is skipped rather than silently testing the
 portable kernel. Outputs are poisoned beforehand so unwritten elements show up as NaN.
-
-Every test runs once per kernel variant (ffi/cuda/attention/sm90/variants.h) that the build holds
-for its (head dim, dtype) (the defaults of CMake JAX_SGL_SM90_DEFAULT_VARIANTS plus the extra
-JAX_SGL_SM90_VARIANTS), picked by JAX_SGL_SM90_VARIANT like the handler reads it, and once with
-it unset (the default path).
+Each head dim runs its one tile choice (ffi/cuda/attention/sm90/fwd/tile_size.h): persistent at
+64 and 128, one CTA per tile at 256. Decode-shaped calls (at most 8 q rows) never reach it: they
+run on the decode kernels (test_attention_decode_gpu.py).
 """
 
 from __future__ import annotations
 
 import os
-import re
 
 import jax
 import jax.numpy as jnp
@@ -42,7 +39,6 @@ SHAPES = {
     "square": (2, 333, 333, 8, 2),
     "q_short": (3, 19, 989, 4, 4),
     "k_short": (2, 300, 129, 6, 2),
-    "one_row": (4, 1, 257, 8, 1),
 }
 
 
@@ -55,34 +51,14 @@ def _sm90(monkeypatch):
   if not is_sm90_device():
     pytest.skip("the sm90 kernel needs a compute capability 9.0 device")
   monkeypatch.delenv("JAX_SGL_SM90", raising=False)
-  # Decode-shaped calls (the one_row shape) would otherwise take the dedicated decode kernel.
-  monkeypatch.setenv("JAX_SGL_DECODE", "old")
-
-
-VARIANTS = (None,) + tuple(range(13))  # ffi/cuda/attention/sm90/variants.h; None: unset
-# The persistent variants (sm90/variants.h Variant(v).persistent), which run the tail split; the
-# others take one CTA per tile and ignore it.
-PERSISTENT_VARIANTS = ("1", "2", "3", "4", "5", "6", "9", "10", "11", "12")
-
-
-@pytest.fixture(autouse=True, params=VARIANTS,
-                ids=lambda v: "default" if v is None else f"variant{v}")
-def _variant(request, monkeypatch, _sm90):
-  if request.param is None:
-    monkeypatch.delenv("JAX_SGL_SM90_VARIANT", raising=False)
-  else:
-    monkeypatch.setenv("JAX_SGL_SM90_VARIANT", str(request.param))
 
 
 def _need(head_dim, dtype):
-  """Skips unless the build has the (head dim, dtype) kernel in the variant the test runs."""
+  """Skips unless the build has the (head dim, dtype) kernel."""
   kernels = jax_sgl.attention_backend_info()["sm90_kernels"]
   kernel = f"hdim{head_dim}_{_name(dtype)}"
   if kernel not in kernels:
     pytest.skip(f"{kernel} not in this build (JAX_SGL_SM90_HEAD_DIMS / JAX_SGL_SM90_DTYPES)")
-  variant = os.environ.get("JAX_SGL_SM90_VARIANT")
-  if variant is not None and f"{kernel}_variant{variant}" not in kernels:
-    pytest.skip(f"{kernel} variant{variant} not in this build (JAX_SGL_SM90_VARIANTS)")
 
 
 def _inputs(shape, head_dim, dtype, seed):
@@ -152,31 +128,6 @@ def test_many_tiles(head_dim, causal, shape):
   np.testing.assert_array_equal(first, np.asarray(fn(q, k, v)).view(np.uint16))
 
 
-@pytest.mark.parametrize("shape", MANY_TILES, ids=str)
-@pytest.mark.parametrize("head_dim", (64, 128, 256))
-def test_dynamic_tiles(head_dim, shape, monkeypatch):
-  """Non-causal tiles from the counter (JAX_SGL_SM90_DYNAMIC_TILES=1): right, and bitwise the
-  static order's output, since a tile's result does not depend on the CTA that runs it."""
-  _need(head_dim, jnp.bfloat16)
-  q, k, v = _inputs(MANY_TILES[shape], head_dim, jnp.bfloat16, seed=11 * head_dim)
-  fn = jax.jit(lambda q, k, v: jax_sgl.attention(q, k, v))
-  static = np.asarray(fn(q, k, v)).view(np.uint16)
-  monkeypatch.setenv("JAX_SGL_SM90_DYNAMIC_TILES", "1")
-  _check(q, k, v, causal=False)
-  poison_allocator(static.size * 2)
-  np.testing.assert_array_equal(static, np.asarray(fn(q, k, v)).view(np.uint16))
-
-
-def _runs_persistent(head_dim):
-  """Whether this parametrization's non-causal calls at head_dim run a persistent variant: the
-  one JAX_SGL_SM90_VARIANT names, else the build's default (hdim<D>_default_v<non-causal>_...)."""
-  variant = os.environ.get("JAX_SGL_SM90_VARIANT")
-  if variant is None:
-    kernels = " ".join(jax_sgl.attention_backend_info()["sm90_kernels"])
-    variant = re.search(rf"hdim{head_dim}_default_v(\d+)_", kernels).group(1)
-  return variant in PERSISTENT_VARIANTS
-
-
 def _tail_shape(case):
   """(batch, seqlen_q, seqlen_k, heads, kv heads) whose 128-row tiles number just past a whole
   wave of the device's SMs, so that the tail split runs: 'few' leaves 1-4 tiles over and splits
@@ -195,24 +146,15 @@ def _tail_shape(case):
 @pytest.mark.parametrize("window", ((-1, -1), (300, 100)), ids=("full", "window"))
 @pytest.mark.parametrize("case", ("few", "many", "short"))
 @pytest.mark.parametrize("head_dim", (64, 128, 256))
-def test_tail_split(head_dim, case, window, monkeypatch):
-  """The tail split (default; JAX_SGL_SM90_TAIL_SPLIT=0 turns it off): the last partial wave's
+def test_tail_split(head_dim, case, window):
+  """The tail split (dense non-causal calls on the persistent kernels): the last partial wave's
   tiles run as key shares on all CTAs and a second kernel merges them. Right against the
-  reference, bitwise repeatable, and really taken: the merged LSE of the tail rows is summed in
-  another order than without the split."""
+  reference and bitwise repeatable."""
   _need(head_dim, jnp.bfloat16)
   q, k, v = _inputs(_tail_shape(case), head_dim, jnp.bfloat16, seed=3 * head_dim + len(case))
   fn = jax.jit(lambda q, k, v: jax_sgl.attention(q, k, v, window=window, return_lse=True))
-  monkeypatch.setenv("JAX_SGL_SM90_TAIL_SPLIT", "0")
-  plain_out, plain_lse = (np.asarray(x) for x in fn(q, k, v))
-  monkeypatch.delenv("JAX_SGL_SM90_TAIL_SPLIT")
   _check(q, k, v, causal=False, window=window)
   out, lse = (np.asarray(x) for x in fn(q, k, v))
-  np.testing.assert_allclose(out.astype(np.float32), plain_out.astype(np.float32),
-                             atol=TOL[jnp.dtype(jnp.bfloat16)], rtol=TOL[jnp.dtype(jnp.bfloat16)])
-  np.testing.assert_allclose(lse, plain_lse, atol=1e-4, rtol=1e-5)
-  if _runs_persistent(head_dim):
-    assert not np.array_equal(lse, plain_lse), "the tail split did not run"
   poison_allocator(out.size * 2)
   again_out, again_lse = (np.asarray(x) for x in fn(q, k, v))
   np.testing.assert_array_equal(out.view(np.uint16), again_out.view(np.uint16))
@@ -251,35 +193,6 @@ def test_deterministic(dtype):
   out2, lse2 = fn(q, k, v)
   np.testing.assert_array_equal(np.asarray(out1).view(np.uint16), np.asarray(out2).view(np.uint16))
   np.testing.assert_array_equal(np.asarray(lse1), np.asarray(lse2))
-
-
-@pytest.mark.parametrize("length", ("short", "long"))
-@pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
-def test_default_runs_the_configured_variant(monkeypatch, causal, length):
-  """With JAX_SGL_SM90_VARIANT unset, a call runs the default the build lists for its (head
-  dim, causal, short call: at most 2048 rows and keys) (CMake JAX_SGL_SM90_DEFAULT_VARIANTS,
-  reported as hdim128_default_v<non-causal>_v<causal>[_s<short>]): bitwise the same output as
-  naming it."""
-  if "JAX_SGL_SM90_VARIANT" in os.environ:
-    pytest.skip("runs once, in the 'default' parametrization")
-  _need(128, jnp.bfloat16)
-  kernels = jax_sgl.attention_backend_info()["sm90_kernels"]
-  [default] = [k for k in kernels if k.startswith("hdim128_default_v")]
-  m = re.fullmatch(r"hdim128_default_v(\d+)_v(\d+)(?:_s(\d+))?", default)
-  assert m, default
-  variant = m.group(3) if length == "short" and m.group(3) else m.group(2 if causal else 1)
-  shape = (2, 700, 900, 4, 2) if length == "short" else (1, 2100, 2200, 4, 2)
-  q, k, v = _inputs(shape, 128, jnp.bfloat16, seed=17)
-  fn = jax.jit(lambda q, k, v: jax_sgl.attention(q, k, v, causal=causal))
-  unset = np.asarray(fn(q, k, v)).view(np.uint16)
-  monkeypatch.setenv("JAX_SGL_SM90_VARIANT", variant)
-  named = np.asarray(fn(q, k, v)).view(np.uint16)
-  np.testing.assert_array_equal(unset, named)
-  # The other default variants (when they differ) give other bits: the check can fail.
-  others = {m.group(i) for i in (1, 2, 3) if m.group(i)} - {variant}
-  if others:
-    monkeypatch.setenv("JAX_SGL_SM90_VARIANT", sorted(others)[0])
-    assert not np.array_equal(unset, np.asarray(fn(q, k, v)).view(np.uint16))
 
 
 # Sliding window and softcap: (shape, causal, window (left, right), softcap). Windows narrower

@@ -6,7 +6,7 @@ implementation run at other clocks than another in the same comparison?
   python3 tools/clock_trace.py OUT_DIR
 
 One 'SUMMARY ' line per benchmark step and implementation (the batch name, or its part after
-" | " in names of the form "<config> | <implementation>": cudnn, sm90, variant4 notail, ...): the
+" | " in names of the form "<config> | <implementation>": cudnn, sm90, sm80, ...): the
 number of samples, median and 10th percentile SM clock, median power, and the share of samples
 with the software power cap (clock event reason 0x4) active where the trace has it.
 """

@@ -20,7 +20,7 @@
 #   GPU_CHECK_SANITIZE_TIMEOUT  seconds before the sanitizer run is stopped (default 900)
 #   GPU_CHECK_BENCH     benchmark scripts to run (default: benchmarks/bench_*.py); "none" skips
 #   GPU_CHECK_AB        ';'-separated benchmark commands with arguments, run after those, e.g.
-#                       "benchmarks/ab_sm90.py --head-dims 128 --dynamic; benchmarks/ab_decode.py"
+#                       "benchmarks/bench_attention.py --help"
 #                       (their SUMMARY lines join the table; logs ab1.log, ab2.log, ...)
 #   GPU_CHECK_AB_TIMEOUT  seconds per GPU_CHECK_AB command (default 300)
 #   GPU_CHECK_CLOCKS    1: sample SM clock and power every 50 ms during steps 3 and 3b
@@ -33,7 +33,7 @@
 #   JAX_SGL_BENCH_SETTLE_S  least seconds of untimed calls before each timed batch (default 0.5
 #                       here; 0: one untimed batch)
 #
-# The CUDA attention backward alone (benchmarks/NOTES_bwd.md):
+# The CUDA attention backward alone (benchmarks/notes/NOTES_bwd.md):
 #   GPU_CHECK_TESTS=tests/test_attention_grad_gpu.py GPU_CHECK_BENCH=benchmarks/bench_attention_bwd.py \
 #     bash tools/gpu_check.sh
 set -uo pipefail
@@ -45,7 +45,7 @@ export JAX_SGL_CUDA_ARCHS="${JAX_SGL_CUDA_ARCHS:-90a}"
 export PYTHONUNBUFFERED=1
 # Steady-state timing: each timed benchmark batch follows at least this many seconds of the same
 # implementation (benchmarks/timing.py). Sustained, the H200 runs attention at its power cap;
-# short batches after a lighter phase get boost clocks first (benchmarks/NOTES_sm90.md, session 7).
+# short batches after a lighter phase get boost clocks first (benchmarks/notes/NOTES_sm90.md, session 7).
 export JAX_SGL_BENCH_SETTLE_S="${JAX_SGL_BENCH_SETTLE_S:-0.5}"
 mkdir -p "$OUT"
 SUMMARY="$OUT/summary.txt"

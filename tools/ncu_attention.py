@@ -1,5 +1,5 @@
 """Nsight Compute views of jax_sgl's attention kernels beside cuDNN's, for the notes on what
-limits each (benchmarks/NOTES_*.md). Three modes:
+limits each (benchmarks/notes/NOTES_*.md). Three modes:
 
   python3 tools/ncu_attention.py run CASE      one call of CASE inside cudaProfilerStart/Stop,
                                                after a warm-up call; run it under

@@ -1,7 +1,7 @@
 // CUDA FFI handler of jax_sgl_attention_bwd: binds the signature shared with the CPU backward
 // (attention_bwd_ffi.h), plans the call (PlanFlashBwd: which kernels, how much workspace), takes
 // the float32 workspace (softmax_d, the log2-domain lse and, for the sm90 kernel's dQ, a float32
-// accumulator) from XLA's scratch allocator and launches the kernels (flash_bwd_dispatch.cc). No
+// accumulator) from XLA's scratch allocator and launches the kernels (bwd_dispatch.cc). No
 // CUDA syntax here; errors come back as ffi::Error, nothing synchronizes.
 #include <cuda_runtime_api.h>
 

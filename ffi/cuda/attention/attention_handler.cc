@@ -1,12 +1,12 @@
 // CUDA FFI handler of jax_sgl_attention_fwd: binds the shared signature (attention_ffi.h), plans the
-// kernel (flash_dispatch.cc), takes split-KV scratch from XLA's allocator and launches. No CUDA
+// kernel (fwd_dispatch.cc), takes split-KV scratch from XLA's allocator and launches. No CUDA
 // syntax here; errors come back as ffi::Error, nothing synchronizes.
 #include <cuda_runtime_api.h>
 
 #include <string>
 
 #include "ffi/common/attention_ffi.h"
-#include "ffi/cuda/attention/device.h"
+#include "ffi/cuda/attention/common/device.h"
 #include "ffi/cuda/attention/flash_fwd_launch.h"
 
 namespace jax_sgl::cuda {

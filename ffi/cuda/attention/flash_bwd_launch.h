@@ -55,7 +55,7 @@ JAX_SGL_HD int64_t WsIndex(const FlashBwdArgs& a, const SeqBounds& s, int b, int
 // How one call's backward runs (PlanFlashBwd), decided from the shapes and the environment once
 // per call, so the workspace size and the launches agree.
 struct FlashBwdPlan {
-  bool sm90;             // dK/dV on the sm_90a kernel (sm90/bwd_launch.h), else on the sm80 one
+  bool sm90;             // dK/dV on the sm_90a kernel (sm90/bwd/launch.h), else on the sm80 one
   bool sm90_dq;          // sm90 only: dQ from its float32 reductions (fast, not bitwise
                          // reproducible); false: a deterministic dQ kernel, which is
   bool sm90_dq_kernel;   // the sm90 one (wgmma), or else the sm80 one
@@ -66,7 +66,7 @@ struct FlashBwdPlan {
 
 // Fills *plan and returns nullptr, or returns the reason the combination has no CUDA backward
 // (names what is missing). The sm90 kernel serves a call when it covers it, the build has it and
-// JAX_SGL_SM90_BWD allows it (sm90/bwd_launch.h); JAX_SGL_BWD_DETERMINISTIC=1 computes its dQ
+// JAX_SGL_SM90_BWD allows it (sm90/bwd/launch.h); JAX_SGL_BWD_DETERMINISTIC=1 computes its dQ
 // with the atomic-free sm90 dQ kernel (=sm80: the sm80 dQ kernel). Both read at each call.
 const char* PlanFlashBwd(const AttentionParams& p, FlashBwdPlan* plan);
 
@@ -76,7 +76,7 @@ const char* RunFlashBwd(const AttentionBwdParams& bp, const FlashBwdPlan& plan, 
                         cudaStream_t stream);
 
 // One instantiation per (storage type, head-dim capacity), in instantiations/: the dK/dV and dQ
-// kernels. The preprocess kernel is not templated on the head dim (flash_bwd_preprocess.cu).
+// kernels. The preprocess kernel is not templated on the head dim (bwd_sm80/preprocess.cu).
 template <typename T, int kHeadDim>
 cudaError_t LaunchFlashBwd(const FlashBwdArgs& args, cudaStream_t stream);
 cudaError_t LaunchFlashBwdPreprocess(const FlashBwdArgs& args, cudaStream_t stream);

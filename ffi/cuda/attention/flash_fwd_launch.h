@@ -2,7 +2,7 @@
 // how much scratch) and the entry points the FFI handler calls. No CUDA syntax and no FFI headers:
 // the handler (.cc) and the launchers (.cu) both include it.
 //
-// One kernel family (flash_fwd_sm80.cuh, mma.sync, sm_80+) serves every layout: query rows of all
+// One kernel family (prefill_sm80/kernel.cuh, mma.sync, sm_80+) serves every layout: query rows of all
 // q heads that share a kv head are packed into the M dimension (row r = query row r / group, head
 // r % group), and each key row is gathered through AttentionParams (dense, varlen or paged), so
 // GQA heads share every K/V load. Two warp layouts:
@@ -48,18 +48,21 @@ inline bool HeadDimBuilt(int d) {
     default: return false;
   }
 }
+// The warp-sliced decode kernels' form (decode/warp_launch.cuh): TMA stages (sm_90+), cp.async
+// stages with 32-bit slot indices, or with 64-bit row indices for pools of 2^31 rows or more.
+enum class DecodeWarpForm { kTma, kCpAsync, kCpAsyncInt64 };
+
 // Split-KV never uses more splits than one warp of the combine kernel reads at once.
 inline constexpr int kMaxSplits = 32;
 
 struct FlashPlan {
   bool sm90;             // the sm_90a kernel (sm90/) runs the call; the fields below are unused
   int head_dim_cap;      // compiled head dim the call runs on
-  bool decode_kernel;    // the dedicated decode kernel (flash_decode.cuh) instead of sm80
-  bool decode_warp;      // decode kernel: the warp-sliced variant (flash_decode_warp.cuh)
+  bool decode_kernel;    // the dedicated decode kernel (decode/block_kernel.cuh) instead of sm80
+  bool decode_warp;      // decode kernel: the warp-sliced kernels (decode/warp_launch.cuh)
   int decode_stages;     // decode kernel: cp.async ring depth
-  int decode_m_tiles;    // decode kernel: m16 tiles of q per CTA (shared-memory sizing); warp
-                         // variant: its row capacity (4 or 8)
-  int decode_warp_variant;  // warp mma form (row capacity 16): 1 = warpmma, 2 = warpmma2
+  int decode_m_tiles;    // decode kernel: m16 tiles of q per CTA (shared-memory sizing)
+  DecodeWarpForm decode_warp_form;  // warp-sliced kernels: which form
   bool decode;           // sm80: decode warp layout (16 packed rows) instead of prefill (64)
   int block_m;           // packed rows per CTA
   int m_blocks;          // CTAs along packed rows per (sequence, kv head)
@@ -88,7 +91,7 @@ const char* RunFlashFwd(const AttentionParams& p, const FlashPlan& plan, void* s
 template <typename T, int kHeadDim, bool kDecode>
 cudaError_t LaunchFlashFwd(const FlashFwdArgs& args, int m_blocks, cudaStream_t stream);
 
-// Combine step and the clearing of varlen rows no sequence covers (flash_split_combine.cu).
+// Combine step and the clearing of varlen rows no sequence covers (common/split_combine.cu).
 struct SplitCombineArgs {
   AttentionParams p;
   int group;

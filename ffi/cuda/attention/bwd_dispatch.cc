@@ -1,0 +1,150 @@
+// Host side of the CUDA attention backward: which calls it serves, how much workspace they need,
+// and the launch sequence (clear unowned gradient rows, preprocess, dK/dV, dQ), on the sm_90a
+// kernels where they serve the call (sm90/bwd/launch.h) and the sm80 kernels otherwise. Host
+// code only: the kernels live in bwd_sm80/preprocess.cu and the generated instantiations/ files.
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+#include "ffi/common/attention_seq.h"
+#include "ffi/cuda/attention/flash_bwd_launch.h"
+#include "ffi/cuda/attention/flash_fwd_launch.h"  // HeadDimBuilt
+#ifdef JAX_SGL_HAVE_SM90
+#include "ffi/cuda/attention/sm90/bwd/launch.h"
+#endif
+
+namespace jax_sgl::cuda {
+namespace {
+
+// The capacity a call runs on, or 0 when none is compiled for it.
+int BwdHeadDimCap(const AttentionParams& p) {
+  const int need = std::max(p.head_dim, p.head_dim_v);
+  for (int d : kBwdHeadDimCapacities)
+    if (d >= need) return d;
+  return 0;
+}
+
+template <typename T>
+cudaError_t LaunchForType(int cap, const FlashBwdArgs& args, cudaStream_t stream) {
+  switch (cap) {
+#ifndef JAX_SGL_ATTN_DISABLE_HDIM64
+    case 64: return LaunchFlashBwd<T, 64>(args, stream);
+#endif
+#ifndef JAX_SGL_ATTN_DISABLE_HDIM96
+    case 96: return LaunchFlashBwd<T, 96>(args, stream);
+#endif
+#ifndef JAX_SGL_ATTN_DISABLE_HDIM128
+    case 128: return LaunchFlashBwd<T, 128>(args, stream);
+#endif
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+size_t Bytes(int64_t rows, int64_t heads, int dim, DType t) {
+  return size_t(rows) * size_t(heads) * size_t(dim) * (t == DType::kF32 ? 4 : 2);
+}
+
+}  // namespace
+
+const char* PlanFlashBwd(const AttentionParams& p, FlashBwdPlan* plan) {
+  if (!HalfPrecisionOperands(p))
+    return "jax_sgl.attention: the CUDA backward supports float16 and bfloat16 q/k/v only";
+  if (p.kv_layout == KvLayout::kPaged)
+    return "jax_sgl.attention: gradients through paged KV are not supported";
+  if (BwdHeadDimCap(p) == 0 || p.head_dim % 8 || p.head_dim_v % 8)
+    return "jax_sgl.attention: the CUDA backward supports head dims that are multiples of 8 up "
+           "to 128 (head_dim and head_dim_v); 192 and 256 have no CUDA backward yet";
+  if (!HeadDimBuilt(BwdHeadDimCap(p)))
+    return "jax_sgl.attention: this build left out the CUDA backward for the head dim "
+           "(JAX_SGL_ATTN_DISABLE_HDIM*)";
+  if (p.batch > 65535 || p.num_kv_heads > 65535)
+    return "jax_sgl.attention: the CUDA backward supports batch and num_kv_heads <= 65535";
+
+  plan->sm90 = false;
+  plan->sm90_dq = false;
+  plan->sm90_dq_kernel = false;
+  plan->ws_rows = p.seqlen_q;
+#ifdef JAX_SGL_HAVE_SM90
+  // Anything the sm90 kernels do not cover (varlen, other head dims, d != d_v, ...) runs
+  // on the sm80 kernels below: Sm90BwdUnsupported names it.
+  if (Sm90BwdUnsupported(p) == nullptr && Sm90BwdEnabled(p)) {
+    plan->sm90 = true;
+    const char* det = std::getenv("JAX_SGL_BWD_DETERMINISTIC");
+    const bool det_sm90 = det != nullptr && std::strcmp(det, "1") == 0;
+    const bool det_sm80 = det != nullptr && std::strcmp(det, "sm80") == 0;
+    plan->sm90_dq = !det_sm90 && !det_sm80;
+    plan->sm90_dq_kernel = det_sm90;
+    const int block = Sm90BwdRowBlock(p);
+    plan->ws_rows = (p.seqlen_q + block - 1) / block * block;
+  }
+#endif
+  // softmax_d and lse_log2: lse's layout, dense rows padded to ws_rows.
+  const size_t rows = p.cu_seqlens_q ? size_t(p.total_q) : size_t(p.batch) * plan->ws_rows;
+  plan->scratch_bytes = 2 * rows * size_t(p.num_heads) * sizeof(float);
+#ifdef JAX_SGL_HAVE_SM90
+  if (plan->sm90_dq) plan->scratch_bytes += Sm90BwdDqAccumFloats(p, plan->ws_rows) * sizeof(float);
+  plan->sm90_tail_bytes = plan->sm90 && Sm90BwdTailSplitRequested(p) ? Sm90BwdTailBytes(p) : 0;
+  plan->scratch_bytes += plan->sm90_tail_bytes;
+#endif
+  return nullptr;
+}
+
+const char* RunFlashBwd(const AttentionBwdParams& bp, const FlashBwdPlan& plan, void* scratch,
+                        cudaStream_t stream) {
+  const AttentionParams& p = bp.fwd;
+  // Gradient rows no sequence owns (varlen padding, keys past seqused_k) are zeros; every owned
+  // row is written by exactly one CTA below. Zero bits are 0.0 in float16 and bfloat16.
+  if (p.cu_seqlens_q) {
+    if (cudaError_t err = cudaMemsetAsync(bp.dq, 0, Bytes(p.total_q, p.num_heads, p.head_dim,
+                                                          p.q_type), stream);
+        err != cudaSuccess)
+      return cudaGetErrorString(err);
+  }
+  if (p.kv_layout == KvLayout::kVarlen || p.seqused_k) {
+    cudaError_t err = cudaMemsetAsync(
+        bp.dk, 0, Bytes(p.total_k, p.num_kv_heads, p.head_dim, p.k_type), stream);
+    if (err == cudaSuccess)
+      err = cudaMemsetAsync(bp.dv, 0, Bytes(p.total_k, p.num_kv_heads, p.head_dim_v, p.v_type),
+                            stream);
+    if (err != cudaSuccess) return cudaGetErrorString(err);
+  }
+  if (p.batch == 0 || p.total_q == 0) return nullptr;
+
+  FlashBwdArgs args;
+  args.bp = bp;
+  args.ws_rows = plan.ws_rows;
+  const size_t ws_floats = (p.cu_seqlens_q ? size_t(p.total_q) : size_t(p.batch) * plan.ws_rows) *
+                           size_t(p.num_heads);
+  args.bp.softmax_d = static_cast<float*>(scratch);
+  args.lse_log2 = args.bp.softmax_d + ws_floats;
+  args.group = p.num_heads / p.num_kv_heads;
+  args.skip_dkdv = plan.sm90;
+  // Padding rows of the workspace (sm90: rows up to the row block) are read but masked: any
+  // finite value does, zeros are cheapest.
+  if (plan.ws_rows != p.seqlen_q) {
+    if (cudaError_t err = cudaMemsetAsync(scratch, 0, 2 * ws_floats * sizeof(float), stream);
+        err != cudaSuccess)
+      return cudaGetErrorString(err);
+  }
+  if (cudaError_t err = LaunchFlashBwdPreprocess(args, stream); err != cudaSuccess)
+    return cudaGetErrorString(err);
+#ifdef JAX_SGL_HAVE_SM90
+  if (plan.sm90) {
+    float* dq_accum = plan.sm90_dq ? args.lse_log2 + ws_floats : nullptr;
+    // The tail split's dK / dV shares follow the workspace and dq_accum.
+    if (plan.sm90_tail_bytes > 0)
+      args.sm90_tail = args.lse_log2 + ws_floats +
+                       (plan.sm90_dq ? Sm90BwdDqAccumFloats(p, plan.ws_rows) : 0);
+    if (cudaError_t err = RunFlashBwdSm90(args, dq_accum, plan.sm90_dq_kernel, stream);
+        err != cudaSuccess)
+      return cudaGetErrorString(err);
+    if (plan.sm90_dq || plan.sm90_dq_kernel) return nullptr;
+  }
+#endif
+  const int cap = BwdHeadDimCap(p);
+  const cudaError_t err = p.q_type == DType::kBF16 ? LaunchForType<bf16_t>(cap, args, stream)
+                                                   : LaunchForType<f16_t>(cap, args, stream);
+  return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
+}
+
+}  // namespace jax_sgl::cuda

@@ -1,0 +1,230 @@
+// Decode attention, warp-sliced mma kernel on cp.async stages with cheap copy addressing: the
+// form for devices without the tensor copy engine's use here (tma_kernel.cuh) and pools of < 2^31
+// rows. Per-warp cp.async rings of 16-key stages, the m16n8k16 chunk on one m16 tile of packed
+// rows, merge of the 4 warps at the end (warp_steps.cuh), with the issue path cut from ~55 (the
+// 64-bit form, cp_async_int64_kernel.cuh) to a few SASS instructions per key:
+//   - the key's source row is resolved once per stage by the lane that owns the key, as a 32-bit
+//     slot index (the host sends only pools of < 2^31 rows here); the copying lanes shuffle that
+//     one word and make the address with one IMAD.WIDE.U32 per tensor (slot x row stride + the
+//     lane's fixed (kv head, 16-byte chunk) base), instead of 64-bit products per copy;
+//   - the page lookup divides by the page size with a multiply-high (FastDiv, set up once), not
+//     an integer division per stage;
+//   - a key that is past the range or behind a bad page entry copies nothing from global memory
+//     (ignore-src: its K/V rows are zero-filled); chunks past head_dim copy finite data of the
+//     same row, which zero q columns / unwritten output columns cancel;
+//   - a stage every row sees whole (all 16 keys valid and inside every row's [lo, hi)) skips the
+//     per-element masking, and a stage that moves no row's running max skips the rescale of the
+//     accumulators (warp-uniform branches): the middle of every long sequence.
+// Layouts, masks, softcap, LSE and split partials are those of block_kernel.cuh.
+#pragma once
+
+#include "ffi/cuda/attention/decode/block_kernel.cuh"
+#include "ffi/cuda/attention/decode/warp_steps.cuh"
+
+namespace jax_sgl::cuda {
+namespace decode_cp_async {
+
+using flash::Elem;
+using flash::kLn2;
+using flash::Ldmatrix4;
+using flash::Ldmatrix4Trans;
+using flash::QuadMax;
+using flash::QuadSum;
+using flash::SmemAddr;
+
+// n / d for 0 <= n < 2^31 and 1 <= d < 2^31 by a multiply-high and a shift (Granlund-Montgomery):
+// the page lookup runs once per stage per lane, where a division would cost ~20 instructions.
+struct FastDiv {
+  uint32_t mul, shift;
+  __device__ explicit FastDiv(uint32_t d) {
+    shift = 0;
+    while ((1u << shift) < d) ++shift;
+    mul = uint32_t(((uint64_t(1) << 32) * ((uint64_t(1) << shift) - d)) / d + 1);
+  }
+  __device__ __forceinline__ uint32_t Div(uint32_t n) const {
+    return (__umulhi(n, mul) + n) >> shift;
+  }
+};
+
+// 16-byte cp.async; `skip` writes zeros and reads nothing (the ignore-src form, which LDGSTS
+// takes as a predicate: no src-size register to select per copy).
+__device__ __forceinline__ void CpAsync16(uint32_t dst, uint64_t src, bool skip) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %2, 0;\n"
+      " cp.async.cg.shared.global.L2::256B [%0], [%1], 16, p;\n}\n" ::"r"(dst),
+      "l"(src), "r"(int(skip)));
+}
+
+// The value, opaque to the optimizer: keeps a 64-bit base in one register pair so that each
+// copy address is a single IMAD.WIDE.U32 (slot x stride + base), not a product re-added to the
+// pointer in two more instructions.
+__device__ __forceinline__ uint64_t Opaque(uint64_t x) {
+  asm volatile("mov.b64 %0, %0;" : "+l"(x));
+  return x;
+}
+
+// grid: x = batch * num_kv_heads, y = KV splits; kDecodeWarpThreads threads; shared memory as
+// the 64-bit form (DecodeWarpMmaSmemBytes). Registers held to 3 CTAs per SM at d <= 128 (168,
+// no spills), which shared memory allows at 2 stages (~74 KiB a CTA).
+template <typename T, int kD>
+__global__ void __launch_bounds__(kDecodeWarpThreads, kD <= 128 ? 3 : 1)
+    FlashDecodeCpAsyncKernel(const FlashDecodeArgs args) {
+  constexpr int kStride = DecodeStride(kD);
+  constexpr int kKeys = 16;
+  constexpr int kChunks = kD / 8;
+  // One copy instruction of the warp covers kKeysPerCopy whole rows (d = 96 / 192: 24 of the
+  // 32 lanes copy, so every lane keeps one fixed chunk of its rows).
+  constexpr int kKeysPerCopy = kChunks >= 32 ? 1 : 32 / kChunks;
+  constexpr int kCopyLanes = kKeysPerCopy * kChunks;
+  constexpr int kCopies = kKeys / kKeysPerCopy;  // 16-byte copies per lane, K or V
+  constexpr int kTileElems = kKeys * kStride;
+  constexpr int kDT = kD / 8;
+  constexpr uint32_t kNoRow = 0xffffffffu;
+  static_assert(kChunks <= 32 && kKeys % kKeysPerCopy == 0, "whole rows per copy step");
+  extern __shared__ __align__(16) uint8_t smem[];
+  const AttentionParams& p = args.fwd.p;
+  const int group = args.fwd.group;
+  const int num_splits = args.fwd.num_splits;
+  const int stages = args.stages;
+  const int b = blockIdx.x / p.num_kv_heads, kv_head = blockIdx.x % p.num_kv_heads;
+  const SeqBounds s = GetSeqBounds(p, b);
+  const int rows_here = min(kDecodeWarpMmaMaxRows, s.q_len * group);  // the host checked the bound
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+
+  const decode_warp_mma::WarpStages<kKeys> stages_of(p, s, group, rows_here, num_splits, warp);
+  const int n_hi = stages_of.n_hi, my_tiles = stages_of.my_tiles;
+
+  T* sq = reinterpret_cast<T*>(smem);
+  T* ring = sq + 16 * kStride + warp * stages * 2 * kTileElems;
+  uint32_t* masks = reinterpret_cast<uint32_t*>(smem + 16 * kStride * 2 +
+                                                DecodeWarpMmaRingBytes(kD, stages)) +
+                    warp * kDecodeMaxStages;
+
+  // Slot (row of the [rows, Hkv, D] pool) of key `key` of this warp's i-th stage, kNoRow past
+  // the range or behind a bad page entry.
+  const bool paged = p.kv_layout == KvLayout::kPaged;
+  const FastDiv page_div(paged ? uint32_t(p.page_size) : 1u);
+  const int32_t* page_row = paged ? p.page_table + int64_t(b) * p.max_pages : nullptr;
+  const uint32_t dense_row0 = paged ? 0u : uint32_t(s.k_row0);
+  auto source_slot = [&](int i, int key) -> uint32_t {
+    if (i >= my_tiles || key >= kKeys) return kNoRow;
+    const int j = stages_of.Key0(i) + key;
+    if (j >= n_hi) return kNoRow;
+    if (!paged) return dense_row0 + uint32_t(j);
+    const uint32_t pg = page_div.Div(uint32_t(j));
+    const int page = page_row[pg];
+    if (page < 0 || page >= p.num_pages) return kNoRow;
+    return uint32_t(page) * uint32_t(p.page_size) + (uint32_t(j) - pg * uint32_t(p.page_size));
+  };
+
+  // This lane's fixed part of every copy: chunk c of key (lane / kChunks) + kKeysPerCopy * i;
+  // global bases at (kv_head, c) and row strides in bytes. A chunk past head_dim (a padded head
+  // dim) copies the row's chunk 0 instead: finite data of the same row, which the zero q columns
+  // (K) or the never-written output columns (V) cancel, so no copy needs a per-lane size.
+  const int c = (lane % kChunks) * 8;
+  const int key_lane = lane / kChunks;
+  const int ck = c < p.head_dim ? c : 0, cv = c < p.head_dim_v ? c : 0;
+  const uint64_t k_base = Opaque(reinterpret_cast<uint64_t>(p.k) +
+                                 uint64_t(int64_t(kv_head) * p.head_dim + ck) * sizeof(T));
+  const uint64_t v_base = Opaque(reinterpret_cast<uint64_t>(p.v) +
+                                 uint64_t(int64_t(kv_head) * p.head_dim_v + cv) * sizeof(T));
+  const uint32_t k_stride = uint32_t(p.num_kv_heads) * p.head_dim * sizeof(T);
+  const uint32_t v_stride = uint32_t(p.num_kv_heads) * p.head_dim_v * sizeof(T);
+  const uint32_t ring_lane =
+      SmemAddr(ring) + uint32_t((key_lane * kStride + c) * int(sizeof(T)));
+  constexpr uint32_t kStageBytes = 2 * kTileElems * sizeof(T);
+
+  // Copies a stage into ring slot st; lane lane0 + j holds the slot of its key j.
+  const bool copy_lane = kCopyLanes == 32 || lane < kCopyLanes;
+  auto issue = [&](uint32_t my_slot, int lane0, int st) {
+    const uint32_t dst = ring_lane + uint32_t(st) * kStageBytes;
+#pragma unroll
+    for (int i = 0; i < kCopies; ++i) {
+      const int src_lane = (lane0 + key_lane + i * kKeysPerCopy) & 31;
+      const uint32_t slot = __shfl_sync(0xffffffffu, my_slot, src_lane);
+      if (!copy_lane) continue;
+      const bool ok = slot != kNoRow;
+      const uint32_t row = ok ? slot : 0u;
+      const uint32_t key_off = uint32_t(i * kKeysPerCopy * kStride * sizeof(T));
+      CpAsync16(dst + key_off, k_base + uint64_t(row) * k_stride, !ok);
+      CpAsync16(dst + key_off + kTileElems * sizeof(T), v_base + uint64_t(row) * v_stride, !ok);
+    }
+    const uint32_t valid = __ballot_sync(0xffffffffu, my_slot != kNoRow) >> lane0;
+    if (lane == 0) masks[st] = valid & 0xffffu;
+  };
+
+  // Prologue: two stages' slots per lane register (lane l: key l % 16 of stage l / 16), the
+  // first stages - 1 stages' copies, then q (plain loads: one barrier, once).
+  constexpr int kRegs = (kDecodeMaxStages - 1 + 1) / 2;
+  uint32_t first_slots[kRegs];
+#pragma unroll
+  for (int g = 0; g < kRegs; ++g) {
+    const int i = g * 2 + lane / kKeys;
+    first_slots[g] = i < stages - 1 ? source_slot(i, lane % kKeys) : kNoRow;
+  }
+  uint32_t next_slot = source_slot(stages - 1, lane);
+#pragma unroll
+  for (int i = 0; i < kDecodeMaxStages - 1; ++i) {
+    if (i < stages - 1) {
+      if (i < my_tiles) issue(first_slots[i / 2], (i % 2) * kKeys, i);
+      decode::CpAsyncCommit();
+    }
+  }
+  decode_warp_mma::LoadQRows<T, kD>(p, s, group, kv_head, rows_here, sq);
+  __syncthreads();
+
+  const decode_warp_mma::StageScoring scoring(p, s, group, rows_here, lane);
+
+  uint32_t qa[kD / 16][4];
+  decode_warp_mma::LoadQFragments<T, kD>(sq, lane, qa);
+
+  float o[kDT][4];
+#pragma unroll
+  for (int t = 0; t < kDT; ++t) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.f;
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+
+  int st_read = 0, st_write = stages - 1;
+  for (int it = 0; it < my_tiles; ++it) {
+    decode::CpAsyncWaitPending(stages - 2);
+    __syncwarp();
+    if (it + stages - 1 < my_tiles) issue(next_slot, 0, st_write);
+    decode::CpAsyncCommit();
+    next_slot = source_slot(it + stages, lane);
+    st_write = st_write + 1 == stages ? 0 : st_write + 1;
+
+    const T* sk = ring + st_read * 2 * kTileElems;
+    const T* sv = sk + kTileElems;
+    const uint32_t valid = masks[st_read];
+    st_read = st_read + 1 == stages ? 0 : st_read + 1;
+    const int key0 = stages_of.Key0(it);
+
+    float sc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+    for (int k0 = 0; k0 < kD; k0 += 16) {
+      uint32_t bk[4];
+      Ldmatrix4(bk, sk + (lane % 8 + (lane / 16) * 8) * kStride + k0 + ((lane / 8) % 2) * 8);
+      Elem<T>::Mma(sc[0], qa[k0 / 16], bk);
+      Elem<T>::Mma(sc[1], qa[k0 / 16], bk + 2);
+    }
+    float blk_max[2];
+    scoring.Apply(sc, key0, valid, lane, blk_max);
+    decode_warp_mma::SoftmaxPv<T, kD, true>(sc, blk_max, m_run, l_run, o, sv, lane);
+  }
+  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+
+  decode_warp_mma::MergeWarpsAndStore<T, kD>(args, s, b, kv_head, rows_here, smem, m_run, l_run,
+                                             o);
+}
+
+template <typename T, int kD>
+cudaError_t Launch(const FlashDecodeArgs& args, cudaStream_t stream) {
+  return decode_warp_mma::Launch<kD>(FlashDecodeCpAsyncKernel<T, kD>, args, stream);
+}
+
+template <typename T, int kD>
+int CtasPerSm(int stages) {
+  return decode_warp_mma::CtasPerSm<kD>(FlashDecodeCpAsyncKernel<T, kD>, stages);
+}
+
+}  // namespace decode_cp_async
+}  // namespace jax_sgl::cuda

@@ -1,0 +1,47 @@
+// Host launchers of the warp-sliced decode kernels (one CTA per (sequence x kv head, KV split),
+// 4 warps with a ring of 16-key stages each, one m16 tile of packed rows): picks the form the
+// dispatch planned (DecodeWarpForm, decode/launch.h). Also instantiates the block-wide kernel
+// (block_kernel.cuh) through its header, so one generated file holds every decode kernel of a
+// (dtype, head-dim capacity).
+#pragma once
+
+#include "ffi/cuda/attention/decode/block_kernel.cuh"
+#include "ffi/cuda/attention/decode/cp_async_int64_kernel.cuh"
+#include "ffi/cuda/attention/decode/cp_async_kernel.cuh"
+#include "ffi/cuda/attention/decode/tma_kernel.cuh"
+
+namespace jax_sgl::cuda {
+
+// The warp form args.warp_form names; the TMA form at head-dim capacity 64 and 128 only, which
+// the dispatch ensures.
+template <typename T, int kHeadDim>
+cudaError_t LaunchFlashDecodeWarp(const FlashDecodeArgs& args, cudaStream_t stream) {
+  switch (args.warp_form) {
+    case DecodeWarpForm::kTma:
+      if constexpr (kHeadDim == 64 || kHeadDim == 128)
+        return decode_tma::Launch<T, kHeadDim>(args, stream);
+      return cudaErrorInvalidValue;
+    case DecodeWarpForm::kCpAsync:
+      return decode_cp_async::Launch<T, kHeadDim>(args, stream);
+    case DecodeWarpForm::kCpAsyncInt64:
+      return decode_int64::Launch<T, kHeadDim>(args, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+template <typename T, int kHeadDim>
+int FlashDecodeWarpCtasPerSm(int stages, DecodeWarpForm form) {
+  switch (form) {
+    case DecodeWarpForm::kTma:
+      if constexpr (kHeadDim == 64 || kHeadDim == 128)
+        return decode_tma::CtasPerSm<T, kHeadDim>(stages);
+      return 1;
+    case DecodeWarpForm::kCpAsync:
+      return decode_cp_async::CtasPerSm<T, kHeadDim>(stages);
+    case DecodeWarpForm::kCpAsyncInt64:
+      return decode_int64::CtasPerSm<T, kHeadDim>(stages);
+  }
+  return 1;
+}
+
+}  // namespace jax_sgl::cuda

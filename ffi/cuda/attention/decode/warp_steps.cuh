@@ -1,0 +1,321 @@
+// The parts the warp-sliced mma decode kernels share (cp_async_int64_kernel.cuh,
+// cp_async_kernel.cuh and tma_kernel.cuh; they differ in how they stream K/V into shared memory): the split of the keys into per-warp stages, the q tile and its fragments,
+// the scoring and masking of a 16-key stage, its online-softmax update and P V, the end where each
+// warp's (m, l, o) of the same 16 packed rows over its own slice of the keys merge through shared
+// memory and the CTA writes the rows' output and LSE (or its split's float32 partials), and the
+// launch and occupancy query.
+#pragma once
+
+#include "ffi/cuda/attention/decode/block_kernel.cuh"
+
+namespace jax_sgl::cuda::decode_warp_mma {
+
+// The keys any of the CTA's rows may see, [n_lo, n_hi), cut into stages of kKeys keys from
+// `first` (n_lo, or n_lo rounded down to a multiple of kKeys when kAligned); this split's
+// stages [t_begin, t_end), of which warp w takes t_begin + w, + kWarps, ...: my_tiles of them.
+template <int kKeys, bool kAligned = false>
+struct WarpStages {
+  static constexpr int kWarps = kDecodeWarpThreads / 32;
+  int n_lo = 0, n_hi = 0, first = 0, t_begin = 0, my_tiles = 0, warp;
+
+  __device__ WarpStages(const AttentionParams& p, const SeqBounds& s, int group, int rows_here,
+                        int num_splits, int warp_in_cta)
+      : warp(warp_in_cta) {
+    int unused;
+    if (rows_here > 0) {
+      KeyRange(p, s, 0, &n_lo, &unused);
+      KeyRange(p, s, (rows_here - 1) / group, &unused, &n_hi);
+    }
+    first = kAligned ? n_lo / kKeys * kKeys : n_lo;
+    const int n_tiles = n_hi > n_lo ? (n_hi - first + kKeys - 1) / kKeys : 0;
+    t_begin = int(int64_t(n_tiles) * blockIdx.y / num_splits);
+    const int t_end = int(int64_t(n_tiles) * (blockIdx.y + 1) / num_splits);
+    my_tiles = t_end - t_begin > warp ? (t_end - t_begin - warp + kWarps - 1) / kWarps : 0;
+  }
+  // First key of this warp's i-th stage.
+  __device__ __forceinline__ int Key0(int i) const {
+    return first + (t_begin + warp + i * kWarps) * kKeys;
+  }
+};
+
+// Loads the CTA's 16 packed q rows (row r = query r / group, head r % group of this kv head) into
+// sq (DecodeStride(kD)-element rows), zeros past rows_here and head_dim; plain loads, once.
+template <typename T, int kD>
+__device__ __forceinline__ void LoadQRows(const AttentionParams& p, const SeqBounds& s, int group,
+                                          int kv_head, int rows_here, T* sq) {
+  constexpr int kStride = DecodeStride(kD);
+  constexpr int kChunks = kD / 8;
+  const T* qp = static_cast<const T*>(p.q);
+  for (int idx = threadIdx.x; idx < 16 * kChunks; idx += kDecodeWarpThreads) {
+    const int r = idx / kChunks, cq = (idx % kChunks) * 8;
+    uint4 u = make_uint4(0, 0, 0, 0);
+    if (r < rows_here && cq < p.head_dim) {
+      const int64_t row_head = (s.q_row0 + r / group) * p.num_heads + kv_head * group + r % group;
+      u = *reinterpret_cast<const uint4*>(qp + row_head * p.head_dim + cq);
+    }
+    *reinterpret_cast<uint4*>(sq + r * kStride + cq) = u;
+  }
+}
+
+// q's A fragments for the whole loop (kD / 16 x 4 registers), from LoadQRows' tile.
+template <typename T, int kD>
+__device__ __forceinline__ void LoadQFragments(const T* sq, int lane, uint32_t (&qa)[kD / 16][4]) {
+  constexpr int kStride = DecodeStride(kD);
+#pragma unroll
+  for (int k0 = 0; k0 < kD; k0 += 16)
+    flash::Ldmatrix4(qa[k0 / 16], sq + (lane % 16) * kStride + k0 + (lane / 16) * 8);
+}
+
+// The keys [lo, hi) of this lane's two accumulator rows (lane / 4 and lane / 4 + 8), the keys
+// every real row sees [all_lo, all_hi) (lo and hi grow with the q row, bottom-right aligned: the
+// last row bounds lo, the first bounds hi), and the score transform into the log2 domain.
+struct StageScoring {
+  int row_lo[2], row_hi[2];
+  int all_lo, all_hi;
+  bool softcap;
+  float score_scale, cap_log2;
+
+  __device__ StageScoring(const AttentionParams& p, const SeqBounds& s, int group, int rows_here,
+                          int lane) {
+    int unused;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = lane / 4 + 8 * h;
+      row_lo[h] = row_hi[h] = 0;
+      if (r < rows_here) KeyRange(p, s, r / group, &row_lo[h], &row_hi[h]);
+    }
+    all_lo = all_hi = 0;
+    if (rows_here > 0) {
+      KeyRange(p, s, (rows_here - 1) / group, &all_lo, &unused);
+      KeyRange(p, s, 0, &unused, &all_hi);
+    }
+    softcap = p.softcap > 0.f;
+    score_scale = softcap ? p.softmax_scale / p.softcap : p.softmax_scale * flash::kLog2e;
+    cap_log2 = p.softcap * flash::kLog2e;
+  }
+
+  // The stage's 16 x 16 scores (keys key0 .. key0 + 15, `valid`: the keys that exist) into the
+  // log2 domain, -inf where a row does not see the key, and each row half's max. A stage every
+  // row sees whole skips the per-element mask (a warp-uniform branch).
+  __device__ __forceinline__ void Apply(float (&sc)[2][4], int key0, uint32_t valid, int lane,
+                                        float (&blk_max)[2]) const {
+    const bool whole = valid == 0xffffu && key0 >= all_lo && key0 + 16 <= all_hi;
+#pragma unroll
+    for (int t = 0; t < 2; ++t) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float x = sc[t][e] * score_scale;
+        if (softcap) x = cap_log2 * tanhf(x);
+        sc[t][e] = x;
+      }
+    }
+    if (!whole) {
+#pragma unroll
+      for (int t = 0; t < 2; ++t) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int h = e / 2;
+          const int cc = t * 8 + (lane % 4) * 2 + (e % 2);
+          const int j = key0 + cc;
+          const bool ok = j >= row_lo[h] && j < row_hi[h] && ((valid >> cc) & 1u);
+          sc[t][e] = ok ? sc[t][e] : -INFINITY;
+        }
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      blk_max[h] = fmaxf(fmaxf(sc[0][2 * h], sc[0][2 * h + 1]),
+                         fmaxf(sc[1][2 * h], sc[1][2 * h + 1]));
+  }
+};
+
+// One stage's online-softmax update of this lane's rows (sc: the stage's 16 x 16 scores in the
+// log2 domain, masked to -inf; blk_max: this lane's max of its row halves) and o += P V over the
+// stage's V tile. v_at(row, col): the shared-memory address of V element (row, col), so that a
+// padded tile (cp.async kernels) and a swizzled one (the TMA kernel) share this code.
+// kSkipSettled skips the accumulator rescale when no row's max moved (a warp-uniform vote): worth
+// it once the maxima settle over a long sequence.
+template <typename T, int kD, bool kSkipSettled, typename VAt>
+__device__ __forceinline__ void SoftmaxPvAt(float (&sc)[2][4], const float (&blk_max)[2],
+                                            float (&m_run)[2], float (&l_run)[2],
+                                            float (&o)[kD / 8][4], VAt v_at, int lane) {
+  using flash::Elem;
+  using flash::Ldmatrix4Trans;
+  using flash::QuadMax;
+  constexpr int kDT = kD / 8;
+  float corr[2], m_use[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float m_new = fmaxf(m_run[h], QuadMax(blk_max[h]));
+    m_use[h] = m_new == -INFINITY ? 0.f : m_new;
+    corr[h] = exp2f(m_run[h] - m_use[h]);
+    m_run[h] = m_new;
+    l_run[h] *= corr[h];
+  }
+#pragma unroll
+  for (int t = 0; t < 2; ++t) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float pe = exp2f(sc[t][e] - m_use[e / 2]);
+      sc[t][e] = pe;
+      l_run[e / 2] += pe;
+    }
+  }
+  if (!kSkipSettled || __any_sync(0xffffffffu, corr[0] != 1.f || corr[1] != 1.f)) {
+#pragma unroll
+    for (int t = 0; t < kDT; ++t) {
+      o[t][0] *= corr[0];
+      o[t][1] *= corr[0];
+      o[t][2] *= corr[1];
+      o[t][3] *= corr[1];
+    }
+  }
+  const uint32_t pa[4] = {Elem<T>::Pack(sc[0][0], sc[0][1]), Elem<T>::Pack(sc[0][2], sc[0][3]),
+                          Elem<T>::Pack(sc[1][0], sc[1][1]), Elem<T>::Pack(sc[1][2], sc[1][3])};
+#pragma unroll
+  for (int dt = 0; dt < kDT; dt += 2) {
+    uint32_t bv[4];
+    Ldmatrix4Trans(bv, v_at(lane % 8 + ((lane / 8) % 2) * 8, dt * 8 + (lane / 16) * 8));
+    Elem<T>::Mma(o[dt], pa, bv);
+    Elem<T>::Mma(o[dt + 1], pa, bv + 2);
+  }
+}
+
+// SoftmaxPvAt over a V tile `sv` of DecodeStride(kD)-element rows.
+template <typename T, int kD, bool kSkipSettled>
+__device__ __forceinline__ void SoftmaxPv(float (&sc)[2][4], const float (&blk_max)[2],
+                                          float (&m_run)[2], float (&l_run)[2],
+                                          float (&o)[kD / 8][4], const T* sv, int lane) {
+  constexpr int kStride = DecodeStride(kD);
+  SoftmaxPvAt<T, kD, kSkipSettled>(
+      sc, blk_max, m_run, l_run, o,
+      [sv](int row, int col) -> const void* { return sv + row * kStride + col; }, lane);
+}
+
+// Called by every thread after its last K/V load has landed; reuses the ring's shared memory.
+template <typename T, int kD>
+__device__ __forceinline__ void MergeWarpsAndStore(const FlashDecodeArgs& args,
+                                                   const SeqBounds& s, int b, int kv_head,
+                                                   int rows_here, uint8_t* smem,
+                                                   const float (&m_run)[2], float (&l_run)[2],
+                                                   const float (&o)[kD / 8][4]) {
+  using flash::Elem;
+  using flash::kLn2;
+  using flash::QuadSum;
+  constexpr int kWarps = kDecodeWarpThreads / 32;
+  constexpr int kChunks = kD / 8;
+  constexpr int kDT = kD / 8;
+  constexpr int kOStride = kD + 4;
+  const AttentionParams& p = args.fwd.p;
+  const int group = args.fwd.group;
+  const int num_splits = args.fwd.num_splits;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  __syncthreads();
+  float* so = reinterpret_cast<float*>(smem);     // [warps][16][kOStride]
+  float* sm = so + kWarps * 16 * kOStride;        // [warps][16]
+  float* sl = sm + kWarps * 16;                   // [warps][16]
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l_run[h] = QuadSum(l_run[h]);
+    if (lane % 4 == 0) {
+      sm[warp * 16 + lane / 4 + 8 * h] = m_run[h];
+      sl[warp * 16 + lane / 4 + 8 * h] = l_run[h];
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < kDT; ++t) {
+    const int cc = t * 8 + (lane % 4) * 2;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float* dst = so + (warp * 16 + lane / 4 + 8 * h) * kOStride + cc;
+      dst[0] = o[t][2 * h];
+      dst[1] = o[t][2 * h + 1];
+    }
+  }
+  __syncthreads();
+
+  const bool split = num_splits > 1;
+  const int dv = p.head_dim_v;
+  for (int idx = threadIdx.x; idx < rows_here * kChunks; idx += kDecodeWarpThreads) {
+    const int r = idx / kChunks, cc = (idx % kChunks) * 8;
+    if (cc >= dv) continue;
+    float m_all = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) m_all = fmaxf(m_all, sm[w * 16 + r]);
+    float l_all = 0.f;
+    float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    if (m_all != -INFINITY) {
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) {
+        const float f = exp2f(sm[w * 16 + r] - m_all);
+        l_all += sl[w * 16 + r] * f;
+        const float4* src = reinterpret_cast<const float4*>(so + (w * 16 + r) * kOStride + cc);
+        const float4 x0 = src[0], x1 = src[1];
+        acc[0] += x0.x * f; acc[1] += x0.y * f; acc[2] += x0.z * f; acc[3] += x0.w * f;
+        acc[4] += x1.x * f; acc[5] += x1.y * f; acc[6] += x1.z * f; acc[7] += x1.w * f;
+      }
+    }
+    const float inv = l_all > 0.f ? 1.f / l_all : 0.f;
+    const float lse = l_all > 0.f ? (m_all + log2f(l_all)) * kLn2 : -INFINITY;
+    const int i = r / group, head = kv_head * group + r % group;
+    const int64_t row_head = (s.q_row0 + i) * p.num_heads + head;
+    if (split) {
+      const int64_t part_row = int64_t(blockIdx.y) * p.total_q * p.num_heads + row_head;
+      float4* dst = reinterpret_cast<float4*>(args.fwd.o_partial + part_row * dv + cc);
+      dst[0] = make_float4(acc[0] * inv, acc[1] * inv, acc[2] * inv, acc[3] * inv);
+      dst[1] = make_float4(acc[4] * inv, acc[5] * inv, acc[6] * inv, acc[7] * inv);
+      if (cc == 0) args.fwd.lse_partial[part_row] = lse;
+    } else {
+      uint4 packed;
+      packed.x = Elem<T>::Pack(acc[0] * inv, acc[1] * inv);
+      packed.y = Elem<T>::Pack(acc[2] * inv, acc[3] * inv);
+      packed.z = Elem<T>::Pack(acc[4] * inv, acc[5] * inv);
+      packed.w = Elem<T>::Pack(acc[6] * inv, acc[7] * inv);
+      *reinterpret_cast<uint4*>(static_cast<T*>(p.out) + row_head * dv + cc) = packed;
+      if (cc == 0) {
+        const int64_t li = p.cu_seqlens_q ? int64_t(head) * p.total_q + s.lse_row0 + i
+                                          : (int64_t(b) * p.num_heads + head) * p.seqlen_q + i;
+        p.lse[li] = lse;
+      }
+    }
+  }
+}
+
+// Launches a warp-sliced kernel taking `param` (its FlashDecodeArgs, or a struct holding them)
+// with `smem` bytes of dynamic shared memory; grid: x = batch * num_kv_heads, y = KV splits.
+template <typename Kernel, typename Param>
+cudaError_t LaunchWithSmem(Kernel kernel, const Param& param, const FlashDecodeArgs& args,
+                           int smem, cudaStream_t stream) {
+  cudaError_t err =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (err != cudaSuccess) return err;
+  const AttentionParams& p = args.fwd.p;
+  const dim3 grid(unsigned(int64_t(p.batch) * p.num_kv_heads), unsigned(args.fwd.num_splits));
+  kernel<<<grid, kDecodeWarpThreads, smem, stream>>>(param);
+  return cudaGetLastError();
+}
+
+template <int kD, typename Kernel>
+cudaError_t Launch(Kernel kernel, const FlashDecodeArgs& args, cudaStream_t stream) {
+  return LaunchWithSmem(kernel, args, args, DecodeWarpMmaSmemBytes(kD, args.stages), stream);
+}
+
+// Resident CTAs per SM of a warp-sliced kernel taking `smem` bytes of dynamic shared memory.
+template <typename Kernel>
+int CtasPerSmWithSmem(Kernel kernel, int smem) {
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) !=
+      cudaSuccess)
+    return 1;
+  int n = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kDecodeWarpThreads, smem) !=
+      cudaSuccess)
+    return 1;
+  return n > 0 ? n : 1;
+}
+
+template <int kD, typename Kernel>
+int CtasPerSm(Kernel kernel, int stages) {
+  return CtasPerSmWithSmem(kernel, DecodeWarpMmaSmemBytes(kD, stages));
+}
+
+}  // namespace jax_sgl::cuda::decode_warp_mma

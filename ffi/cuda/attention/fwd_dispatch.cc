@@ -1,0 +1,350 @@
+// Picks the CUDA attention kernel for a call and launches it: head-dim capacity, kernel (the
+// dedicated decode kernel for at most kDecodeMaxQLen q rows per sequence, else sm90 or the sm80
+// prefill / decode layouts), and the number of KV splits, from the shapes and the device alone (no
+// device reads), so the same plan holds when XLA replays the call. Host code only: the kernels
+// live in the generated instantiations/ files.
+#include <algorithm>
+#include <type_traits>
+
+#include "ffi/common/attention_seq.h"
+#include "ffi/cuda/attention/decode/launch.h"
+#include "ffi/cuda/attention/flash_fwd_launch.h"
+#include "ffi/cuda/attention/sm90/fwd/launch.h"
+
+namespace jax_sgl::cuda {
+namespace {
+
+// Decode split heuristic: enough CTAs for kDecodeWaves full waves of the resident slots, so that
+// the last, partial wave still keeps hundreds of CTAs' loads in flight; but never a split of
+// fewer than kDecodeMinTilesPerSplit stages, whose prologue (q + page-table reads) would show.
+constexpr int kDecodeWaves = 2;
+constexpr int kDecodeMinTilesPerSplit = 8;
+// CTAs of 128 threads per SM the decode kernel's registers allow (ptxas -v, sm_90a: 94-127
+// registers up to d = 128, 160 at 192, 206 at 256); shared memory usually binds first.
+int DecodeMaxCtasPerSm(int cap) { return cap <= 128 ? 4 : (cap <= 192 ? 3 : 2); }
+
+int DeviceAttr(cudaDeviceAttr attr, int fallback) {
+  int device = 0, value = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&value, attr, device) != cudaSuccess)
+    return fallback;
+  return value;
+}
+
+// Whether the TMA form (decode/tma_kernel.cuh) can take the call: a device with the
+// tensor copy engine, whole 128-byte column blocks, 16-key stages that never straddle a page.
+bool DecodeTmaServes(const AttentionParams& p, int cap) {
+  if (cap != 64 && cap != 128) return false;
+  if (p.kv_layout == KvLayout::kPaged && p.page_size % 16 != 0) return false;
+  return DeviceAttr(cudaDevAttrComputeCapabilityMajor, 0) >= 9;
+}
+
+// The warp-sliced form of a call: TMA where DecodeTmaServes (paged 0.96-1.00x cuDNN's contiguous
+// decode on the H200 with the 128-byte L2 promotion, against the cp.async form's 0.91-0.93x),
+// else cp.async. Both take 32-bit row indices: pools of 2^31 rows or more run the 64-bit form.
+DecodeWarpForm WarpForm(const AttentionParams& p, int cap) {
+  if (p.total_k >= (int64_t(1) << 31)) return DecodeWarpForm::kCpAsyncInt64;
+  return DecodeTmaServes(p, cap) ? DecodeWarpForm::kTma : DecodeWarpForm::kCpAsync;
+}
+
+// Keys per sequence at most (the split heuristic sizes by it; kernels clamp to the real lengths).
+int64_t KeyBound(const AttentionParams& p) {
+  switch (p.kv_layout) {
+    case KvLayout::kDense: return p.seqlen_k;
+    case KvLayout::kVarlen: return p.total_k;
+    default: return int64_t(p.max_pages) * p.page_size;
+  }
+}
+
+// Whether the portable kernels take the call's dtypes and head dims; sets the head-dim capacity.
+const char* CheckSm80Support(const AttentionParams& p, int* cap) {
+  if (!HalfPrecisionOperands(p))
+    return "jax_sgl.attention: the CUDA kernel supports float16 and bfloat16 q/k/v only "
+           "(float32 and fp8 inputs run on the CPU backend)";
+  const int need = std::max(p.head_dim, p.head_dim_v);
+  *cap = 0;
+  for (int d : kHeadDimCapacities) {
+    if (d >= need) {
+      *cap = d;
+      break;
+    }
+  }
+  if (*cap == 0 || p.head_dim % 8 || p.head_dim_v % 8)
+    return "jax_sgl.attention: the CUDA kernel supports head dims that are multiples of 8 up to 256";
+  if (!HeadDimBuilt(*cap))
+    return "jax_sgl.attention: this build left out the CUDA kernel for the head dim "
+           "(JAX_SGL_ATTN_DISABLE_HDIM*)";
+  return nullptr;
+}
+
+void SetScratch(const AttentionParams& p, FlashPlan* plan) {
+  plan->scratch_bytes = 0;
+  if (plan->num_splits > 1) {
+    const size_t per_split = size_t(p.total_q) * p.num_heads;
+    plan->scratch_bytes = size_t(plan->num_splits) * per_split * (size_t(p.head_dim_v) + 1) * 4;
+  }
+}
+
+// The split count whose CTAs fill their last wave of `slots`
+// best (busy fraction of the waves), fewest splits on ties, at most 4 waves' worth and `most`.
+// Uniform CTAs finish together, so a last wave a third full idles two thirds of the GPU for a
+// wave's time: B=8 x 8 kv heads on 264 slots is 64 CTAs (a quarter wave) at 1 split, 448 (1.7
+// waves) at the one-wave count 7, 256 (0.97) at 4.
+int64_t FittedSplits(int64_t base, int64_t slots, int64_t most) {
+  const int64_t cap = std::max<int64_t>(1, std::min<int64_t>(most, (4 * slots + base - 1) / base));
+  int64_t best = 1;
+  double best_busy = 0.0;
+  for (int64_t s = 1; s <= cap; ++s) {
+    const int64_t ctas = base * s;
+    const double busy = double(ctas) / double((ctas + slots - 1) / slots * slots);
+    if (busy > best_busy + 1e-9) {
+      best = s;
+      best_busy = busy;
+    }
+  }
+  return best;
+}
+
+// KV splits of a decode plan: enough CTAs for `waves` full waves of the `slots` resident CTA
+// slots over `base` CTAs per split (waves 0: FittedSplits), but at most `max_by_keys` (each split
+// keeps enough key tiles that its prologue does not show); within 1..kMaxSplits.
+int DecodeSplits(int64_t base, int64_t slots, int waves, int64_t max_by_keys) {
+  int64_t splits;
+  if (waves == 0 && base > 0) {
+    splits = FittedSplits(base, slots, std::min<int64_t>(max_by_keys, kMaxSplits));
+  } else {
+    splits = base > 0 ? (std::max(waves, 1) * slots + base - 1) / base : 1;
+    splits = std::min<int64_t>(splits, max_by_keys);
+  }
+  return int(std::clamp<int64_t>(splits, 1, kMaxSplits));
+}
+
+// The decode kernel's plan: rows per CTA, ring depth (shrunk if the device's shared memory per
+// block cannot hold it), and splits that fill every SM's CTA slots.
+void PlanDecodeKernel(const AttentionParams& p, int cap, int num_sms, FlashPlan* plan) {
+  const int group = p.num_heads / p.num_kv_heads;
+  const int64_t rows = int64_t(p.seqlen_q) * group;
+  const int64_t rows_cta = std::min<int64_t>(rows, kDecodeMaxRows);
+  plan->head_dim_cap = cap;
+  plan->decode_kernel = true;
+  plan->decode_warp = false;
+  plan->decode = false;
+  plan->block_m = kDecodeMaxRows;
+  plan->m_blocks = int(std::max<int64_t>(1, (rows + kDecodeMaxRows - 1) / kDecodeMaxRows));
+  plan->decode_m_tiles = rows_cta > 32 ? 4 : (rows_cta > 16 ? 2 : 1);
+  int stages = kDecodeDefaultStages;
+  const int optin = DeviceAttr(cudaDevAttrMaxSharedMemoryPerBlockOptin, 227 * 1024);
+  while (stages > 2 && DecodeSmemBytes(cap, stages, plan->decode_m_tiles) > optin) --stages;
+  plan->decode_stages = stages;
+
+  const int smem = DecodeSmemBytes(cap, stages, plan->decode_m_tiles);
+  const int per_sm = DeviceAttr(cudaDevAttrMaxSharedMemoryPerMultiprocessor, 228 * 1024);
+  const int reserved = DeviceAttr(cudaDevAttrReservedSharedMemoryPerBlock, 1024);
+  const int ctas_per_sm = std::clamp(per_sm / (smem + reserved), 1, DecodeMaxCtasPerSm(cap));
+  const int64_t slots = int64_t(ctas_per_sm) * std::max(num_sms, 1);
+  const int64_t base = int64_t(plan->m_blocks) * p.batch * p.num_kv_heads;
+  const int64_t n_tiles = (KeyBound(p) + DecodeBlockN(cap) - 1) / DecodeBlockN(cap);
+  plan->num_splits = DecodeSplits(base, slots, kDecodeWaves, n_tiles / kDecodeMinTilesPerSplit);
+  SetScratch(p, plan);
+}
+
+// Calls f(std::integral_constant<int, D>{}) for the head-dim capacity D == cap when this build
+// compiled it (JAX_SGL_ATTN_DISABLE_HDIM<D> unset), else returns `fallback`: the one switch from a
+// run-time capacity to the instantiation of every per-head-dim kernel entry point.
+template <typename R, typename F>
+R WithHeadDimCap(int cap, R fallback, F&& f) {
+  switch (cap) {
+#ifndef JAX_SGL_ATTN_DISABLE_HDIM64
+    case 64: return f(std::integral_constant<int, 64>{});
+#endif
+#ifndef JAX_SGL_ATTN_DISABLE_HDIM96
+    case 96: return f(std::integral_constant<int, 96>{});
+#endif
+#ifndef JAX_SGL_ATTN_DISABLE_HDIM128
+    case 128: return f(std::integral_constant<int, 128>{});
+#endif
+#ifndef JAX_SGL_ATTN_DISABLE_HDIM192
+    case 192: return f(std::integral_constant<int, 192>{});
+#endif
+#ifndef JAX_SGL_ATTN_DISABLE_HDIM256
+    case 256: return f(std::integral_constant<int, 256>{});
+#endif
+    default: return fallback;
+  }
+}
+
+template <typename T>
+int DecodeWarpCtasPerSm(int cap, int stages, DecodeWarpForm form) {
+  return WithHeadDimCap(cap, 1, [&](auto d) {
+    return FlashDecodeWarpCtasPerSm<T, decltype(d)::value>(stages, form);
+  });
+}
+
+// The warp-sliced decode kernels' plan (at most kDecodeWarpMmaMaxRows packed rows): the form,
+// ring depth per warp (3 of the 8.5 KiB stages: 2 CTAs per SM at d = 128, shrunk if the device's
+// shared memory per block cannot hold it), and splits for the resident CTA slots the occupancy
+// API reports: one wave when the splits-of-one CTAs already fill the slots (B=64, KV 4k: 3842 vs
+// 3710 GB/s at two; fitting the last wave there costs 3% at KV 32k), else the best-filled last
+// wave (B=8, KV 32k: 3811 GB/s against 3027 at one wave), never under
+// kDecodeWarpMinStagesPerWarp stages per warp.
+constexpr int kDecodeWarpStages = 3;
+constexpr int kDecodeWarpMinStagesPerWarp = 4;
+void PlanDecodeWarpKernel(const AttentionParams& p, int cap, int num_sms, FlashPlan* plan) {
+  plan->head_dim_cap = cap;
+  plan->decode_kernel = true;
+  plan->decode_warp = true;
+  plan->decode = false;
+  plan->block_m = kDecodeWarpMmaMaxRows;
+  plan->m_blocks = 1;
+  plan->decode_m_tiles = kDecodeWarpMmaMaxRows;
+  plan->decode_warp_form = WarpForm(p, cap);
+  int stages = kDecodeWarpStages;
+  const int optin = DeviceAttr(cudaDevAttrMaxSharedMemoryPerBlockOptin, 227 * 1024);
+  auto smem = [&](int st) {
+    return plan->decode_warp_form == DecodeWarpForm::kTma ? DecodeWarpTmaSmemBytes(cap, st)
+                                                          : DecodeWarpMmaSmemBytes(cap, st);
+  };
+  while (stages > 2 && smem(stages) > optin) --stages;
+  plan->decode_stages = stages;
+  const int ctas_per_sm = p.q_type == DType::kBF16
+      ? DecodeWarpCtasPerSm<bf16_t>(cap, stages, plan->decode_warp_form)
+      : DecodeWarpCtasPerSm<f16_t>(cap, stages, plan->decode_warp_form);
+  const int64_t slots = int64_t(ctas_per_sm) * std::max(num_sms, 1);
+  const int64_t base = int64_t(p.batch) * p.num_kv_heads;
+  const int waves = base < slots ? 0 : 1;
+  const int64_t n_tiles = (KeyBound(p) + 15) / 16;  // 16-key stages
+  plan->num_splits = DecodeSplits(
+      base, slots, waves, n_tiles / (int64_t(kDecodeWarpThreads / 32) * kDecodeWarpMinStagesPerWarp));
+  SetScratch(p, plan);
+}
+
+// Keys per tile of each layout (FlashConfig::kBlockN), for the split heuristic.
+int BlockN(int head_dim_cap, bool decode) { return decode || head_dim_cap <= 128 ? 64 : 32; }
+
+template <typename T, int kD>
+cudaError_t LaunchForHeadDim(const FlashPlan& plan, const FlashFwdArgs& args, cudaStream_t stream) {
+  return plan.decode ? LaunchFlashFwd<T, kD, true>(args, plan.m_blocks, stream)
+                     : LaunchFlashFwd<T, kD, false>(args, plan.m_blocks, stream);
+}
+
+template <typename T, int kD>
+cudaError_t LaunchDecodeForHeadDim(bool warp, const FlashDecodeArgs& args, cudaStream_t stream) {
+  return warp ? LaunchFlashDecodeWarp<T, kD>(args, stream) : LaunchFlashDecode<T, kD>(args, stream);
+}
+
+template <typename T>
+cudaError_t LaunchDecodeForType(int head_dim_cap, bool warp, const FlashDecodeArgs& args,
+                                cudaStream_t stream) {
+  return WithHeadDimCap(head_dim_cap, cudaErrorInvalidValue, [&](auto d) {
+    return LaunchDecodeForHeadDim<T, decltype(d)::value>(warp, args, stream);
+  });
+}
+
+template <typename T>
+cudaError_t LaunchForType(const FlashPlan& plan, const FlashFwdArgs& args, cudaStream_t stream) {
+  return WithHeadDimCap(plan.head_dim_cap, cudaErrorInvalidValue, [&](auto d) {
+    return LaunchForHeadDim<T, decltype(d)::value>(plan, args, stream);
+  });
+}
+
+}  // namespace
+
+const char* PlanFlashFwd(const AttentionParams& p, int num_sms, FlashPlan* plan) {
+  plan->sm90 = false;
+  plan->decode_kernel = false;
+  plan->decode_warp = false;
+  plan->decode_warp_form = DecodeWarpForm::kCpAsync;
+  int cap = 0;
+  // Decode-shaped calls (a bound of kDecodeMaxQLen q rows per sequence: dense q, or varlen q
+  // with that few rows in all) take the dedicated decode kernels: the warp-sliced ones for at
+  // most kDecodeWarpMmaMaxRows packed rows, else the block-wide one.
+  const bool decode_shape = p.seqlen_q >= 1 && p.seqlen_q <= kDecodeMaxQLen;
+  if (decode_shape && CheckSm80Support(p, &cap) == nullptr) {
+    const int64_t rows = int64_t(p.seqlen_q) * (p.num_heads / p.num_kv_heads);
+    if (rows <= kDecodeWarpMmaMaxRows)
+      PlanDecodeWarpKernel(p, cap, num_sms, plan);
+    else
+      PlanDecodeKernel(p, cap, num_sms, plan);
+    return nullptr;
+  }
+  // The Hopper kernel on a 9.0 device, for what it covers and JAX_SGL_SM90 allows (by default
+  // the GPU-verified instantiations); everything else falls through to the portable sm80 kernel.
+#ifdef JAX_SGL_HAVE_SM90
+  if (Sm90Unsupported(p) == nullptr && Sm90Enabled()) {
+    plan->sm90 = true;
+    plan->scratch_bytes = Sm90ScratchBytes(p, num_sms);
+    return nullptr;
+  }
+#endif
+  if (const char* why = CheckSm80Support(p, &cap)) return why;
+  if (int64_t(p.batch) * p.num_kv_heads > 65535)
+    return "jax_sgl.attention: the CUDA kernel supports batch * num_kv_heads <= 65535";
+  const int group = p.num_heads / p.num_kv_heads;
+  const int64_t rows = int64_t(p.seqlen_q) * group;  // packed rows per sequence (a bound)
+  plan->head_dim_cap = cap;
+  plan->decode = rows <= 16;
+  plan->block_m = plan->decode ? 16 : 64;
+  plan->m_blocks = int(std::max<int64_t>(1, (rows + plan->block_m - 1) / plan->block_m));
+
+  // Split the keys when the grid would leave SMs idle: decode (few rows, long KV) wants several
+  // CTAs per SM to keep enough loads in flight; prefill splits only when it lacks one full wave.
+  const int64_t ctas = int64_t(plan->m_blocks) * p.batch * p.num_kv_heads;
+  const int64_t blocks_n = (KeyBound(p) + BlockN(cap, plan->decode) - 1) / BlockN(cap, plan->decode);
+  const int64_t target = plan->decode ? 8LL * num_sms : (ctas < num_sms ? 2LL * num_sms : ctas);
+  int64_t splits = ctas > 0 ? (target + ctas - 1) / ctas : 1;
+  splits = std::min<int64_t>({splits, kMaxSplits, std::max<int64_t>(1, blocks_n / 4)});
+  plan->num_splits = int(std::max<int64_t>(1, splits));
+  SetScratch(p, plan);
+  return nullptr;
+}
+
+const char* RunFlashFwd(const AttentionParams& p, const FlashPlan& plan, void* scratch,
+                        cudaStream_t stream) {
+  if (p.batch == 0 || p.total_q == 0) return nullptr;
+  // Packed q rows past cu_seqlens_q[batch] belong to no sequence: every kernel leaves them to this.
+  if (p.cu_seqlens_q) {
+    if (cudaError_t err = LaunchClearUncoveredRows(p, stream); err != cudaSuccess)
+      return cudaGetErrorString(err);
+  }
+#ifdef JAX_SGL_HAVE_SM90
+  if (plan.sm90) {
+    const cudaError_t err = RunFlashFwdSm90(p, scratch, stream);
+    return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
+  }
+#endif
+  FlashFwdArgs args;
+  args.p = p;
+  args.group = p.num_heads / p.num_kv_heads;
+  args.num_splits = plan.num_splits;
+  args.o_partial = nullptr;
+  args.lse_partial = nullptr;
+  if (plan.num_splits > 1) {
+    args.o_partial = static_cast<float*>(scratch);
+    args.lse_partial =
+        args.o_partial + size_t(plan.num_splits) * p.total_q * p.num_heads * p.head_dim_v;
+  }
+  cudaError_t err;
+  if (plan.decode_kernel) {
+    FlashDecodeArgs d{args, plan.decode_stages, plan.decode_m_tiles, plan.m_blocks};
+    if (plan.decode_warp) d.warp_form = plan.decode_warp_form;
+    err = p.q_type == DType::kBF16
+              ? LaunchDecodeForType<bf16_t>(plan.head_dim_cap, plan.decode_warp, d, stream)
+              : LaunchDecodeForType<f16_t>(plan.head_dim_cap, plan.decode_warp, d, stream);
+  } else {
+    err = p.q_type == DType::kBF16 ? LaunchForType<bf16_t>(plan, args, stream)
+                                   : LaunchForType<f16_t>(plan, args, stream);
+  }
+  if (err != cudaSuccess) return cudaGetErrorString(err);
+  if (plan.num_splits == 1) return nullptr;
+  SplitCombineArgs c;
+  c.p = p;
+  c.group = args.group;
+  c.num_splits = plan.num_splits;
+  c.o_partial = args.o_partial;
+  c.lse_partial = args.lse_partial;
+  c.lse_partial_type = DType::kF32;
+  c.o_type = p.q_type;
+  return LaunchSplitCombine(c, stream);
+}
+
+}  // namespace jax_sgl::cuda

@@ -1,0 +1,373 @@
+// Portable flash attention forward (sm_80+): tensor-core mma.sync m16n8k16 on bf16/fp16 with float32
+// accumulators, online softmax in the log2 domain, K/V tiles double-buffered in shared memory with
+// cp.async. One kernel for dense, varlen and paged KV: every key row is gathered through
+// AttentionParams (KeyRow), so a paged call costs one page-table read per key row and nothing else.
+//
+// Parts, in the order the kernel uses them:
+//   FlashConfig   tile sizes and the shared-memory plan (why each size: see the comments there)
+//   LoadQ/LoadKV  global -> shared staging with zero fill (padding rows, features past d, masked keys)
+//   the kernel    QK^T -> mask/softcap -> online softmax -> PV, then the epilogue that merges the
+//                 warps' partial rows, normalizes and writes out + lse (or the split-KV partials).
+// Included only by the generated instantiation files (instantiations/), one per dtype x head dim.
+#pragma once
+
+#include <cstdint>
+
+#include "ffi/common/attention_seq.h"
+#include "ffi/cuda/attention/common/mma.cuh"
+#include "ffi/cuda/attention/flash_fwd_launch.h"
+
+namespace jax_sgl::cuda {
+namespace flash {
+
+template <int kD, bool kDecode>
+struct FlashConfig {
+  static_assert(kD % 32 == 0, "head-dim capacity must split into 4 x 16-byte chunks");
+  static constexpr int kThreads = 128;
+  // Prefill: 4 warps stacked along rows (64 packed rows) reuse each K/V tile 64 times. Decode has
+  // at most 16 packed rows, so the 4 warps split the key block instead and all stay busy.
+  static constexpr int kWarpsM = kDecode ? 1 : 4;
+  static constexpr int kWarpsN = kDecode ? 4 : 1;
+  static constexpr int kBlockM = 16 * kWarpsM;
+  // Keys per warp: 64 keeps the S tile at 32 registers; head dims > 128 halve it so the float32
+  // output accumulator (kD / 2 registers) still fits without spills. Decode warps take 16 keys
+  // each (one k-step of the PV mma), 64 per tile.
+  static constexpr int kWarpN = kDecode ? 16 : (kD <= 128 ? 64 : 32);
+  static constexpr int kBlockN = kWarpN * kWarpsN;
+  // Shared rows are padded by one 16-byte chunk: 8 consecutive rows then start in 8 different
+  // bank groups, so ldmatrix is conflict-free without a swizzle (and kD = 96, 192 work too).
+  static constexpr int kStride = kD + 8;
+  static constexpr int kChunks = kD / 8;           // 16-byte chunks per row
+  static constexpr int kChunksPerThread = kChunks / 4;  // 4 threads per row when staging
+  static constexpr int kRowsPerPass = kThreads / 4;
+
+  static constexpr int kQBytes = kBlockM * kStride * 2;
+  static constexpr int kTileBytes = kBlockN * kStride * 2;
+  static constexpr int kStageBytes = 2 * kTileBytes;  // K then V
+  static constexpr int kFlagsOffset = kQBytes + 2 * kStageBytes;
+  static constexpr int kMainBytes = kFlagsOffset + 2 * kBlockN;  // + key-valid flags per stage
+  // Epilogue (reuses the same memory): float32 rows per warp column + per-row m, l, lse.
+  static constexpr int kOStride = kD + 4;
+  static constexpr int kOBytes = kWarpsN * kBlockM * kOStride * 4;
+  static constexpr int kEpiBytes = kOBytes + (2 * kWarpsN + 1) * kBlockM * 4;
+  static constexpr int kSmemBytes = kMainBytes > kEpiBytes ? kMainBytes : kEpiBytes;
+  static_assert(kBlockN % kRowsPerPass == 0, "key tile must be a whole number of staging passes");
+};
+
+// Stages the CTA's packed q rows [m0, m0 + kBlockM); rows past `rows` and features past d are 0.
+template <typename T, typename Cfg>
+__device__ __forceinline__ void LoadQ(const AttentionParams& p, const SeqBounds& s, int kv_head,
+                                      int group, int m0, int rows, T* sq) {
+  const T* q = static_cast<const T*>(p.q);
+  const int tr = threadIdx.x / 4, tc = threadIdx.x % 4;
+  for (int r = tr; r < Cfg::kBlockM; r += Cfg::kRowsPerPass) {
+    const bool row_ok = m0 + r < rows;
+    const T* src = q;
+    if (row_ok) {
+      const PackedRow pr = Unpack(s, kv_head, group, m0 + r);
+      src = q + (pr.q_row * p.num_heads + pr.head) * p.head_dim;
+    }
+#pragma unroll
+    for (int i = 0; i < Cfg::kChunksPerThread; ++i) {
+      const int c = tc + 4 * i;
+      const bool ok = row_ok && c * 8 < p.head_dim;
+      CpAsync16(sq + r * Cfg::kStride + c * 8, ok ? src + c * 8 : q, ok ? 16 : 0);
+    }
+  }
+}
+
+// Stages keys [n0, n0 + kBlockN) of the K and V tiles; keys at or past n_end and keys whose page
+// entry is out of range are zero rows with flag 0 (the mask reads the flags).
+template <typename T, typename Cfg>
+__device__ __forceinline__ void LoadKV(const AttentionParams& p, int b, const SeqBounds& s,
+                                       int kv_head, int n0, int n_end, T* sk, T* sv,
+                                       uint8_t* flags) {
+  const T* k = static_cast<const T*>(p.k);
+  const T* v = static_cast<const T*>(p.v);
+  const int tr = threadIdx.x / 4, tc = threadIdx.x % 4;
+#pragma unroll
+  for (int r = tr; r < Cfg::kBlockN; r += Cfg::kRowsPerPass) {
+    const int j = n0 + r;
+    const int64_t row = j < n_end ? KeyRow(p, b, s, j) : -1;
+    const bool ok = row >= 0;
+    const T* ksrc = ok ? k + (row * p.num_kv_heads + kv_head) * p.head_dim : k;
+    const T* vsrc = ok ? v + (row * p.num_kv_heads + kv_head) * p.head_dim_v : v;
+#pragma unroll
+    for (int i = 0; i < Cfg::kChunksPerThread; ++i) {
+      const int c = tc + 4 * i;
+      const bool kok = ok && c * 8 < p.head_dim, vok = ok && c * 8 < p.head_dim_v;
+      CpAsync16(sk + r * Cfg::kStride + c * 8, kok ? ksrc + c * 8 : k, kok ? 16 : 0);
+      CpAsync16(sv + r * Cfg::kStride + c * 8, vok ? vsrc + c * 8 : v, vok ? 16 : 0);
+    }
+    if (tc == 0) flags[r] = ok;
+  }
+}
+
+// grid: x = packed-row blocks, y = KV splits, z = batch * num_kv_heads. 128 threads.
+template <typename T, int kD, bool kDecode>
+__global__ void __launch_bounds__(128) FlashFwdKernel(const FlashFwdArgs args) {
+  using Cfg = FlashConfig<kD, kDecode>;
+  constexpr int kNT = Cfg::kWarpN / 8;  // n8 tiles of S per warp
+  constexpr int kDT = kD / 8;           // n8 tiles of the output per warp
+  extern __shared__ __align__(16) uint8_t smem[];
+  const AttentionParams& p = args.p;
+  const int group = args.group;
+  const int b = blockIdx.z / p.num_kv_heads, kv_head = blockIdx.z % p.num_kv_heads;
+  const SeqBounds s = GetSeqBounds(p, b);
+  const int rows = s.q_len * group;
+  const int m0 = blockIdx.x * Cfg::kBlockM;
+  if (m0 >= rows) return;
+
+  // Keys this CTA may need: rows' ranges are monotone in the query row, so the union runs from
+  // the first row's start to the last row's end. This split takes an even share of its blocks.
+  int n_lo, n_hi, unused;
+  KeyRange(p, s, m0 / group, &n_lo, &unused);
+  KeyRange(p, s, (min(m0 + Cfg::kBlockM, rows) - 1) / group, &unused, &n_hi);
+  const int n_blocks = n_hi > n_lo ? (n_hi - n_lo + Cfg::kBlockN - 1) / Cfg::kBlockN : 0;
+  const int per_split = (n_blocks + args.num_splits - 1) / args.num_splits;
+  const int blk_begin = min(n_blocks, int(blockIdx.y) * per_split);
+  const int blk_end = min(n_blocks, blk_begin + per_split);
+
+  T* sq = reinterpret_cast<T*>(smem);
+  auto stage_k = [&](int st) { return reinterpret_cast<T*>(smem + Cfg::kQBytes + st * Cfg::kStageBytes); };
+  auto stage_v = [&](int st) {
+    return reinterpret_cast<T*>(smem + Cfg::kQBytes + st * Cfg::kStageBytes + Cfg::kTileBytes);
+  };
+  auto stage_flags = [&](int st) { return smem + Cfg::kFlagsOffset + st * Cfg::kBlockN; };
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int wm = warp % Cfg::kWarpsM, wn = warp / Cfg::kWarpsM;
+  // Warps whose 16 rows are all padding only help with the loads.
+  const bool warp_active = m0 + wm * 16 < rows;
+
+  // This thread's two rows (lane / 4 and lane / 4 + 8 of the warp's 16) and their key ranges.
+  int row_lo[2], row_hi[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = m0 + wm * 16 + lane / 4 + 8 * h;
+    row_lo[h] = row_hi[h] = 0;
+    if (r < rows) KeyRange(p, s, r / group, &row_lo[h], &row_hi[h]);
+  }
+  const bool use_softcap = p.softcap > 0.f;
+  const float score_scale = use_softcap ? p.softmax_scale / p.softcap : p.softmax_scale * kLog2e;
+  const float cap_log2 = p.softcap * kLog2e;
+
+  float o[kDT][4];
+#pragma unroll
+  for (int t = 0; t < kDT; ++t) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.f;
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+
+  LoadQ<T, Cfg>(p, s, kv_head, group, m0, rows, sq);
+  if (blk_begin < blk_end)
+    LoadKV<T, Cfg>(p, b, s, kv_head, n_lo + blk_begin * Cfg::kBlockN, n_hi, stage_k(0), stage_v(0),
+                   stage_flags(0));
+  CpAsyncCommit();
+
+  for (int blk = blk_begin; blk < blk_end; ++blk) {
+    const int st = (blk - blk_begin) & 1;
+    const int n0 = n_lo + blk * Cfg::kBlockN;
+    // Tile blk has landed, and every warp is done with the other stage: refill it.
+    CpAsyncWaitAll();
+    __syncthreads();
+    if (blk + 1 < blk_end)
+      LoadKV<T, Cfg>(p, b, s, kv_head, n0 + Cfg::kBlockN, n_hi, stage_k(st ^ 1), stage_v(st ^ 1),
+                     stage_flags(st ^ 1));
+    CpAsyncCommit();
+    if (!warp_active) continue;
+
+    const T* sk = stage_k(st) + wn * Cfg::kWarpN * Cfg::kStride;
+    const T* sv = stage_v(st) + wn * Cfg::kWarpN * Cfg::kStride;
+    const uint8_t* flags = stage_flags(st) + wn * Cfg::kWarpN;
+
+    // S = Q K^T for the warp's 16 rows x kWarpN keys.
+    float sc[kNT][4];
+#pragma unroll
+    for (int t = 0; t < kNT; ++t) sc[t][0] = sc[t][1] = sc[t][2] = sc[t][3] = 0.f;
+#pragma unroll
+    for (int k0 = 0; k0 < kD; k0 += 16) {
+      uint32_t a[4];
+      Ldmatrix4(a, sq + (wm * 16 + lane % 16) * Cfg::kStride + k0 + (lane / 16) * 8);
+#pragma unroll
+      for (int t = 0; t < kNT; t += 2) {
+        uint32_t bk[4];
+        Ldmatrix4(bk, sk + (t * 8 + lane % 8 + (lane / 16) * 8) * Cfg::kStride + k0 +
+                          ((lane / 8) % 2) * 8);
+        Elem<T>::Mma(sc[t], a, bk);
+        Elem<T>::Mma(sc[t + 1], a, bk + 2);
+      }
+    }
+
+    // Scale (+ softcap) into the log2 domain, mask, and the online-softmax update.
+    const int key0 = n0 + wn * Cfg::kWarpN;
+    float blk_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int t = 0; t < kNT; ++t) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int h = e / 2;
+        const int c = t * 8 + (lane % 4) * 2 + (e % 2);
+        const int j = key0 + c;
+        float x = sc[t][e] * score_scale;
+        if (use_softcap) x = cap_log2 * tanhf(x);
+        const bool ok = j >= row_lo[h] && j < row_hi[h] && flags[c];
+        x = ok ? x : -INFINITY;
+        sc[t][e] = x;
+        blk_max[h] = fmaxf(blk_max[h], x);
+      }
+    }
+    float corr[2], m_use[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float m_new = fmaxf(m_run[h], QuadMax(blk_max[h]));
+      // A row with no visible key yet keeps m = -inf; subtract 0 then so exp2 gives 0, not NaN.
+      m_use[h] = m_new == -INFINITY ? 0.f : m_new;
+      corr[h] = exp2f(m_run[h] - m_use[h]);
+      m_run[h] = m_new;
+    }
+    float row_sum[2] = {0.f, 0.f};
+#pragma unroll
+    for (int t = 0; t < kNT; ++t) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float pe = exp2f(sc[t][e] - m_use[e / 2]);
+        sc[t][e] = pe;
+        row_sum[e / 2] += pe;
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) l_run[h] = l_run[h] * corr[h] + row_sum[h];
+#pragma unroll
+    for (int t = 0; t < kDT; ++t) {
+      o[t][0] *= corr[0];
+      o[t][1] *= corr[0];
+      o[t][2] *= corr[1];
+      o[t][3] *= corr[1];
+    }
+
+    // O += P V: the S accumulators are already the A fragments of P (two n8 tiles per k16 step).
+#pragma unroll
+    for (int t = 0; t < kNT / 2; ++t) {
+      uint32_t pa[4] = {Elem<T>::Pack(sc[2 * t][0], sc[2 * t][1]),
+                        Elem<T>::Pack(sc[2 * t][2], sc[2 * t][3]),
+                        Elem<T>::Pack(sc[2 * t + 1][0], sc[2 * t + 1][1]),
+                        Elem<T>::Pack(sc[2 * t + 1][2], sc[2 * t + 1][3])};
+#pragma unroll
+      for (int dt = 0; dt < kDT; dt += 2) {
+        uint32_t bv[4];
+        Ldmatrix4Trans(bv, sv + (t * 16 + lane % 8 + ((lane / 8) % 2) * 8) * Cfg::kStride +
+                               dt * 8 + (lane / 16) * 8);
+        Elem<T>::Mma(o[dt], pa, bv);
+        Elem<T>::Mma(o[dt + 1], pa, bv + 2);
+      }
+    }
+  }
+  CpAsyncWaitAll();
+
+  // Epilogue. Each warp column holds (m, l, o) of its rows over its keys; merge them through
+  // shared memory (a no-op merge when kWarpsN == 1), normalize, then write with 16-byte stores.
+  __syncthreads();  // every warp is done with the K/V tiles the epilogue memory reuses
+  float* so = reinterpret_cast<float*>(smem);
+  float* sm = reinterpret_cast<float*>(smem + Cfg::kOBytes);  // [kWarpsN][kBlockM]
+  float* sl = sm + Cfg::kWarpsN * Cfg::kBlockM;               // [kWarpsN][kBlockM]
+  float* slse = sl + Cfg::kWarpsN * Cfg::kBlockM;             // [kBlockM]
+  int r_loc[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    r_loc[h] = wm * 16 + lane / 4 + 8 * h;
+    l_run[h] = QuadSum(l_run[h]);
+    if (lane % 4 == 0) {
+      sm[wn * Cfg::kBlockM + r_loc[h]] = m_run[h];
+      sl[wn * Cfg::kBlockM + r_loc[h]] = l_run[h];
+    }
+  }
+  __syncthreads();
+  float f[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float m_all = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < Cfg::kWarpsN; ++w) m_all = fmaxf(m_all, sm[w * Cfg::kBlockM + r_loc[h]]);
+    float l_all = 0.f;
+    if (m_all != -INFINITY) {
+#pragma unroll
+      for (int w = 0; w < Cfg::kWarpsN; ++w)
+        l_all += sl[w * Cfg::kBlockM + r_loc[h]] * exp2f(sm[w * Cfg::kBlockM + r_loc[h]] - m_all);
+    }
+    // Fully masked rows: out 0, lse -inf.
+    f[h] = l_all > 0.f ? exp2f(m_run[h] - m_all) / l_all : 0.f;
+    if (wn == 0 && lane % 4 == 0)
+      slse[r_loc[h]] = l_all > 0.f ? (m_all + log2f(l_all)) * kLn2 : -INFINITY;
+  }
+#pragma unroll
+  for (int t = 0; t < kDT; ++t) {
+    const int c = t * 8 + (lane % 4) * 2;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float* dst = so + (wn * Cfg::kBlockM + r_loc[h]) * Cfg::kOStride + c;
+      dst[0] = o[t][2 * h] * f[h];
+      dst[1] = o[t][2 * h + 1] * f[h];
+    }
+  }
+  __syncthreads();
+
+  const bool split = args.num_splits > 1;
+  const int dv = p.head_dim_v;
+  for (int idx = threadIdx.x; idx < Cfg::kBlockM * Cfg::kChunks; idx += Cfg::kThreads) {
+    const int r = idx / Cfg::kChunks, c = (idx % Cfg::kChunks) * 8;
+    if (m0 + r >= rows || c >= dv) continue;
+    float acc[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[e] = 0.f;
+#pragma unroll
+    for (int w = 0; w < Cfg::kWarpsN; ++w) {
+      const float4* src = reinterpret_cast<const float4*>(so + (w * Cfg::kBlockM + r) * Cfg::kOStride + c);
+      const float4 x0 = src[0], x1 = src[1];
+      acc[0] += x0.x; acc[1] += x0.y; acc[2] += x0.z; acc[3] += x0.w;
+      acc[4] += x1.x; acc[5] += x1.y; acc[6] += x1.z; acc[7] += x1.w;
+    }
+    const PackedRow pr = Unpack(s, kv_head, group, m0 + r);
+    const int64_t row_head = pr.q_row * p.num_heads + pr.head;
+    if (split) {
+      float4* dst = reinterpret_cast<float4*>(
+          args.o_partial + ((int64_t(blockIdx.y) * p.total_q * p.num_heads) + row_head) * dv + c);
+      dst[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+      dst[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
+    } else {
+      uint4 packed;
+      packed.x = Elem<T>::Pack(acc[0], acc[1]);
+      packed.y = Elem<T>::Pack(acc[2], acc[3]);
+      packed.z = Elem<T>::Pack(acc[4], acc[5]);
+      packed.w = Elem<T>::Pack(acc[6], acc[7]);
+      *reinterpret_cast<uint4*>(static_cast<T*>(p.out) + row_head * dv + c) = packed;
+    }
+  }
+  for (int r = threadIdx.x; r < Cfg::kBlockM; r += Cfg::kThreads) {
+    if (m0 + r >= rows) continue;
+    const PackedRow pr = Unpack(s, kv_head, group, m0 + r);
+    if (split) {
+      args.lse_partial[int64_t(blockIdx.y) * p.total_q * p.num_heads + pr.q_row * p.num_heads +
+                       pr.head] = slse[r];
+    } else {
+      const int i = int(pr.q_row - s.q_row0);
+      const int64_t idx = p.cu_seqlens_q ? int64_t(pr.head) * p.total_q + s.lse_row0 + i
+                                         : (int64_t(b) * p.num_heads + pr.head) * p.seqlen_q + i;
+      p.lse[idx] = slse[r];
+    }
+  }
+}
+
+}  // namespace flash
+
+template <typename T, int kHeadDim, bool kDecode>
+cudaError_t LaunchFlashFwd(const FlashFwdArgs& args, int m_blocks, cudaStream_t stream) {
+  using Cfg = flash::FlashConfig<kHeadDim, kDecode>;
+  auto kernel = flash::FlashFwdKernel<T, kHeadDim, kDecode>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         Cfg::kSmemBytes);
+  if (err != cudaSuccess) return err;
+  const dim3 grid(m_blocks, args.num_splits, args.p.batch * args.p.num_kv_heads);
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(args);
+  return cudaGetLastError();
+}
+
+}  // namespace jax_sgl::cuda

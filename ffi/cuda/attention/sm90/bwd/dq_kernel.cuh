@@ -1,0 +1,256 @@
+// The sm_90a deterministic dQ kernel of the attention backward (dense layout): one CTA per (128
+// query rows, q head, batch), shapes and math in bwd_dq_config.h. It runs after the dK/dV kernel
+// (bwd_kernel.cuh, launched without dq_accum) when JAX_SGL_BWD_DETERMINISTIC=1: every dQ row is
+// the sum over key tiles in one fixed order, inside one CTA, so two runs give the same bits.
+// Warpgroup 0: one thread TMA-loads the CTA's Q and dO halves once and streams the visible K / V
+// tiles (both on one stage of a PipelineTmaAsync ring). Warpgroups 1 and 2: 64 rows each, lse2
+// and D of their rows in registers (rows past seqlen_q get lse2 = +inf, so their P is 0).
+// Causal / sliding window (bottom-right aligned) and seqused_k as in bwd_kernel.cuh: only the key
+// tiles some row of the CTA sees are loaded; only tiles that cross a row's window edge or the
+// key end mask.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
+#include <cutlass/pipeline/sm90_pipeline.hpp>
+
+#include "ffi/cuda/attention/sm90/bwd/dq_config.h"
+#include "ffi/cuda/attention/sm90/bwd/kernel.cuh"  // BwdGemm, AccToA, StorePairs
+#include "ffi/cuda/attention/sm90/fwd/softmax.h"      // AccCoord
+
+namespace jax_sgl::cuda::sm90 {
+
+template <typename Cfg>
+struct BwdDqKernelParams {
+  typename Cfg::TmaRows tma_q;
+  typename Cfg::TmaRows tma_do;
+  typename Cfg::TmaKV tma_k;
+  typename Cfg::TmaKV tma_v;
+  typename Cfg::TmaRowsStore tma_dq;
+  typename Cfg::GmemShape q_shape;   // [seqlen_q, head_dim, num_heads, batch] (q, dout, dq)
+  typename Cfg::GmemShape kv_shape;  // [seqlen_k, head_dim, num_kv_heads, batch]
+  const float* lse2;                 // [batch, num_heads, ws_rows], as in BwdKernelParams
+  const float* dsum;                 // [batch, num_heads, ws_rows]
+  const int* seqused_k;              // [batch] or nullptr
+  int seqlen_q;
+  int seqlen_k;
+  int num_heads;
+  int group;
+  int ws_rows;
+  float softmax_scale;
+  float scale_log2;
+  float softcap_scale;  // as in BwdKernelParams
+  float cap_log2;
+  int window_left;   // as in BwdKernelParams: -1 unbounded, causal = window_right 0
+  int window_right;
+};
+
+enum class BwdDqBarrier : uint32_t { kEpilogue0 = 0, kEpilogue1 = 1 };
+
+template <typename Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads, 1)
+    FlashBwdSm90DqKernel(CUTE_GRID_CONSTANT BwdDqKernelParams<Cfg> const params) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Element = typename Cfg::Element;
+  using Pipeline = typename Cfg::Pipeline;
+  using PipelineState = cutlass::PipelineState<Cfg::kStages>;
+  constexpr int kBlockM = Cfg::kBlockM;
+  constexpr int kBlockN = Cfg::kBlockN;
+  constexpr int kRows = Cfg::kWarpgroupRows;
+  constexpr int kConsumerThreads = 128 * Cfg::kConsumers;
+
+  extern __shared__ __align__(1024) char smem_raw[];
+  auto& shared = *reinterpret_cast<typename Cfg::SharedStorage*>(smem_raw);
+
+  const int warpgroup = threadIdx.x / 128;
+  const int thread_in_wg = threadIdx.x % 128;
+  // With a right window bound (causal) later rows see more keys: launch them first.
+  const int m_block = params.window_right >= 0 ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+  const int head = blockIdx.y;
+  const int batch = blockIdx.z;
+  const int kv_head = head / params.group;
+  const int m0 = m_block * kBlockM;
+  const int k_len = params.seqused_k == nullptr
+                        ? params.seqlen_k
+                        : min(max(params.seqused_k[batch], 0), params.seqlen_k);
+  const int diag = k_len - params.seqlen_q;
+  // Key tiles [n_begin, n_end): from the first row's window start to the last row's window end.
+  const int wl = params.window_left, wr = params.window_right;
+  const int key_begin = wl >= 0 ? max(0, m0 + diag - wl) : 0;
+  const int key_end = wr >= 0 ? min(k_len, m0 + kBlockM + diag + wr) : k_len;
+  const int n_begin = key_begin / kBlockN;
+  const int n_end = key_end > key_begin ? (key_end + kBlockN - 1) / kBlockN : n_begin;
+
+  typename Pipeline::Params pipe_params;
+  pipe_params.transaction_bytes = 2 * Cfg::kKVTileBytes;
+  pipe_params.role = warpgroup == 0 ? Pipeline::ThreadCategory::Producer
+                                    : Pipeline::ThreadCategory::Consumer;
+  pipe_params.is_leader = threadIdx.x == 0;
+  pipe_params.num_consumers = kConsumerThreads;
+  Pipeline pipe_kv(shared.pipe_kv, pipe_params, Shape<_1, _1, _1>{});
+  if (threadIdx.x == 0) shared.barrier_rows.init(1);
+  cutlass::arch::fence_barrier_init();
+  __syncthreads();
+
+  Tensor sQ = make_tensor(make_smem_ptr(shared.q.data()), typename Cfg::SmemLayoutRows{});
+  Tensor sdO = make_tensor(make_smem_ptr(shared.dout.data()), typename Cfg::SmemLayoutRows{});
+  Tensor sK = make_tensor(make_smem_ptr(shared.k.data()), typename Cfg::SmemLayoutKV{});
+  Tensor sV = make_tensor(make_smem_ptr(shared.v.data()), typename Cfg::SmemLayoutKV{});
+
+  if (warpgroup == 0) {
+    // ---- Producer ------------------------------------------------------------------------
+    cutlass::arch::warpgroup_reg_dealloc<Cfg::kProducerRegs>();
+    if (threadIdx.x != 0) return;
+    Tensor mQ = params.tma_q.get_tma_tensor(params.q_shape);
+    Tensor mdO = params.tma_do.get_tma_tensor(params.q_shape);
+    Tensor gQ = local_tile(mQ(_, _, head, batch), typename Cfg::RowsD{}, make_coord(_, _0{}));
+    Tensor gdO = local_tile(mdO(_, _, head, batch), typename Cfg::RowsD{}, make_coord(_, _0{}));
+    auto tQ = tma_partition(params.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ),
+                            group_modes<0, 2>(gQ));
+    auto tdO = tma_partition(params.tma_do, _0{}, Layout<_1>{}, group_modes<0, 2>(sdO),
+                             group_modes<0, 2>(gdO));
+    // Q and dO always land (even with no key tile): the epilogue reuses the Q smem.
+    shared.barrier_rows.arrive_and_expect_tx(2 * Cfg::kConsumers * Cfg::kRowsHalfBytes);
+    auto& bar_rows = reinterpret_cast<uint64_t&>(shared.barrier_rows);
+    for (int half = 0; half < Cfg::kConsumers; ++half) {
+      copy(params.tma_q.with(bar_rows, 0), get<0>(tQ)(_, 2 * m_block + half), get<1>(tQ)(_, half));
+      copy(params.tma_do.with(bar_rows, 0), get<0>(tdO)(_, 2 * m_block + half),
+           get<1>(tdO)(_, half));
+    }
+    Tensor mK = params.tma_k.get_tma_tensor(params.kv_shape);
+    Tensor mV = params.tma_v.get_tma_tensor(params.kv_shape);
+    Tensor gK = local_tile(mK(_, _, kv_head, batch), typename Cfg::KeysD{}, make_coord(_, _0{}));
+    Tensor gV = local_tile(mV(_, _, kv_head, batch), typename Cfg::KeysD{}, make_coord(_, _0{}));
+    auto tK = tma_partition(params.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK),
+                            group_modes<0, 2>(gK));
+    auto tV = tma_partition(params.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV),
+                            group_modes<0, 2>(gV));
+    PipelineState write = cutlass::make_producer_start_state<Pipeline>();
+    for (int n = n_begin; n < n_end; ++n) {
+      pipe_kv.producer_acquire(write);
+      uint64_t* bar = pipe_kv.producer_get_barrier(write);
+      copy(params.tma_k.with(*bar, 0), get<0>(tK)(_, n), get<1>(tK)(_, write.index()));
+      copy(params.tma_v.with(*bar, 0), get<0>(tV)(_, n), get<1>(tV)(_, write.index()));
+      ++write;
+    }
+  } else {
+    // ---- Consumers -----------------------------------------------------------------------
+    cutlass::arch::warpgroup_reg_alloc<Cfg::kConsumerRegs>();
+    const int consumer = warpgroup - 1;
+    Tensor sKt = make_tensor(make_smem_ptr(shared.k.data()), typename Cfg::SmemLayoutKt{});
+
+    typename Cfg::MmaS mma_s;
+    typename Cfg::MmaDq mma_dq;
+    auto thr_s = mma_s.get_thread_slice(thread_in_wg);
+    auto thr_dq = mma_dq.get_thread_slice(thread_in_wg);
+    Tensor tSrQ = thr_s.partition_fragment_A(sQ(_, _, consumer));
+    Tensor tSrdO = thr_s.partition_fragment_A(sdO(_, _, consumer));
+    Tensor tSrK = thr_s.partition_fragment_B(sK);   // [.., stage]
+    Tensor tSrV = thr_s.partition_fragment_B(sV);   // [.., stage]
+    Tensor tdQrK = thr_dq.partition_fragment_B(sKt);  // [.., stage]
+    Tensor tdQrdQ = partition_fragment_C(mma_dq, typename Cfg::RowsD{});
+    clear(tdQrdQ);
+
+    const AccCoord coord(thread_in_wg);
+    const int row_base = m0 + consumer * kRows + coord.row0;  // query row of r = 0
+    float lse2[2], dsum[2];
+    const int64_t row_values = (int64_t(batch) * params.num_heads + head) * params.ws_rows;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = row_base + 8 * r;
+      const bool ok = row < params.seqlen_q;
+      lse2[r] = ok ? params.lse2[row_values + row] : INFINITY;
+      dsum[r] = ok ? params.dsum[row_values + row] : 0.f;
+    }
+
+    shared.barrier_rows.wait(0);
+    PipelineState read;
+    for (int n = n_begin; n < n_end; ++n) {
+      Tensor tSrS = partition_fragment_C(mma_s, Shape<Int<kRows>, Int<kBlockN>>{});
+      Tensor tSrdP = partition_fragment_C(mma_s, Shape<Int<kRows>, Int<kBlockN>>{});
+      pipe_kv.consumer_wait(read);
+      BwdGemm<true, false>(mma_s, tSrQ, tSrK(_, _, _, read.index()), tSrS);
+      BwdGemm<true, false>(mma_s, tSrdO, tSrV(_, _, _, read.index()), tSrdP);
+      // Unmasked: every row of the CTA sees every key of the tile.
+      const bool masked = (n + 1) * kBlockN > k_len ||
+                          (wr >= 0 && (n + 1) * kBlockN - 1 > m0 + diag + wr) ||
+                          (wl >= 0 && n * kBlockN < m0 + kBlockM - 1 + diag - wl);
+      // Per row r the visible keys [begin[r], end[r]), relative to this thread's column 0.
+      int begin[2], end[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int row_diag = row_base + 8 * r + diag;
+        end[r] = wr >= 0 ? min(k_len, row_diag + wr + 1) : k_len;
+        begin[r] = wl >= 0 ? row_diag - wl : 0;
+        end[r] -= n * kBlockN + coord.col0;
+        begin[r] -= n * kBlockN + coord.col0;
+      }
+      auto visible = [&](int i) {
+        const int r = AccCoord::Row(i) / 8;
+        return AccCoord::Col(i) >= begin[r] && AccCoord::Col(i) < end[r];
+      };
+      if (params.cap_log2 == 0.f) {
+        warpgroup_wait<1>();
+        warpgroup_fence_operand(tSrS);
+        if (masked) {
+#pragma unroll
+          for (int i = 0; i < size(tSrS); ++i)
+            tSrS(i) = visible(i)
+                          ? Exp2Ftz(fmaf(tSrS(i), params.scale_log2, -lse2[AccCoord::Row(i) / 8]))
+                          : 0.f;
+        } else {
+#pragma unroll
+          for (int i = 0; i < size(tSrS); ++i)
+            tSrS(i) = Exp2Ftz(fmaf(tSrS(i), params.scale_log2, -lse2[AccCoord::Row(i) / 8]));
+        }
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(tSrdP);
+#pragma unroll
+        for (int i = 0; i < size(tSrdP); ++i)
+          tSrdP(i) = tSrS(i) * (tSrdP(i) - dsum[AccCoord::Row(i) / 8]);
+      } else {
+        // Softcap (as in bwd_kernel.cuh): P and dS in one pass after both GEMMs.
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(tSrS);
+        warpgroup_fence_operand(tSrdP);
+#pragma unroll
+        for (int i = 0; i < size(tSrS); ++i) {
+          const int r = AccCoord::Row(i) / 8;
+          const float t = tanhf(tSrS(i) * params.softcap_scale);
+          const float p =
+              !masked || visible(i) ? Exp2Ftz(fmaf(t, params.cap_log2, -lse2[r])) : 0.f;
+          tSrdP(i) = p * (tSrdP(i) - dsum[r]) * (1.f - t * t);
+        }
+      }
+      Tensor tdSrdS = AccToA<Element, kBlockN>(tSrdP);
+      BwdGemm<false, true>(mma_dq, tdSrdS, tdQrK(_, _, _, read.index()), tdQrdQ);
+      warpgroup_wait<0>();
+      pipe_kv.consumer_release(read);
+      ++read;
+    }
+    warpgroup_fence_operand(tdQrdQ);
+
+    // ---- Epilogue: dQ x softmax_scale -> this consumer's Q half -> TMA store --------------
+    // The half is free: only this warpgroup read it, and its last wgmma has completed.
+    Tensor tdQsQ = thr_dq.partition_C(sQ(_, _, consumer));
+    Tensor dq = make_tensor_like<Element>(tdQrdQ);
+#pragma unroll
+    for (int i = 0; i < size(tdQrdQ); ++i) dq(i) = Element(tdQrdQ(i) * params.softmax_scale);
+    StorePairs(dq, tdQsQ);
+    cutlass::arch::fence_view_async_shared();
+    cutlass::arch::NamedBarrier::sync(128, uint32_t(BwdDqBarrier::kEpilogue0) + consumer);
+    if (thread_in_wg == 0) {
+      Tensor mdQ = params.tma_dq.get_tma_tensor(params.q_shape);
+      Tensor gdQ = local_tile(mdQ(_, _, head, batch), typename Cfg::RowsD{},
+                              make_coord(2 * m_block + consumer, _0{}));
+      auto cta = params.tma_dq.get_slice(_0{});
+      copy(params.tma_dq, cta.partition_S(sQ(_, _, consumer)), cta.partition_D(gdQ));
+      tma_store_arrive();
+      tma_store_wait<0>();
+    }
+  }
+#endif
+}
+
+}  // namespace jax_sgl::cuda::sm90

@@ -1,0 +1,169 @@
+// Host launcher of the sm_90a flash attention backward: TMA descriptors for one call (dense
+// [batch, seq, heads, head_dim] tensors), then the kernels: zero dq_accum, dK/dV (+ dQ
+// reductions) with one CTA per (128 keys, kv head, batch), and the dQ convert; or, for the
+// deterministic dQ, dK/dV alone and then the dQ kernel, one CTA per (128 rows, q head, batch).
+// Included only by the generated instantiations/sm90_bwd_*.cu files.
+#pragma once
+
+#include "ffi/common/numeric.h"
+#include "ffi/cuda/attention/sm90/bwd/dq_kernel.cuh"
+#include "ffi/cuda/attention/sm90/bwd/kernel.cuh"
+#include "ffi/cuda/attention/sm90/bwd/launch.h"
+#include "ffi/cuda/attention/sm90/bwd/tail_sum.cuh"
+#include "ffi/cuda/attention/sm90/fwd/launch.cuh"  // CutlassType, DenseTensor
+
+namespace jax_sgl::cuda {
+
+namespace sm90 {
+
+// The deterministic dQ kernel (bwd_dq_kernel.cuh) for one call.
+template <typename T, int kHeadDim>
+cudaError_t LaunchFlashBwdSm90Dq(const FlashBwdArgs& args, cudaStream_t stream) {
+  using Cfg = BwdDqConfig<typename CutlassType<T>::type, kHeadDim>;
+  const AttentionBwdParams& bp = args.bp;
+  const AttentionParams& p = bp.fwd;
+  auto q = DenseTensor<Cfg>(p.q, p.seqlen_q, kHeadDim, p.num_heads, p.batch);
+  auto dout = DenseTensor<Cfg>(bp.dout, p.seqlen_q, kHeadDim, p.num_heads, p.batch);
+  auto dq = DenseTensor<Cfg>(bp.dq, p.seqlen_q, kHeadDim, p.num_heads, p.batch);
+  auto k = DenseTensor<Cfg>(p.k, p.seqlen_k, kHeadDim, p.num_kv_heads, p.batch);
+  auto v = DenseTensor<Cfg>(p.v, p.seqlen_k, kHeadDim, p.num_kv_heads, p.batch);
+  using RowsHalf = typename Cfg::SmemLayoutRowsHalf;
+  using KVTile = typename Cfg::SmemLayoutKVTile;
+  BwdDqKernelParams<Cfg> params{
+      make_tma_copy(SM90_TMA_LOAD{}, q, RowsHalf{}, typename Cfg::RowsD{}, _1{}),
+      make_tma_copy(SM90_TMA_LOAD{}, dout, RowsHalf{}, typename Cfg::RowsD{}, _1{}),
+      make_tma_copy(SM90_TMA_LOAD{}, k, KVTile{}, typename Cfg::KeysD{}, _1{}),
+      make_tma_copy(SM90_TMA_LOAD{}, v, KVTile{}, typename Cfg::KeysD{}, _1{}),
+      make_tma_copy(SM90_TMA_STORE{}, dq, RowsHalf{}, typename Cfg::RowsD{}, _1{}),
+      q.shape(),
+      k.shape(),
+      args.lse_log2,
+      bp.softmax_d,
+      p.seqused_k,
+      p.seqlen_q,
+      p.seqlen_k,
+      p.num_heads,
+      p.num_heads / p.num_kv_heads,
+      args.ws_rows,
+      p.softmax_scale,
+      p.softmax_scale * 1.4426950408889634f,
+      p.softcap > 0.f ? p.softmax_scale / p.softcap : 0.f,
+      p.softcap > 0.f ? p.softcap * 1.4426950408889634f : 0.f,
+      p.window_left,
+      p.window_right,
+  };
+  auto kernel = FlashBwdSm90DqKernel<Cfg>;
+  constexpr int kSmem = sizeof(typename Cfg::SharedStorage);
+  cudaError_t err =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  if (err != cudaSuccess) return err;
+  const dim3 grid((p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM, p.num_heads, p.batch);
+  kernel<<<grid, Cfg::kThreads, kSmem, stream>>>(params);
+  return cudaGetLastError();
+}
+
+}  // namespace sm90
+
+template <typename T, int kHeadDim>
+cudaError_t LaunchFlashBwdSm90(const FlashBwdArgs& args, float* dq_accum, bool dq_kernel,
+                               cudaStream_t stream) {
+  using Cfg = sm90::BwdConfig<typename sm90::CutlassType<T>::type, kHeadDim>;
+  using namespace cute;
+  const AttentionBwdParams& bp = args.bp;
+  const AttentionParams& p = bp.fwd;
+  auto q = sm90::DenseTensor<Cfg>(p.q, p.seqlen_q, kHeadDim, p.num_heads, p.batch);
+  auto dout = sm90::DenseTensor<Cfg>(bp.dout, p.seqlen_q, kHeadDim, p.num_heads, p.batch);
+  auto k = sm90::DenseTensor<Cfg>(p.k, p.seqlen_k, kHeadDim, p.num_kv_heads, p.batch);
+  auto v = sm90::DenseTensor<Cfg>(p.v, p.seqlen_k, kHeadDim, p.num_kv_heads, p.batch);
+  auto dk = sm90::DenseTensor<Cfg>(bp.dk, p.seqlen_k, kHeadDim, p.num_kv_heads, p.batch);
+  auto dv = sm90::DenseTensor<Cfg>(bp.dv, p.seqlen_k, kHeadDim, p.num_kv_heads, p.batch);
+  using RowsTile = typename Cfg::SmemLayoutRowsTile;
+  using KVHalf = typename Cfg::SmemLayoutKVHalf;
+  const int m_blocks = args.ws_rows / Cfg::kBlockM;
+  const int n_blocks = (p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN;
+  const int num_blocks = n_blocks * p.num_kv_heads * p.batch;
+  // Tail split (args.sm90_tail: Sm90BwdTailSplitRequested, never with softcap; ChooseTailSplit):
+  // each key block of the last, partial wave (one CTA per SM) runs on several CTAs of a second
+  // launch over shares of its steps, and FlashBwdSm90TailSum adds their dK and dV.
+  TailSplit split{0, 0};
+  if (args.sm90_tail != nullptr) {
+    int num_sms = 0;
+    if (cudaError_t err = CurrentSmCount(&num_sms); err != cudaSuccess) return err;
+    split = ChooseTailSplit(num_blocks, num_sms,
+                            (p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM * args.group);
+  }
+  const int tail_blocks = split.tail, tail_splits = split.splits;
+  // Sm90BwdTailBytes: dK then dV, one 128-key block per SM each.
+  static_assert(Cfg::kBlockN == 128, "Sm90BwdTailBytes sizes 128-key blocks");
+  const int64_t tail_floats = int64_t(tail_blocks) * tail_splits * Cfg::kBlockN * kHeadDim;
+  sm90::BwdKernelParams<Cfg> params{
+      make_tma_copy(SM90_TMA_LOAD{}, q, RowsTile{}, typename Cfg::RowsD{}, _1{}),
+      make_tma_copy(SM90_TMA_LOAD{}, dout, RowsTile{}, typename Cfg::RowsD{}, _1{}),
+      make_tma_copy(SM90_TMA_LOAD{}, k, KVHalf{}, typename Cfg::KeysD{}, _1{}),
+      make_tma_copy(SM90_TMA_LOAD{}, v, KVHalf{}, typename Cfg::KeysD{}, _1{}),
+      make_tma_copy(SM90_TMA_STORE{}, dk, KVHalf{}, typename Cfg::KeysD{}, _1{}),
+      make_tma_copy(SM90_TMA_STORE{}, dv, KVHalf{}, typename Cfg::KeysD{}, _1{}),
+      q.shape(),
+      k.shape(),
+      args.lse_log2,
+      bp.softmax_d,
+      dq_accum,
+      p.seqused_k,
+      p.seqlen_q,
+      p.seqlen_k,
+      p.num_heads,
+      p.num_heads / p.num_kv_heads,
+      args.ws_rows,
+      p.softmax_scale,
+      p.softmax_scale * 1.4426950408889634f,
+      p.softcap > 0.f ? p.softmax_scale / p.softcap : 0.f,
+      p.softcap > 0.f ? p.softcap * 1.4426950408889634f : 0.f,
+      p.window_left,
+      p.window_right,
+      n_blocks,
+      num_blocks - tail_blocks,
+      tail_splits,
+      tail_blocks > 0 ? args.sm90_tail : nullptr,
+      tail_blocks > 0 ? args.sm90_tail + tail_floats : nullptr,
+  };
+  cudaError_t err;
+  if (dq_accum != nullptr &&
+      (err = cudaMemsetAsync(dq_accum, 0, Sm90BwdDqAccumFloats(p, args.ws_rows) * sizeof(float),
+                             stream)) != cudaSuccess)
+    return err;
+  auto kernel = p.softcap > 0.f ? sm90::FlashBwdSm90Kernel<Cfg, true>
+                                 : sm90::FlashBwdSm90Kernel<Cfg, false>;
+  constexpr int kSmem = sizeof(typename Cfg::SharedStorage);
+  if ((err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem)) !=
+      cudaSuccess)
+    return err;
+  const dim3 grid(n_blocks, p.num_kv_heads, p.batch);
+  kernel<<<grid, Cfg::kThreads, kSmem, stream>>>(params);
+  if ((err = cudaGetLastError()) != cudaSuccess) return err;
+  if (tail_blocks > 0) {
+    // The shares of the tail blocks, which the main kernel skipped: a full wave after its last.
+    auto tail = sm90::FlashBwdSm90Kernel<Cfg, false, true>;
+    if ((err = cudaFuncSetAttribute(tail, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem)) !=
+        cudaSuccess)
+      return err;
+    tail<<<tail_blocks * tail_splits, Cfg::kThreads, kSmem, stream>>>(params);
+    if ((err = cudaGetLastError()) != cudaSuccess) return err;
+    using Element = typename Cfg::Element;
+    const sm90::BwdTailSumParams<Element> sum{
+        params.tail_dk, params.tail_dv, static_cast<Element*>(bp.dk),
+        static_cast<Element*>(bp.dv), num_blocks - tail_blocks, tail_splits, n_blocks,
+        p.num_kv_heads, p.seqlen_k};
+    sm90::FlashBwdSm90TailSum<Element, kHeadDim, Cfg::kBlockN>
+        <<<dim3(tail_blocks, Cfg::kBlockN / sm90::kTailWarps),
+           32 * sm90::kTailWarps, 0, stream>>>(sum);
+    if ((err = cudaGetLastError()) != cudaSuccess) return err;
+  }
+  if (dq_accum == nullptr)
+    return dq_kernel ? sm90::LaunchFlashBwdSm90Dq<T, kHeadDim>(args, stream) : cudaSuccess;
+  sm90::FlashBwdSm90DqConvertKernel<Cfg><<<dim3(m_blocks, p.num_heads, p.batch), 256, 0, stream>>>(
+      dq_accum, static_cast<typename Cfg::Element*>(bp.dq), p.seqlen_q, p.num_heads, m_blocks,
+      p.softmax_scale);
+  return cudaGetLastError();
+}
+
+}  // namespace jax_sgl::cuda

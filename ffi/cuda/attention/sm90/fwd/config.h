@@ -1,0 +1,133 @@
+// Compile-time shape of the sm_90a flash forward for one (dtype, head dim): tile sizes (from
+// tile_size.h), shared memory layouts and the two warpgroup MMAs, all as CuTe types. Everything
+// else is a run-time parameter (kernel.cuh).
+//
+// CTA = 3 warpgroups: warpgroup 0 loads (TMA), warpgroups 1 and 2 each own 64 query rows of the
+// 128-row tile and take turns on the tensor cores (ping-pong). The 64-row halves of Q/O are
+// separate smem blocks so each consumer loads and stores its own rows with one TMA box.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cute/atom/mma_traits_sm90_gmma.hpp>
+#include <cutlass/numeric_types.h>
+#include <cutlass/pipeline/sm90_pipeline.hpp>
+
+#include "ffi/cuda/attention/sm90/fwd/tile_size.h"
+
+namespace jax_sgl::cuda::sm90 {
+
+using namespace cute;
+
+// A work tile: query rows [m_block * kBlockM, +kBlockM) of one (q head, batch). The varlen
+// kernel also carries the sequence's geometry (rows of q / k in the packed buffers, lengths).
+struct WorkTile {
+  int m_block, head, batch;
+  int q_row0 = 0, q_len = 0, k_row0 = 0, k_len = 0;
+  int split = -1;  // tail split (dense, persistent): which share of the key tiles, else -1
+};
+
+// Persistent CTAs: a consumer's current work tile and its ordinal (whose parity is the phase of
+// the Q barrier), parked in smem across the main loop instead of in registers (kernel.cuh).
+struct HeldTile {
+  WorkTile w;
+  int iter;
+};
+
+template <typename Element_, int kHeadDim_>
+struct FlashConfig {
+  using Element = Element_;  // cutlass::bfloat16_t or cutlass::half_t
+  static constexpr int kHeadDim = kHeadDim_;
+  static_assert(Sm90FwdHeadDim(kHeadDim), "the sm90 forward serves head dims 64, 128, 256");
+  static constexpr FwdTileSize kTile = FwdTile(kHeadDim);
+  static constexpr bool kPersistent = kTile.persistent;
+  static constexpr bool kEarlyRescale = kTile.early_rescale;
+
+  static constexpr int kWarpgroupRows = 64;                   // wgmma M per warpgroup
+  static constexpr int kConsumers = 2;                        // consumer warpgroups (ping-pong)
+  static constexpr int kBlockM = kWarpgroupRows * kConsumers; // query rows per CTA
+  // Keys per tile: a multiple of 16 (the K step of P V), at most 256 (wgmma N, TMA box).
+  static constexpr int kBlockN = kTile.block_n;
+  static_assert(kBlockN % 16 == 0 && kBlockN <= 256);
+  static constexpr int kStages = 2;
+  static constexpr int kThreads = 128 * (1 + kConsumers);
+  // Registers per thread after setmaxnreg: producers give theirs to the consumers.
+  // (24 + 2 * 240) * 128 = 64512 <= 65536, the register file of one SM.
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kConsumerRegs = 240;
+
+  using RowsD = Shape<Int<kWarpgroupRows>, Int<kHeadDim>>;
+  using TileQK = Shape<Int<kWarpgroupRows>, Int<kBlockN>, Int<kHeadDim>>;  // S = Q K^T
+  using TilePV = Shape<Int<kWarpgroupRows>, Int<kHeadDim>, Int<kBlockN>>;  // O += P V
+
+  // S = Q K^T: both operands from smem, K-major (head dim contiguous).
+  // Needs CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED (cmake/cuda.cmake) when kBlockN is not 64 / 128 /
+  // 192 / 256, else CuTe's selector falls back to N = 16 atoms (checked below).
+  using MmaQK = decltype(make_tiled_mma(
+      SM90::GMMA::ss_op_selector<Element, Element, float, TileQK>()));
+  static_assert(size<1>(typename MmaQK::AtomShape_MNK{}) == kBlockN,
+                "S = Q K^T must be one wgmma per K step (define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED)");
+  // O += P V: P from registers (the softmax output never touches smem); V is read transposed,
+  // its head dim (the N of this GEMM) contiguous, i.e. MN-major.
+  using MmaPV = decltype(make_tiled_mma(
+      SM90::GMMA::rs_op_selector<Element, Element, float, TilePV, GMMA::Major::K,
+                                 GMMA::Major::MN>()));
+
+  // 128-byte swizzle: conflict-free for both TMA writes and wgmma reads.
+  using SwizzleAtom = GMMA::Layout_K_SW128_Atom<Element>;
+  // Q (and later O): [64 rows, head dim, consumer].
+  using SmemLayoutQ = decltype(tile_to_shape(
+      SwizzleAtom{}, Shape<Int<kWarpgroupRows>, Int<kHeadDim>, Int<kConsumers>>{}));
+  using SmemLayoutQHalf = decltype(tile_to_shape(SwizzleAtom{}, RowsD{}));
+  // K and V: [keys, head dim, stage], as TMA writes them.
+  using SmemLayoutKV = decltype(tile_to_shape(
+      SwizzleAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>, Int<kStages>>{}));
+  using SmemLayoutKVTile = decltype(tile_to_shape(
+      SwizzleAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}));
+  // V seen as the B operand of P V: [head dim, keys, stage] over the same bytes.
+  using SmemLayoutVt = decltype(composition(
+      SmemLayoutKV{}, make_layout(Shape<Int<kHeadDim>, Int<kBlockN>, Int<kStages>>{},
+                                  Stride<Int<kBlockN>, _1, Int<kBlockN * kHeadDim>>{})));
+
+  using Pipeline = cutlass::PipelineTmaAsync<kStages>;
+
+  // Persistent CTAs stage O in its own buffer when it fits (the next tile's Q then loads during
+  // this tile's epilogue, as Q is free once the main loop ends); otherwise O reuses the Q buffer.
+  static constexpr int kQBytes = cosize_v<SmemLayoutQ> * int(sizeof(Element));
+  static constexpr int kSmemLimit = 227 * 1024;  // sm_90 opt-in dynamic smem per block
+  static constexpr bool kSeparateO =
+      kPersistent &&
+      kQBytes * 2 + 2 * cosize_v<SmemLayoutKV> * int(sizeof(Element)) + 1024 <= kSmemLimit;
+
+  struct SharedStorage {
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutQ>> q;  // O too if !kSeparateO
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutKV>> k;
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutKV>> v;
+    alignas(1024) cute::array_aligned<Element, kSeparateO ? cosize_v<SmemLayoutQ> : 8> o;
+    typename Pipeline::SharedStorage pipe_k;
+    typename Pipeline::SharedStorage pipe_v;
+    // Q (and, persistent, the tile) ready; persistent: the consumers are done with Q; the work
+    // tile of the Q in smem, or -1.
+    cutlass::arch::ClusterTransactionBarrier barrier_q;
+    cutlass::arch::ClusterBarrier barrier_q_empty;
+    int tile;
+    HeldTile held[kConsumers];  // persistent: each consumer's tile
+  };
+  static_assert(sizeof(SharedStorage) <= kSmemLimit);
+
+  static constexpr int kQHalfBytes = kWarpgroupRows * kHeadDim * sizeof(Element);
+  static constexpr int kKVTileBytes = kBlockN * kHeadDim * sizeof(Element);
+
+  // Global tensors as TMA sees them: [rows, head dim, head, batch] with the head dim contiguous.
+  using GmemShape = Shape<int32_t, int32_t, int32_t, int32_t>;
+  using GmemStride = Stride<int64_t, _1, int64_t, int64_t>;
+  using GmemTensor = decltype(make_tensor(make_gmem_ptr(static_cast<Element*>(nullptr)),
+                                          GmemShape{}, GmemStride{}));
+  using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutQHalf{}, RowsD{},
+                                      _1{}));
+  using TmaKV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutKVTile{},
+                                       Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
+  using TmaO = decltype(make_tma_copy(SM90_TMA_STORE{}, GmemTensor{}, SmemLayoutQHalf{}, RowsD{},
+                                      _1{}));
+};
+
+}  // namespace jax_sgl::cuda::sm90

@@ -1,0 +1,141 @@
+// Host side of the sm_90a flash forward: whether it may run a call (switch, device, coverage)
+// and the (dtype, head dim) switch over the instantiations this build compiled.
+//
+// Varlen calls (cu_seqlens_q, varlen k/v, seqused_k) run on the sm90 kernel's varlen
+// instantiation unless JAX_SGL_SM90_VARLEN=0 (read at each call) keeps them on the portable
+// kernel. Paged k/v always runs there.
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <initializer_list>
+#include <string>
+
+#include "ffi/common/numeric.h"
+#include "ffi/cuda/attention/sm90/kernel_list.h"
+#include "ffi/cuda/attention/sm90/fwd/launch.h"
+#include "ffi/cuda/attention/sm90/fwd/tile_size.h"
+
+namespace jax_sgl::cuda {
+namespace {
+
+// The (head dim, dtype) pairs this build compiled (sm90/kernel_list.h).
+
+bool Built(DType t, int d) {
+  (void)t, (void)d;
+#define JAX_SGL_SM90_FWD(D, T) \
+  if (t == sm90::kDType_##T && d == D) return true;
+#define JAX_SGL_SM90_BWD(D, T)
+#include "ffi/cuda/attention/instantiations/sm90_kernels.inc"
+#undef JAX_SGL_SM90_FWD
+#undef JAX_SGL_SM90_BWD
+  return false;
+}
+
+// Launches the (dtype, head dim) instantiation, which must be built.
+cudaError_t Launch(DType t, int d, const AttentionParams& p, void* scratch, cudaStream_t stream) {
+  (void)t, (void)d, (void)p, (void)scratch, (void)stream;
+#define JAX_SGL_SM90_FWD(D, T)            \
+  if (t == sm90::kDType_##T && d == D) \
+    return LaunchFlashFwdSm90<sm90::Type_##T, D>(p, scratch, stream);
+#define JAX_SGL_SM90_BWD(D, T)
+#include "ffi/cuda/attention/instantiations/sm90_kernels.inc"
+#undef JAX_SGL_SM90_FWD
+#undef JAX_SGL_SM90_BWD
+  return cudaErrorInvalidValue;
+}
+
+bool VarlenEnabled() {
+  const char* env = std::getenv("JAX_SGL_SM90_VARLEN");
+  return env == nullptr || std::strcmp(env, "0") != 0;
+}
+
+// What the varlen instantiation lacks for a call, or nullptr.
+const char* VarlenUnsupported(const AttentionParams& p) {
+  if (p.kv_layout == KvLayout::kPaged) return "sm90 kernel: no paged k/v (runs on the sm80 kernel)";
+  if (!VarlenEnabled())
+    return "sm90 kernel: varlen turned off by JAX_SGL_SM90_VARLEN=0 (runs on the sm80 kernel)";
+  // TMA descriptors need every dimension >= 1; row indices and the kernel's window sums stay in
+  // int (launch.cuh).
+  if (p.total_q < 1 || p.total_k < 1) return "sm90 kernel: non-empty q and k buffers";
+  if (p.total_q + p.total_k >= (int64_t(1) << 30)) return "sm90 kernel: below 2^30 rows";
+  if (p.kv_layout == KvLayout::kDense && p.seqlen_k < 1) return "sm90 kernel: non-empty k";
+  if (p.cu_seqlens_q == nullptr && p.seqlen_q < 1) return "sm90 kernel: non-empty q";
+  return nullptr;
+}
+
+}  // namespace
+
+const char* Sm90Unsupported(const AttentionParams& p) {
+  const bool varlen =
+      p.cu_seqlens_q != nullptr || p.kv_layout != KvLayout::kDense || p.seqused_k != nullptr;
+  if (varlen) {
+    if (const char* why = VarlenUnsupported(p)) return why;
+  }
+  if (!HalfPrecisionOperands(p))
+    return "sm90 kernel: float16/bfloat16 q, k, v and out only";
+  if (p.head_dim != p.head_dim_v || !Built(p.q_type, p.head_dim))
+    return "sm90 kernel: head_dim == head_dim_v in the built set (JAX_SGL_SM90_HEAD_DIMS) only";
+  // TMA descriptors need every dimension >= 1 (an empty KV runs on the sm80 kernel) and byte
+  // strides below 2^40; the grid's y/z take heads and batch.
+  if (!varlen && (p.seqlen_q < 1 || p.seqlen_k < 1)) return "sm90 kernel: non-empty q and k";
+  if ((p.total_q * p.num_heads + p.total_k * p.num_kv_heads) * p.head_dim >= (int64_t(1) << 38))
+    return "sm90 kernel: tensors below 2^38 elements";
+  if (p.num_heads > 65535 || p.batch > 65535) return "sm90 kernel: batch and heads <= 65535";
+  // TMA wants 16-byte aligned bases (XLA's buffers are).
+  for (const void* ptr : {p.q, p.k, p.v, static_cast<const void*>(p.out)})
+    if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0) return "sm90 kernel: 16-byte aligned buffers";
+  return nullptr;
+}
+
+bool Sm90Enabled() {
+  // Every instantiation passed the sm90 GPU tests on an H200 (benchmarks/notes/NOTES_sm90.md,
+  // 2026-12-02), so all built ones run by default; JAX_SGL_SM90=0 routes everything to the
+  // portable kernel. Read at every call (a getenv is far cheaper than a launch), so a process, or
+  // a test, can switch kernels between calls without recompiling anything.
+  const char* env = std::getenv("JAX_SGL_SM90");
+  if (env != nullptr && std::strcmp(env, "0") == 0) return false;
+  return IsComputeCapability90();
+}
+
+bool IsComputeCapability90() {
+  int device = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess)
+    return false;
+  // sm_90a code runs on exactly compute capability 9.0.
+  return major == 9 && minor == 0;
+}
+
+const char* Sm90BuiltKernels() {
+  // Built once: the list is fixed at compile time.
+  static const std::string kernels = [] {
+    std::string s;
+#define JAX_SGL_SM90_FWD(D, T) s += " hdim" #D "_" #T;
+#define JAX_SGL_SM90_BWD(D, T)
+#include "ffi/cuda/attention/instantiations/sm90_kernels.inc"
+#undef JAX_SGL_SM90_FWD
+#undef JAX_SGL_SM90_BWD
+    return s;
+  }();
+  return kernels.c_str();
+}
+
+bool Sm90TailSplitRequested(const AttentionParams& p) {
+  const bool dense = p.cu_seqlens_q == nullptr && p.kv_layout == KvLayout::kDense &&
+                     p.seqused_k == nullptr;
+  return dense && !p.causal;
+}
+
+size_t Sm90ScratchBytes(const AttentionParams& p, int num_sms) {
+  if (!Sm90TailSplitRequested(p) || !sm90::FwdTile(p.head_dim).persistent)
+    return kSm90CounterBytes;
+  return kSm90CounterBytes + Sm90TailBytes(num_sms, std::max(p.head_dim, p.head_dim_v));
+}
+
+cudaError_t RunFlashFwdSm90(const AttentionParams& p, void* scratch, cudaStream_t stream) {
+  return Launch(p.q_type, p.head_dim, p, scratch, stream);
+}
+
+}  // namespace jax_sgl::cuda

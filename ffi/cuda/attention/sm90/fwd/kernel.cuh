@@ -1,0 +1,152 @@
+// The sm_90a flash attention forward kernel: the assignment of roles. A work tile is 128 query
+// rows of one (q head, batch); by the head dim's tile choice (tile_size.h) one CTA runs per tile,
+// or #SMs persistent CTAs (Cfg::kPersistent) loop over tiles (tile_scheduler.cuh).
+//   warpgroup 0, one thread: the producer (mainloop_load.cuh), TMA loads of Q and the K/V rings;
+//   warpgroups 1 and 2: consumers of 64 query rows each, the main loop (mainloop_mma.cuh: S, the
+//   online softmax, P V, ping-pong between the two) and the epilogue (epilogue.cuh: normalize,
+//   LSE, O store).
+// kVarlen: packed q / k / v (cu_seqlens_q / cu_seqlens_k, seqused_k): per-tile sequence geometry,
+// row offsets into the TMA views, O stored row by row. kSoftcap: scores capped before the mask
+// (KernelParams::softcap != 0). Each is its own instantiation, picked per call by the launcher,
+// so the dense plain kernel holds none of their code.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
+#include <cutlass/pipeline/sm90_pipeline.hpp>
+
+#include "ffi/cuda/attention/sm90/fwd/config.h"
+#include "ffi/cuda/attention/sm90/fwd/epilogue.cuh"
+#include "ffi/cuda/attention/sm90/fwd/kernel_params.h"
+#include "ffi/cuda/attention/sm90/fwd/mainloop_load.cuh"
+#include "ffi/cuda/attention/sm90/fwd/mainloop_mma.cuh"
+#include "ffi/cuda/attention/sm90/fwd/softmax.h"
+#include "ffi/cuda/attention/sm90/fwd/tile_scheduler.cuh"
+
+namespace jax_sgl::cuda::sm90 {
+
+template <typename Cfg, bool kVarlen = false, bool kSoftcap = false>
+__global__ void __launch_bounds__(Cfg::kThreads, 1)
+    FlashFwdSm90Kernel(CUTE_GRID_CONSTANT KernelParams<Cfg> const params) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Pipeline = typename Cfg::Pipeline;
+  using PipelineState = cutlass::PipelineState<Cfg::kStages>;
+  constexpr int kBlockM = Cfg::kBlockM;
+  constexpr int kRows = Cfg::kWarpgroupRows;
+  constexpr int kConsumerThreads = 128 * Cfg::kConsumers;
+  constexpr bool kPersistent = Cfg::kPersistent;
+
+  extern __shared__ __align__(1024) char smem_raw[];
+  auto& shared = *reinterpret_cast<typename Cfg::SharedStorage*>(smem_raw);
+
+  const int warpgroup = threadIdx.x / 128;
+  const int thread_in_wg = threadIdx.x % 128;
+  const TileScheduler<Cfg, kVarlen, KernelParams<Cfg>> scheduler{params};
+  WorkTile launch_tile = scheduler.LaunchTile();
+  if constexpr (kVarlen && !kPersistent) {
+    if (!scheduler.Resolve(launch_tile)) return;  // the whole CTA, before any barrier
+  }
+
+  // Barriers: set up by warp 0, made visible to all before any role starts.
+  typename Pipeline::Params pipe_params;
+  pipe_params.transaction_bytes = Cfg::kKVTileBytes;
+  pipe_params.role = warpgroup == 0 ? Pipeline::ThreadCategory::Producer
+                                    : Pipeline::ThreadCategory::Consumer;
+  pipe_params.is_leader = threadIdx.x == 0;
+  pipe_params.num_consumers = kConsumerThreads;
+  Pipeline pipe_k(shared.pipe_k, pipe_params, Shape<_1, _1, _1>{});
+  Pipeline pipe_v(shared.pipe_v, pipe_params, Shape<_1, _1, _1>{});
+  if (threadIdx.x == 0) {
+    shared.barrier_q.init(1);
+    // Q is free again when every consumer thread finished its last wgmma on it (separate O), or
+    // when each consumer's O store out of the Q buffer has completed.
+    if constexpr (kPersistent)
+      shared.barrier_q_empty.init(Cfg::kSeparateO ? kConsumerThreads : Cfg::kConsumers);
+  }
+  cutlass::arch::fence_barrier_init();
+  __syncthreads();
+
+  if (warpgroup == 0) {
+    // ---- Producer ------------------------------------------------------------------------
+    cutlass::arch::warpgroup_reg_dealloc<Cfg::kProducerRegs>();
+    if (threadIdx.x != 0) return;
+    MainloopLoad<Cfg, kVarlen>{params, scheduler, shared, pipe_k, pipe_v}.Run(launch_tile);
+  } else {
+    // ---- Consumers -----------------------------------------------------------------------
+    cutlass::arch::warpgroup_reg_alloc<Cfg::kConsumerRegs>();
+    const int consumer = warpgroup - 1;
+    const uint32_t my_turn = uint32_t(Barrier::kTurn0) + consumer;
+    const uint32_t other_turn = uint32_t(Barrier::kTurn0) + 1 - consumer;
+    const uint32_t epilogue_barrier = uint32_t(Barrier::kEpilogue0) + consumer;
+
+    Tensor sQ = make_tensor(make_smem_ptr(shared.q.data()), typename Cfg::SmemLayoutQ{});
+    Tensor sK = make_tensor(make_smem_ptr(shared.k.data()), typename Cfg::SmemLayoutKV{});
+    Tensor sVt = make_tensor(make_smem_ptr(shared.v.data()), typename Cfg::SmemLayoutVt{});
+    Tensor sO = make_tensor(make_smem_ptr(Cfg::kSeparateO ? shared.o.data() : shared.q.data()),
+                            typename Cfg::SmemLayoutQ{});
+    typename Cfg::MmaQK mma_qk;
+    typename Cfg::MmaPV mma_pv;
+    auto thr_qk = mma_qk.get_thread_slice(thread_in_wg);
+    auto thr_pv = mma_pv.get_thread_slice(thread_in_wg);
+    Tensor sOmine = sO(_, _, consumer);
+    Tensor tSrK = thr_qk.partition_fragment_B(sK);
+    Tensor tOrV = thr_pv.partition_fragment_B(sVt);
+    Tensor tOrO = partition_fragment_C(mma_pv, typename Cfg::RowsD{});
+
+    const AccCoord coord(thread_in_wg);
+    PipelineState read_k, read_v;  // run on across the tiles of a persistent CTA
+    MainloopMma<Cfg, kVarlen, kSoftcap> mainloop{params, scheduler, shared, pipe_k, pipe_v,
+                                                 read_k, read_v, coord, consumer, my_turn,
+                                                 other_turn};
+    Epilogue<Cfg, kVarlen> epilogue{params, scheduler, shared, coord, consumer, thread_in_wg,
+                                    epilogue_barrier};
+    // The first consumer goes first.
+    auto start_turns = [&] {
+      if (consumer == 1) cutlass::arch::NamedBarrier::arrive(kConsumerThreads, other_turn);
+    };
+
+    // One work tile: main loop, then the epilogue. Q must be in smem. Returns the ordinal of the
+    // next published tile (persistent). always_inline: NVVM outlines this lambda otherwise, and
+    // ptxas then serializes every wgmma (C7520).
+    auto run_tile = [&](WorkTile const& tile, bool last_tile) __attribute__((always_inline)) {
+      const KeyTiles tiles = scheduler.Keys(tile);
+      Tensor tSrQ = thr_qk.partition_fragment_A(sQ(_, _, consumer));
+      const int row_base = tile.m_block * kBlockM + consumer * kRows + coord.row0;  // row of r = 0
+      const int diag = scheduler.SeqlenK(tile) - scheduler.SeqlenQ(tile);
+      const int key_end = scheduler.SeqlenK(tile);
+      OnlineSoftmax softmax(params.softmax_scale);
+      clear(tOrO);
+      if (!tiles.empty())
+        mainloop.Run(tiles, row_base, diag, key_end, last_tile, mma_qk, mma_pv, tSrQ, tSrK, tOrV,
+                     tOrO, softmax);
+      return epilogue.Store(tile, row_base, thr_pv, sOmine, tOrO, softmax);
+    };
+
+    if constexpr (!kPersistent) {
+      if (!scheduler.Keys(launch_tile).empty()) {
+        start_turns();
+        shared.barrier_q.wait(0);
+      }
+      run_tile(launch_tile, true);
+    } else {
+      start_turns();
+      for (int iter = 0;;) {
+        shared.barrier_q.wait(iter & 1);
+        CompilerFence();
+        const int t = *reinterpret_cast<volatile int*>(&shared.tile);
+        if (t < 0) break;
+        WorkTile w = scheduler.Item(t);
+        scheduler.Resolve(w);  // true: the producer published only tiles that resolve
+        StoreTile(shared.held[consumer], w, iter);
+        iter = run_tile(w, false);
+      }
+      // Meets consumer 1's last hand-over.
+      if (consumer == 0) cutlass::arch::NamedBarrier::sync(kConsumerThreads, my_turn);
+      if (thread_in_wg == 0) tma_store_wait<0>();
+    }
+  }
+#endif
+}
+
+}  // namespace jax_sgl::cuda::sm90

@@ -1,0 +1,59 @@
+// The sm_90a flash forward's kernel parameters: the launcher (launch.cuh) fills them per call,
+// every part of the kernel (tile scheduler, mainloop load and mma, epilogue) reads them.
+#pragma once
+
+#include <cstdint>
+
+#include "ffi/cuda/attention/sm90/fwd/config.h"
+
+namespace jax_sgl::cuda::sm90 {
+
+template <typename Cfg>
+using Element_t = typename Cfg::Element;
+
+template <typename Cfg>
+struct KernelParams {
+  typename Cfg::TmaQ tma_q;
+  typename Cfg::TmaKV tma_k;
+  typename Cfg::TmaKV tma_v;
+  typename Cfg::TmaO tma_o;
+  typename Cfg::GmemShape q_shape;   // [seqlen_q, head_dim, num_heads, batch]
+  typename Cfg::GmemShape kv_shape;  // [seqlen_k, head_dim, num_kv_heads, batch]
+  float* lse;                        // [batch, num_heads, seqlen_q] or nullptr
+  int seqlen_q;
+  int seqlen_k;
+  int num_heads;
+  int group;                         // num_heads / num_kv_heads
+  float softmax_scale;               // 1 under softcap (the capped scores are already scaled)
+  bool causal;                       // bottom-right aligned; orders the tiles (longest first)
+  // Visible keys of query row i: i + diag - window_left <= j <= i + diag + window_right, with
+  // diag = seqlen_k - seqlen_q (bottom-right aligned); < 0: no bound on that side. Causal comes
+  // in as window_right = 0.
+  int window_left;
+  int window_right;
+  float softcap;                     // 0: off; else scores -> softcap * tanh(scale * s / softcap)
+  float softcap_exp2_scale;          // 2 log2(e) scale / softcap: tanh(x) = 1 - 2 / (1 + e^{2x})
+  int num_m_blocks;                  // ceil(seqlen_q / kBlockM)
+  int num_tiles;                     // work items: tiles, each tail tile counted tail_splits times
+  int* tile_counter;                 // persistent, dynamic order (NextTile): tiles handed out past
+                                     // the first wave, zeroed before the launch; else nullptr
+  // Varlen kernel only (kVarlen; launch.cuh): the TMA views are packed [total, head_dim, heads,
+  // 1] and each sequence's rows start at its own offset; geometry as in attention_seq.h.
+  const int32_t* cu_seqlens_q;       // [batch + 1] or nullptr (dense q: seqlen_q rows each)
+  const int32_t* cu_seqlens_k;       // [batch + 1] or nullptr (dense k: seqlen_k rows each)
+  const int32_t* seqused_k;          // [batch] or nullptr
+  int total_q;
+  int total_k;
+  int batch;
+  Element_t<Cfg>* out;               // O, stored row by row (never past a sequence's end)
+  // Tail split (dense persistent, launch.cuh): tiles from num_whole_tiles on are the last,
+  // partial wave's; each runs as tail_splits items over shares of its key tiles, which store O
+  // (float32, normalized by their own sums) and LSE in tail_o / tail_lse for
+  // FlashFwdSm90TailCombine. tail_splits 0: off (num_whole_tiles = num_tiles).
+  int num_whole_tiles;
+  int tail_splits;
+  float* tail_o;                     // [tail tile, split, kBlockM, head_dim]
+  float* tail_lse;                   // [tail tile, split, kBlockM]
+};
+
+}  // namespace jax_sgl::cuda::sm90

@@ -1,0 +1,71 @@
+// Host contract of the sm_90a flash forward (wgmma + TMA, warp-specialized; sm90/fwd/kernel.cuh).
+// No CUDA kernel syntax: fwd_dispatch.cc includes it.
+//
+// The dispatcher uses this kernel unless the environment sets JAX_SGL_SM90=0, when the device is
+// compute capability 9.0, the build has the (dtype, head dim) instantiation
+// (JAX_SGL_SM90_HEAD_DIMS x JAX_SGL_SM90_DTYPES) and Sm90Unsupported() finds nothing missing. Anything else runs on the
+// portable sm80 kernel.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+
+#include "ffi/common/attention_params.h"
+
+namespace jax_sgl::cuda {
+
+// nullptr when the sm90 kernel covers the call, else what it lacks (the fallback decision).
+const char* Sm90Unsupported(const AttentionParams& p);
+
+// Whether a call the sm90 kernel covers runs on it: the current device is compute capability 9.0
+// and JAX_SGL_SM90 (read at each call) is not "0".
+bool Sm90Enabled();
+
+// The current device is compute capability 9.0, the only one sm_90a code runs on (the forward's
+// and the backward's switches both ask).
+bool IsComputeCapability90();
+
+// The instantiations this build holds, space separated with a leading space: each (head dim,
+// dtype) (" hdim128_bf16"), for jax_sgl.attention_backend_info().
+const char* Sm90BuiltKernels();
+
+// Device scratch of a call on the sm90 kernel: the persistent kernel's tile counter, then, for
+// the tail split, room for one float32 O row block and LSE per SM (launch.cuh).
+inline constexpr size_t kSm90CounterBytes = 256;
+inline size_t Sm90TailBytes(int num_sms, int head_dim) {
+  return size_t(num_sms) * 128 * (size_t(head_dim) + 1) * sizeof(float);
+}
+
+// The tail split of `units` equal work units (forward tiles, backward key blocks) on num_sms
+// SMs, one unit per SM at a time: the r units past the last full wave would run alone while the
+// other SMs idle, so each runs as `splits` shares (num_sms / r, at most max_shares) instead.
+// Only when r is at most half a wave (a fuller last wave loses little); a call of at most half
+// a wave in all is all tail. {0, 0}: no split. tail * splits <= num_sms.
+struct TailSplit {
+  int tail;
+  int splits;
+};
+inline TailSplit ChooseTailSplit(int units, int num_sms, int max_shares) {
+  const int r = num_sms > 0 ? units % num_sms : 0;
+  const int splits = r > 0 ? (num_sms / r < max_shares ? num_sms / r : max_shares) : 0;
+  return r > 0 && 2 * r <= num_sms && splits >= 2 ? TailSplit{r, splits} : TailSplit{0, 0};
+}
+
+// Whether a call takes the tail split: a dense, non-causal call (measured +1.0-2.9% at S = 1k-8k).
+// Persistent kernels then run the tiles of the last, partial wave as key shares on every CTA,
+// merged by a second kernel.
+bool Sm90TailSplitRequested(const AttentionParams& p);
+
+// Bytes of scratch the call needs (Sm90TailSplitRequested, the tile choice and the device's SMs).
+size_t Sm90ScratchBytes(const AttentionParams& p, int num_sms);
+
+// Launches the sm90 kernel; the caller checked Sm90Unsupported(p) == nullptr. scratch:
+// Sm90ScratchBytes(p, SMs) of device memory that this call may overwrite.
+cudaError_t RunFlashFwdSm90(const AttentionParams& p, void* scratch, cudaStream_t stream);
+
+// One instantiation per (storage type, head dim), in instantiations/sm90_fwd_*.cu.
+template <typename T, int kHeadDim>
+cudaError_t LaunchFlashFwdSm90(const AttentionParams& p, void* scratch, cudaStream_t stream);
+
+}  // namespace jax_sgl::cuda

@@ -1,0 +1,138 @@
+// The sm_90a flash forward's producer: one thread of warpgroup 0 issues the TMA loads of Q and of
+// the K/V tiles, for every work tile the scheduler hands this CTA, into the smem the consumers
+// read: Q behind its own barrier, K and V each in a kStages-deep ring (cutlass::PipelineTmaAsync:
+// full/empty mbarriers per stage). Persistent CTAs publish each tile's index next to its Q (and -1
+// at the end), so the consumers follow the producer's order.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/pipeline/sm90_pipeline.hpp>
+
+#include "ffi/cuda/attention/sm90/fwd/config.h"
+#include "ffi/cuda/attention/sm90/fwd/kernel_params.h"
+#include "ffi/cuda/attention/sm90/fwd/tile_scheduler.cuh"
+#include "ffi/cuda/attention/sm90/tma_load.h"
+
+namespace jax_sgl::cuda::sm90 {
+
+template <typename Cfg, bool kVarlen>
+struct MainloopLoad {
+  using Pipeline = typename Cfg::Pipeline;
+  using PipelineState = cutlass::PipelineState<Cfg::kStages>;
+  using Scheduler = TileScheduler<Cfg, kVarlen, KernelParams<Cfg>>;
+  static constexpr int kBlockN = Cfg::kBlockN;
+
+  KernelParams<Cfg> const& params;
+  Scheduler const& scheduler;
+  typename Cfg::SharedStorage& shared;
+  Pipeline& pipe_k;
+  Pipeline& pipe_v;
+
+  // [rows, head dim] view of one head's rows of a TMA tensor: dense picks the batch, varlen
+  // starts at the sequence's row of the packed tensor (its batch extent is 1).
+  template <typename Tensor>
+  __device__ __forceinline__ static auto HeadRows(Tensor const& m, int head, int batch, int row0) {
+    if constexpr (kVarlen) return domain_offset(make_coord(row0, _0{}), m(_, _, head, _0{}));
+    else return m(_, _, head, batch);
+  }
+
+  // The producer thread's whole run: the launch tile (non-persistent), or the scheduler's tiles
+  // until none is left (persistent).
+  __device__ __forceinline__ void Run(WorkTile const& launch_tile) {
+    Tensor sQ = make_tensor(make_smem_ptr(shared.q.data()), typename Cfg::SmemLayoutQ{});
+    Tensor sK = make_tensor(make_smem_ptr(shared.k.data()), typename Cfg::SmemLayoutKV{});
+    Tensor sV = make_tensor(make_smem_ptr(shared.v.data()), typename Cfg::SmemLayoutKV{});
+    Tensor mQ = params.tma_q.get_tma_tensor(params.q_shape);
+    Tensor mK = params.tma_k.get_tma_tensor(params.kv_shape);
+    Tensor mV = params.tma_v.get_tma_tensor(params.kv_shape);
+    // The K/V ring states run on across the tiles of a persistent CTA. Both rings see the same
+    // number of loads per tile, V one behind K inside it (load_tile's order), so one count of K
+    // loads gives both states: the producer has 24 registers, and two states spilled.
+    uint32_t k_loads = 0;
+    auto write_state = [](uint32_t count) {  // as make_producer_start_state, advanced count times
+      return PipelineState(int(count % Cfg::kStages), 1u ^ ((count / Cfg::kStages) & 1u), count);
+    };
+    // Loads one work tile in the order the consumers use it: K[last], Q, then (K[n], V[n+1])
+    // pairs, then V[first]. claim_q() runs just before Q is written (persistent: waits for the
+    // consumers to be done with the previous Q, then publishes the tile).
+    auto load_tile = [&](WorkTile const& w, KeyTiles const& tiles, auto&& claim_q) {
+      const int kv_head = w.head / params.group;
+      // [64, D, m/64] rows of this (batch, head); [N, D, n] keys of this (batch, kv head).
+      // Varlen: boxes that run past a sequence's end read the next sequence's rows (or TMA's
+      // zero fill past the buffer): masked as keys past k_len, unused as q rows past q_len.
+      Tensor gQ = local_tile(HeadRows(mQ, w.head, w.batch, w.q_row0), typename Cfg::RowsD{},
+                             make_coord(_, _0{}));
+      Tensor gK = local_tile(HeadRows(mK, kv_head, w.batch, w.k_row0),
+                             Shape<Int<kBlockN>, Int<Cfg::kHeadDim>>{}, make_coord(_, _0{}));
+      Tensor gV = local_tile(HeadRows(mV, kv_head, w.batch, w.k_row0),
+                             Shape<Int<kBlockN>, Int<Cfg::kHeadDim>>{}, make_coord(_, _0{}));
+      auto tQ = tma_partition(params.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ),
+                              group_modes<0, 2>(gQ));
+      auto tK = tma_partition(params.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK),
+                              group_modes<0, 2>(gK));
+      auto tV = tma_partition(params.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV),
+                              group_modes<0, 2>(gV));
+      auto tQg = get<0>(tQ);
+      auto tQs = get<1>(tQ);
+      auto tKg = get<0>(tK);
+      auto tKs = get<1>(tK);
+      auto tVg = get<0>(tV);
+      auto tVs = get<1>(tV);
+      auto load_k = [&](int n) {
+        const PipelineState write_k = write_state(k_loads++);
+        pipe_k.producer_acquire(write_k);
+        copy(NoCacheHint(params.tma_k.with(*pipe_k.producer_get_barrier(write_k))), tKg(_, n),
+             tKs(_, write_k.index()));
+      };
+      // behind: K loads of this tile issued since the K of this V.
+      auto load_v = [&](int n, uint32_t behind) {
+        const PipelineState write_v = write_state(k_loads - behind);
+        pipe_v.producer_acquire(write_v);
+        copy(NoCacheHint(params.tma_v.with(*pipe_v.producer_get_barrier(write_v))), tVg(_, n),
+             tVs(_, write_v.index()));
+      };
+      if (!tiles.empty()) load_k(tiles.n_end - 1);
+      claim_q();
+      shared.barrier_q.arrive_and_expect_tx(2 * Cfg::kQHalfBytes);
+      for (int half = 0; half < Cfg::kConsumers; ++half)
+        copy(NoCacheHint(params.tma_q.with(reinterpret_cast<uint64_t&>(shared.barrier_q))),
+             tQg(_, 2 * w.m_block + half), tQs(_, half));
+      // Rolled: nvcc unrolled it 4x, and the addresses of the unrolled copies did not fit the
+      // producer's 24 registers (varlen spilled); the producer waits on the ring anyway.
+#pragma unroll 1
+      for (int n = tiles.n_end - 2; n >= tiles.n_begin; --n) {
+        load_k(n);
+        load_v(n + 1, 2);
+      }
+      if (!tiles.empty()) load_v(tiles.n_begin, 1);
+    };
+    if constexpr (!Cfg::kPersistent) {
+      const KeyTiles tiles = scheduler.Keys(launch_tile);
+      if (!tiles.empty()) load_tile(launch_tile, tiles, [] {});
+    } else {
+      // Every tile goes through the Q barrier, also one without keys (the consumers write its
+      // zeros), and a final -1 tells the consumers to stop. Item ordinal iter may write Q once
+      // the consumers released ordinal iter - 1.
+      int iter = 0;
+      for (int t = scheduler.First();; t = scheduler.Next(t)) {
+        const bool valid = scheduler.Valid(t);
+        auto claim_q = [&] {
+          if (iter >= 1) shared.barrier_q_empty.wait((iter - 1) & 1);
+          *reinterpret_cast<volatile int*>(&shared.tile) = valid ? t : -1;
+          CompilerFence();
+        };
+        if (!valid) {
+          claim_q();
+          shared.barrier_q.arrive();
+          break;
+        }
+        WorkTile w = scheduler.Item(t);
+        if (!scheduler.Resolve(w)) continue;  // varlen: past the last sequence; never published
+        load_tile(w, scheduler.Keys(w), claim_q);
+        ++iter;
+      }
+    }
+  }
+};
+
+}  // namespace jax_sgl::cuda::sm90

@@ -1,0 +1,193 @@
+// The sm_90a flash forward's tile scheduler: which work tiles (128 query rows of one (q head,
+// batch), or a share of one's keys under the tail split) a CTA runs, in what order, and which key
+// tiles each visits. Non-persistent kernels run the grid's one tile per CTA; persistent ones start
+// at blockIdx.x and take the next from a stride or a counter. The consumers read their current
+// tile back from smem (HeldTile) rather than keep it in registers across the main loop.
+#pragma once
+
+#include <cute/tensor.hpp>
+
+#include "ffi/common/attention_geometry.h"
+#include "ffi/cuda/attention/sm90/fwd/config.h"
+
+namespace jax_sgl::cuda::sm90 {
+
+// Varlen: the linear row block `lin` (sequences in order, each ceil(q_len / block_m) blocks)
+// of q head `head` as a work tile, or false past the last sequence's last block. An O(batch) scan
+// of cu_seqlens per tile instead of a prefix-sum pass: batch is small next to a tile's work.
+// Lengths clamp like attention_seq.h GetSeqBounds, so bad index arrays never leave the buffers.
+template <typename Params>
+__device__ bool VarlenTile(Params const& params, int lin, int head, int block_m, WorkTile& w) {
+  w.head = head;
+  if (params.cu_seqlens_q == nullptr) {
+    const int blocks = (params.seqlen_q + block_m - 1) / block_m;
+    w.batch = lin / blocks;
+    w.m_block = lin % blocks;
+    w.q_row0 = w.batch * params.seqlen_q;
+    w.q_len = params.seqlen_q;
+  } else {
+    int acc = 0, b = 0;
+    for (; b < params.batch; ++b) {
+      const RowRange r = ClampedRows(params.cu_seqlens_q[b], params.cu_seqlens_q[b + 1],
+                                     params.total_q);
+      const int blocks = (int(r.len) + block_m - 1) / block_m;
+      if (lin < acc + blocks) {
+        w.m_block = lin - acc;
+        w.q_row0 = int(r.begin);
+        w.q_len = int(r.len);
+        break;
+      }
+      acc += blocks;
+    }
+    w.batch = b;
+  }
+  if (w.batch >= params.batch) return false;
+  int cap;
+  if (params.cu_seqlens_k != nullptr) {
+    const RowRange r = ClampedRows(params.cu_seqlens_k[w.batch], params.cu_seqlens_k[w.batch + 1],
+                                   params.total_k);
+    w.k_row0 = int(r.begin);
+    cap = int(r.len);
+  } else {
+    w.k_row0 = w.batch * params.seqlen_k;
+    cap = params.seqlen_k;
+  }
+  w.k_len = params.seqused_k != nullptr ? int(ClampIndex(params.seqused_k[w.batch], 0, cap)) : cap;
+  return true;
+}
+
+// Persistent order of the work tiles: (batch, head) outer, so the CTAs running at once share the
+// K/V of few heads in L2 (q heads of one kv head are adjacent), row blocks inner, longest first
+// when causal (the short ones then fill the tail).
+__device__ __forceinline__ WorkTile DecodeTile(int t, int num_m_blocks, int num_heads,
+                                               bool causal) {
+  const int m = t % num_m_blocks, bh = t / num_m_blocks;
+  return {causal ? num_m_blocks - 1 - m : m, bh % num_heads, bh / num_heads};
+}
+
+// The tile a persistent CTA takes after tile t: every CTA starts at blockIdx.x. With a counter
+// (causal, whose tiles differ up to num_m_blocks-fold) the next free tile, greedy in DecodeTile's
+// order; else a static stride (non-causal tiles cost the same).
+__device__ __forceinline__ int NextTile(int t, int* counter) {
+  return counter != nullptr ? int(gridDim.x) + atomicAdd(counter, 1) : t + int(gridDim.x);
+}
+
+// Key tiles [n_begin, n_end) a CTA visits (producer and consumers both derive them from here),
+// and which of them need masking: those >= n_mask_begin (right edge: causal / window right, end
+// of the keys) and those < n_mask_end (left edge: window left). Tiles outside the range hold no
+// visible key for any row of the CTA and are never loaded.
+struct KeyTiles {
+  int n_begin;
+  int n_end;         // <= n_begin: no visible key at all (the rows get 0 and LSE -inf)
+  int n_mask_begin;
+  int n_mask_end;
+  __device__ KeyTiles(int m0, int block_m, int block_n, int seqlen_q, int seqlen_k, int left,
+                      int right) {
+    // Row i sees keys [i + diag - left, i + diag + right]: the CTA's last row bounds the range
+    // above, its first row below; every row sees [last - left, first + right] unmasked.
+    const int diag = seqlen_k - seqlen_q;
+    const int first = m0 + diag, last = m0 + block_m - 1 + diag;
+    const int hi = right < 0 ? seqlen_k : min(seqlen_k, max(0, last + right + 1));
+    const int lo = left < 0 ? 0 : max(0, first - left);
+    n_begin = lo / block_n;
+    n_end = lo < hi ? (hi + block_n - 1) / block_n : n_begin;
+    const int unmasked_hi = right < 0 ? seqlen_k : min(seqlen_k, max(0, first + right + 1));
+    const int unmasked_lo = left < 0 ? 0 : max(0, last - left);
+    n_mask_begin = max(n_begin, min(n_end, unmasked_hi / block_n));
+    n_mask_end = min(n_end, max(n_begin, (unmasked_lo + block_n - 1) / block_n));
+  }
+  __device__ bool empty() const { return n_end <= n_begin; }
+  // Keeps share `split` of `splits` (contiguous, in order) of the tiles; the masked edges stay
+  // masked where the share still holds them.
+  __device__ void Split(int split, int splits) {
+    const int n = max(0, n_end - n_begin);
+    const int b = n_begin + n * split / splits, e = n_begin + n * (split + 1) / splits;
+    n_mask_begin = max(b, min(e, n_mask_begin));
+    n_mask_end = min(e, max(b, n_mask_end));
+    n_begin = b;
+    n_end = e;
+  }
+};
+
+// Work item t of a persistent CTA: tile t while t < num_whole_tiles; past it, tail tile
+// num_whole_tiles + u / tail_splits with key share u % tail_splits (u = t - num_whole_tiles).
+template <typename Params>
+__device__ __forceinline__ WorkTile ItemTile(Params const& params, int t) {
+  if (t < params.num_whole_tiles)
+    return DecodeTile(t, params.num_m_blocks, params.num_heads, params.causal);
+  const int u = t - params.num_whole_tiles;
+  WorkTile w = DecodeTile(params.num_whole_tiles + u / params.tail_splits, params.num_m_blocks,
+                          params.num_heads, params.causal);
+  w.split = u % params.tail_splits;
+  return w;
+}
+
+// Compiler-only fence around the smem tile index that rides on the Q barrier: mbarrier.arrive
+// releases and try_wait acquires in hardware, but CUTLASS's asm statements clobber no memory.
+__device__ __forceinline__ void CompilerFence() { asm volatile("" ::: "memory"); }
+
+// A consumer's held tile, field by field through volatile accesses: each read is a fresh smem load,
+// never a register kept from before the main loop. Every thread of the warpgroup writes the same
+// values; each reads back before it releases Q, so the next tile's write comes after all reads.
+__device__ __forceinline__ void StoreTile(HeldTile& slot, WorkTile const& w, int iter) {
+  volatile int* p = reinterpret_cast<volatile int*>(&slot);
+  p[0] = w.m_block; p[1] = w.head; p[2] = w.batch;
+  p[3] = w.q_row0; p[4] = w.q_len; p[5] = w.k_row0; p[6] = w.k_len;
+  p[7] = w.split; p[8] = iter;
+}
+__device__ __forceinline__ WorkTile LoadTile(HeldTile const& slot) {
+  volatile const int* p = reinterpret_cast<volatile const int*>(&slot);
+  WorkTile w{p[0], p[1], p[2]};
+  w.q_row0 = p[3]; w.q_len = p[4]; w.k_row0 = p[5]; w.k_len = p[6];
+  w.split = p[7];
+  return w;
+}
+__device__ __forceinline__ int LoadTileIter(HeldTile const& slot) {
+  return reinterpret_cast<volatile const int*>(&slot)[8];
+}
+static_assert(sizeof(HeldTile) == 9 * sizeof(int));
+
+// The scheduler of one kernel instantiation: tile geometry for the producer and the consumers.
+// kVarlen: packed sequences (cu_seqlens_q / cu_seqlens_k, seqused_k), each tile with its own
+// geometry (VarlenTile); else the call's dense geometry.
+template <typename Cfg, bool kVarlen, typename Params>
+struct TileScheduler {
+  Params const& params;
+
+  // Non-persistent: the CTA's one tile; causal CTAs with more rows have more key tiles, launch
+  // them first.
+  __device__ __forceinline__ WorkTile LaunchTile() const {
+    return {params.causal ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x),
+            int(blockIdx.y), int(blockIdx.z)};
+  }
+  // Persistent: the first work item and the one after t; Valid(t): t names a work item (else
+  // the CTA is done).
+  __device__ __forceinline__ int First() const { return int(blockIdx.x); }
+  __device__ __forceinline__ int Next(int t) const { return NextTile(t, params.tile_counter); }
+  __device__ __forceinline__ bool Valid(int t) const { return t < params.num_tiles; }
+  __device__ __forceinline__ WorkTile Item(int t) const { return ItemTile(params, t); }
+  // Persistent and varlen: tile indices name (linear row block, head); the sequence comes from
+  // VarlenTile. Blocks past the last sequence's rows (the grid is a bound) do nothing: false.
+  __device__ __forceinline__ bool Resolve(WorkTile& w) const {
+    if constexpr (kVarlen) return VarlenTile(params, w.m_block, w.head, Cfg::kBlockM, w);
+    else return true;
+  }
+  // The sequence geometry of a tile: the call's (dense) or the tile's own (varlen).
+  __device__ __forceinline__ int SeqlenQ(WorkTile const& w) const {
+    return kVarlen ? w.q_len : params.seqlen_q;
+  }
+  __device__ __forceinline__ int SeqlenK(WorkTile const& w) const {
+    return kVarlen ? w.k_len : params.seqlen_k;
+  }
+  // The key tiles of a work tile (its share of them under the tail split).
+  __device__ __forceinline__ KeyTiles Keys(WorkTile const& w) const {
+    KeyTiles tiles(w.m_block * Cfg::kBlockM, Cfg::kBlockM, Cfg::kBlockN, SeqlenQ(w), SeqlenK(w),
+                   params.window_left, params.window_right);
+    if constexpr (Cfg::kPersistent && !kVarlen) {
+      if (w.split >= 0) tiles.Split(w.split, params.tail_splits);
+    }
+    return tiles;
+  }
+};
+
+}  // namespace jax_sgl::cuda::sm90

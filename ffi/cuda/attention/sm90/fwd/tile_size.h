@@ -1,0 +1,44 @@
+// The one place the sm_90a flash forward's tile and schedule are chosen, per head dim. No CUDA
+// or CuTe here: the host dispatch includes it.
+//
+// The choice does not depend on dtype (bf16 and fp16 run the same instructions), on causal (the
+// best measured tile was the same both ways at every head dim) or on the call's length (a
+// short-call choice, persistent 128-key tiles at S <= 2k, was measured and lost nowhere by
+// enough to keep a second kernel). All figures: H200, ratios to cuDNN in the same run,
+// benchmarks/notes/NOTES_sm90.md.
+#pragma once
+
+namespace jax_sgl::cuda::sm90 {
+
+struct FwdTileSize {
+  // Keys per tile: a multiple of 16 (the K step of P V), at most 256 (wgmma N, TMA box).
+  int block_n;
+  // Grid = #SMs, each CTA loops over work tiles; the loads of the next tile overlap the epilogue
+  // of the current one. Else one CTA per tile.
+  bool persistent;
+  // The O rescale of a step runs between the issue of S = Q K^T and of P V, while the tensor
+  // cores compute S, instead of after the softmax.
+  bool early_rescale;
+};
+
+// sm90 serves head dims 64, 128 and 256 only (others run on the portable kernel).
+constexpr bool Sm90FwdHeadDim(int head_dim) {
+  return head_dim == 64 || head_dim == 128 || head_dim == 256;
+}
+
+constexpr FwdTileSize FwdTile(int head_dim) {
+  // hd64: 192-key tiles halve the softmax rounds per FLOP, which matter most at hd64 (half the
+  // GEMM per softmax element of hd128); persistent with the early rescale measured 0.996-0.998x
+  // against 0.94-0.97x for 128-key tiles, and 1.01-1.05x with the tail split at 4k-8k.
+  // hd128: persistent 128-key tiles, rescale after the softmax: best or tied-best in all twelve
+  // (S 1k-8k, heads, mask) cells after the spill fix, 0.89-1.06x where 176-key tiles ran
+  // 0.79-0.98x; 1.03-1.09x at 8k with the tail split. (176 keys: S 88 + P 44 + O 64 registers.)
+  // hd256: O alone takes 128 registers, so keys come in tiles of 80 (Q 64 KiB + 2 stages x
+  // 2 x 40 KiB = 224 KiB of smem), one CTA per tile with the early rescale: 1.07x non-causal,
+  // 1.09x causal, against 0.96-1.03x persistent.
+  return head_dim == 64    ? FwdTileSize{192, true, true}
+         : head_dim == 128 ? FwdTileSize{128, true, false}
+                           : FwdTileSize{80, false, true};
+}
+
+}  // namespace jax_sgl::cuda::sm90
