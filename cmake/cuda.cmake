@@ -28,24 +28,14 @@ target_include_directories(jax_sgl_cudart SYSTEM INTERFACE ${CMAKE_CUDA_TOOLKIT_
 target_link_libraries(jax_sgl_cudart INTERFACE "${JAX_SGL_CUDART_STATIC}" Threads::Threads
                       ${CMAKE_DL_LIBS} rt)
 
-set(JAX_SGL_CUDA_SOURCES
-  ffi/cuda/rope_pool/rope_pool.cu
-  ffi/cuda/rope_pool/rope_pool_handler.cc
-)
+jax_sgl_sources(cuda JAX_SGL_CUDA_SOURCES)
+jax_sgl_sources(cuda_copts JAX_SGL_CUDA_COPTS)
 # Attention forward and backward (ffi/cuda/attention): one generated instantiation file per
 # (kind, head dim, dtype), listed in ffi/cuda/attention/instantiations.json (the one list;
 # generate_instantiations.py writes the files from it). JAX_SGL_ATTN_HEAD_DIMS trims the portable
 # (sm80) family for dev builds; left-out head dims get their guard defined, so the dispatch
 # compiles them out too and reports "not built" at run time.
 set(JAX_SGL_ATTN_HEAD_DIMS "64;96;128;192;256" CACHE STRING "Attention head-dim kernels to build")
-list(APPEND JAX_SGL_CUDA_SOURCES
-  ffi/cuda/attention/attention_handler.cc
-  ffi/cuda/attention/fwd_dispatch.cc
-  ffi/cuda/attention/common/split_combine.cu
-  ffi/cuda/attention/attention_bwd_handler.cc
-  ffi/cuda/attention/bwd_dispatch.cc
-  ffi/cuda/attention/bwd_sm80/preprocess.cu
-)
 set(_jax_sgl_inst_file "${CMAKE_CURRENT_SOURCE_DIR}/ffi/cuda/attention/instantiations.json")
 file(READ "${_jax_sgl_inst_file}" _jax_sgl_inst)
 set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS "${_jax_sgl_inst_file}")
@@ -98,7 +88,7 @@ target_sources(_native PRIVATE ${JAX_SGL_CUDA_SOURCES})
 set_target_properties(_native PROPERTIES CUDA_ARCHITECTURES "${JAX_SGL_CUDA_ARCHITECTURES}")
 target_compile_definitions(_native PRIVATE JAX_SGL_HAVE_CUDA=1)
 target_link_libraries(_native PRIVATE jax_sgl_cudart)
-target_compile_options(_native PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr -lineinfo>)
+target_compile_options(_native PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:${JAX_SGL_CUDA_COPTS}>)
 
 # CuTe/CUTLASS headers for the matrix kernels, from the nvidia-cutlass wheel
 # (cutlass_library/source/include). Optional: kernels that need them add the interface target
@@ -140,13 +130,14 @@ if("90a" IN_LIST JAX_SGL_CUDA_ARCHS AND TARGET jax_sgl_cutlass AND JAX_SGL_SM90_
                                                 POSITION_INDEPENDENT_CODE ON)
   target_include_directories(jax_sgl_sm90 PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})
   target_link_libraries(jax_sgl_sm90 PRIVATE jax_sgl_cutlass jax_sgl_cudart)
-  target_compile_options(jax_sgl_sm90 PRIVATE --expt-relaxed-constexpr -lineinfo)
-  # wgmma N other than 2^k (hd256's 80-key tiles) is behind this switch in CuTe's MMA selectors;
-  # without it they silently pick N = 16.
-  target_compile_definitions(jax_sgl_sm90 PRIVATE CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED=1)
-  target_sources(_native PRIVATE ffi/cuda/attention/sm90/fwd/dispatch.cc
-                                 ffi/cuda/attention/sm90/bwd/dispatch.cc
-                                 $<TARGET_OBJECTS:jax_sgl_sm90>)
+  target_compile_options(jax_sgl_sm90 PRIVATE ${JAX_SGL_CUDA_COPTS})
+  # sm90_defines: wgmma N other than 2^k (hd256's 80-key tiles) is behind
+  # CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED in CuTe's MMA selectors; without it they silently pick
+  # N = 16.
+  jax_sgl_sources(sm90_defines _jax_sgl_sm90_defines)
+  target_compile_definitions(jax_sgl_sm90 PRIVATE ${_jax_sgl_sm90_defines})
+  jax_sgl_sources(sm90 _jax_sgl_sm90_dispatch)
+  target_sources(_native PRIVATE ${_jax_sgl_sm90_dispatch} $<TARGET_OBJECTS:jax_sgl_sm90>)
   target_compile_definitions(_native PRIVATE JAX_SGL_HAVE_SM90=1)
   list(LENGTH _jax_sgl_sm90_sources _n)
   message(STATUS "jax_sgl: sm90 attention: head dims ${JAX_SGL_SM90_HEAD_DIMS}, "
