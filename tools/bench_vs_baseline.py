@@ -1,14 +1,13 @@
 """Same-run regression check: this tree's build against a baseline build, benchmark by benchmark.
 
-Each benchmark runs in its own process once per build and round, the two builds alternating
-(base, new, base, new, ...), so both see the same machine state; the benchmark scripts are each
-build's own (their command lines must mean the same in both). jax_sgl's figure in every SUMMARY
-line (the first number after the colon: TFLOP/s or GB/s) is compared across builds by its median
-over the rounds; the line's anchors (cuDNN, XLA) come along as a check that the machine did not
-drift.
+Each command runs in its own process once per build and round, the two builds alternating
+(base, new, base, new, ...), so both see the same machine state. The scripts are this tree's
+(paths from its root, e.g. tools/default_paths.py, which uses only API every build has); each
+build comes first on PYTHONPATH in its own runs. The figure of every SUMMARY line (the first
+number after the colon: TFLOP/s or GB/s) is compared across builds by its median over rounds.
 
-  python3 tools/bench_vs_baseline.py --base-site /tmp/base --base-src /tmp/base_src \
-      --new-site /tmp/new --rounds 2 -- "bench_attention.py --head-dims 128 --skip-decode"
+  python3 tools/bench_vs_baseline.py --base-site /tmp/base --new-site /tmp/new --rounds 2 \
+      "tools/default_paths.py --batches 3"
 
 prints one table row per SUMMARY key and a last line `SUMMARY vs-baseline: worst ...`.
 """
@@ -27,11 +26,13 @@ from collections import defaultdict
 _FIGURE = re.compile(r"^SUMMARY (.*?): \D*?([0-9.]+)")
 
 
-def run(site: str, src: str, command: str, log: str) -> dict[str, float]:
-  """Runs benchmarks/<command> of `src` with `site` first on the path; {summary key: figure}."""
+def run(site: str, command: str, log: str) -> dict[str, float]:
+  """Runs `command` (a script of this tree + its arguments) with `site` first on the path;
+  {summary key: figure}."""
   script, *args = shlex.split(command)
   env = dict(os.environ, PYTHONPATH=site + os.pathsep + os.environ.get("PYTHONPATH", ""))
-  proc = subprocess.run([sys.executable, os.path.join(src, "benchmarks", script), *args],
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  proc = subprocess.run([sys.executable, os.path.join(root, script), *args],
                         env=env, cwd="/tmp", capture_output=True, text=True)
   with open(log, "a") as f:
     f.write(f"### {site} {command} (exit {proc.returncode})\n{proc.stdout}{proc.stderr}\n")
@@ -46,20 +47,18 @@ def run(site: str, src: str, command: str, log: str) -> dict[str, float]:
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--base-site", required=True, help="the baseline build's install dir")
-  parser.add_argument("--base-src", required=True, help="the baseline source tree")
-  parser.add_argument("--new-site", required=True, help="this tree's build's install dir")
+  parser.add_argument("--new-site", required=True,
+                      help="this tree's build's install dir (an empty one: the installed build)")
   parser.add_argument("--rounds", type=int, default=2)
   parser.add_argument("--log", default=os.path.join(os.environ.get("OUT", "/tmp"),
                                                     "bench_vs_baseline.log"))
-  parser.add_argument("commands", nargs="+", help="benchmark script + its arguments, quoted")
+  parser.add_argument("commands", nargs="+", help="script + its arguments, quoted")
   args = parser.parse_args()
-  new_src = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   figures: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
   for command in args.commands:
     for _ in range(args.rounds):
-      for side, site, src in (("base", args.base_site, args.base_src),
-                              ("new", args.new_site, new_src)):
-        for key, value in run(site, src, command, args.log).items():
+      for side, site in (("base", args.base_site), ("new", args.new_site)):
+        for key, value in run(site, command, args.log).items():
           figures[key][side].append(value)
   worst = None
   print(f"{'benchmark (jax_sgl figure)':<78} {'base':>8} {'new':>8} {'new/base':>9}")
