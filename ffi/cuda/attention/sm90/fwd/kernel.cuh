@@ -2,8 +2,9 @@
 // rows of one (q head, batch); by the head dim's tile choice (tile_size.h) one CTA runs per tile,
 // or #SMs persistent CTAs (Cfg::kPersistent) loop over tiles (tile_scheduler.cuh).
 //   warpgroup 0, one thread: the producer (mainloop_load.cuh), TMA loads of Q and the K/V rings;
-//   warpgroups 1 and 2: consumers of 64 query rows each, the main loop (mainloop_mma.cuh: S, the
-//   online softmax, P V, ping-pong between the two) and the epilogue (epilogue.cuh: normalize,
+//   warpgroups 1 and 2: consumers of 64 query rows each: the main loop below (S = Q K^T and
+//   O += P V on wgmma, P kept in registers, the online softmax of softmax.h between them; the
+//   two consumers take turns on the tensor cores) and the epilogue (epilogue.cuh: normalize,
 //   LSE, O store).
 // kVarlen: packed q / k / v (cu_seqlens_q / cu_seqlens_k, seqused_k): per-tile sequence geometry,
 // row offsets into the TMA views, O stored row by row. kSoftcap: scores capped before the mask
@@ -18,9 +19,9 @@
 
 #include "ffi/cuda/attention/sm90/fwd/config.h"
 #include "ffi/cuda/attention/sm90/fwd/epilogue.cuh"
+#include "ffi/cuda/attention/sm90/fwd/gemm.cuh"
 #include "ffi/cuda/attention/sm90/fwd/kernel_params.h"
 #include "ffi/cuda/attention/sm90/fwd/mainloop_load.cuh"
-#include "ffi/cuda/attention/sm90/fwd/mainloop_mma.cuh"
 #include "ffi/cuda/attention/sm90/fwd/softmax.h"
 #include "ffi/cuda/attention/sm90/fwd/tile_scheduler.cuh"
 
@@ -30,9 +31,11 @@ template <typename Cfg, bool kVarlen = false, bool kSoftcap = false>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     FlashFwdSm90Kernel(CUTE_GRID_CONSTANT KernelParams<Cfg> const params) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Element = typename Cfg::Element;
   using Pipeline = typename Cfg::Pipeline;
   using PipelineState = cutlass::PipelineState<Cfg::kStages>;
   constexpr int kBlockM = Cfg::kBlockM;
+  constexpr int kBlockN = Cfg::kBlockN;
   constexpr int kRows = Cfg::kWarpgroupRows;
   constexpr int kConsumerThreads = 128 * Cfg::kConsumers;
   constexpr bool kPersistent = Cfg::kPersistent;
@@ -96,9 +99,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
     const AccCoord coord(thread_in_wg);
     PipelineState read_k, read_v;  // run on across the tiles of a persistent CTA
-    MainloopMma<Cfg, kVarlen, kSoftcap> mainloop{params, scheduler, shared, pipe_k, pipe_v,
-                                                 read_k, read_v, coord, consumer, my_turn,
-                                                 other_turn};
     Epilogue<Cfg, kVarlen> epilogue{params, scheduler, shared, coord, consumer, thread_in_wg,
                                     epilogue_barrier};
     // The first consumer goes first.
@@ -117,9 +117,112 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       const int key_end = scheduler.SeqlenK(tile);
       OnlineSoftmax softmax(params.softmax_scale);
       clear(tOrO);
-      if (!tiles.empty())
-        mainloop.Run(tiles, row_base, diag, key_end, last_tile, mma_qk, mma_pv, tSrQ, tSrK, tOrV,
-                     tOrO, softmax);
+      // Masks keys past the end, right of the diagonal / window and left of the window, for key
+      // tile n: each row r keeps the columns in [begin, end), so the test per element is two
+      // compares + select, branch-free (a branch here would make ptxas wait for P V).
+      auto mask = [&](auto& s, int n) {
+        int begin[2], end[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int row_diag = row_base + 8 * r + diag;
+          end[r] = key_end;
+          if (params.window_right >= 0) end[r] = min(end[r], row_diag + params.window_right + 1);
+          begin[r] = params.window_left >= 0 ? row_diag - params.window_left : 0;
+          end[r] -= n * kBlockN + coord.col0;  // relative to this thread's first column
+          begin[r] -= n * kBlockN + coord.col0;
+        }
+#pragma unroll
+        for (int i = 0; i < size(s); ++i) {
+          const int r = (i / 2) % 2;
+          if (AccCoord::Col(i) >= end[r] || AccCoord::Col(i) < begin[r]) s(i) = -INFINITY;
+        }
+      };
+      // Softcap, before the mask: s -> cap tanh(scale s / cap), as cap - 2 cap / (1 + e^{2x})
+      // (one MUFU.EX2 + one MUFU.RCP; saturates to +-cap without NaN for large |x|).
+      auto apply_softcap = [&](auto& s) {
+#pragma unroll
+        for (int i = 0; i < size(s); ++i) {
+          const float e = Exp2Ftz(s(i) * params.softcap_exp2_scale);
+          s(i) = fmaf(-2.f * params.softcap, __fdividef(1.f, 1.f + e), params.softcap);
+        }
+      };
+
+      if (!tiles.empty()) {
+        auto hand_over = [&](bool last) {
+          if (!(last && last_tile && consumer == 1))
+            cutlass::arch::NamedBarrier::arrive(kConsumerThreads, other_turn);
+        };
+
+        int n = tiles.n_end - 1;
+        Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<kRows>, Int<kBlockN>>{});
+        pipe_k.consumer_wait(read_k);
+        cutlass::arch::NamedBarrier::sync(kConsumerThreads, my_turn);
+        Gemm<true, false>(mma_qk, tSrQ, tSrK(_, _, _, read_k.index()), tSrS);
+        hand_over(n == tiles.n_begin);
+        warpgroup_wait<0>();
+        pipe_k.consumer_release(read_k);
+        ++read_k;
+        if constexpr (kSoftcap) apply_softcap(tSrS);
+        mask(tSrS, n);
+        // Early rescale: the correction of the latest softmax step waits here until the next
+        // step's S is issued (the first one scales O = 0: harmless).
+        float correction[2];
+        softmax.Step(tSrS, correction);
+        Tensor tOrP = ToP<Element, kBlockN>(tSrS);
+
+        // One step: S_n issued with P_{n+1} V_{n+1}; softmax of S_n while P V runs.
+        auto step = [&](int n, auto masked) {
+          Tensor s = partition_fragment_C(mma_qk, Shape<Int<kRows>, Int<kBlockN>>{});
+          pipe_k.consumer_wait(read_k);
+          cutlass::arch::NamedBarrier::sync(kConsumerThreads, my_turn);
+          Gemm<true, false>(mma_qk, tSrQ, tSrK(_, _, _, read_k.index()), s);
+          // O is idle here (the last P V completed); the tensor cores are busy with S.
+          if constexpr (Cfg::kEarlyRescale) ScaleRows(tOrO, correction);
+          pipe_v.consumer_wait(read_v);
+          Gemm<false, true>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
+          hand_over(n == tiles.n_begin);
+          warpgroup_wait<1>();
+          pipe_k.consumer_release(read_k);
+          ++read_k;
+          if constexpr (kSoftcap) apply_softcap(s);
+          if constexpr (decltype(masked)::value) mask(s, n);
+          float corr[2];
+          softmax.Step(s, corr);
+          warpgroup_wait<0>();
+          pipe_v.consumer_release(read_v);
+          ++read_v;
+          if constexpr (Cfg::kEarlyRescale) {
+            correction[0] = corr[0];
+            correction[1] = corr[1];
+          } else {
+            ScaleRows(tOrO, corr);
+          }
+          Tensor p = ToP<Element, kBlockN>(s);
+#pragma unroll
+          for (int i = 0; i < size(p); ++i) tOrP(i) = p(i);
+        };
+        // The remaining tiles, n_end - 2 down to n_begin, in three straight passes: the masked
+        // right edge (>= n_mask_begin), the unmasked middle (>= n_mask_end), the masked left
+        // edge (the rest, < n_mask_end). A tile in [n_mask_begin, n_mask_end) (narrow window)
+        // goes with the first pass. One loop around both kinds of step kept the state of both
+        // live at once and spilled (benchmarks/notes/NOTES_sm90.md, spill fix). Persistent: only a
+        // count lives across the middle (its step uses no n); the left edge's range and start come from
+        // the held tile again (n there is min(n_end - 2, n_mask_begin - 1, n_mask_end - 1)).
+        for (n = tiles.n_end - 2; n >= tiles.n_mask_begin; --n) step(n, cute::true_type{});
+        for (int c = n - tiles.n_mask_end; c >= 0; --c, --n) step(n, cute::false_type{});
+        const KeyTiles left =
+            kPersistent ? scheduler.Keys(LoadTile(shared.held[consumer])) : tiles;
+        if constexpr (kPersistent)
+          n = min(left.n_end - 2, min(left.n_mask_begin, left.n_mask_end) - 1);
+        for (; n >= left.n_begin; --n) step(n, cute::true_type{});
+
+        if constexpr (Cfg::kEarlyRescale) ScaleRows(tOrO, correction);
+        pipe_v.consumer_wait(read_v);
+        Gemm<false, true>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
+        warpgroup_wait<0>();
+        pipe_v.consumer_release(read_v);
+        ++read_v;
+      }
       return epilogue.Store(tile, row_base, thr_pv, sOmine, tOrO, softmax);
     };
 
