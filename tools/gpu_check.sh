@@ -81,7 +81,10 @@ row targets "$(tail -1 "$OUT/build.log")"
 if [[ "${GPU_CHECK_TESTS:-}" != none ]]; then
   read -r -a tests <<< "${GPU_CHECK_TESTS:-tests/}"
   tests=("${tests[@]/#tests/$REPO/tests}")
-  "$PY" -m pytest -m gpu -q -rfEs -p no:cacheprovider --rootdir "$REPO" "${tests[@]}" \
+  # Without preallocation: XLA's default (75% of the GPU per process) starves parallel workers
+  # (pytest -n), which then fail or see no GPU.
+  XLA_PYTHON_CLIENT_PREALLOCATE="${XLA_PYTHON_CLIENT_PREALLOCATE:-false}" \
+    "$PY" -m pytest -m gpu -q -rfEs -p no:cacheprovider --rootdir "$REPO" "${tests[@]}" \
       > "$OUT/pytest.log" 2>&1
   row tests "$(grep -E '(passed|failed|error|skipped|no tests ran)' "$OUT/pytest.log" | tail -1)"
 fi
