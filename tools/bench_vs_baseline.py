@@ -36,6 +36,8 @@ def run(site: str, command: str, log: str) -> dict[str, float]:
                         env=env, cwd="/tmp", capture_output=True, text=True)
   with open(log, "a") as f:
     f.write(f"### {site} {command} (exit {proc.returncode})\n{proc.stdout}{proc.stderr}\n")
+  if site and os.listdir(site) and os.path.realpath(site) not in proc.stdout:
+    raise SystemExit(f"bench_vs_baseline: {command} did not import jax_sgl from {site}; see {log}")
   figures = {}
   for line in proc.stdout.splitlines():
     m = _FIGURE.match(line)

@@ -75,7 +75,8 @@ def main() -> None:
   parser.add_argument("--paths", nargs="+", default=["prefill", "decode", "fwdbwd"],
                       choices=["prefill", "decode", "fwdbwd"])
   args = parser.parse_args()
-  print(f"jax_sgl from {os.path.dirname(jax_sgl.__file__)}, {jax.devices()[0].device_kind}")
+  print(f"jax_sgl from {os.path.realpath(os.path.dirname(jax_sgl.__file__))}, "
+        f"{jax.devices()[0].device_kind}")
   runs = {"prefill": prefill, "decode": decode, "fwdbwd": forward_backward}
   for path in args.paths:
     runs[path](args.batches)
