@@ -45,28 +45,29 @@ struct AttentionAttrs {
 
 constexpr size_t kAttentionOperands = 10;
 
-// Operand `index` of the call as T, or an error naming it.
-template <typename T>
-ffi::Error GetOperand(const ffi::RemainingArgs& args, size_t index, const char* name,
-                      std::optional<T>* out) {
-  auto value = args.get<T>(index);
+// Element `index` of the call's operands (RemainingArgs, kind "operand") or results
+// (RemainingRets, kind "result") as T, or an error naming it.
+template <typename T, typename Remaining, typename Out>
+ffi::Error GetIndexed(const Remaining& list, const char* kind, size_t index, const char* name,
+                      std::optional<Out>* out) {
+  auto value = list.template get<T>(index);
   if (value.has_error())
-    return InvalidArgument(std::string("jax_sgl.attention: operand ") + std::to_string(index) +
-                           " (" + name + "): " + value.error().message());
+    return InvalidArgument(std::string("jax_sgl.attention: ") + kind + " " +
+                           std::to_string(index) + " (" + name + "): " + value.error().message());
   out->emplace(*value);
   return ffi::Error::Success();
 }
 
-// Result `index` of the call as T, or an error naming it.
+template <typename T>
+ffi::Error GetOperand(const ffi::RemainingArgs& args, size_t index, const char* name,
+                      std::optional<T>* out) {
+  return GetIndexed<T>(args, "operand", index, name, out);
+}
+
 template <typename T>
 ffi::Error GetResult(const ffi::RemainingRets& rets, size_t index, const char* name,
                      std::optional<ffi::Result<T>>* out) {
-  auto value = rets.get<T>(index);
-  if (value.has_error())
-    return InvalidArgument(std::string("jax_sgl.attention: result ") + std::to_string(index) +
-                           " (" + name + "): " + value.error().message());
-  out->emplace(*value);
-  return ffi::Error::Success();
+  return GetIndexed<T>(rets, "result", index, name, out);
 }
 
 inline ffi::Error CheckCount(const char* what, size_t got, size_t expected) {
