@@ -4,17 +4,17 @@ Prefill (issue 3 section 5, issue 8 item 5): B*S = 32768 tokens, S in {1k, 4k, 1
 and GQA 32/8, D in {64, 128, 256} (256: heads 16/16 only), causal and not, bf16 and/or fp16;
 TFLOP/s counted as 4*B*H*S^2*D (halved when causal). Implementations, per configuration:
 
-  sm90         jax_sgl.attention with JAX_SGL_SM90=1: the Hopper wgmma + TMA kernel ('-' where
-               this build lacks the instantiation or the device is not compute capability 9.0);
-  portable     jax_sgl.attention with JAX_SGL_SM90=0: the sm80 mma.sync kernel;
+  sm90         jax_sgl.attention (default): the Hopper wgmma + TMA kernel ('-' where this build
+               lacks the instantiation or the device is not compute capability 9.0);
+  portable     jax_sgl.attention with JAX_SGL_DISABLE=sm90: the sm80 mma.sync kernel;
   cudnn        jax.nn.dot_product_attention(implementation="cudnn");
   pallas_mgpu  jax.experimental.pallas.ops.gpu.attention_mgpu.attention (fp16 runs only: the dtype
                its authors tune it for), block_q 64, block_kv 128 (64 where 128 does not fit);
   xla          jax.nn.dot_product_attention(implementation="xla"), skipped where its float32 score
                matrix would pass 8 GiB.
 
-The CUDA handler reads JAX_SGL_SM90 at every call, so sm90 and portable share one compiled
-function and the variable is set before each of their timed batches. The implementations of a
+JAX_SGL_DISABLE is read when a call is lowered, so sm90 and portable are two compiled functions
+(timing.jit_with_disable). The implementations of a
 configuration are timed round-robin (timing.interleaved_medians: batch i of each before batch i+1
 of any) and each reports its median, so drift lands on all alike. A bf16/fp16 GEMM (8192^3, f32
 accumulate, half output) measured in the same run gives the '% GEMM' column, a practical ceiling.
@@ -34,14 +34,13 @@ import argparse
 import functools
 import importlib.util
 import json
-import os
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 import jax_sgl
-from timing import interleaved_medians, median_seconds, try_time
+from timing import interleaved_medians, jit_with_disable, median_seconds, try_time
 
 DTYPES = {"bf16": jnp.bfloat16, "fp16": jnp.float16}
 PAGE = 16
@@ -85,15 +84,11 @@ def anchor(impl, causal):
                                                               implementation=impl))
 
 
-def set_sm90_env(value):
-  """A `prepare` hook: the CUDA handler reads JAX_SGL_SM90 at every call (sm90/fwd/dispatch.cc)."""
-  return lambda: os.environ.__setitem__("JAX_SGL_SM90", value)
-
-
 def sm90_missing(d, dtype_name):
   """Why the sm90 kernel cannot serve (D, dtype) here, or None when it can."""
-  built = jax_sgl.attention_backend_info()["sm90_kernels"]
-  if f"hdim{d}_{dtype_name}" not in built:
+  built = jax_sgl.attention_backend_info()["kernels"].get("sm90_fwd", {})
+  dtype = jnp.dtype(DTYPES[dtype_name]).name
+  if d not in built.get("head_dims", ()) or dtype not in built["dtypes"]:
     return f"hdim{d}_{dtype_name} not in this build's sm90 kernels {built}"
   cc = getattr(jax.devices()[0], "compute_capability", None)
   if cc != "9.0":
@@ -124,14 +119,14 @@ def candidates(q, k, v, causal, d, dtype_name):
   are left out (the reason printed once)."""
   b, s, h, _ = q.shape
   args = (q, k, v)
-  ours = jax.jit(lambda q, k, v: jax_sgl.attention(q, k, v, causal=causal))
+  ours = lambda q, k, v: jax_sgl.attention(q, k, v, causal=causal)
   runs = {}
   why = sm90_missing(d, dtype_name)
   if why is None:
-    runs["sm90"] = (ours, args, set_sm90_env("1"))
+    runs["sm90"] = (jit_with_disable(ours, ""), args, None)
   else:
     report_once("sm90", RuntimeError(why))
-  runs["portable"] = (ours, args, set_sm90_env("0"))
+  runs["portable"] = (jit_with_disable(ours, "sm90"), args, None)
   runs["cudnn"] = (anchor("cudnn", causal), args, None)
   if dtype_name == "fp16":
     scaled = ((q * (1 / np.sqrt(d))).astype(q.dtype), k, v)  # outside the timed calls
@@ -220,23 +215,16 @@ def prefill(seqlens, batches, results, head_dims, dtype_names, gemm, tokens):
   print(f"{'S':>6} {'H/Hkv':>6} {'D':>4} {'dtype':>5} {'causal':>6} " +
         " ".join(f"{LABELS.get(i, i):>8}" for i in IMPLS) +
         f" {'% GEMM':>7} {'vs cudnn':>8} {'vs pallas':>9} {'vs xla':>8}")
-  saved = os.environ.get("JAX_SGL_SM90")
-  try:
-    for dtype_name in dtype_names:
-      for shape in PREFILL_SHAPES:
-        if shape[0] not in head_dims:
-          continue
-        for causal in (False, True):
-          for s in seqlens:
-            row = prefill_config(s, shape, dtype_name, causal, tokens, batches)
-            row["gemm_pct"] = 100 * (ours_of(row)[1] or 0) / gemm[dtype_name]
-            results["prefill"].append(row)
-            print_row(row, gemm[dtype_name])
-  finally:  # the decode section and later code see the variable as the user set it
-    if saved is None:
-      os.environ.pop("JAX_SGL_SM90", None)
-    else:
-      os.environ["JAX_SGL_SM90"] = saved
+  for dtype_name in dtype_names:
+    for shape in PREFILL_SHAPES:
+      if shape[0] not in head_dims:
+        continue
+      for causal in (False, True):
+        for s in seqlens:
+          row = prefill_config(s, shape, dtype_name, causal, tokens, batches)
+          row["gemm_pct"] = 100 * (ours_of(row)[1] or 0) / gemm[dtype_name]
+          results["prefill"].append(row)
+          print_row(row, gemm[dtype_name])
   for row in results["prefill"]:
     print_summary(row, gemm[row["dtype"]])
 

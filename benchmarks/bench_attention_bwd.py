@@ -4,16 +4,15 @@
   xla      jax.grad of jax.nn.dot_product_attention(implementation="xla") (skipped where its
            score matrices would not fit comfortably);
   jax_sgl  jax.grad of jax_sgl.attention, with the CUDA backward kernel (the default; --reference-bwd
-           sets JAX_SGL_CUDA_BWD=0, the reference lowering), once per
+           sets JAX_SGL_DISABLE=cuda_bwd, the reference lowering), once per
            backward named in --bwd, each row labelled with the kernel that served it:
-             sm80      the portable mma.sync kernels (JAX_SGL_SM90_BWD=0);
-             sm90      the Hopper wgmma + TMA kernel, dQ by float32 atomics (JAX_SGL_SM90_BWD=1);
-             sm90det   the same with JAX_SGL_BWD_DETERMINISTIC=1 (dQ by the sm90 dQ kernel, no
-                       atomics: bitwise reproducible);
-             sm90det80 JAX_SGL_BWD_DETERMINISTIC=sm80 (dQ by the sm80 dQ kernel; not default).
+             sm80      the portable mma.sync kernels (JAX_SGL_DISABLE=sm90_bwd);
+             sm90      the Hopper wgmma + TMA kernel, dQ by float32 atomics (the default);
+             sm90det   the same with deterministic=True (dQ by the sm90 dQ kernel, no
+                       atomics: bitwise reproducible).
            The sm90 variants run only where the build has the kernel and the device is 9.0;
-           these dense calls are all in its coverage. Both variables are read by the handler
-           at every call, so one process times all of them.
+           these dense calls are all in its coverage. JAX_SGL_DISABLE is read when a call is
+           lowered, and every variant's functions are jitted afresh after it is set.
 
 Issue 4's cases: bf16, D=128, H=16 (MHA), B*S = 32768 tokens, S in {4k, 8k}, causal and not.
 TFLOP/s count the forward's 4*B*H*S^2*D (halved when causal) times 3.5 for forward+backward
@@ -37,31 +36,31 @@ from timing import median_seconds, try_time
 DTYPE = jnp.bfloat16
 
 
-# --bwd variant -> (JAX_SGL_SM90_BWD, JAX_SGL_BWD_DETERMINISTIC) while it is timed.
-BWD_VARIANTS = {"sm80": ("0", "0"), "sm90": ("1", "0"), "sm90det": ("1", "1"),
-                "sm90det80": ("1", "sm80")}
+# --bwd variant -> (JAX_SGL_DISABLE, the `deterministic` argument) while it is timed.
+BWD_VARIANTS = {"sm80": ("sm90_bwd", False), "sm90": ("", False), "sm90det": ("", True)}
 
 
-def set_bwd_variant(name):
-  sm90, det = BWD_VARIANTS[name]
-  os.environ["JAX_SGL_SM90_BWD"] = sm90
-  os.environ["JAX_SGL_BWD_DETERMINISTIC"] = det
+def set_bwd_variant(name, reference_bwd=False):
+  """Sets JAX_SGL_DISABLE for variant `name` (plus cuda_bwd with --reference-bwd) and returns its
+  `deterministic` argument."""
+  disable, deterministic = BWD_VARIANTS[name]
+  os.environ["JAX_SGL_DISABLE"] = ",".join(n for n in (disable, "cuda_bwd" if reference_bwd else "") if n)
+  return deterministic
 
 
 def sm90_bwd_available(head_dim, name="sm90"):
   """The sm90 backward for bf16 at head_dim is built and the device is compute capability 9.0."""
   del name
-  info = jax_sgl.attention_backend_info()
+  built = jax_sgl.attention_backend_info()["kernels"].get("sm90_bwd", {})
   device = jax.devices()[0]
-  kernel = f"hdim{head_dim}_bf16"
-  return (kernel in info.get("sm90_bwd_kernels", ())
+  return (head_dim in built.get("head_dims", ()) and "bfloat16" in built["dtypes"]
           and getattr(device, "compute_capability", "") == "9.0")
 
 
-def attention_fns(impl, causal):
+def attention_fns(impl, causal, deterministic=False):
   """(forward, forward+backward) jitted for one implementation."""
   if impl.startswith("jax_sgl"):
-    attn = lambda q, k, v: jax_sgl.attention(q, k, v, causal=causal)
+    attn = lambda q, k, v: jax_sgl.attention(q, k, v, causal=causal, deterministic=deterministic)
   else:
     attn = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=causal,
                                                         implementation=impl)
@@ -70,9 +69,9 @@ def attention_fns(impl, causal):
   return jax.jit(attn), jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
 
 
-def check_close(q, k, v, causal):
+def check_close(q, k, v, causal, deterministic):
   """Our gradients against cuDNN's (or XLA's) on the benchmark's own inputs."""
-  _, ours = attention_fns("jax_sgl", causal)
+  _, ours = attention_fns("jax_sgl", causal, deterministic)
   for impl in ("cudnn", "xla"):
     try:
       _, anchor = attention_fns(impl, causal)
@@ -104,8 +103,6 @@ def main():
                       help="CUDA backward variants to time (sm90 ones only where available)")
   parser.add_argument("--skip-xla", action="store_true", help="leave out the XLA anchor")
   args = parser.parse_args()
-  if args.reference_bwd:
-    os.environ["JAX_SGL_CUDA_BWD"] = "0"
   variants = [b for b in args.bwd if b == "sm80" or sm90_bwd_available(args.head_dim, b)]
   if args.reference_bwd or not variants:
     variants = ["sm80"]
@@ -114,7 +111,7 @@ def main():
   primary = "sm90" if "sm90" in variants else variants[0]
   print(f"device: {jax.devices()[0].device_kind}, jax {jax.__version__}")
   print(f"jax_sgl attention backend: {jax_sgl.attention_backend_info()}, "
-        f"JAX_SGL_CUDA_BWD={os.environ.get('JAX_SGL_CUDA_BWD', '')}, backward variants: "
+        f"reference backward: {args.reference_bwd}, backward variants: "
         f"{' '.join(variants)}")
   h, d = args.heads, args.head_dim
   print(f"\nforward+backward, B*S = {args.tokens} tokens, H={h}, D={d}, bf16; TFLOP/s "
@@ -135,9 +132,10 @@ def main():
         if impl == "xla" and (args.skip_xla or 2 * b * h * s * s * 4 > 20 << 30):
           rows[impl] = None
           continue
+        deterministic = False
         if impl.startswith("jax_sgl/"):
-          set_bwd_variant(impl.split("/")[1])
-        fwd, fwd_bwd = attention_fns(impl, causal)
+          deterministic = set_bwd_variant(impl.split("/")[1], args.reference_bwd)
+        fwd, fwd_bwd = attention_fns(impl, causal, deterministic)
         t_all = try_time(fwd_bwd, (q, k, v), calls, args.batches)
         t_fwd = try_time(fwd, (q, k, v), calls, args.batches) if t_all else None
         rows[impl] = (t_all, t_fwd) if t_all else None
@@ -159,9 +157,9 @@ def main():
               f"{3.5 * flops / t_all / 1e12:8.0f} {bwd:8.0f} {t_all / ours:9.2f}x")
       errs = {}
       for name in ran:
-        set_bwd_variant(name)
+        deterministic = set_bwd_variant(name, args.reference_bwd)
         try:
-          errs[name] = check_close(q, k, v, causal)
+          errs[name] = check_close(q, k, v, causal, deterministic)
         except Exception as e:  # report, keep benchmarking the other cases
           print(f"  ({name} check: {type(e).__name__}: {str(e).splitlines()[0][:100]})")
           errs[name] = None

@@ -2,8 +2,8 @@
 against what a JAX user has today, cuDNN on the same sequences padded to the longest one with
 query_seq_lengths / key_value_seq_lengths, all timed round-robin in one process.
 
-  sm90      jax_sgl varlen on the Hopper kernel's varlen instantiation (JAX_SGL_SM90=1)
-  portable  jax_sgl varlen on the sm80 mma.sync kernel (JAX_SGL_SM90=0)
+  sm90      jax_sgl varlen on the Hopper kernel's varlen instantiation (the default)
+  portable  jax_sgl varlen on the sm80 mma.sync kernel (JAX_SGL_DISABLE=sm90)
   cudnn     jax.nn.dot_product_attention(implementation="cudnn") on the padded batch
 
 Sequence lengths are drawn uniformly from [S/2, 3S/2] (seeded) until about --tokens tokens.
@@ -17,7 +17,6 @@ Run from outside the source tree (so `import jax_sgl` is the installed package):
 from __future__ import annotations
 
 import argparse
-import os
 
 import jax
 import jax.numpy as jnp
@@ -25,7 +24,7 @@ import numpy as np
 
 import jax_sgl
 from bench_attention import DTYPES, normal, report_once, sm90_missing, warm_up
-from timing import interleaved_medians
+from timing import interleaved_medians, jit_with_disable
 
 
 def ragged_lengths(s, tokens, seed):
@@ -50,16 +49,15 @@ def config(s, h, d, dtype_name, causal, tokens, batches):
   keys = jax.random.split(jax.random.PRNGKey(s + d), 3)
   q, k, v = (normal(key, (total, h, d), DTYPES[dtype_name]) for key in keys)
   cu_j, lens_j = jnp.asarray(cu), jnp.asarray(lens, jnp.int32)
-  ours = jax.jit(lambda q, k, v, cu: jax_sgl.attention(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu,
-                                                       causal=causal))
-  set_env = lambda value: lambda: os.environ.__setitem__("JAX_SGL_SM90", value)
+  ours = lambda q, k, v, cu: jax_sgl.attention(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu,
+                                                causal=causal)
   runs = {}
   why = sm90_missing(d, dtype_name)
   if why is None:
-    runs["sm90"] = (ours, (q, k, v, cu_j), set_env("1"))
+    runs["sm90"] = (jit_with_disable(ours, ""), (q, k, v, cu_j), None)
   else:
     report_once("sm90", RuntimeError(why))
-  runs["portable"] = (ours, (q, k, v, cu_j), set_env("0"))
+  runs["portable"] = (jit_with_disable(ours, "sm90"), (q, k, v, cu_j), None)
   padded = tuple(pad(x, lens, cu, longest) for x in (q, k, v))
   cudnn = jax.jit(lambda q, k, v, n: jax.nn.dot_product_attention(
       q, k, v, is_causal=causal, query_seq_lengths=n, key_value_seq_lengths=n,
@@ -99,23 +97,16 @@ def main():
         f"{args.dtype}; TFLOP/s of the useful work")
   print(f"{'S':>6} {'seqs':>5} {'longest':>7} {'causal':>6} {'sm90':>8} {'portable':>8} "
         f"{'cudnn':>8} {'vs cudnn':>8}")
-  saved = os.environ.get("JAX_SGL_SM90")
   rows = []
-  try:
-    for causal in (False, True):
-      for s in args.seqlens:
-        r = config(s, 16, 128, args.dtype, causal, args.tokens, args.batches)
-        rows.append(r)
-        fmt = lambda x: f"{x:8.0f}" if x else f"{'-':>8}"
-        ours = r.get("sm90") or r.get("portable")
-        ratio = f"{ours / r['cudnn']:7.2f}x" if ours and r.get("cudnn") else f"{'-':>8}"
-        print(f"{s:>6} {r['sequences']:>5} {r['longest']:>7} {str(causal):>6} "
-              f"{fmt(r.get('sm90'))} {fmt(r.get('portable'))} {fmt(r.get('cudnn'))} {ratio}")
-  finally:
-    if saved is None:
-      os.environ.pop("JAX_SGL_SM90", None)
-    else:
-      os.environ["JAX_SGL_SM90"] = saved
+  for causal in (False, True):
+    for s in args.seqlens:
+      r = config(s, 16, 128, args.dtype, causal, args.tokens, args.batches)
+      rows.append(r)
+      fmt = lambda x: f"{x:8.0f}" if x else f"{'-':>8}"
+      ours = r.get("sm90") or r.get("portable")
+      ratio = f"{ours / r['cudnn']:7.2f}x" if ours and r.get("cudnn") else f"{'-':>8}"
+      print(f"{s:>6} {r['sequences']:>5} {r['longest']:>7} {str(causal):>6} "
+            f"{fmt(r.get('sm90'))} {fmt(r.get('portable'))} {fmt(r.get('cudnn'))} {ratio}")
   for r in rows:
     ours = r.get("sm90") or r.get("portable") or 0
     cud = r.get("cudnn")

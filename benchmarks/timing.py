@@ -64,6 +64,28 @@ def median_seconds(fn, args, calls, batches):
                            for i in range(batches))
 
 
+def jit_with_disable(fn, disable):
+  """fn jitted so that its first call lowers and compiles it with JAX_SGL_DISABLE=disable (jax_sgl
+  reads the switch when a call is lowered), restoring the variable afterwards: one compiled
+  function per kernel family, timed side by side in one process."""
+  jitted = jax.jit(fn)
+  compiled = []
+
+  def call(*args):
+    if not compiled:
+      saved = os.environ.get("JAX_SGL_DISABLE")
+      os.environ["JAX_SGL_DISABLE"] = disable
+      try:
+        compiled.append(jitted.lower(*args).compile())
+      finally:
+        if saved is None:
+          os.environ.pop("JAX_SGL_DISABLE", None)
+        else:
+          os.environ["JAX_SGL_DISABLE"] = saved
+    return compiled[0](*args)
+  return call
+
+
 def try_time(fn, args, calls, batches):
   """median_seconds, or None (with the reason printed) for an anchor that cannot run the case."""
   try:
@@ -79,7 +101,7 @@ def interleaved_medians(runs, calls, batches):
   drift over the sweep lands on all runs alike and their ratios stay fair. Each timed batch
   follows an untimed one of the same run (batch_seconds' settle), so no run inherits the clocks
   of the one before it. `prepare` (or None) runs before each of its run's batches, outside the
-  timing: e.g. it sets an environment variable that a kernel's host code reads at call time."""
+  timing."""
   times = {name: [] for name in runs}
   for _ in range(batches):
     for name, (fn, args, prepare) in runs.items():

@@ -115,8 +115,8 @@ endif()
 # among the archs and CuTe is found, for sm_90a only (its own object library, so other archs never
 # see wgmma). One file per (kind, head dim, dtype) of instantiations.json's sm90 family, for
 # JAX_SGL_SM90_HEAD_DIMS x JAX_SGL_SM90_DTYPES; the pairs left out get their guard defined, which
-# the dispatch's list (instantiations/sm90_kernels.inc) honours. At run time JAX_SGL_SM90 turns
-# the forward off and JAX_SGL_SM90_BWD the backward.
+# the dispatch's list (instantiations/sm90_kernels.inc) honours. At run time JAX_SGL_DISABLE=sm90
+# turns the forward off and JAX_SGL_DISABLE=sm90_bwd the backward.
 set(JAX_SGL_SM90_HEAD_DIMS "64;128;256" CACHE STRING "sm90 attention head dims to build")
 set(JAX_SGL_SM90_DTYPES "bf16;fp16" CACHE STRING "sm90 attention dtypes to build")
 if("90a" IN_LIST JAX_SGL_CUDA_ARCHS AND TARGET jax_sgl_cutlass AND JAX_SGL_SM90_HEAD_DIMS)

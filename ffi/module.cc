@@ -25,12 +25,15 @@ XLA_FFI_Error* JaxSglAttentionFwdApple(XLA_FFI_CallFrame*);
 #endif
 }
 
-#ifdef JAX_SGL_HAVE_SM90
 namespace jax_sgl::cuda {
-const char* Sm90BuiltKernels();     // ffi/cuda/attention/sm90/dispatch.cc
-const char* Sm90BwdBuiltKernels();  // ffi/cuda/attention/sm90/bwd_dispatch.cc
-}
+#ifdef JAX_SGL_HAVE_CUDA
+const char* PortableBuiltHeadDims();  // ffi/cuda/attention/fwd_dispatch.cc
 #endif
+#ifdef JAX_SGL_HAVE_SM90
+const char* Sm90BuiltKernels();     // ffi/cuda/attention/sm90/fwd/dispatch.cc
+const char* Sm90BwdBuiltKernels();  // ffi/cuda/attention/sm90/bwd/dispatch.cc
+#endif
+}  // namespace jax_sgl::cuda
 
 namespace {
 
@@ -79,20 +82,21 @@ NB_MODULE(_native, m) {
 #endif
     return d;
   });
-  // The sm_90a attention instantiations in this build (jax_sgl.attention_backend_info()).
-  m.def("sm90_attention_kernels", []() -> std::string {
-#ifdef JAX_SGL_HAVE_SM90
-    return jax_sgl::cuda::Sm90BuiltKernels();
-#else
-    return "";
+  // The CUDA attention kernels in this build (jax_sgl.attention_backend_info()), as
+  // space-separated text: "portable" its head-dim capacities (" 64 128"), "sm90_fwd" and
+  // "sm90_bwd" their (head dim, dtype) instantiations (" hdim128_bf16"); empty when absent.
+  m.def("attention_kernels", []() {
+    nb::dict d;
+    d["portable"] = std::string();
+    d["sm90_fwd"] = std::string();
+    d["sm90_bwd"] = std::string();
+#ifdef JAX_SGL_HAVE_CUDA
+    d["portable"] = std::string(jax_sgl::cuda::PortableBuiltHeadDims());
 #endif
-  });
-  // The sm_90a attention backward instantiations in this build.
-  m.def("sm90_attention_bwd_kernels", []() -> std::string {
 #ifdef JAX_SGL_HAVE_SM90
-    return jax_sgl::cuda::Sm90BwdBuiltKernels();
-#else
-    return "";
+    d["sm90_fwd"] = std::string(jax_sgl::cuda::Sm90BuiltKernels());
+    d["sm90_bwd"] = std::string(jax_sgl::cuda::Sm90BwdBuiltKernels());
 #endif
+    return d;
   });
 }

@@ -10,7 +10,7 @@ to the pure-JAX reference in `jax_sgl.reference`, with a warning.
 from jax_sgl import reference
 from jax_sgl._registration import CPU_TARGETS, CUDA_TARGETS, attention_backend_info
 from jax_sgl.attention import attention
-from jax_sgl.rope import rope_pool_fused
+from jax_sgl.rope_pool import rope_pool_fused
 
 __version__ = "0.1.0"
 

@@ -129,6 +129,7 @@ class AttentionSpec:
   window_right: int
   out_dtype: Any       # q's dtype, bfloat16 for fp8 q
   page_size: int       # paged only (1 for a token pool)
+  deterministic: bool  # backward: bitwise reproducible dQ (no float atomics)
 
 
 def _check_head_dim(name: str, d: int) -> None:
@@ -174,7 +175,11 @@ def check_attention_dtypes(q, k, v, q_descale, k_descale, v_descale) -> Any:
 
 def check_attention(q, k, v, *, causal: bool, softmax_scale, window, softcap, cu_seqlens_q,
                     cu_seqlens_k, seqused_k, page_table, q_descale, k_descale,
-                    v_descale) -> AttentionSpec:
+                    v_descale, deterministic=False) -> AttentionSpec:
+  # A traced or numpy bool would be silently truthy or fail later; the flag selects a kernel.
+  if not isinstance(deterministic, bool):
+    raise TypeError(f"{ATTN_FN}: deterministic must be a Python bool, got {deterministic!r} "
+                    f"({type(deterministic).__name__})")
   out_dtype = check_attention_dtypes(q, k, v, q_descale, k_descale, v_descale)
 
   # Layout.
@@ -275,7 +280,8 @@ def check_attention(q, k, v, *, causal: bool, softmax_scale, window, softcap, cu
       kv_layout=kv_layout, varlen_q=varlen_q, batch=batch, num_heads=num_heads,
       num_kv_heads=num_kv_heads, head_dim=head_dim, head_dim_v=head_dim_v, softmax_scale=scale,
       softcap=softcap, causal=bool(causal), window_left=left, window_right=right,
-      out_dtype=out_dtype, page_size=(_shape(k)[1] if paged and k.ndim == 4 else 1))
+      out_dtype=out_dtype, page_size=(_shape(k)[1] if paged and k.ndim == 4 else 1),
+      deterministic=deterministic)
 
 
 # --------------------------------------------------------------------------------------------

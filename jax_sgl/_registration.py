@@ -6,7 +6,6 @@ with nvcc; `cuda_targets()` then names them and they are registered for the CUDA
 
 from __future__ import annotations
 
-import os
 import re
 import warnings
 
@@ -20,6 +19,7 @@ if tuple(int(x) for x in re.findall(r"\d+", jax.__version__)[:2]) < _MIN_JAX:
   raise ImportError(f"jax_sgl supports jax >= {'.'.join(map(str, _MIN_JAX))} (tested 0.10-0.12); "
                     f"this environment has jax {jax.__version__}: pip install 'jax>=0.10'")
 
+from jax_sgl import _disable  # noqa: E402
 from jax_sgl import _native as _ext  # type: ignore[attr-defined]  # noqa: E402
 
 CPU_TARGETS: frozenset[str] = frozenset(_ext.cpu_targets())
@@ -31,33 +31,35 @@ for _name, _capsule in _ext.cuda_targets().items():
   jax.ffi.register_ffi_target(_name, _capsule, platform="CUDA")
 
 
-def attention_backend_info() -> dict:
-  """Which CUDA attention kernels this build holds and would use, so benchmarks can name them.
+# Native dtype names of the sm90 kernel list (ffi/cuda/attention/sm90/kernel_list.h).
+_DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16"}
 
-  sm90_kernels: the sm_90a (Hopper wgmma + TMA) instantiations compiled in, each (head dim,
-  dtype), e.g. ("hdim128_bf16",). sm90_mode: JAX_SGL_SM90 as the CUDA handler reads it at every
-  call: "on"
-  (unset or anything but "0": the built instantiations serve the dense calls they cover on a
-  compute-capability-9.0 device) or "off" (=0). Everything else runs on the portable sm80 kernel.
-  cuda_bwd_kernel: the CUDA backward kernel is compiled in. cuda_bwd_mode: "on" unless
-  JAX_SGL_CUDA_BWD=0, which lowers gradients traced from then on to the vjp of the pure-JAX
-  reference instead of the kernel (float16/bfloat16, head dims up to 128).
-  sm90_bwd_kernels: the sm_90a backward instantiations compiled in ("hdim128_bf16", ...).
-  sm90_bwd_mode: JAX_SGL_SM90_BWD
-  as the backward handler reads it at every call: "on" (unset or anything but "0": every built
-  instantiation) or "off" (=0); the sm90 backward serves dense calls
-  (seqused_k, causal, windows and softcap included) at head dims 64 / 128 on a 9.0 device, the
-  sm80 backward everything else.
-  bwd_deterministic: JAX_SGL_BWD_DETERMINISTIC is set (=1: the sm90 backward computes dQ with
-  its atomic-free dQ kernel, =sm80: with the sm80 one; either way bitwise reproducible).
+
+def _instantiations(text: str) -> dict:
+  """" hdim128_bf16 hdim64_fp16" -> {"head_dims": [64, 128], "dtypes": ["bfloat16", "float16"]}."""
+  pairs = [name.removeprefix("hdim").split("_") for name in text.split()]
+  return {"head_dims": sorted({int(d) for d, _ in pairs}),
+          "dtypes": sorted({_DTYPE_NAMES.get(t, t) for _, t in pairs})}
+
+
+def attention_backend_info() -> dict:
+  """What this build's CUDA attention holds and what is turned off, for a user to read.
+
+  cuda: the CUDA handlers are built. kernels: per family, the head dims and dtypes compiled in:
+  "portable" (mma.sync, any GPU from sm80; a call runs on the smallest head-dim capacity >= its
+  head dim), "sm90_fwd" and "sm90_bwd" (Hopper wgmma + TMA, compute capability 9.0; other calls
+  fall back to the portable kernels); empty without CUDA. disabled: the families JAX_SGL_DISABLE
+  names now (they apply to calls lowered from then on). sm90_absent: why a CUDA build has no sm90
+  kernels, or None.
   """
-  mode = "off" if os.environ.get("JAX_SGL_SM90") == "0" else "on"
-  return {"sm90_kernels": tuple(_ext.sm90_attention_kernels().split()), "sm90_mode": mode,
-          "cuda_bwd_kernel": "jax_sgl_attention_bwd" in CUDA_TARGETS,
-          "cuda_bwd_mode": "off" if os.environ.get("JAX_SGL_CUDA_BWD") == "0" else "on",
-          "sm90_bwd_kernels": tuple(_ext.sm90_attention_bwd_kernels().split()),
-          "sm90_bwd_mode": "off" if os.environ.get("JAX_SGL_SM90_BWD") == "0" else "on",
-          "bwd_deterministic": os.environ.get("JAX_SGL_BWD_DETERMINISTIC") in ("1", "sm80"),
+  kernels = {}
+  if CUDA_TARGETS:
+    built = _ext.attention_kernels()
+    kernels = {"portable": {"head_dims": [int(d) for d in built["portable"].split()],
+                            "dtypes": ["bfloat16", "float16"]},
+               "sm90_fwd": _instantiations(built["sm90_fwd"]),
+               "sm90_bwd": _instantiations(built["sm90_bwd"])}
+  return {"cuda": bool(CUDA_TARGETS), "kernels": kernels, "disabled": sorted(_disable.disabled()),
           "sm90_absent": sm90_absent_reason()}
 
 
@@ -74,7 +76,7 @@ def native_platforms(target: str) -> tuple[str, ...]:
 def sm90_absent_reason() -> str | None:
   """Why this CUDA build holds no Hopper (sm_90a) attention kernels, or None when it does (or
   when it has no CUDA at all, which CUDA_TARGETS says)."""
-  if not CUDA_TARGETS or _ext.sm90_attention_kernels():
+  if not CUDA_TARGETS or _ext.attention_kernels()["sm90_fwd"]:
     return None
   build = _ext.build_info()
   if build["sm90_no_cute"]:

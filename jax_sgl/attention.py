@@ -11,7 +11,6 @@ Checks live in `_checks.check_attention`.
 from __future__ import annotations
 
 import functools
-import os
 
 import jax
 import jax.numpy as jnp
@@ -20,7 +19,7 @@ from jax.core import ShapedArray
 from jax.extend.core import Primitive
 from jax.interpreters import batching, mlir
 
-from jax_sgl import reference
+from jax_sgl import _disable, reference
 from jax_sgl._checks import (ATTN_FN, KV_PAGED, AttentionSpec, check_attention,
                              check_attention_cuda)
 from jax_sgl._dtypes import is_fp8
@@ -76,7 +75,8 @@ def _ffi_attrs(ctx, spec: AttentionSpec) -> dict:
       batch=np.int64(spec.batch), max_seqlen_q=np.int64(max_seqlen_q),
       softmax_scale=np.float32(spec.softmax_scale), softcap=np.float32(spec.softcap),
       causal=np.bool_(spec.causal), window_left=np.int64(spec.window_left),
-      window_right=np.int64(spec.window_right))
+      window_right=np.int64(spec.window_right), deterministic=np.bool_(spec.deterministic),
+      disable=np.int64(_disable.disable_mask()))
 
 
 def _attention_fwd_lowering(ctx, *args, spec, present):
@@ -186,16 +186,15 @@ _native_bwd_rule = ffi_rule(BWD_TARGET)
 
 # The CUDA backward kernel (ffi/cuda/attention/bwd_sm80/kernel.cuh, verified on an H200 on
 # 2026-12-02) serves the combinations below; CUDA lowers every other one, and every gradient traced
-# while JAX_SGL_CUDA_BWD=0 is set, to the vjp of the pure-JAX reference.
-CUDA_BWD_ENV = "JAX_SGL_CUDA_BWD"
+# while JAX_SGL_DISABLE names cuda_bwd, to the vjp of the pure-JAX reference.
 # Largest head_dim / head_dim_v with a CUDA backward (kBwdHeadDimCapacities in flash_bwd_launch.h).
 CUDA_BWD_MAX_HEAD_DIM = 128
 
 
 def cuda_bwd_unsupported(spec: AttentionSpec, q_dtype) -> str | None:
   """Why the CUDA backward kernel does not serve this call (None when it does)."""
-  if os.environ.get(CUDA_BWD_ENV) == "0":
-    return f"{CUDA_BWD_ENV}=0 is set"
+  if "cuda_bwd" in _disable.disabled():
+    return f"{_disable.ENV} names cuda_bwd"
   if jnp.dtype(q_dtype) not in (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16)):
     return f"q/k/v are {jnp.dtype(q_dtype)}, the CUDA backward runs float16 and bfloat16"
   if (max(spec.head_dim, spec.head_dim_v) > CUDA_BWD_MAX_HEAD_DIM or spec.head_dim % 8
@@ -303,7 +302,8 @@ _attention_diff.defvjp(_attention_diff_fwd, _attention_diff_bwd)
 
 def attention(q, k, v, *, causal=False, softmax_scale=None, window=(-1, -1), softcap=0.0,
               cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None, page_table=None,
-              return_lse=False, q_descale=None, k_descale=None, v_descale=None):
+              return_lse=False, q_descale=None, k_descale=None, v_descale=None,
+              deterministic=False):
   """Flash attention (forward, and backward under jax.grad).
 
   Layouts:
@@ -330,12 +330,14 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, window=(-1, -1), sof
   handled exactly: d lse / d scores = P). The backward kernel recomputes the probabilities from
   the saved lse (no second forward). Index arrays get no gradient. Paged KV and fp8 inputs are
   forward-only: differentiating through them raises NotImplementedError at trace time.
-  On a compute-capability-9.0 GPU, dense bfloat16 calls at head dim 128 run the Hopper backward,
-  whose dQ is summed with float32 atomics (dK/dV are deterministic; dQ can differ in the last bits
-  between runs): set JAX_SGL_BWD_DETERMINISTIC=1 for its atomic-free dQ kernel (2-3% slower).
+  `deterministic` (a Python bool): on a compute-capability-9.0 GPU, dense bfloat16 calls at head
+  dim 128 run the Hopper backward, whose dQ is summed with float32 atomics by default (dK/dV are
+  deterministic; dQ can differ in the last bits between runs); deterministic=True computes dQ
+  with an atomic-free kernel instead, bitwise reproducible and 2-3% slower. The CPU backward is
+  always deterministic, so there it has no effect.
   On CUDA the native backward kernels serve float16/bfloat16 with head dims up to 128; for
-  float32, larger head dims, or gradients traced while JAX_SGL_CUDA_BWD=0 is set, CUDA runs the
-  backward as the vjp of the pure-JAX reference (correct, slower) and warns once.
+  float32, larger head dims, or gradients traced while JAX_SGL_DISABLE names cuda_bwd, CUDA runs
+  the backward as the vjp of the pure-JAX reference (correct, slower) and warns once.
 
   Returns:
     out in q's layout with head_dim_v (q's dtype; bfloat16 for fp8), and with `return_lse` also
@@ -345,7 +347,7 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, window=(-1, -1), sof
   spec = check_attention(q, k, v, causal=causal, softmax_scale=softmax_scale, window=window,
                          softcap=softcap, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                          seqused_k=seqused_k, page_table=page_table, q_descale=q_descale,
-                         k_descale=k_descale, v_descale=v_descale)
+                         k_descale=k_descale, v_descale=v_descale, deterministic=deterministic)
   if spec.kv_layout == KV_PAGED and k.ndim == 3:   # token pool: pages of one token
     k, v = k[:, None], v[:, None]
   given = dict(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k,

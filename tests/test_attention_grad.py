@@ -169,6 +169,18 @@ def test_grad_under_jit_matches_eager_and_is_deterministic():
     np.testing.assert_array_equal(np.asarray(b), np.asarray(c))
 
 
+def test_deterministic_changes_nothing_on_cpu():
+  """The CPU backward has no atomics: deterministic=True gives the same bits as the default."""
+  rng = np.random.default_rng(11)
+  q, k, v = _dense(rng, 2, 19, 33, 4, 2, 64)
+  w = _rand(rng, q.shape, jnp.float32)
+  grads = [jax.jit(jax.grad(
+      lambda q, k, v: jnp.sum(jax_sgl.attention(q, k, v, causal=True, deterministic=det) * w),
+      argnums=(0, 1, 2)))(q, k, v) for det in (False, True)]
+  for a, b in zip(*grads):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
 @pytest.mark.parametrize("in_axes", [(0, 0, 0), (0, None, None), (None, 1, 1)])
 def test_grad_under_vmap(in_axes):
   rng = np.random.default_rng(11)
@@ -276,11 +288,11 @@ def test_backward_lowers_to_reference_without_native_kernel():
 @pytest.mark.parametrize("opt_out", [False, True])
 def test_cuda_backward_lowering(monkeypatch, opt_out):
   """Exported for CUDA (no GPU needed): the backward lowers to the native kernel for a head dim it
-  serves unless JAX_SGL_CUDA_BWD=0; otherwise to the reference's vjp."""
+  serves unless JAX_SGL_DISABLE names cuda_bwd; otherwise to the reference's vjp."""
   if opt_out:
-    monkeypatch.setenv("JAX_SGL_CUDA_BWD", "0")
+    monkeypatch.setenv("JAX_SGL_DISABLE", "cuda_bwd")
   else:
-    monkeypatch.delenv("JAX_SGL_CUDA_BWD", raising=False)
+    monkeypatch.delenv("JAX_SGL_DISABLE", raising=False)
 
   def exported_text(d):
     q, k, v = _dense(np.random.default_rng(18), 1, 5, 6, 2, 1, d, dtype=jnp.bfloat16)

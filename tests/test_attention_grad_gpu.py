@@ -8,17 +8,16 @@ shorter than q. Then: other head dims (zero-padded onto a capacity, d_v != d), a
 long sequences, determinism (bitwise-equal gradients from two runs), that the native kernel is
 what actually runs, and that unsupported head dims fall back to the reference lowering.
 
-Every test runs twice, once per CUDA backward: "sm80" (JAX_SGL_SM90_BWD=0: the portable mma.sync
-kernels) and "sm90" (JAX_SGL_SM90_BWD=1: the Hopper wgmma + TMA kernel wherever it covers the call,
+Every test runs twice, once per CUDA backward: "sm80" (JAX_SGL_DISABLE=sm90_bwd: the portable
+mma.sync kernels) and "sm90" (the default: the Hopper wgmma + TMA kernel wherever it covers the call,
 i.e. dense layouts (seqused_k, causal, sliding windows and softcap included) at head dims 64 and
 128 with head_dim == head_dim_v; every other case checks the explicit fallback to the sm80
 kernels). The sm90 runs are skipped off
 compute capability 9.0. test_dense (below) adds dense shapes, mostly without seqused_k, and runs
-the sm90 backward's deterministic dQ kernel too.
+the sm90 backward's deterministic dQ kernel (deterministic=True) too.
 
-Every gradient is taken under a fresh jax.jit, so the JAX_SGL_CUDA_BWD setting (read when the
-backward is lowered) applies to it; JAX_SGL_SM90_BWD and JAX_SGL_BWD_DETERMINISTIC are read by the
-handler at every call. Gradient buffers are poisoned (NaN left in the allocator) before each call,
+Every gradient is taken under a fresh jax.jit, so the JAX_SGL_DISABLE setting (read when the
+backward is lowered) applies to it. Gradient buffers are poisoned (NaN left in the allocator) before each call,
 so an element the kernels forget to write shows up as NaN.
 """
 
@@ -67,23 +66,34 @@ K_LENS = (70, 9, 140, 300)
 def bwd_kernel(request, monkeypatch):
   """Which CUDA backward serves the covered calls of the test (see the module docstring):
   "sm80" or "sm90"."""
-  monkeypatch.delenv("JAX_SGL_CUDA_BWD", raising=False)
-  monkeypatch.delenv("JAX_SGL_BWD_DETERMINISTIC", raising=False)
   sm90 = request.param == "sm90"
   if sm90:
     if not is_sm90_device():
       pytest.skip("the sm90 backward needs a compute capability 9.0 device")
-    if "hdim128_bf16" not in jax_sgl.attention_backend_info().get("sm90_bwd_kernels", ()):
+    if not _sm90_bwd_built(128, jnp.bfloat16):
       pytest.skip("this build has no sm90 backward (JAX_SGL_SM90_HEAD_DIMS)")
-  monkeypatch.setenv("JAX_SGL_SM90_BWD", "1" if sm90 else "0")
+    monkeypatch.delenv("JAX_SGL_DISABLE", raising=False)
+  else:
+    monkeypatch.setenv("JAX_SGL_DISABLE", "sm90_bwd")
   return "sm90" if sm90 else "sm80"
+
+
+def _sm90_bwd_built(head_dim, dtype):
+  built = jax_sgl.attention_backend_info()["kernels"].get("sm90_bwd", {})
+  return head_dim in built.get("head_dims", ()) and jnp.dtype(dtype).name in built.get("dtypes", ())
 
 
 def _need_sm90_bwd(bwd_kernel, head_dim, dtype):
   """Skips an sm90 run whose (head dim, dtype) this build left out: it would test sm80 again."""
-  name = f"hdim{head_dim}_{'bf16' if jnp.dtype(dtype) == jnp.bfloat16 else 'fp16'}"
-  if bwd_kernel == "sm90" and name not in jax_sgl.attention_backend_info()["sm90_bwd_kernels"]:
-    pytest.skip(f"sm90 backward {name} not in this build")
+  if bwd_kernel == "sm90" and not _sm90_bwd_built(head_dim, dtype):
+    pytest.skip(f"sm90 backward hdim{head_dim} {jnp.dtype(dtype).name} not in this build")
+
+
+def _deterministic(bwd_kernel, dq):
+  """The `deterministic` argument of a dq = "atomic" / "det" run; "det" only changes sm90."""
+  if dq == "det" and bwd_kernel == "sm80":
+    pytest.skip("deterministic=True only changes the sm90 backward")
+  return dq == "det"
 
 
 def _rand(key, shape, dtype):
@@ -125,13 +135,14 @@ def _loss(attn, w_out, w_lse=None):
   return loss
 
 
-def _grads(q, k, v, kw, w_out, w_lse=None):
+def _grads(q, k, v, kw, w_out, w_lse=None, deterministic=False):
   """Our gradients, under a fresh jit (so the backward is lowered with the current env)."""
-  fn = _loss(lambda q, k, v: jax_sgl.attention(q, k, v, return_lse=True, **kw), w_out, w_lse)
+  fn = _loss(lambda q, k, v: jax_sgl.attention(q, k, v, return_lse=True,
+                                               deterministic=deterministic, **kw), w_out, w_lse)
   return jax.jit(jax.grad(fn, argnums=(0, 1, 2)))(q, k, v)
 
 
-def _check(q, k, v, kw, *, with_lse=False):
+def _check(q, k, v, kw, *, with_lse=False, deterministic=False):
   rng = np.random.default_rng(1)
   w_out = jnp.asarray(rng.standard_normal(q.shape[:-1] + (v.shape[-1],)), jnp.float32)
   w_lse = None
@@ -143,7 +154,7 @@ def _check(q, k, v, kw, *, with_lse=False):
     want = jax.jit(jax.grad(_loss(lambda q, k, v: _reference(q, k, v, **kw), w_out, w_lse),
                             argnums=(0, 1, 2)))(*f32)
   poison_allocator(sum(x.size * x.dtype.itemsize for x in (q, k, v)))
-  got = _grads(q, k, v, kw, w_out, w_lse)
+  got = _grads(q, k, v, kw, w_out, w_lse, deterministic)
   tol = TOL[jnp.dtype(q.dtype)]
   for name, x, g, r in zip("qkv", (q, k, v), got, want):
     assert g.shape == x.shape and g.dtype == x.dtype, name
@@ -166,11 +177,12 @@ def _lowered_text(q, k, v, kw):
 
 def test_native_kernel_is_used_unless_opted_out(monkeypatch):
   """The matrix below tests the kernel, not the reference lowering: by default the backward
-  lowers to the jax_sgl_attention_bwd custom call, with JAX_SGL_CUDA_BWD=0 to the reference."""
+  lowers to the jax_sgl_attention_bwd custom call, with JAX_SGL_DISABLE=cuda_bwd to the
+  reference."""
   assert "jax_sgl_attention_bwd" in jax_sgl.CUDA_TARGETS
   q, k, v, kw = _make_case("dense", 64, 64, (4, 2), jnp.bfloat16, 0)
   assert BWD_CALL in _lowered_text(q, k, v, kw)
-  monkeypatch.setenv("JAX_SGL_CUDA_BWD", "0")
+  monkeypatch.setenv("JAX_SGL_DISABLE", "cuda_bwd")
   assert BWD_CALL not in _lowered_text(q, k, v, kw)
 
 
@@ -211,24 +223,26 @@ def test_long_sequences(mask):
                    "window": {"window": (300, 17)}}[mask])
 
 
-@pytest.mark.parametrize("deterministic", ["1", "sm80", None], ids=["det", "det_sm80", "default"])
-def test_deterministic(bwd_kernel, deterministic, monkeypatch):
+@pytest.mark.parametrize("deterministic", [True, False], ids=["det", "default"])
+def test_deterministic(bwd_kernel, deterministic):
   """Two runs give bitwise-equal gradients: always on sm80 (no atomics anywhere), on sm90 with
-  JAX_SGL_BWD_DETERMINISTIC=1 (dQ by the sm90 dQ kernel) or =sm80 (by the sm80 one). The sm90
-  default adds dQ with float atomics: dK and dV stay bitwise equal, dQ only close."""
-  if deterministic is not None:
-    if bwd_kernel == "sm80":
-      pytest.skip("JAX_SGL_BWD_DETERMINISTIC only changes the sm90 backward")
-    monkeypatch.setenv("JAX_SGL_BWD_DETERMINISTIC", deterministic)
-  exact_dq = deterministic is not None or bwd_kernel == "sm80"
+  deterministic=True (dQ by the atomic-free sm90 dQ kernel), whose dQ agrees with the default's
+  within tolerance. The sm90 default adds dQ with float atomics: dK and dV stay bitwise equal, dQ
+  only close."""
+  if deterministic and bwd_kernel == "sm80":
+    pytest.skip("deterministic=True only changes the sm90 backward")
+  exact_dq = deterministic or bwd_kernel == "sm80"
   keys = jax.random.split(jax.random.PRNGKey(5), 4)
   q = _rand(keys[0], (2, 700, 8, 128), jnp.bfloat16)
   k = _rand(keys[1], (2, 700, 2, 128), jnp.bfloat16)
   v = _rand(keys[2], (2, 700, 2, 128), jnp.bfloat16)
   w = jax.random.normal(keys[3], q.shape, jnp.float32)
-  fn = jax.jit(jax.grad(_loss(lambda q, k, v: jax_sgl.attention(q, k, v, return_lse=True,
-                                                                causal=True), w),
-                        argnums=(0, 1, 2)))
+
+  def grad_fn(det):
+    return jax.jit(jax.grad(_loss(lambda q, k, v: jax_sgl.attention(
+        q, k, v, return_lse=True, causal=True, deterministic=det), w), argnums=(0, 1, 2)))
+
+  fn = grad_fn(deterministic)
   first = [np.asarray(x) for x in fn(q, k, v)]
   second = [np.asarray(x) for x in fn(q, k, v)]
   for name, a, b in zip("qkv", first, second):
@@ -237,6 +251,12 @@ def test_deterministic(bwd_kernel, deterministic, monkeypatch):
       assert np.max(np.abs(a - b)) <= 1e-2 * np.max(np.abs(a)), "dq differs between runs"
     else:
       np.testing.assert_array_equal(a.view(np.uint16), b.view(np.uint16), err_msg=f"d{name}")
+  if deterministic:
+    default = [np.asarray(x).astype(np.float32) for x in grad_fn(False)(q, k, v)]
+    for name, a, b in zip("qkv", first, default):
+      a = a.astype(np.float32)
+      err = np.max(np.abs(a - b)) / max(float(np.max(np.abs(b))), 1e-6)
+      assert err <= TOL[jnp.dtype(jnp.bfloat16)], f"d{name}: deterministic vs default {err:.3g}"
 
 
 def test_unsupported_head_dim_falls_back_to_reference():
@@ -267,14 +287,11 @@ SEQUSED_K = {"seqused": (70, 9, 261)}
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("shape", DENSE_SHAPES)
 @pytest.mark.parametrize("dq", ["atomic", "det"])
-def test_dense(bwd_kernel, dq, shape, causal, head_dim, dtype, monkeypatch):
+def test_dense(bwd_kernel, dq, shape, causal, head_dim, dtype):
   """dq: the sm90 backward's dQ by float32 reductions (default) or by its deterministic dQ
-  kernel (JAX_SGL_BWD_DETERMINISTIC=1)."""
+  kernel (deterministic=True)."""
   _need_sm90_bwd(bwd_kernel, head_dim, dtype)
-  if dq == "det":
-    if bwd_kernel == "sm80":
-      pytest.skip("JAX_SGL_BWD_DETERMINISTIC only changes the sm90 backward")
-    monkeypatch.setenv("JAX_SGL_BWD_DETERMINISTIC", "1")
+  deterministic = _deterministic(bwd_kernel, dq)
   batch, sq, sk, h, hkv = DENSE_SHAPES[shape]
   keys = jax.random.split(jax.random.PRNGKey(zlib.crc32(shape.encode()) % 1000), 3)
   q = _rand(keys[0], (batch, sq, h, head_dim), dtype)
@@ -283,22 +300,19 @@ def test_dense(bwd_kernel, dq, shape, causal, head_dim, dtype, monkeypatch):
   kw = {"causal": causal}
   if shape in SEQUSED_K:
     kw["seqused_k"] = jnp.asarray(SEQUSED_K[shape], jnp.int32)
-  _check(q, k, v, kw)
+  _check(q, k, v, kw, deterministic=deterministic)
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("dq", ["atomic", "det"])
-def test_dense_lse_cotangent(bwd_kernel, dq, causal, monkeypatch):
+def test_dense_lse_cotangent(bwd_kernel, dq, causal):
   """dlse through the sm90 kernels' D values (padded row blocks: seqlen_q = 200)."""
-  if dq == "det":
-    if bwd_kernel == "sm80":
-      pytest.skip("JAX_SGL_BWD_DETERMINISTIC only changes the sm90 backward")
-    monkeypatch.setenv("JAX_SGL_BWD_DETERMINISTIC", "1")
+  deterministic = _deterministic(bwd_kernel, dq)
   keys = jax.random.split(jax.random.PRNGKey(8), 3)
   q = _rand(keys[0], (2, 200, 8, 128), jnp.bfloat16)
   k = _rand(keys[1], (2, 260, 2, 128), jnp.bfloat16)
   v = _rand(keys[2], (2, 260, 2, 128), jnp.bfloat16)
-  _check(q, k, v, {"causal": causal}, with_lse=True)
+  _check(q, k, v, {"causal": causal}, with_lse=True, deterministic=deterministic)
 
 
 # Sliding windows (left, right) on the sm90 kernels' geometry: left only, both sides, causal with a
@@ -310,35 +324,29 @@ WINDOWS = {"left": ((50, -1), False), "both": ((37, 4), False), "causal_left": (
 @pytest.mark.parametrize("window", WINDOWS)
 @pytest.mark.parametrize("shape", ["square", "q_short", "k_short"])
 @pytest.mark.parametrize("dq", ["atomic", "det"])
-def test_dense_window(bwd_kernel, dq, shape, window, monkeypatch):
-  if dq == "det":
-    if bwd_kernel == "sm80":
-      pytest.skip("JAX_SGL_BWD_DETERMINISTIC only changes the sm90 backward")
-    monkeypatch.setenv("JAX_SGL_BWD_DETERMINISTIC", "1")
+def test_dense_window(bwd_kernel, dq, shape, window):
+  deterministic = _deterministic(bwd_kernel, dq)
   batch, sq, sk, h, hkv = DENSE_SHAPES[shape]
   keys = jax.random.split(jax.random.PRNGKey(zlib.crc32((shape + window).encode()) % 1000), 3)
   q = _rand(keys[0], (batch, sq, h, 128), jnp.bfloat16)
   k = _rand(keys[1], (batch, sk, hkv, 128), jnp.bfloat16)
   v = _rand(keys[2], (batch, sk, hkv, 128), jnp.bfloat16)
   win, causal = WINDOWS[window]
-  _check(q, k, v, {"window": win, "causal": causal})
+  _check(q, k, v, {"window": win, "causal": causal}, deterministic=deterministic)
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("shape", ["square", "k_short"])
 @pytest.mark.parametrize("dq", ["atomic", "det"])
-def test_dense_softcap(bwd_kernel, dq, shape, causal, monkeypatch):
+def test_dense_softcap(bwd_kernel, dq, shape, causal):
   """Softcap on the sm90 kernels: P and dS from one pass with the tanh derivative."""
-  if dq == "det":
-    if bwd_kernel == "sm80":
-      pytest.skip("JAX_SGL_BWD_DETERMINISTIC only changes the sm90 backward")
-    monkeypatch.setenv("JAX_SGL_BWD_DETERMINISTIC", "1")
+  deterministic = _deterministic(bwd_kernel, dq)
   batch, sq, sk, h, hkv = DENSE_SHAPES[shape]
   keys = jax.random.split(jax.random.PRNGKey(zlib.crc32(shape.encode()) % 1000 + 1), 3)
   q = _rand(keys[0], (batch, sq, h, 128), jnp.bfloat16)
   k = _rand(keys[1], (batch, sk, hkv, 128), jnp.bfloat16)
   v = _rand(keys[2], (batch, sk, hkv, 128), jnp.bfloat16)
-  _check(q, k, v, {"softcap": 5.0, "causal": causal})
+  _check(q, k, v, {"softcap": 5.0, "causal": causal}, deterministic=deterministic)
 
 
 def _bwd_tail_shape(case):
@@ -359,25 +367,24 @@ def _bwd_tail_shape(case):
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("case", ["few", "many", "short"])
 @pytest.mark.parametrize("dq", ["atomic", "det"])
-def test_tail_split(bwd_kernel, dq, case, head_dim, monkeypatch):
+def test_tail_split(bwd_kernel, dq, case, head_dim):
   """The tail split (calls without mask, window, seqused_k or softcap): the key blocks of the
   last partial wave run as shares of their steps on all SMs, and a second kernel adds their dK and
   dV. Right against the reference, and dK / dV bitwise repeatable."""
   if bwd_kernel != "sm90":
     pytest.skip("the tail split is the sm90 backward's")
   _need_sm90_bwd(bwd_kernel, head_dim, jnp.bfloat16)
-  if dq == "det":
-    monkeypatch.setenv("JAX_SGL_BWD_DETERMINISTIC", "1")
+  deterministic = _deterministic(bwd_kernel, dq)
   batch, sq, sk, h, hkv = _bwd_tail_shape(case)
   keys = jax.random.split(jax.random.PRNGKey(31 + head_dim + len(case)), 3)
   q = _rand(keys[0], (batch, sq, h, head_dim), jnp.bfloat16)
   k = _rand(keys[1], (batch, sk, hkv, head_dim), jnp.bfloat16)
   v = _rand(keys[2], (batch, sk, hkv, head_dim), jnp.bfloat16)
-  _check(q, k, v, {})
+  _check(q, k, v, {}, deterministic=deterministic)
   w_out = jnp.asarray(np.random.default_rng(2).standard_normal(q.shape), jnp.float32)
-  first = _grads(q, k, v, {}, w_out)
+  first = _grads(q, k, v, {}, w_out, deterministic=deterministic)
   poison_allocator(sum(x.size * x.dtype.itemsize for x in (q, k, v)))
-  again = _grads(q, k, v, {}, w_out)
+  again = _grads(q, k, v, {}, w_out, deterministic=deterministic)
   for name, a, b in zip("kv", first[1:], again[1:]):
     np.testing.assert_array_equal(np.asarray(a).view(np.uint16), np.asarray(b).view(np.uint16),
                                   err_msg=f"d{name}")

@@ -1,7 +1,7 @@
 """The Hopper (sm_90a, wgmma + TMA) flash forward against the pure-JAX reference.
 
-Every built instantiation runs by default on compute capability 9.0 (JAX_SGL_SM90=0, read by the
-CUDA handler at every call, turns it off: every test here clears it through monkeypatch); on
+Every built instantiation runs by default on compute capability 9.0 (JAX_SGL_DISABLE=sm90, read
+when a call is lowered, turns it off: every test here clears it through monkeypatch); on
 anything but a compute-capability-9.0 device, or in a build
 without the (dtype, head dim) instantiation, the test is skipped rather than silently testing the
 portable kernel. Outputs are poisoned beforehand so unwritten elements show up as NaN.
@@ -50,14 +50,14 @@ def _name(dtype):
 def _sm90(monkeypatch):
   if not is_sm90_device():
     pytest.skip("the sm90 kernel needs a compute capability 9.0 device")
-  monkeypatch.delenv("JAX_SGL_SM90", raising=False)
+  monkeypatch.delenv("JAX_SGL_DISABLE", raising=False)
 
 
 def _need(head_dim, dtype):
   """Skips unless the build has the (head dim, dtype) kernel."""
-  kernels = jax_sgl.attention_backend_info()["sm90_kernels"]
+  built = jax_sgl.attention_backend_info()["kernels"].get("sm90_fwd", {})
   kernel = f"hdim{head_dim}_{_name(dtype)}"
-  if kernel not in kernels:
+  if head_dim not in built.get("head_dims", ()) or jnp.dtype(dtype).name not in built["dtypes"]:
     pytest.skip(f"{kernel} not in this build (JAX_SGL_SM90_HEAD_DIMS / JAX_SGL_SM90_DTYPES)")
 
 
@@ -176,7 +176,8 @@ def test_runs_the_sm90_kernel(monkeypatch):
   q, k, v = _inputs((2, 512, 512, 4, 4), 128, jnp.bfloat16, seed=9)
   fn = jax.jit(lambda q, k, v: jax_sgl.attention(q, k, v, causal=True))
   sm90 = np.asarray(fn(q, k, v).astype(jnp.float32))
-  monkeypatch.setenv("JAX_SGL_SM90", "0")
+  monkeypatch.setenv("JAX_SGL_DISABLE", "sm90")
+  jax.clear_caches()   # the switch is read when fn is lowered
   sm80 = np.asarray(fn(q, k, v).astype(jnp.float32))
   assert not np.array_equal(sm90, sm80)
   np.testing.assert_allclose(sm90, sm80, atol=2.5e-2, rtol=2.5e-2)
@@ -241,14 +242,15 @@ def test_window_softcap_runs_the_sm90_kernel(monkeypatch, case):
   fn = jax.jit(lambda q, k, v: jax_sgl.attention(q, k, v, causal=causal, window=window,
                                                  softcap=softcap))
   sm90 = np.asarray(fn(q, k, v).astype(jnp.float32))
-  monkeypatch.setenv("JAX_SGL_SM90", "0")
+  monkeypatch.setenv("JAX_SGL_DISABLE", "sm90")
+  jax.clear_caches()   # the switch is read when fn is lowered
   sm80 = np.asarray(fn(q, k, v).astype(jnp.float32))
   assert not np.array_equal(sm90, sm80)
   np.testing.assert_allclose(sm90, sm80, atol=2.5e-2, rtol=2.5e-2)
 
 
 # ---- Varlen (cu_seqlens_q / cu_seqlens_k, seqused_k): the kVarlen instantiation, which runs
-# unless JAX_SGL_SM90_VARLEN=0 (dispatch.cc) keeps varlen on the portable kernel.
+# unless JAX_SGL_DISABLE=sm90_varlen keeps varlen on the portable kernel.
 # (lens_q, lens_k, heads, kv heads, causal, window, softcap, seqused_k or None). Lengths 0 and 1,
 # sequences ending mid-tile (the next sequence's rows sit right behind them), q longer than k.
 VARLEN = {
@@ -269,7 +271,7 @@ VARLEN = {
 
 @pytest.fixture
 def _varlen_on(monkeypatch):
-  monkeypatch.delenv("JAX_SGL_SM90_VARLEN", raising=False)
+  monkeypatch.delenv("JAX_SGL_DISABLE", raising=False)
 
 
 def _varlen_inputs(case, head_dim, dtype, seed):
@@ -324,17 +326,16 @@ def test_varlen_fp16(_varlen_on, case):
 @pytest.mark.parametrize("case", ("ragged_causal", "window_softcap", "seqused_long"), ids=str)
 def test_varlen_runs_the_sm90_kernel(monkeypatch, case):
   """Varlen runs on the sm90 kernel by default (sm90 and portable results differ somewhere, both
-  match the reference above); JAX_SGL_SM90_VARLEN=0 keeps it on the portable kernel, bitwise the
-  same as with JAX_SGL_SM90=0."""
+  match the reference above); JAX_SGL_DISABLE=sm90_varlen keeps it on the portable kernel, bitwise
+  the same as with JAX_SGL_DISABLE=sm90 (each run lowers a fresh jit)."""
   _need(128, jnp.bfloat16)
   q, k, v, cu_q, cu_k = _varlen_inputs(case, 128, jnp.bfloat16, seed=23)
   run = lambda: np.asarray(_varlen_call(case, q, k, v, cu_q, cu_k, fn=True)[0]).view(np.uint16)
-  monkeypatch.delenv("JAX_SGL_SM90_VARLEN", raising=False)
+  monkeypatch.delenv("JAX_SGL_DISABLE", raising=False)
   sm90 = run()
-  monkeypatch.setenv("JAX_SGL_SM90", "0")
+  monkeypatch.setenv("JAX_SGL_DISABLE", "sm90")
   portable = run()
-  monkeypatch.delenv("JAX_SGL_SM90")
-  monkeypatch.setenv("JAX_SGL_SM90_VARLEN", "0")
+  monkeypatch.setenv("JAX_SGL_DISABLE", "sm90_varlen")
   off = run()
   np.testing.assert_array_equal(off, portable)
   assert not np.array_equal(sm90, portable)

@@ -14,7 +14,7 @@ from jax_sgl import _registration
 
 def test_backend_info_names_why_sm90_is_absent():
   info = jax_sgl.attention_backend_info()
-  if not jax_sgl.CUDA_TARGETS or info["sm90_kernels"]:
+  if not jax_sgl.CUDA_TARGETS or info["kernels"]["sm90_fwd"]["head_dims"]:
     assert info["sm90_absent"] is None
   else:
     assert "JAX_SGL_" in info["sm90_absent"]
@@ -24,7 +24,8 @@ def test_backend_info_names_why_sm90_is_absent():
                     reason="built without CUDA")
 def test_missing_sm90_warns_once_on_hopper(monkeypatch):
   """A CUDA build without CuTe, lowered for an H100/H200: one warning naming the fix."""
-  monkeypatch.setattr(_registration._ext, "sm90_attention_kernels", lambda: "")
+  monkeypatch.setattr(_registration._ext, "attention_kernels",
+                      lambda: {"portable": " 64 128", "sm90_fwd": "", "sm90_bwd": ""})
   monkeypatch.setattr(_registration._ext, "build_info",
                       lambda: {"cuda_archs": "80,90a", "sm90_no_cute": True})
   monkeypatch.setattr(_registration, "_sm90_warned", False)
@@ -43,3 +44,27 @@ def test_missing_sm90_warns_once_on_hopper(monkeypatch):
     warnings.simplefilter("error", RuntimeWarning)
     jax.clear_caches()
     export()
+
+
+def test_backend_info_is_short_and_names_the_disabled_families(monkeypatch):
+  monkeypatch.setenv("JAX_SGL_DISABLE", "sm90_bwd, sm90")
+  info = jax_sgl.attention_backend_info()
+  assert set(info) == {"cuda", "kernels", "disabled", "sm90_absent"}
+  assert info["cuda"] == bool(jax_sgl.CUDA_TARGETS)
+  assert info["disabled"] == ["sm90", "sm90_bwd"]
+  for family in info["kernels"].values():
+    assert set(family) == {"head_dims", "dtypes"}
+    assert all(isinstance(d, int) for d in family["head_dims"])
+
+
+def test_unknown_disable_name_raises_when_lowered(monkeypatch):
+  """JAX_SGL_DISABLE is read when a call is lowered: an unknown name fails there, naming the
+  valid ones."""
+  monkeypatch.setenv("JAX_SGL_DISABLE", "sm90,sm91")
+  q = jnp.zeros((1, 4, 2, 64), jnp.float32)
+  jax.clear_caches()
+  with pytest.raises(ValueError, match=r"JAX_SGL_DISABLE: unknown kernel family 'sm91'.*sm90_bwd"):
+    jax.jit(lambda q: jax_sgl.attention(q, q, q)).lower(q)
+  monkeypatch.setenv("JAX_SGL_DISABLE", "sm90,sm90_varlen,sm90_bwd,cuda_bwd")
+  out = jax.jit(lambda q: jax_sgl.attention(q, q, q))(q)
+  assert out.shape == q.shape

@@ -1,59 +1,124 @@
-// The FFI signature of jax_sgl_attention_fwd, shared by the CPU and CUDA handlers: operands,
-// results and attributes in one order, and one way to fill AttentionParams from them.
-// Absent optional operands arrive as empty int32/float32 arrays (the Python layer passes them).
+// The FFI signature of jax_sgl_attention_fwd and _bwd, shared by the CPU, CUDA and Metal handlers:
+// the attributes as one struct (AttentionAttrs, decoded by XLA FFI), the operands bound as
+// RemainingArgs / RemainingRets and decoded here, by index, in one place.
+//
+// Operands, in this order (absent optional ones arrive as empty int32/float32 arrays, which the
+// Python layer passes):
+//   0 q             [B, Sq, H, D] or [total_q, H, D]
+//   1 k             [B, Sk, Hkv, D], [total_k, Hkv, D] or [P, page, Hkv, D]
+//   2 v             as k, with head_dim_v
+//   3 cu_seqlens_q  int32 [B + 1] or [0]
+//   4 cu_seqlens_k  int32 [B + 1] or [0]
+//   5 seqused_k     int32 [B] or [0]
+//   6 page_table    int32 [B, max_pages] or [0]
+//   7 q_descale     float32 [B, Hkv] or [0]
+//   8 k_descale     float32 [B, Hkv] or [0]
+//   9 v_descale     float32 [B, Hkv] or [0]
+// Forward results: out (q's layout, head_dim_v), lse float32 [B, H, Sq] or [H, total_q].
 #pragma once
+
+#include <cstddef>
+#include <optional>
+#include <string>
 
 #include "ffi/common/attention_params.h"
 #include "ffi/common/ffi_helpers.h"
 
 namespace jax_sgl {
 
-// The ten operands every attention target (forward and backward) starts with.
-template <typename Binding>
-auto BindAttentionOperands(Binding&& binding) {
-  return std::move(binding)
-      .template Arg<ffi::AnyBuffer>()           // q: [B, Sq, H, D] or [total_q, H, D]
-      .template Arg<ffi::AnyBuffer>()           // k: [B, Sk, Hkv, D], [total_k, Hkv, D] or [P, page, Hkv, D]
-      .template Arg<ffi::AnyBuffer>()           // v: as k, with head_dim_v
-      .template Arg<ffi::Buffer<ffi::S32>>()    // cu_seqlens_q [B + 1] or [0]
-      .template Arg<ffi::Buffer<ffi::S32>>()    // cu_seqlens_k [B + 1] or [0]
-      .template Arg<ffi::Buffer<ffi::S32>>()    // seqused_k [B] or [0]
-      .template Arg<ffi::Buffer<ffi::S32>>()    // page_table [B, max_pages] or [0]
-      .template Arg<ffi::Buffer<ffi::F32>>()    // q_descale [B, Hkv] or [0]
-      .template Arg<ffi::Buffer<ffi::F32>>()    // k_descale [B, Hkv] or [0]
-      .template Arg<ffi::Buffer<ffi::F32>>();   // v_descale [B, Hkv] or [0]
+// Every attribute of an attention call, forward and backward alike (jax_sgl/attention.py
+// _ffi_attrs builds them once). XLA FFI decodes the call's whole attribute dictionary into it, so
+// the names here and there must be the same set.
+struct AttentionAttrs {
+  int64_t kv_layout;     // KvLayout
+  bool varlen_q;         // q is [total_q, H, D] with cu_seqlens_q
+  int64_t batch;
+  int64_t max_seqlen_q;  // varlen q: a bound on rows per sequence
+  float softmax_scale;
+  float softcap;
+  bool causal;
+  int64_t window_left;
+  int64_t window_right;
+  bool deterministic;    // backward: bitwise reproducible dQ
+  int64_t disable;       // AttentionDisable bits
+};
+
+constexpr size_t kAttentionOperands = 10;
+
+// Element `index` of the call's operands (RemainingArgs, kind "operand") or results
+// (RemainingRets, kind "result") as T, or an error naming it.
+template <typename T, typename Remaining, typename Out>
+ffi::Error GetIndexed(const Remaining& list, const char* kind, size_t index, const char* name,
+                      std::optional<Out>* out) {
+  auto value = list.template get<T>(index);
+  if (value.has_error())
+    return InvalidArgument(std::string("jax_sgl.attention: ") + kind + " " +
+                           std::to_string(index) + " (" + name + "): " + value.error().message());
+  out->emplace(*value);
+  return ffi::Error::Success();
 }
 
-// The attributes every attention target ends with.
-template <typename Binding>
-auto BindAttentionAttrs(Binding&& binding) {
-  return std::move(binding)
-      .template Attr<int64_t>("kv_layout")
-      .template Attr<bool>("varlen_q")
-      .template Attr<int64_t>("batch")
-      .template Attr<int64_t>("max_seqlen_q")
-      .template Attr<float>("softmax_scale")
-      .template Attr<float>("softcap")
-      .template Attr<bool>("causal")
-      .template Attr<int64_t>("window_left")
-      .template Attr<int64_t>("window_right");
+template <typename T>
+ffi::Error GetOperand(const ffi::RemainingArgs& args, size_t index, const char* name,
+                      std::optional<T>* out) {
+  return GetIndexed<T>(args, "operand", index, name, out);
 }
 
-template <typename Binding>
-auto BindAttentionFwd(Binding&& binding) {
-  return BindAttentionAttrs(BindAttentionOperands(std::move(binding))
-                                .template Ret<ffi::AnyBuffer>()            // out: q's layout, head_dim_v
-                                .template Ret<ffi::Buffer<ffi::F32>>());  // lse: [B, H, Sq] or [H, total_q]
+template <typename T>
+ffi::Error GetResult(const ffi::RemainingRets& rets, size_t index, const char* name,
+                     std::optional<ffi::Result<T>>* out) {
+  return GetIndexed<T>(rets, "result", index, name, out);
 }
 
-inline ffi::Error MakeAttentionParams(
-    ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::Buffer<ffi::S32> cu_seqlens_q,
-    ffi::Buffer<ffi::S32> cu_seqlens_k, ffi::Buffer<ffi::S32> seqused_k,
-    ffi::Buffer<ffi::S32> page_table, ffi::Buffer<ffi::F32> q_descale,
-    ffi::Buffer<ffi::F32> k_descale, ffi::Buffer<ffi::F32> v_descale,
-    ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::Buffer<ffi::F32>> lse, int64_t kv_layout,
-    bool varlen_q, int64_t batch, int64_t max_seqlen_q, float softmax_scale, float softcap,
-    bool causal, int64_t window_left, int64_t window_right, AttentionParams* p) {
+inline ffi::Error CheckCount(const char* what, size_t got, size_t expected) {
+  if (got == expected) return ffi::Error::Success();
+  return InvalidArgument(std::string("jax_sgl.attention: expected ") + std::to_string(expected) +
+                         " " + what + ", got " + std::to_string(got));
+}
+
+// The ten operands every attention target starts with, decoded.
+struct AttentionOperands {
+  std::optional<ffi::AnyBuffer> q, k, v;
+  std::optional<ffi::Buffer<ffi::S32>> cu_seqlens_q, cu_seqlens_k, seqused_k, page_table;
+  std::optional<ffi::Buffer<ffi::F32>> q_descale, k_descale, v_descale;
+  // The forward's out and lse: its results, the backward's inputs.
+  std::optional<ffi::AnyBuffer> out;
+  std::optional<ffi::Buffer<ffi::F32>> lse;
+};
+
+inline ffi::Error DecodeAttentionOperands(const ffi::RemainingArgs& args, AttentionOperands* o) {
+  ffi::Error errs[] = {
+      GetOperand(args, 0, "q", &o->q),
+      GetOperand(args, 1, "k", &o->k),
+      GetOperand(args, 2, "v", &o->v),
+      GetOperand(args, 3, "cu_seqlens_q", &o->cu_seqlens_q),
+      GetOperand(args, 4, "cu_seqlens_k", &o->cu_seqlens_k),
+      GetOperand(args, 5, "seqused_k", &o->seqused_k),
+      GetOperand(args, 6, "page_table", &o->page_table),
+      GetOperand(args, 7, "q_descale", &o->q_descale),
+      GetOperand(args, 8, "k_descale", &o->k_descale),
+      GetOperand(args, 9, "v_descale", &o->v_descale),
+  };
+  for (ffi::Error& err : errs)
+    if (err.failure()) return std::move(err);
+  return ffi::Error::Success();
+}
+
+// Fills *p from the decoded operands (out and lse included) and the attributes.
+inline ffi::Error FillAttentionParams(const AttentionOperands& o, const AttentionAttrs& attrs,
+                                      AttentionParams* p) {
+  const ffi::AnyBuffer& out = *o.out;
+  const ffi::Buffer<ffi::F32>& lse = *o.lse;
+  const ffi::AnyBuffer& q = *o.q;
+  const ffi::AnyBuffer& k = *o.k;
+  const ffi::AnyBuffer& v = *o.v;
+  const ffi::Buffer<ffi::S32>& cu_seqlens_q = *o.cu_seqlens_q;
+  const ffi::Buffer<ffi::S32>& cu_seqlens_k = *o.cu_seqlens_k;
+  const ffi::Buffer<ffi::S32>& seqused_k = *o.seqused_k;
+  const ffi::Buffer<ffi::S32>& page_table = *o.page_table;
+  const int64_t kv_layout = attrs.kv_layout;
+  const bool varlen_q = attrs.varlen_q;
+  const int64_t batch = attrs.batch;
   auto qd = q.dimensions();
   auto kd = k.dimensions();
   auto vd = v.dimensions();
@@ -65,7 +130,7 @@ inline ffi::Error MakeAttentionParams(
   if (qd.size() != q_rank || kd.size() != kv_rank || vd.size() != kv_rank)
     return InvalidArgument("jax_sgl.attention: operand ranks do not match the layout");
   if (!ToDType(q.element_type(), &p->q_type) || !ToDType(k.element_type(), &p->k_type) ||
-      !ToDType(v.element_type(), &p->v_type) || !ToDType(out->element_type(), &p->out_type))
+      !ToDType(v.element_type(), &p->v_type) || !ToDType(out.element_type(), &p->out_type))
     return InvalidArgument("jax_sgl.attention: unsupported dtype");
   // SGLang's rule (flash_fwd_sm100): K shares Q's dtype; V may differ only as the fp8 v_dequant
   // path, which the Python checks gate on v_descale.
@@ -76,8 +141,8 @@ inline ffi::Error MakeAttentionParams(
   p->q = q.untyped_data();
   p->k = k.untyped_data();
   p->v = v.untyped_data();
-  p->out = out->untyped_data();
-  p->lse = lse->typed_data();
+  p->out = out.untyped_data();
+  p->lse = lse.typed_data();
   p->kv_layout = layout;
   p->batch = int(batch);
   p->num_heads = int(qd[q_rank - 2]);
@@ -87,7 +152,7 @@ inline ffi::Error MakeAttentionParams(
   if (p->num_kv_heads <= 0 || p->num_heads % p->num_kv_heads != 0)
     return InvalidArgument("jax_sgl.attention: num_heads must be a multiple of num_kv_heads");
   p->total_q = varlen_q ? qd[0] : qd[0] * qd[1];
-  p->seqlen_q = int(varlen_q ? max_seqlen_q : qd[1]);
+  p->seqlen_q = int(varlen_q ? attrs.max_seqlen_q : qd[1]);
   p->cu_seqlens_q = varlen_q ? cu_seqlens_q.typed_data() : nullptr;
   if (varlen_q && int64_t(cu_seqlens_q.element_count()) != batch + 1)
     return InvalidArgument("jax_sgl.attention: cu_seqlens_q must have batch + 1 entries");
@@ -129,16 +194,67 @@ inline ffi::Error MakeAttentionParams(
     return int64_t(d.element_count()) == descale_size && descale_size > 0 ? d.typed_data()
                                                                           : nullptr;
   };
-  p->q_descale = descale(q_descale);
-  p->k_descale = descale(k_descale);
-  p->v_descale = descale(v_descale);
+  p->q_descale = descale(*o.q_descale);
+  p->k_descale = descale(*o.k_descale);
+  p->v_descale = descale(*o.v_descale);
 
-  p->softmax_scale = softmax_scale;
-  p->softcap = softcap;
-  p->causal = causal;
-  p->window_left = int(window_left);
-  p->window_right = causal ? 0 : int(window_right);
+  p->softmax_scale = attrs.softmax_scale;
+  p->softcap = attrs.softcap;
+  p->causal = attrs.causal;
+  p->window_left = int(attrs.window_left);
+  p->window_right = attrs.causal ? 0 : int(attrs.window_right);
+  p->deterministic = attrs.deterministic;
+  p->disable = attrs.disable;
   return ffi::Error::Success();
+}
+
+// The forward's operands and results (out, lse) into *p; *operands keeps the decoded buffers for
+// handlers that need more than their data pointers (Metal's buffer sizes).
+inline ffi::Error MakeAttentionParams(const ffi::RemainingArgs& args,
+                                      const ffi::RemainingRets& rets, const AttentionAttrs& attrs,
+                                      AttentionParams* p, AttentionOperands* operands) {
+  if (auto err = CheckCount("operands", args.size(), kAttentionOperands); err.failure())
+    return err;
+  if (auto err = CheckCount("results", rets.size(), 2); err.failure()) return err;
+  if (auto err = DecodeAttentionOperands(args, operands); err.failure()) return err;
+  std::optional<ffi::Result<ffi::AnyBuffer>> out;
+  std::optional<ffi::Result<ffi::Buffer<ffi::F32>>> lse;
+  if (auto err = GetResult(rets, 0, "out", &out); err.failure()) return err;
+  if (auto err = GetResult(rets, 1, "lse", &lse); err.failure()) return err;
+  operands->out.emplace(**out);
+  operands->lse.emplace(**lse);
+  return FillAttentionParams(*operands, attrs, p);
+}
+
+inline ffi::Error MakeAttentionParams(const ffi::RemainingArgs& args,
+                                      const ffi::RemainingRets& rets, const AttentionAttrs& attrs,
+                                      AttentionParams* p) {
+  AttentionOperands operands;
+  return MakeAttentionParams(args, rets, attrs, p, &operands);
+}
+
+}  // namespace jax_sgl
+
+XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(jax_sgl::AttentionAttrs,
+                                      xla::ffi::StructMember<int64_t>("kv_layout"),
+                                      xla::ffi::StructMember<bool>("varlen_q"),
+                                      xla::ffi::StructMember<int64_t>("batch"),
+                                      xla::ffi::StructMember<int64_t>("max_seqlen_q"),
+                                      xla::ffi::StructMember<float>("softmax_scale"),
+                                      xla::ffi::StructMember<float>("softcap"),
+                                      xla::ffi::StructMember<bool>("causal"),
+                                      xla::ffi::StructMember<int64_t>("window_left"),
+                                      xla::ffi::StructMember<int64_t>("window_right"),
+                                      xla::ffi::StructMember<bool>("deterministic"),
+                                      xla::ffi::StructMember<int64_t>("disable"));
+
+namespace jax_sgl {
+
+// Every attention target binds this: the operands and results by index (decoded above), the
+// attributes as one struct.
+template <typename Binding>
+auto BindAttention(Binding&& binding) {
+  return std::move(binding).RemainingArgs().RemainingRets().template Attrs<AttentionAttrs>();
 }
 
 }  // namespace jax_sgl

@@ -21,6 +21,15 @@ namespace jax_sgl {
 
 enum class KvLayout : int { kDense = 0, kVarlen = 1, kPaged = 2 };
 
+// Bits of AttentionParams::disable: kernel families a user turned off for debugging
+// (JAX_SGL_DISABLE, parsed by jax_sgl/_disable.py, which names the same bits). A disabled family's
+// calls run on the portable kernels.
+enum AttentionDisable : int64_t {
+  kDisableSm90 = int64_t(1) << 0,        // "sm90": the Hopper forward
+  kDisableSm90Varlen = int64_t(1) << 1,  // "sm90_varlen": the Hopper forward's varlen/paged path
+  kDisableSm90Bwd = int64_t(1) << 2,     // "sm90_bwd": the Hopper backward
+};
+
 struct AttentionParams {
   const void* q;
   const void* k;
@@ -55,6 +64,8 @@ struct AttentionParams {
   bool causal;       // bottom-right aligned
   int window_left;   // -1: unbounded
   int window_right;  // -1: unbounded (causal forces 0)
+  bool deterministic;  // backward: bitwise reproducible dQ (no float atomics)
+  int64_t disable;     // AttentionDisable bits
 
   DType q_type;
   DType k_type;

@@ -320,25 +320,12 @@ void RunAttentionBwd(ffi::ThreadPool& pool, const AttentionBwdParams& bp) {
   });
 }
 
-ffi::Error AttentionBwdImpl(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffer k,
-                            ffi::AnyBuffer v, ffi::Buffer<ffi::S32> cu_seqlens_q,
-                            ffi::Buffer<ffi::S32> cu_seqlens_k, ffi::Buffer<ffi::S32> seqused_k,
-                            ffi::Buffer<ffi::S32> page_table, ffi::Buffer<ffi::F32> q_descale,
-                            ffi::Buffer<ffi::F32> k_descale, ffi::Buffer<ffi::F32> v_descale,
-                            ffi::AnyBuffer out, ffi::Buffer<ffi::F32> lse, ffi::AnyBuffer dout,
-                            ffi::Buffer<ffi::F32> dlse, ffi::Result<ffi::AnyBuffer> dq,
-                            ffi::Result<ffi::AnyBuffer> dk, ffi::Result<ffi::AnyBuffer> dv,
-                            int64_t kv_layout, bool varlen_q, int64_t batch, int64_t max_seqlen_q,
-                            float softmax_scale, float softcap, bool causal, int64_t window_left,
-                            int64_t window_right) {
+ffi::Error AttentionBwdImpl(ffi::ThreadPool pool, ffi::RemainingArgs args, ffi::RemainingRets rets,
+                            AttentionAttrs attrs) {
   AttentionBwdParams bp;
-  if (auto err = MakeAttentionBwdParams(
-          q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, page_table, q_descale, k_descale,
-          v_descale, out, lse, dout, dlse, dq, dk, dv, kv_layout, varlen_q, batch, max_seqlen_q,
-          softmax_scale, softcap, causal, window_left, window_right, &bp);
-      err.failure())
-    return err;
-  std::vector<float> softmax_d(lse.element_count(), 0.f);
+  if (auto err = MakeAttentionBwdParams(args, rets, attrs, &bp); err.failure()) return err;
+  // lse's layout holds num_heads * total_q rows, dense or varlen.
+  std::vector<float> softmax_d(size_t(bp.fwd.num_heads) * size_t(bp.fwd.total_q), 0.f);
   bp.softmax_d = softmax_d.data();
   DispatchFloat(bp.fwd.q_type,
                 [&](auto tag) { RunAttentionBwd<typename decltype(tag)::type>(pool, bp); });
@@ -349,5 +336,5 @@ ffi::Error AttentionBwdImpl(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuff
 }  // namespace jax_sgl::cpu
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxSglAttentionBwdCpu, jax_sgl::cpu::AttentionBwdImpl,
-                              jax_sgl::BindAttentionBwd(
+                              jax_sgl::BindAttention(
                                   xla::ffi::Ffi::Bind().Ctx<xla::ffi::ThreadPool>()));

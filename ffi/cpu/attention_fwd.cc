@@ -185,22 +185,10 @@ void RunAttention(ffi::ThreadPool& pool, const AttentionParams& p) {
   });
 }
 
-ffi::Error AttentionFwdImpl(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffer k,
-                            ffi::AnyBuffer v, ffi::Buffer<ffi::S32> cu_seqlens_q,
-                            ffi::Buffer<ffi::S32> cu_seqlens_k, ffi::Buffer<ffi::S32> seqused_k,
-                            ffi::Buffer<ffi::S32> page_table, ffi::Buffer<ffi::F32> q_descale,
-                            ffi::Buffer<ffi::F32> k_descale, ffi::Buffer<ffi::F32> v_descale,
-                            ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::Buffer<ffi::F32>> lse,
-                            int64_t kv_layout, bool varlen_q, int64_t batch, int64_t max_seqlen_q,
-                            float softmax_scale, float softcap, bool causal, int64_t window_left,
-                            int64_t window_right) {
+ffi::Error AttentionFwdImpl(ffi::ThreadPool pool, ffi::RemainingArgs args, ffi::RemainingRets rets,
+                            AttentionAttrs attrs) {
   AttentionParams p;
-  if (auto err = MakeAttentionParams(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, page_table,
-                                     q_descale, k_descale, v_descale, out, lse, kv_layout,
-                                     varlen_q, batch, max_seqlen_q, softmax_scale, softcap, causal,
-                                     window_left, window_right, &p);
-      err.failure())
-    return err;
+  if (auto err = MakeAttentionParams(args, rets, attrs, &p); err.failure()) return err;
   DispatchFloat(p.out_type, [&](auto to) { RunAttention<typename decltype(to)::type>(pool, p); });
   return ffi::Error::Success();
 }
@@ -209,5 +197,5 @@ ffi::Error AttentionFwdImpl(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuff
 }  // namespace jax_sgl::cpu
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxSglAttentionFwdCpu, jax_sgl::cpu::AttentionFwdImpl,
-                              jax_sgl::BindAttentionFwd(
+                              jax_sgl::BindAttention(
                                   xla::ffi::Ffi::Bind().Ctx<xla::ffi::ThreadPool>()));

@@ -18,23 +18,11 @@ namespace {
 // measured on Apple hardware).
 constexpr double kAttentionAutoThreshold = 16e6;
 
-ffi::Error AttentionFwdMetalImpl(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
-                                 ffi::Buffer<ffi::S32> cu_seqlens_q,
-                                 ffi::Buffer<ffi::S32> cu_seqlens_k,
-                                 ffi::Buffer<ffi::S32> seqused_k, ffi::Buffer<ffi::S32> page_table,
-                                 ffi::Buffer<ffi::F32> q_descale, ffi::Buffer<ffi::F32> k_descale,
-                                 ffi::Buffer<ffi::F32> v_descale, ffi::Result<ffi::AnyBuffer> out,
-                                 ffi::Result<ffi::Buffer<ffi::F32>> lse, int64_t kv_layout,
-                                 bool varlen_q, int64_t batch, int64_t max_seqlen_q,
-                                 float softmax_scale, float softcap, bool causal,
-                                 int64_t window_left, int64_t window_right) {
+ffi::Error AttentionFwdMetalImpl(ffi::RemainingArgs args, ffi::RemainingRets rets,
+                                 AttentionAttrs attrs) {
   AttentionParams p;
-  if (auto err = MakeAttentionParams(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, page_table,
-                                     q_descale, k_descale, v_descale, out, lse, kv_layout,
-                                     varlen_q, batch, max_seqlen_q, softmax_scale, softcap, causal,
-                                     window_left, window_right, &p);
-      err.failure())
-    return err;
+  AttentionOperands o;
+  if (auto err = MakeAttentionParams(args, rets, attrs, &p, &o); err.failure()) return err;
   // Upper bound of the score work: every query against every key slot of its sequence.
   const double keys = p.kv_layout == KvLayout::kPaged ? double(p.max_pages) * p.page_size
                       : p.kv_layout == KvLayout::kVarlen ? double(p.total_k) / (p.batch ? p.batch : 1)
@@ -45,23 +33,23 @@ ffi::Error AttentionFwdMetalImpl(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuf
     return ffi::Error::Success();
   }
   const MetalAttentionParams mp = ToMetalParams(p);
-  const std::vector<HostArg> args = {
-      {kAttnQ, q.untyped_data(), q.size_bytes(), false},
-      {kAttnK, k.untyped_data(), k.size_bytes(), false},
-      {kAttnV, v.untyped_data(), v.size_bytes(), false},
-      {kAttnOut, out->untyped_data(), out->size_bytes(), true},
-      {kAttnLse, lse->untyped_data(), lse->size_bytes(), true},
-      {kAttnCuSeqlensQ, cu_seqlens_q.untyped_data(), cu_seqlens_q.size_bytes(), false},
-      {kAttnCuSeqlensK, cu_seqlens_k.untyped_data(), cu_seqlens_k.size_bytes(), false},
-      {kAttnSequsedK, seqused_k.untyped_data(), seqused_k.size_bytes(), false},
-      {kAttnPageTable, page_table.untyped_data(), page_table.size_bytes(), false},
+  const std::vector<HostArg> buffers = {
+      {kAttnQ, o.q->untyped_data(), o.q->size_bytes(), false},
+      {kAttnK, o.k->untyped_data(), o.k->size_bytes(), false},
+      {kAttnV, o.v->untyped_data(), o.v->size_bytes(), false},
+      {kAttnOut, o.out->untyped_data(), o.out->size_bytes(), true},
+      {kAttnLse, o.lse->untyped_data(), o.lse->size_bytes(), true},
+      {kAttnCuSeqlensQ, o.cu_seqlens_q->untyped_data(), o.cu_seqlens_q->size_bytes(), false},
+      {kAttnCuSeqlensK, o.cu_seqlens_k->untyped_data(), o.cu_seqlens_k->size_bytes(), false},
+      {kAttnSequsedK, o.seqused_k->untyped_data(), o.seqused_k->size_bytes(), false},
+      {kAttnPageTable, o.page_table->untyped_data(), o.page_table->size_bytes(), false},
   };
   std::string error;
   if (p.cu_seqlens_q && p.total_q > 0)
-    error = Dispatch(AttentionClearKernelName(p.out_type), AttentionClearGrid(p), args, &mp,
+    error = Dispatch(AttentionClearKernelName(p.out_type), AttentionClearGrid(p), buffers, &mp,
                      sizeof(mp), kAttnParams);
   if (error.empty() && p.batch > 0 && p.num_heads > 0)
-    error = Dispatch(AttentionFwdKernelName(p.q_type), AttentionFwdGrid(p), args, &mp, sizeof(mp),
+    error = Dispatch(AttentionFwdKernelName(p.q_type), AttentionFwdGrid(p), buffers, &mp, sizeof(mp),
                      kAttnParams);
   if (!error.empty()) return ffi::Error::Internal("jax_sgl.attention (Metal): " + error);
   return ffi::Error::Success();
@@ -71,7 +59,7 @@ ffi::Error AttentionFwdMetalImpl(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuf
 }  // namespace jax_sgl::metal
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxSglAttentionFwdMetal, jax_sgl::metal::AttentionFwdMetalImpl,
-                              jax_sgl::BindAttentionFwd(xla::ffi::Ffi::Bind()));
+                              jax_sgl::BindAttention(xla::ffi::Ffi::Bind()));
 
 // The handler registered for platform "cpu" on macOS (see JaxSglRopePoolFwdApple).
 extern "C" XLA_FFI_Error* JaxSglAttentionFwdApple(XLA_FFI_CallFrame* frame) {

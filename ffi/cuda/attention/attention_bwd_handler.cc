@@ -11,24 +11,11 @@
 namespace jax_sgl::cuda {
 namespace {
 
-ffi::Error AttentionBwdCuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyBuffer q,
-                            ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::Buffer<ffi::S32> cu_seqlens_q,
-                            ffi::Buffer<ffi::S32> cu_seqlens_k, ffi::Buffer<ffi::S32> seqused_k,
-                            ffi::Buffer<ffi::S32> page_table, ffi::Buffer<ffi::F32> q_descale,
-                            ffi::Buffer<ffi::F32> k_descale, ffi::Buffer<ffi::F32> v_descale,
-                            ffi::AnyBuffer out, ffi::Buffer<ffi::F32> lse, ffi::AnyBuffer dout,
-                            ffi::Buffer<ffi::F32> dlse, ffi::Result<ffi::AnyBuffer> dq,
-                            ffi::Result<ffi::AnyBuffer> dk, ffi::Result<ffi::AnyBuffer> dv,
-                            int64_t kv_layout, bool varlen_q, int64_t batch, int64_t max_seqlen_q,
-                            float softmax_scale, float softcap, bool causal, int64_t window_left,
-                            int64_t window_right) {
+ffi::Error AttentionBwdCuda(cudaStream_t stream, ffi::ScratchAllocator scratch,
+                            ffi::RemainingArgs args, ffi::RemainingRets rets,
+                            AttentionAttrs attrs) {
   AttentionBwdParams bp;
-  if (auto err = MakeAttentionBwdParams(
-          q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, page_table, q_descale, k_descale,
-          v_descale, out, lse, dout, dlse, dq, dk, dv, kv_layout, varlen_q, batch, max_seqlen_q,
-          softmax_scale, softcap, causal, window_left, window_right, &bp);
-      err.failure())
-    return err;
+  if (auto err = MakeAttentionBwdParams(args, rets, attrs, &bp); err.failure()) return err;
   FlashBwdPlan plan;
   if (const char* why = PlanFlashBwd(bp.fwd, &plan))
     return ffi::Error(ffi::ErrorCode::kUnimplemented, why);
@@ -51,6 +38,6 @@ ffi::Error AttentionBwdCuda(cudaStream_t stream, ffi::ScratchAllocator scratch, 
 // captured CUDA graph would bake in.
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     JaxSglAttentionBwdCuda, jax_sgl::cuda::AttentionBwdCuda,
-    jax_sgl::BindAttentionBwd(xla::ffi::Ffi::Bind()
+    jax_sgl::BindAttention(xla::ffi::Ffi::Bind()
                                   .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
                                   .Ctx<xla::ffi::ScratchAllocator>()));

@@ -19,22 +19,11 @@ int NumSms() {
   return CurrentSmCount(&sms) == cudaSuccess ? sms : 132;
 }
 
-ffi::Error AttentionFwdCuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyBuffer q,
-                            ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::Buffer<ffi::S32> cu_seqlens_q,
-                            ffi::Buffer<ffi::S32> cu_seqlens_k, ffi::Buffer<ffi::S32> seqused_k,
-                            ffi::Buffer<ffi::S32> page_table, ffi::Buffer<ffi::F32> q_descale,
-                            ffi::Buffer<ffi::F32> k_descale, ffi::Buffer<ffi::F32> v_descale,
-                            ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::Buffer<ffi::F32>> lse,
-                            int64_t kv_layout, bool varlen_q, int64_t batch, int64_t max_seqlen_q,
-                            float softmax_scale, float softcap, bool causal, int64_t window_left,
-                            int64_t window_right) {
+ffi::Error AttentionFwdCuda(cudaStream_t stream, ffi::ScratchAllocator scratch,
+                            ffi::RemainingArgs args, ffi::RemainingRets rets,
+                            AttentionAttrs attrs) {
   AttentionParams p;
-  if (auto err = MakeAttentionParams(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, page_table,
-                                     q_descale, k_descale, v_descale, out, lse, kv_layout,
-                                     varlen_q, batch, max_seqlen_q, softmax_scale, softcap, causal,
-                                     window_left, window_right, &p);
-      err.failure())
-    return err;
+  if (auto err = MakeAttentionParams(args, rets, attrs, &p); err.failure()) return err;
   FlashPlan plan;
   if (const char* why = PlanFlashFwd(p, NumSms(), &plan))
     return ffi::Error(ffi::ErrorCode::kUnimplemented, why);
@@ -58,6 +47,6 @@ ffi::Error AttentionFwdCuda(cudaStream_t stream, ffi::ScratchAllocator scratch, 
 // address a captured CUDA graph would bake in.
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     JaxSglAttentionFwdCuda, jax_sgl::cuda::AttentionFwdCuda,
-    jax_sgl::BindAttentionFwd(xla::ffi::Ffi::Bind()
+    jax_sgl::BindAttention(xla::ffi::Ffi::Bind()
                                   .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
                                   .Ctx<xla::ffi::ScratchAllocator>()));

@@ -3,8 +3,6 @@
 // kernels where they serve the call (sm90/bwd/launch.h) and the sm80 kernels otherwise. Host
 // code only: the kernels live in bwd_sm80/preprocess.cu and the generated instantiations/ files.
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 
 #include "ffi/common/attention_seq.h"
 #include "ffi/cuda/attention/flash_bwd_launch.h"
@@ -62,18 +60,14 @@ const char* PlanFlashBwd(const AttentionParams& p, FlashBwdPlan* plan) {
 
   plan->sm90 = false;
   plan->sm90_dq = false;
-  plan->sm90_dq_kernel = false;
   plan->ws_rows = p.seqlen_q;
 #ifdef JAX_SGL_HAVE_SM90
   // Anything the sm90 kernels do not cover (varlen, other head dims, d != d_v, ...) runs
   // on the sm80 kernels below: Sm90BwdUnsupported names it.
   if (Sm90BwdUnsupported(p) == nullptr && Sm90BwdEnabled(p)) {
     plan->sm90 = true;
-    const char* det = std::getenv("JAX_SGL_BWD_DETERMINISTIC");
-    const bool det_sm90 = det != nullptr && std::strcmp(det, "1") == 0;
-    const bool det_sm80 = det != nullptr && std::strcmp(det, "sm80") == 0;
-    plan->sm90_dq = !det_sm90 && !det_sm80;
-    plan->sm90_dq_kernel = det_sm90;
+    // deterministic=True: dQ from the atomic-free sm90 dQ kernel instead of float32 atomics.
+    plan->sm90_dq = !p.deterministic;
     const int block = Sm90BwdRowBlock(p);
     plan->ws_rows = (p.seqlen_q + block - 1) / block * block;
   }
@@ -135,10 +129,8 @@ const char* RunFlashBwd(const AttentionBwdParams& bp, const FlashBwdPlan& plan, 
     if (plan.sm90_tail_bytes > 0)
       args.sm90_tail = args.lse_log2 + ws_floats +
                        (plan.sm90_dq ? Sm90BwdDqAccumFloats(p, plan.ws_rows) : 0);
-    if (cudaError_t err = RunFlashBwdSm90(args, dq_accum, plan.sm90_dq_kernel, stream);
-        err != cudaSuccess)
-      return cudaGetErrorString(err);
-    if (plan.sm90_dq || plan.sm90_dq_kernel) return nullptr;
+    const cudaError_t err = RunFlashBwdSm90(args, dq_accum, !plan.sm90_dq, stream);
+    return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
   }
 #endif
   const int cap = BwdHeadDimCap(p);

@@ -57,8 +57,7 @@ JAX_SGL_HD int64_t WsIndex(const FlashBwdArgs& a, const SeqBounds& s, int b, int
 struct FlashBwdPlan {
   bool sm90;             // dK/dV on the sm_90a kernel (sm90/bwd/launch.h), else on the sm80 one
   bool sm90_dq;          // sm90 only: dQ from its float32 reductions (fast, not bitwise
-                         // reproducible); false: a deterministic dQ kernel, which is
-  bool sm90_dq_kernel;   // the sm90 one (wgmma), or else the sm80 one
+                         // reproducible); false (deterministic): the atomic-free sm90 dQ kernel
   int ws_rows;           // dense calls: rows per (batch, head) of softmax_d and lse_log2
   size_t sm90_tail_bytes = 0;  // sm90 tail split's dK / dV shares (Sm90BwdTailBytes), or 0
   size_t scratch_bytes;  // softmax_d, lse_log2, (sm90_dq) the float32 dQ accumulator, the shares
@@ -66,8 +65,8 @@ struct FlashBwdPlan {
 
 // Fills *plan and returns nullptr, or returns the reason the combination has no CUDA backward
 // (names what is missing). The sm90 kernel serves a call when it covers it, the build has it and
-// JAX_SGL_SM90_BWD allows it (sm90/bwd/launch.h); JAX_SGL_BWD_DETERMINISTIC=1 computes its dQ
-// with the atomic-free sm90 dQ kernel (=sm80: the sm80 dQ kernel). Both read at each call.
+// JAX_SGL_DISABLE does not name sm90_bwd (p.disable, sm90/bwd/launch.h); p.deterministic
+// computes its dQ with the atomic-free sm90 dQ kernel.
 const char* PlanFlashBwd(const AttentionParams& p, FlashBwdPlan* plan);
 
 // Launches the backward of bp on stream; `scratch` holds plan.scratch_bytes. Returns nullptr

@@ -28,6 +28,9 @@ inline constexpr int kHeadDimCapacities[] = {64, 96, 128, 192, 256};
 
 // Whether this build compiled the kernels of head-dim capacity d (CMake's JAX_SGL_ATTN_HEAD_DIMS
 // defines JAX_SGL_ATTN_DISABLE_HDIM<d> for the others); forward and backward share the list.
+// The built capacities as text, e.g. " 64 128" (jax_sgl.attention_backend_info()).
+const char* PortableBuiltHeadDims();
+
 inline bool HeadDimBuilt(int d) {
   switch (d) {
 #ifndef JAX_SGL_ATTN_DISABLE_HDIM64

@@ -4,6 +4,7 @@
 // device reads), so the same plan holds when XLA replays the call. Host code only: the kernels
 // live in the generated instantiations/ files.
 #include <algorithm>
+#include <string>
 #include <type_traits>
 
 #include "ffi/common/attention_seq.h"
@@ -267,10 +268,10 @@ const char* PlanFlashFwd(const AttentionParams& p, int num_sms, FlashPlan* plan)
       PlanDecodeKernel(p, cap, num_sms, plan);
     return nullptr;
   }
-  // The Hopper kernel on a 9.0 device, for what it covers and JAX_SGL_SM90 allows (by default
+  // The Hopper kernel on a 9.0 device, for what it covers unless JAX_SGL_DISABLE names sm90 (by default
   // the GPU-verified instantiations); everything else falls through to the portable sm80 kernel.
 #ifdef JAX_SGL_HAVE_SM90
-  if (Sm90Unsupported(p) == nullptr && Sm90Enabled()) {
+  if (Sm90Unsupported(p) == nullptr && Sm90Enabled(p)) {
     plan->sm90 = true;
     plan->scratch_bytes = Sm90ScratchBytes(p, num_sms);
     return nullptr;
@@ -345,6 +346,17 @@ const char* RunFlashFwd(const AttentionParams& p, const FlashPlan& plan, void* s
   c.lse_partial_type = DType::kF32;
   c.o_type = p.q_type;
   return LaunchSplitCombine(c, stream);
+}
+
+const char* PortableBuiltHeadDims() {
+  // Built once: the list is fixed at compile time.
+  static const std::string dims = [] {
+    std::string s;
+    for (int d : kHeadDimCapacities)
+      if (HeadDimBuilt(d)) s += " " + std::to_string(d);
+    return s;
+  }();
+  return dims.c_str();
 }
 
 }  // namespace jax_sgl::cuda

@@ -1,8 +1,6 @@
 // Host side of the sm_90a flash attention backward: whether it may run a call (coverage, opt-in,
 // device) and the (dtype, head dim) switch over the instantiations this build compiled.
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <initializer_list>
 #include <type_traits>
 
@@ -59,10 +57,10 @@ const char* Sm90BwdUnsupported(const AttentionParams& p) {
 }
 
 // Every built instantiation passed the GPU gradient tests (hd64 / hd128 x bf16 / fp16, both dQ
-// modes; H100 and H200, 2026-12-02), so all run by default; JAX_SGL_SM90_BWD=0 turns them off.
-bool Sm90BwdEnabled(const AttentionParams&) {
-  const char* env = std::getenv("JAX_SGL_SM90_BWD");
-  if (env != nullptr && std::strcmp(env, "0") == 0) return false;
+// modes; H100 and H200, 2026-12-02), so all run by default; JAX_SGL_DISABLE=sm90_bwd (a bit of
+// p.disable) turns them off.
+bool Sm90BwdEnabled(const AttentionParams& p) {
+  if (p.disable & kDisableSm90Bwd) return false;
   return IsComputeCapability90();
 }
 

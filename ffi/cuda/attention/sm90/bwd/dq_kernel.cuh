@@ -1,6 +1,6 @@
 // The sm_90a deterministic dQ kernel of the attention backward (dense layout): one CTA per (128
 // query rows, q head, batch), shapes and math in bwd_dq_config.h. It runs after the dK/dV kernel
-// (bwd_kernel.cuh, launched without dq_accum) when JAX_SGL_BWD_DETERMINISTIC=1: every dQ row is
+// (bwd_kernel.cuh, launched without dq_accum) when deterministic=True: every dQ row is
 // the sum over key tiles in one fixed order, inside one CTA, so two runs give the same bits.
 // Warpgroup 0: one thread TMA-loads the CTA's Q and dO halves once and streams the visible K / V
 // tiles (both on one stage of a PipelineTmaAsync ring). Warpgroups 1 and 2: 64 rows each, lse2

@@ -3,8 +3,8 @@
 //
 // The sm90 backward replaces the sm80 dK/dV kernel and the sm80 dQ kernel: dQ comes from float32
 // reductions into a workspace plus a convert kernel (default, not bitwise reproducible), or,
-// with JAX_SGL_BWD_DETERMINISTIC=1, from a separate sm90 dQ kernel without atomics
-// (JAX_SGL_BWD_DETERMINISTIC=sm80: the sm80 dQ kernel, for A/B). The kernels read the workspace
+// with deterministic=True (AttentionParams::deterministic), from a separate sm90 dQ kernel
+// without atomics. The kernels read the workspace
 // the shared preprocess kernel writes (bwd_sm80/preprocess.cu), laid out [batch, num_heads,
 // ws_rows] with ws_rows = seqlen_q rounded up to Sm90BwdRowBlock(), so each step's row values
 // are one in-bounds bulk copy.
@@ -21,8 +21,8 @@ namespace jax_sgl::cuda {
 // nullptr when the sm90 backward covers the call, else what it lacks (the fallback decision).
 const char* Sm90BwdUnsupported(const AttentionParams& p);
 
-// Whether a covered call runs on it: compute capability 9.0, unless JAX_SGL_SM90_BWD=0 (read at
-// each call).
+// Whether a covered call runs on it: compute capability 9.0, unless JAX_SGL_DISABLE names
+// sm90_bwd (p.disable).
 bool Sm90BwdEnabled(const AttentionParams& p);
 
 // Query rows per step of the kernel for p's head dim: the workspace's row padding.

@@ -2,7 +2,7 @@
 // and the (dtype, head dim) switch over the instantiations this build compiled.
 //
 // Varlen calls (cu_seqlens_q, varlen k/v, seqused_k) run on the sm90 kernel's varlen
-// instantiation unless JAX_SGL_SM90_VARLEN=0 (read at each call) keeps them on the portable
+// instantiation unless JAX_SGL_DISABLE=sm90_varlen (p.disable) keeps them on the portable
 // kernel. Paged k/v always runs there.
 #include <algorithm>
 #include <cstdint>
@@ -45,16 +45,11 @@ cudaError_t Launch(DType t, int d, const AttentionParams& p, void* scratch, cuda
   return cudaErrorInvalidValue;
 }
 
-bool VarlenEnabled() {
-  const char* env = std::getenv("JAX_SGL_SM90_VARLEN");
-  return env == nullptr || std::strcmp(env, "0") != 0;
-}
-
 // What the varlen instantiation lacks for a call, or nullptr.
 const char* VarlenUnsupported(const AttentionParams& p) {
   if (p.kv_layout == KvLayout::kPaged) return "sm90 kernel: no paged k/v (runs on the sm80 kernel)";
-  if (!VarlenEnabled())
-    return "sm90 kernel: varlen turned off by JAX_SGL_SM90_VARLEN=0 (runs on the sm80 kernel)";
+  if (p.disable & kDisableSm90Varlen)
+    return "sm90 kernel: varlen turned off by JAX_SGL_DISABLE=sm90_varlen (runs on the sm80 kernel)";
   // TMA descriptors need every dimension >= 1; row indices and the kernel's window sums stay in
   // int (launch.cuh).
   if (p.total_q < 1 || p.total_k < 1) return "sm90 kernel: non-empty q and k buffers";
@@ -88,13 +83,11 @@ const char* Sm90Unsupported(const AttentionParams& p) {
   return nullptr;
 }
 
-bool Sm90Enabled() {
+bool Sm90Enabled(const AttentionParams& p) {
   // Every instantiation passed the sm90 GPU tests on an H200 (benchmarks/notes/NOTES_sm90.md,
-  // 2026-12-02), so all built ones run by default; JAX_SGL_SM90=0 routes everything to the
-  // portable kernel. Read at every call (a getenv is far cheaper than a launch), so a process, or
-  // a test, can switch kernels between calls without recompiling anything.
-  const char* env = std::getenv("JAX_SGL_SM90");
-  if (env != nullptr && std::strcmp(env, "0") == 0) return false;
+  // 2026-12-02), so all built ones run by default; JAX_SGL_DISABLE=sm90 (a bit of p.disable, set
+  // when the call was lowered) routes everything to the portable kernel.
+  if (p.disable & kDisableSm90) return false;
   return IsComputeCapability90();
 }
 

@@ -37,7 +37,7 @@ using FwdConfig = FlashConfig<typename CutlassType<T>::type, kHeadDim>;
 
 // Dense calls launch FlashFwdSm90Kernel<Cfg, false, kSoftcap>, whose code does not change with varlen;
 // calls with cu_seqlens_q, varlen k/v or seqused_k (dispatch.cc keeps them off it under
-// JAX_SGL_SM90_VARLEN=0) launch the kVarlen instantiation: packed [total, D, H, 1] TMA views and
+// JAX_SGL_DISABLE=sm90_varlen) launch the kVarlen instantiation: packed [total, D, H, 1] TMA views and
 // a grid (persistent: tile range) of linear row blocks x q heads, a bound that the kernel maps
 // onto (sequence, row block) tiles (kernel.cuh VarlenTile).
 template <typename T, int kHeadDim>

@@ -1,7 +1,7 @@
 // Host contract of the sm_90a flash forward (wgmma + TMA, warp-specialized; sm90/fwd/kernel.cuh).
 // No CUDA kernel syntax: fwd_dispatch.cc includes it.
 //
-// The dispatcher uses this kernel unless the environment sets JAX_SGL_SM90=0, when the device is
+// The dispatcher uses this kernel unless JAX_SGL_DISABLE names sm90 (p.disable), when the device is
 // compute capability 9.0, the build has the (dtype, head dim) instantiation
 // (JAX_SGL_SM90_HEAD_DIMS x JAX_SGL_SM90_DTYPES) and Sm90Unsupported() finds nothing missing. Anything else runs on the
 // portable sm80 kernel.
@@ -19,8 +19,8 @@ namespace jax_sgl::cuda {
 const char* Sm90Unsupported(const AttentionParams& p);
 
 // Whether a call the sm90 kernel covers runs on it: the current device is compute capability 9.0
-// and JAX_SGL_SM90 (read at each call) is not "0".
-bool Sm90Enabled();
+// and JAX_SGL_DISABLE does not name sm90 (p.disable, set when the call was lowered).
+bool Sm90Enabled(const AttentionParams& p);
 
 // The current device is compute capability 9.0, the only one sm_90a code runs on (the forward's
 // and the backward's switches both ask).
