@@ -16,7 +16,7 @@
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
 #include "ffi/cuda/attention/sm90/bwd/dq_config.h"
-#include "ffi/cuda/attention/sm90/bwd/kernel.cuh"  // BwdGemm, AccToA, StorePairs
+#include "ffi/cuda/attention/sm90/bwd/kernel.cuh"  // StorePairs (Gemm, AccToA: sm90/wgmma.cuh)
 #include "ffi/cuda/attention/sm90/fwd/softmax.h"      // AccCoord
 
 namespace jax_sgl::cuda::sm90 {
@@ -170,8 +170,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       Tensor tSrS = partition_fragment_C(mma_s, Shape<Int<kRows>, Int<kBlockN>>{});
       Tensor tSrdP = partition_fragment_C(mma_s, Shape<Int<kRows>, Int<kBlockN>>{});
       pipe_kv.consumer_wait(read);
-      BwdGemm<true, false>(mma_s, tSrQ, tSrK(_, _, _, read.index()), tSrS);
-      BwdGemm<true, false>(mma_s, tSrdO, tSrV(_, _, _, read.index()), tSrdP);
+      Gemm<true, false>(mma_s, tSrQ, tSrK(_, _, _, read.index()), tSrS);
+      Gemm<true, false>(mma_s, tSrdO, tSrV(_, _, _, read.index()), tSrdP);
       // Unmasked: every row of the CTA sees every key of the tile.
       const bool masked = (n + 1) * kBlockN > k_len ||
                           (wr >= 0 && (n + 1) * kBlockN - 1 > m0 + diag + wr) ||
@@ -224,7 +224,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         }
       }
       Tensor tdSrdS = AccToA<Element, kBlockN>(tSrdP);
-      BwdGemm<false, true>(mma_dq, tdSrdS, tdQrK(_, _, _, read.index()), tdQrdQ);
+      Gemm<false, true>(mma_dq, tdSrdS, tdQrK(_, _, _, read.index()), tdQrdQ);
       warpgroup_wait<0>();
       pipe_kv.consumer_release(read);
       ++read;

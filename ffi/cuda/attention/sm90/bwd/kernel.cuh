@@ -31,6 +31,7 @@
 
 #include "ffi/cuda/attention/sm90/bwd/config.h"
 #include "ffi/cuda/attention/sm90/fwd/softmax.h"  // AccCoord
+#include "ffi/cuda/attention/sm90/wgmma.cuh"
 
 namespace jax_sgl::cuda::sm90 {
 
@@ -116,34 +117,6 @@ __device__ __forceinline__ void RedAddV4(float* dst, float a, float b, float c, 
   asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(dst), "f"(a), "f"(b),
                "f"(c), "f"(d)
                : "memory");
-}
-
-// One wgmma batch: C (+)= A B over the K blocks, committed as one group; the caller waits.
-// kARegs: A is a register fragment (fenced like the accumulator) rather than smem descriptors.
-template <bool kZeroInit, bool kARegs, typename Mma, typename TA, typename TB, typename TC>
-__device__ __forceinline__ void BwdGemm(Mma& mma, TA const& a, TB const& b, TC& c) {
-  if constexpr (kARegs) warpgroup_fence_operand(const_cast<TA&>(a));
-  warpgroup_fence_operand(c);
-  warpgroup_arrive();
-  if constexpr (kZeroInit) mma.accumulate_ = GMMA::ScaleOut::Zero;
-#pragma unroll
-  for (int kb = 0; kb < size<2>(a); ++kb) {
-    cute::gemm(mma, a(_, _, kb), b(_, _, kb), c);
-    mma.accumulate_ = GMMA::ScaleOut::One;
-  }
-  warpgroup_commit_batch();
-  warpgroup_fence_operand(c);
-  if constexpr (kARegs) warpgroup_fence_operand(const_cast<TA&>(a));
-}
-
-// The 64 x kBlockM accumulator (S^T or dS^T) as the A operand of an RS wgmma over K = kBlockM:
-// the (2, 2, kBlockM / 8) values regrouped as ((2, 2, 2), 1, kBlockM / 16), same order.
-template <typename Element, int kBlockM, typename Acc>
-__device__ __forceinline__ auto AccToA(Acc const& acc) {
-  Tensor a = make_tensor<Element>(Layout<Shape<Shape<_2, _2, _2>, _1, Int<kBlockM / 16>>>{});
-#pragma unroll
-  for (int i = 0; i < size(acc); ++i) a(i) = Element(acc(i));
-  return a;
 }
 
 // Stores a 16-bit fragment in accumulator order (softmax.h's AccCoord) to its smem partition. The
@@ -340,9 +313,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         Tensor tSrS = partition_fragment_C(mma_sdp, Shape<Int<kKeys>, Int<kBlockM>>{});
         Tensor tdPrdP = partition_fragment_C(mma_sdp, Shape<Int<kKeys>, Int<kBlockM>>{});
         pipe_q.consumer_wait(read_q);
-        BwdGemm<true, false>(mma_sdp, tSrK, tSrQ(_, _, _, read_q.index()), tSrS);
+        Gemm<true, false>(mma_sdp, tSrK, tSrQ(_, _, _, read_q.index()), tSrS);
         pipe_do.consumer_wait(read_do);
-        BwdGemm<true, false>(mma_sdp, tdPrV, tdPrdO(_, _, _, read_do.index()), tdPrdP);
+        Gemm<true, false>(mma_sdp, tdPrV, tdPrdO(_, _, _, read_do.index()), tdPrdP);
 
         // P^T = exp2(S^T scale log2e - lse2), zero where masked. Columns are query rows.
         const float* lse2 = shared.lse2[read_q.index()] + coord.col0;
@@ -380,7 +353,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           // is computed (groups complete in order, so wait<1> below still means dP^T is done).
 #pragma unroll
           for (int i = 0; i < size(tSrS); ++i) tPrP(i) = Element(tSrS(i));
-          BwdGemm<false, true>(mma_kv, tPrP, tdVrdO(_, _, _, read_do.index()), tdVrdV);
+          Gemm<false, true>(mma_kv, tPrP, tdVrdO(_, _, _, read_do.index()), tdVrdV);
           // dS^T = P^T (dP^T - D).
           warpgroup_wait<1>();
           warpgroup_fence_operand(tdPrdP);
@@ -404,14 +377,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           }
 #pragma unroll
           for (int i = 0; i < size(tSrS); ++i) tPrP(i) = Element(tSrS(i));
-          BwdGemm<false, true>(mma_kv, tPrP, tdVrdO(_, _, _, read_do.index()), tdVrdV);
+          Gemm<false, true>(mma_kv, tPrP, tdVrdO(_, _, _, read_do.index()), tdVrdV);
         }
         Tensor tdSrdS = AccToA<Element, kBlockM>(tdPrdP);
         // dK += dS^T Q goes to the tensor cores after dQ (as in FlashAttention-3): the wait for
         // dQ then leaves dK running while the dQ part is reduced (+0.6-1.6% fwd+bwd on the H200
         // against issuing it before dQ).
         auto issue_dk = [&]() {
-          BwdGemm<false, true>(mma_kv, tdSrdS, tdKrQ(_, _, _, read_q.index()), tdKrdK);
+          Gemm<false, true>(mma_kv, tdSrdS, tdKrQ(_, _, _, read_q.index()), tdKrdK);
         };
 
         if (params.dq_accum != nullptr) {
@@ -423,7 +396,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           cutlass::arch::NamedBarrier::sync(kConsumerThreads, uint32_t(BwdBarrier::kDsReady));
           Tensor tdQrdQ = partition_fragment_C(mma_dq, Shape<Int<Cfg::kDqRows>,
                                                              Int<Cfg::kDqCols>>{});
-          BwdGemm<true, false>(mma_dq, tdQrdS(_, _, _, buf), tdQrK, tdQrdQ);
+          Gemm<true, false>(mma_dq, tdQrdS(_, _, _, buf), tdQrK, tdQrdQ);
           issue_dk();
           warpgroup_wait<1>();  // dV and dQ done; dK runs on (it reads Q: released below)
           warpgroup_fence_operand(tdQrdQ);

@@ -168,7 +168,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         // step's S is issued (the first one scales O = 0: harmless).
         float correction[2];
         softmax.Step(tSrS, correction);
-        Tensor tOrP = ToP<Element, kBlockN>(tSrS);
+        Tensor tOrP = AccToA<Element, kBlockN>(tSrS);
 
         // One step: S_n issued with P_{n+1} V_{n+1}; softmax of S_n while P V runs.
         auto step = [&](int n, auto masked) {
@@ -197,7 +197,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           } else {
             ScaleRows(tOrO, corr);
           }
-          Tensor p = ToP<Element, kBlockN>(s);
+          Tensor p = AccToA<Element, kBlockN>(s);
 #pragma unroll
           for (int i = 0; i < size(p); ++i) tOrP(i) = p(i);
         };
