@@ -339,3 +339,128 @@ def test_varlen_runs_the_sm90_kernel(monkeypatch, case):
   off = run()
   np.testing.assert_array_equal(off, portable)
   assert not np.array_equal(sm90, portable)
+
+
+# ---- Paged K/V (page_table over a [num_pages, page_size, Hkv, D] pool): the kPaged
+# instantiation for page sizes that are multiples of 16 (one TMA box of 16 keys per page run);
+# other page sizes stay on the portable kernels. Every case runs on a pool whose unreferenced
+# pages and page tails (rows past each sequence's keys) are NaN: a kernel that reads one of them
+# into a visible score or into P V returns NaN.
+# (lens_q, lens_k, page_size, heads, kv heads, causal, window, softcap, dense q)
+PAGED = {
+    # Ragged: a decode row, an empty q, a sequence without keys (its rows: 0, lse -inf).
+    "p16_ragged": ((300, 129, 1, 0, 77, 64), (1000, 129, 517, 40, 2053, 0), 16, 8, 2, True,
+                   (-1, -1), 0.0, False),
+    "p48_window_softcap": ((200, 33, 1), (250, 700, 31), 48, 4, 4, False, (70, 9), 30.0, False),
+    "p64_full": ((130, 257, 5), (300, 1100, 64), 64, 8, 1, False, (-1, -1), 0.0, False),
+    "p128_causal_window": ((129, 500, 2), (300, 4000, 1), 128, 6, 2, True, (100, -1), 0.0, False),
+    # Pages longer than any key tile.
+    "p256": ((64, 64, 64), (3000, 600, 65), 256, 16, 4, True, (-1, -1), 0.0, False),
+    # Speculative verify: dense q, 32 draft rows per sequence over a long history (fewer than 64
+    # rows per sequence: the portable kernel, dispatch.cc).
+    "verify": ((32, 32, 32, 32), (1000, 33, 2048, 500), 16, 32, 8, True, (-1, -1), 0.0, True),
+    # A mixed batch: decode rows beside chunks (packed q), causal.
+    "mixed": ((1, 1, 512, 1, 64, 1, 300), (800, 17, 2000, 4096, 64, 1, 3000), 64, 32, 8, True,
+              (-1, -1), 0.0, False),
+    # More tiles than SMs: persistent CTAs loop, causal counter, windows re-filled per sequence.
+    "many": (tuple(range(37, 700, 61)), tuple(range(2000, 200, -171)), 64, 8, 2, True, (-1, -1),
+             0.0, False),
+    # Not a multiple of 16: the portable kernel (same harness, same poisoned pool).
+    "p5": ((130, 20), (301, 1000), 5, 4, 2, True, (-1, -1), 0.0, False),
+}
+
+
+def _paged_inputs(case, head_dim, dtype, seed):
+  """q (packed, or dense [B, n, H, D]), the pool with its NaN-poisoned copy, and the index
+  arrays: shuffled pages, padding (-1) and entries past the pool after the used ones, and one
+  bad entry inside the first sequence's used pages (its keys are masked)."""
+  lens_q, lens_k, ps, h, hkv, *_, dense_q = PAGED[case]
+  rng = np.random.default_rng(seed)
+  keys = jax.random.split(jax.random.PRNGKey(seed), 3)
+  rand = lambda key, s: jax.random.normal(key, s, jnp.float32).astype(dtype)
+  need = [-(-n // ps) for n in lens_k]
+  num_pages = sum(need) + 7
+  max_pages = max(need) + 2
+  perm = rng.permutation(num_pages)
+  table = np.full((len(lens_k), max_pages), -1, np.int32)
+  at = 0
+  for b, n in enumerate(need):
+    table[b, :n] = perm[at:at + n]
+    at += n
+    table[b, n + 1:] = num_pages + 3 if b % 2 else 2**30
+  if need[0] > 2:
+    table[0, 1] = num_pages + 11
+  valid = np.zeros((num_pages, ps), bool)  # rows a visible key reads
+  for b, n in enumerate(lens_k):
+    for j in range(n):
+      page = table[b, j // ps]
+      if 0 <= page < num_pages:
+        valid[page, j % ps] = True
+  k = rand(keys[1], (num_pages, ps, hkv, head_dim))
+  v = rand(keys[2], (num_pages, ps, hkv, head_dim))
+  bad = jnp.asarray(~valid)[:, :, None, None]
+  kernel_kv = (jnp.where(bad, jnp.nan, k), jnp.where(bad, jnp.nan, v))
+  if dense_q:
+    q = rand(keys[0], (len(lens_q), lens_q[0], h, head_dim))
+    cu_q = None
+  else:
+    q = rand(keys[0], (sum(lens_q), h, head_dim))
+    cu_q = jnp.asarray(np.concatenate([[0], np.cumsum(lens_q)]), jnp.int32)
+  return q, k, v, kernel_kv, cu_q, jnp.asarray(table), jnp.asarray(lens_k, jnp.int32)
+
+
+def _paged_call(case, q, k, v, cu_q, table, used, fn=None):
+  *_, causal, window, softcap, _dense = PAGED[case]
+  kw = dict(causal=causal, window=window, softcap=softcap)
+  if fn is None:
+    spec = check_attention(q, k, v, softmax_scale=None, cu_seqlens_q=cu_q, cu_seqlens_k=None,
+                           seqused_k=used, page_table=table, q_descale=None, k_descale=None,
+                           v_descale=None, **kw)
+    return jax.jit(lambda q, k, v, cu_q, table, used: reference.attention(
+        q, k, v, kv_layout=spec.kv_layout, varlen_q=spec.varlen_q, batch=spec.batch,
+        softmax_scale=spec.softmax_scale, softcap=spec.softcap, causal=spec.causal,
+        window_left=spec.window_left, window_right=spec.window_right, out_dtype=spec.out_dtype,
+        cu_seqlens_q=cu_q, seqused_k=used, page_table=table))(q, k, v, cu_q, table, used)
+  return jax.jit(lambda q, k, v, cu_q, table, used: jax_sgl.attention(
+      q, k, v, cu_seqlens_q=cu_q, seqused_k=used, page_table=table, return_lse=True,
+      **kw))(q, k, v, cu_q, table, used)
+
+
+def _check_paged(case, head_dim, dtype, seed):
+  q, k, v, (kk, vv), cu_q, table, used = _paged_inputs(case, head_dim, dtype, seed)
+  want_out, want_lse = _paged_call(case, q, k, v, cu_q, table, used)
+  check_kernel_output(lambda: _paged_call(case, q, kk, vv, cu_q, table, used, fn=True), want_out,
+                      want_lse, dtype, TOL[jnp.dtype(dtype)])
+
+
+@pytest.mark.parametrize("case", PAGED, ids=str)
+@pytest.mark.parametrize("head_dim", (64, 128, 256))
+def test_paged_matches_reference(head_dim, case):
+  _need(head_dim, jnp.bfloat16)
+  _check_paged(case, head_dim, jnp.bfloat16, seed=5 * head_dim + list(PAGED).index(case))
+
+
+@pytest.mark.parametrize("case", ("p16_ragged", "mixed"), ids=str)
+def test_paged_fp16(case):
+  _need(128, jnp.float16)
+  _check_paged(case, 128, jnp.float16, seed=31)
+
+
+@pytest.mark.parametrize("case", ("p16_ragged", "p64_full", "p128_causal_window"), ids=str)
+def test_paged_runs_the_sm90_kernel(monkeypatch, case):
+  """Paged calls with pages of 16k keys and at least 64 q rows per sequence on average run on the
+  sm90 kernel by default (its results differ from the portable kernel's somewhere; both match the
+  reference above), bitwise the same on a second call; JAX_SGL_DISABLE=sm90_varlen keeps them on
+  the portable kernel."""
+  _need(128, jnp.bfloat16)
+  q, k, v, _, cu_q, table, used = _paged_inputs(case, 128, jnp.bfloat16, seed=41)
+  run = lambda: np.asarray(_paged_call(case, q, k, v, cu_q, table, used, fn=True)[0]).view(
+      np.uint16)
+  monkeypatch.delenv("JAX_SGL_DISABLE", raising=False)
+  sm90 = run()
+  np.testing.assert_array_equal(sm90, run())
+  monkeypatch.setenv("JAX_SGL_DISABLE", "sm90")
+  portable = run()
+  monkeypatch.setenv("JAX_SGL_DISABLE", "sm90_varlen")
+  np.testing.assert_array_equal(run(), portable)
+  assert not np.array_equal(sm90, portable)

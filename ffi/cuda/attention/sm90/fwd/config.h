@@ -111,6 +111,10 @@ struct FlashConfig {
     cutlass::arch::ClusterBarrier barrier_q_empty;
     int tile;
     HeldTile held[kConsumers];  // persistent: each consumer's tile
+    // Paged: per K stage, bit i set when box i of the tile came from a page-table entry outside
+    // the pool (zeros were loaded; the consumers mask those keys). Written before the stage's
+    // full barrier is arrived on, read before the stage is released.
+    uint32_t page_holes[kStages];
   };
   static_assert(sizeof(SharedStorage) <= kSmemLimit);
 
@@ -128,6 +132,27 @@ struct FlashConfig {
                                        Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
   using TmaO = decltype(make_tma_copy(SM90_TMA_STORE{}, GmemTensor{}, SmemLayoutQHalf{}, RowsD{},
                                       _1{}));
+
+  // Paged K/V (mainloop_load.cuh): a key tile is kPageBoxes boxes of kPageBoxRows keys, each
+  // from its own page of the pool [page rows, head dim, kv head, page]. 16 rows = two swizzle
+  // atoms, so every box lands 2 KiB-aligned in the tile and keeps its 128-byte swizzle.
+  static constexpr int kPageBoxRows = 16;
+  static constexpr int kPageBoxes = kBlockN / kPageBoxRows;
+  static_assert(kBlockN % kPageBoxRows == 0);
+  using PageBox = Shape<Int<kPageBoxRows>, Int<kHeadDim>>;
+  using SmemLayoutPageBox = decltype(tile_to_shape(SwizzleAtom{}, PageBox{}));
+  using TmaPage = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutPageBox{},
+                                         PageBox{}, _1{}));
+  // Pages of a multiple of 64 keys load in boxes of 64 (where the key tile holds whole ones):
+  // the TMA unit's cost is per box more than per byte. H200, hd128, B=8 x 1024 new tokens over
+  // 4k-16k keys: 16-key boxes ran 0.63-0.70x the contiguous kernel at every page size, 64-key
+  // boxes 0.86-0.93x at pages of 64 and 128. kPageBoxRowsWide == kPageBoxRows: no wide boxes
+  // (hd256's 80-key tiles).
+  static constexpr int kPageBoxRowsWide = kBlockN % 64 == 0 ? 64 : kPageBoxRows;
+  using PageBoxWide = Shape<Int<kPageBoxRowsWide>, Int<kHeadDim>>;
+  using SmemLayoutPageBoxWide = decltype(tile_to_shape(SwizzleAtom{}, PageBoxWide{}));
+  using TmaPageWide = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{},
+                                             SmemLayoutPageBoxWide{}, PageBoxWide{}, _1{}));
 };
 
 }  // namespace jax_sgl::cuda::sm90

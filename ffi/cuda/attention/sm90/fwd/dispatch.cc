@@ -3,7 +3,7 @@
 //
 // Varlen calls (cu_seqlens_q, varlen k/v, seqused_k) run on the sm90 kernel's varlen
 // instantiation unless JAX_SGL_DISABLE=sm90_varlen (p.disable) keeps them on the portable
-// kernel. Paged k/v always runs there.
+// kernel. Paged k/v runs on it for page sizes that are multiples of 16.
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
@@ -47,7 +47,23 @@ cudaError_t Launch(DType t, int d, const AttentionParams& p, void* scratch, cuda
 
 // What the varlen instantiation lacks for a call, or nullptr.
 const char* VarlenUnsupported(const AttentionParams& p) {
-  if (p.kv_layout == KvLayout::kPaged) return "sm90 kernel: no paged k/v (runs on the sm80 kernel)";
+  if (p.kv_layout == KvLayout::kPaged) {
+    // One TMA box of 16 keys never straddles a page (sm90/fwd/config.h kPageBoxRows); smaller or
+    // odd pages (a token pool) take the portable kernel's per-key gather.
+    if (p.page_size % 16 != 0)
+      return "sm90 kernel: paged k/v with page_size a multiple of 16 (runs on the sm80 kernel)";
+    if (p.num_pages < 1 || p.max_pages < 1) return "sm90 kernel: a non-empty pool and page table";
+    // Its 128-row tiles hold one sequence's rows of one q head: a call of few rows per sequence
+    // (speculative verify, mixed batches mostly of decode rows) fills them poorly, where the
+    // portable kernel packs the GQA group's heads into its rows. Below an average of 64 rows
+    // per sequence it stays there.
+    const int64_t rows = p.cu_seqlens_q ? p.total_q / std::max(p.batch, 1) : p.seqlen_q;
+    if (rows < 64)
+      return "sm90 kernel: paged k/v with at least 64 q rows per sequence on average";
+    // Key indices (and batch * keys, the unused dense row offset) stay in int.
+    if (int64_t(p.max_pages) * p.page_size * std::max(p.batch, 1) >= (int64_t(1) << 30))
+      return "sm90 kernel: batch * max_pages * page_size below 2^30";
+  }
   if (p.disable & kDisableSm90Varlen)
     return "sm90 kernel: varlen turned off by JAX_SGL_DISABLE=sm90_varlen (runs on the sm80 kernel)";
   // TMA descriptors need every dimension >= 1; row indices and the kernel's window sums stay in

@@ -7,9 +7,10 @@
 //   two consumers take turns on the tensor cores) and the epilogue (epilogue.cuh: normalize,
 //   LSE, O store).
 // kVarlen: packed q / k / v (cu_seqlens_q / cu_seqlens_k, seqused_k): per-tile sequence geometry,
-// row offsets into the TMA views, O stored row by row. kSoftcap: scores capped before the mask
-// (KernelParams::softcap != 0). Each is its own instantiation, picked per call by the launcher,
-// so the dense plain kernel holds none of their code.
+// row offsets into the TMA views, O stored row by row. kPaged (with kVarlen): K/V from a page
+// pool through the page table (mainloop_load.cuh; the producer is then a warp). kSoftcap: scores
+// capped before the mask (KernelParams::softcap != 0). Each is its own instantiation, picked per
+// call by the launcher, so the dense plain kernel holds none of their code.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -27,7 +28,7 @@
 
 namespace jax_sgl::cuda::sm90 {
 
-template <typename Cfg, bool kVarlen = false, bool kSoftcap = false>
+template <typename Cfg, bool kVarlen = false, bool kSoftcap = false, bool kPaged = false>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     FlashFwdSm90Kernel(CUTE_GRID_CONSTANT KernelParams<Cfg> const params) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -56,7 +57,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   pipe_params.transaction_bytes = Cfg::kKVTileBytes;
   pipe_params.role = warpgroup == 0 ? Pipeline::ThreadCategory::Producer
                                     : Pipeline::ThreadCategory::Consumer;
-  pipe_params.is_leader = threadIdx.x == 0;
+  // Paged: the producer warp arrives on the full barriers itself (mainloop_load.cuh).
+  pipe_params.is_leader = !kPaged && threadIdx.x == 0;
   pipe_params.num_consumers = kConsumerThreads;
   Pipeline pipe_k(shared.pipe_k, pipe_params, Shape<_1, _1, _1>{});
   Pipeline pipe_v(shared.pipe_v, pipe_params, Shape<_1, _1, _1>{});
@@ -73,8 +75,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   if (warpgroup == 0) {
     // ---- Producer ------------------------------------------------------------------------
     cutlass::arch::warpgroup_reg_dealloc<Cfg::kProducerRegs>();
-    if (threadIdx.x != 0) return;
-    MainloopLoad<Cfg, kVarlen>{params, scheduler, shared, pipe_k, pipe_v}.Run(launch_tile);
+    if (threadIdx.x >= (kPaged ? 32 : 1)) return;
+    MainloopLoad<Cfg, kVarlen, kPaged>{params, scheduler, shared, pipe_k, pipe_v}.Run(launch_tile);
   } else {
     // ---- Consumers -----------------------------------------------------------------------
     cutlass::arch::warpgroup_reg_alloc<Cfg::kConsumerRegs>();
@@ -120,7 +122,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       // Masks keys past the end, right of the diagonal / window and left of the window, for key
       // tile n: each row r keeps the columns in [begin, end), so the test per element is two
       // compares + select, branch-free (a branch here would make ptxas wait for P V).
-      auto mask = [&](auto& s, int n) {
+      // Paged: keys of boxes from a bad page-table entry (holes: the K stage's bits, box i of
+      // the tile = elements i / 8 of each row's accumulator) are masked as well.
+      auto mask_holes = [&](auto& s, uint32_t holes) {
+#pragma unroll
+        for (int i = 0; i < size(s); ++i)
+          if ((holes >> (AccCoord::Col(i) / Cfg::kPageBoxRows)) & 1u) s(i) = -INFINITY;
+      };
+      auto mask = [&](auto& s, int n, uint32_t holes) {
+        if constexpr (kPaged) mask_holes(s, holes);
         int begin[2], end[2];
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
@@ -147,6 +157,30 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         }
       };
 
+      // Paged: the box holding the last key also holds the rows after it, which belong to no
+      // key of this sequence (a page's unused tail: any bits, NaN included). Their scores are
+      // masked, but P V would still multiply 0 by them, so the first (last-key) tile's V rows
+      // from the end of the keys to the box's end are zeroed before any P V reads them. Both
+      // consumers write the same zeros; each fences its own writes for its wgmma.
+      [[maybe_unused]] auto zero_v_tail = [&](int n) {
+        const int tail = key_end - n * kBlockN;  // keys of tile n; rows from here are past them
+        const int box_rows = params.page_box_rows;
+        const int rows = (box_rows - tail % box_rows) % box_rows;
+        if (tail <= 0 || tail >= kBlockN || rows == 0) return;  // warpgroup-uniform
+        pipe_v.consumer_wait(read_v);
+        Tensor sV = make_tensor(make_smem_ptr(shared.v.data()), typename Cfg::SmemLayoutKV{});
+#pragma unroll 1
+        for (int i = thread_in_wg; i < rows * Cfg::kHeadDim; i += 128)
+          sV(tail + i / Cfg::kHeadDim, i % Cfg::kHeadDim, read_v.index()) = Element(0);
+        cutlass::arch::fence_view_async_shared();
+        cutlass::arch::NamedBarrier::sync(128, epilogue_barrier);
+      };
+      // The K stage's holes (paged), read before the stage is released; 0 otherwise.
+      auto load_holes = [&]() -> uint32_t {
+        if constexpr (kPaged)
+          return reinterpret_cast<volatile uint32_t const*>(shared.page_holes)[read_k.index()];
+        else return 0u;
+      };
       if (!tiles.empty()) {
         auto hand_over = [&](bool last) {
           if (!(last && last_tile && consumer == 1))
@@ -156,6 +190,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         int n = tiles.n_end - 1;
         Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<kRows>, Int<kBlockN>>{});
         pipe_k.consumer_wait(read_k);
+        const uint32_t holes0 = load_holes();
         cutlass::arch::NamedBarrier::sync(kConsumerThreads, my_turn);
         Gemm<true, false>(mma_qk, tSrQ, tSrK(_, _, _, read_k.index()), tSrS);
         hand_over(n == tiles.n_begin);
@@ -163,7 +198,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         pipe_k.consumer_release(read_k);
         ++read_k;
         if constexpr (kSoftcap) apply_softcap(tSrS);
-        mask(tSrS, n);
+        mask(tSrS, n, holes0);
+        if constexpr (kPaged) zero_v_tail(n);
         // Early rescale: the correction of the latest softmax step waits here until the next
         // step's S is issued (the first one scales O = 0: harmless).
         float correction[2];
@@ -174,6 +210,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         auto step = [&](int n, auto masked) {
           Tensor s = partition_fragment_C(mma_qk, Shape<Int<kRows>, Int<kBlockN>>{});
           pipe_k.consumer_wait(read_k);
+          const uint32_t holes = load_holes();
           cutlass::arch::NamedBarrier::sync(kConsumerThreads, my_turn);
           Gemm<true, false>(mma_qk, tSrQ, tSrK(_, _, _, read_k.index()), s);
           // O is idle here (the last P V completed); the tensor cores are busy with S.
@@ -185,7 +222,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           pipe_k.consumer_release(read_k);
           ++read_k;
           if constexpr (kSoftcap) apply_softcap(s);
-          if constexpr (decltype(masked)::value) mask(s, n);
+          if constexpr (decltype(masked)::value) mask(s, n, holes);
           float corr[2];
           softmax.Step(s, corr);
           warpgroup_wait<0>();
@@ -209,7 +246,19 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         // count lives across the middle (its step uses no n); the left edge's range and start come from
         // the held tile again (n there is min(n_end - 2, n_mask_begin - 1, n_mask_end - 1)).
         for (n = tiles.n_end - 2; n >= tiles.n_mask_begin; --n) step(n, cute::true_type{});
-        for (int c = n - tiles.n_mask_end; c >= 0; --c, --n) step(n, cute::false_type{});
+        for (int c = n - tiles.n_mask_end; c >= 0; --c, --n) {
+          // Paged: a middle tile with holes takes the masked step, chosen between steps (no
+          // wgmma in flight), so the unmasked step stays free of the per-element test (+2-3%
+          // measured against testing every middle tile).
+          if constexpr (kPaged) {
+            pipe_k.consumer_wait(read_k);
+            if (load_holes() != 0) {
+              step(n, cute::true_type{});
+              continue;
+            }
+          }
+          step(n, cute::false_type{});
+        }
         const KeyTiles left =
             kPersistent ? scheduler.Keys(LoadTile(shared.held[consumer])) : tiles;
         if constexpr (kPersistent)

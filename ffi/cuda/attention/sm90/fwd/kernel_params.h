@@ -54,6 +54,22 @@ struct KernelParams {
   int tail_splits;
   float* tail_o;                     // [tail tile, split, kBlockM, head_dim]
   float* tail_lse;                   // [tail tile, split, kBlockM]
+  // Paged kernel only (kPaged): K/V as [page_size, head_dim, num_kv_heads, num_pages] TMA views
+  // of the pool, loaded box by box (Cfg::kPageBoxRows keys) through page_table [batch,
+  // max_pages]. seqlen_k is then max_pages * page_size, each sequence's key bound. Entries outside
+  // [0, num_pages) load zeros (a TMA coordinate past the pool) and are masked like keys past the
+  // end.
+  typename Cfg::TmaPage tma_k_page;
+  typename Cfg::TmaPage tma_v_page;
+  typename Cfg::TmaPageWide tma_k_page_wide;  // used when page_box_rows == kPageBoxRowsWide
+  typename Cfg::TmaPageWide tma_v_page_wide;
+  typename Cfg::GmemShape page_shape;
+  const int32_t* page_table;
+  int max_pages;
+  int page_boxes;                    // page_size / kPageBoxRows (the launcher checked it divides)
+  int num_pages;
+  int page_box_rows;                 // rows per TMA box: kPageBoxRowsWide where it divides
+                                     // page_size and is wider, else kPageBoxRows
 };
 
 }  // namespace jax_sgl::cuda::sm90

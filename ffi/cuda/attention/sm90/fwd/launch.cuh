@@ -20,6 +20,17 @@ template <typename T> struct CutlassType;
 template <> struct CutlassType<bf16_t> { using type = cutlass::bfloat16_t; };
 template <> struct CutlassType<f16_t> { using type = cutlass::half_t; };
 
+// [page_size, head_dim, kv heads, pages] view of a page pool [pages, page_size, kv heads,
+// head_dim]: the paged kernel loads one box of rows of one page at a time (mainloop_load.cuh).
+template <typename Cfg>
+auto PoolTensor(const void* ptr, int page_size, int head_dim, int heads, int pages) {
+  using E = typename Cfg::Element;
+  const int64_t row = int64_t(heads) * head_dim;
+  return make_tensor(make_gmem_ptr(static_cast<E*>(const_cast<void*>(ptr))),
+                     make_shape(page_size, head_dim, heads, pages),
+                     make_stride(row, _1{}, int64_t(head_dim), row * page_size));
+}
+
 // [rows, head_dim, heads, batch] view of a dense [batch, rows, heads, head_dim] buffer.
 template <typename Cfg>
 auto DenseTensor(const void* ptr, int rows, int head_dim, int heads, int batch) {
@@ -46,6 +57,10 @@ cudaError_t LaunchFlashFwdSm90(const AttentionParams& p, void* scratch, cudaStre
   using namespace cute;
   const bool varlen =
       p.cu_seqlens_q != nullptr || p.kv_layout != KvLayout::kDense || p.seqused_k != nullptr;
+  const bool paged = p.kv_layout == KvLayout::kPaged;
+  // Keys per sequence at most: paged sequences see up to max_pages pages (the kernel's seqlen_k,
+  // from which VarlenTile clamps seqused_k).
+  const int key_bound = paged ? p.max_pages * p.page_size : p.seqlen_k;
   // Varlen: the row blocks of all sequences together are at most ceil(total_q / kBlockM) + batch
   // (each sequence adds at most one partial block); dense q needs exactly batch x its blocks.
   const int num_m_blocks =
@@ -63,12 +78,28 @@ cudaError_t LaunchFlashFwdSm90(const AttentionParams& p, void* scratch, cudaStre
   auto v = sm90::DenseTensor<Cfg>(p.v, rows_k, kHeadDim, p.num_kv_heads, tile_batches);
   auto o = sm90::DenseTensor<Cfg>(p.out, rows_q, kHeadDim, p.num_heads, tile_batches);
   using KVTile = Shape<Int<Cfg::kBlockN>, Int<kHeadDim>>;
+  // Paged: the pool's page view (dispatch.cc checked page_size % kPageBoxRows == 0). Other calls
+  // leave the page descriptors empty: their kernels never read them.
+  auto pool_k = sm90::PoolTensor<Cfg>(p.k, p.page_size, kHeadDim, p.num_kv_heads, p.num_pages);
+  auto pool_v = sm90::PoolTensor<Cfg>(p.v, p.page_size, kHeadDim, p.num_kv_heads, p.num_pages);
+  auto page_tma = [&](auto const& pool) {
+    return paged ? make_tma_copy(SM90_TMA_LOAD{}, pool, typename Cfg::SmemLayoutPageBox{},
+                                 typename Cfg::PageBox{}, _1{})
+                 : typename Cfg::TmaPage{};
+  };
+  const bool wide = paged && Cfg::kPageBoxRowsWide > Cfg::kPageBoxRows &&
+                    p.page_size % Cfg::kPageBoxRowsWide == 0;
+  auto wide_tma = [&](auto const& pool) {
+    return wide ? make_tma_copy(SM90_TMA_LOAD{}, pool, typename Cfg::SmemLayoutPageBoxWide{},
+                                typename Cfg::PageBoxWide{}, _1{})
+                : typename Cfg::TmaPageWide{};
+  };
   // Window bounds as the kernel wants them (kernel.cuh KernelParams): causal is a right bound of
   // 0, and a bound that no row reaches (left >= seqlen_k - 1, right >= seqlen_q - 1) is none,
   // which also keeps the kernel's index sums far from int overflow. Varlen bounds the lengths by
   // the buffers' rows (dispatch.cc keeps total_q + total_k below 2^30).
   int window_left = p.window_left, window_right = p.causal ? 0 : p.window_right;
-  if (window_left >= (varlen ? rows_k : p.seqlen_k - 1)) window_left = -1;
+  if (window_left >= (paged ? key_bound : varlen ? rows_k : p.seqlen_k - 1)) window_left = -1;
   if (window_right >= (varlen ? rows_q : p.seqlen_q - 1)) window_right = -1;
   const bool softcap = p.softcap > 0.f;
   // Tail split (Sm90TailSplitRequested, ChooseTailSplit): each tile of the last, partial wave
@@ -101,7 +132,7 @@ cudaError_t LaunchFlashFwdSm90(const AttentionParams& p, void* scratch, cudaStre
       k.shape(),
       p.lse,
       p.seqlen_q,
-      p.seqlen_k,
+      key_bound,
       p.num_heads,
       p.num_heads / p.num_kv_heads,
       softcap ? 1.f : p.softmax_scale,
@@ -124,12 +155,24 @@ cudaError_t LaunchFlashFwdSm90(const AttentionParams& p, void* scratch, cudaStre
       tail_splits,
       tail_tiles > 0 ? tail_o : nullptr,
       tail_tiles > 0 ? tail_lse : nullptr,
+      page_tma(pool_k),
+      page_tma(pool_v),
+      wide_tma(pool_k),
+      wide_tma(pool_v),
+      pool_k.shape(),
+      paged ? p.page_table : nullptr,
+      paged ? p.max_pages : 0,
+      paged ? p.page_size / Cfg::kPageBoxRows : 1,
+      paged ? p.num_pages : 0,
+      wide ? Cfg::kPageBoxRowsWide : Cfg::kPageBoxRows,
   };
   // Softcap has its own instantiations (kernel.cuh kSoftcap), so the plain ones carry none of it.
-  auto kernel = varlen ? (softcap ? sm90::FlashFwdSm90Kernel<Cfg, true, true>
-                                  : sm90::FlashFwdSm90Kernel<Cfg, true, false>)
-                       : (softcap ? sm90::FlashFwdSm90Kernel<Cfg, false, true>
-                                  : sm90::FlashFwdSm90Kernel<Cfg, false, false>);
+  auto kernel = paged    ? (softcap ? sm90::FlashFwdSm90Kernel<Cfg, true, true, true>
+                                     : sm90::FlashFwdSm90Kernel<Cfg, true, false, true>)
+                : varlen ? (softcap ? sm90::FlashFwdSm90Kernel<Cfg, true, true>
+                                    : sm90::FlashFwdSm90Kernel<Cfg, true, false>)
+                         : (softcap ? sm90::FlashFwdSm90Kernel<Cfg, false, true>
+                                    : sm90::FlashFwdSm90Kernel<Cfg, false, false>);
   constexpr int kSmem = sizeof(typename Cfg::SharedStorage);
   if (cudaError_t err =
           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);

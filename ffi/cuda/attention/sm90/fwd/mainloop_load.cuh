@@ -3,6 +3,12 @@
 // read: Q behind its own barrier, K and V each in a kStages-deep ring (cutlass::PipelineTmaAsync:
 // full/empty mbarriers per stage). Persistent CTAs publish each tile's index next to its Q (and -1
 // at the end), so the consumers follow the producer's order.
+//
+// kPaged: K/V come from a page pool through the page table. The producer is then a whole warp:
+// each lane holds one page-table entry (PageWindow) and loads one TMA box of Cfg::kPageBoxRows
+// keys of a key tile; lane 0 issues Q and arrives on the barriers. Boxes past the keys or behind an entry
+// outside the pool load TMA's zero fill, so no byte outside the pool is read and the ring's byte
+// count is that of a dense tile.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -15,12 +21,22 @@
 
 namespace jax_sgl::cuda::sm90 {
 
-template <typename Cfg, bool kVarlen>
+// Paged: the page-table entries [base, base + 32) of one work tile's row, one per lane of the
+// producer warp; `page` is num_pages (a TMA coordinate past the pool: zero fill) where the entry
+// is outside [0, num_pages) or past the sequence's keys. One load serves 32 entries, i.e.
+// 32 * page_size / kBlockN key tiles, so the page-table read latency shows once per window.
+struct PageWindow {
+  int base;
+  int page;
+};
+
+template <typename Cfg, bool kVarlen, bool kPaged = false>
 struct MainloopLoad {
   using Pipeline = typename Cfg::Pipeline;
   using PipelineState = cutlass::PipelineState<Cfg::kStages>;
   using Scheduler = TileScheduler<Cfg, kVarlen, KernelParams<Cfg>>;
   static constexpr int kBlockN = Cfg::kBlockN;
+  static_assert(!kPaged || kVarlen, "paged K/V is a varlen geometry");
 
   KernelParams<Cfg> const& params;
   Scheduler const& scheduler;
@@ -36,9 +52,26 @@ struct MainloopLoad {
     else return m(_, _, head, batch);
   }
 
-  // The producer thread's whole run: the launch tile (non-persistent), or the scheduler's tiles
-  // until none is left (persistent).
+  // Paged: makes the window hold the entries [e_lo, e_hi] (at most 32 apart), loading the 32
+  // that end at e_hi when it does not: key tiles come last first, so the next tiles' entries
+  // are the lower ones. Warp-uniform (all lanes pass the same e_lo, e_hi).
+  __device__ __forceinline__ void Refill(PageWindow& win, WorkTile const& w, int e_lo,
+                                         int e_hi) const {
+    if (e_lo >= win.base && e_hi < win.base + 32) return;
+    win.base = max(0, e_hi - 31);
+    const int entry = win.base + int(threadIdx.x % 32);
+    const int page_rows = params.page_boxes * Cfg::kPageBoxRows;
+    const int n_entries = (w.k_len + page_rows - 1) / page_rows;  // <= max_pages
+    const int page =
+        entry < n_entries ? params.page_table[int64_t(w.batch) * params.max_pages + entry] : -1;
+    win.page = page >= 0 && page < params.num_pages ? page : params.num_pages;
+  }
+
+  // The producer's whole run (one thread; a warp when kPaged): the launch tile (non-persistent),
+  // or the scheduler's tiles until none is left (persistent).
   __device__ __forceinline__ void Run(WorkTile const& launch_tile) {
+    // The thread that issues loads and arrives on barriers (PipelineTmaAsync's is_leader).
+    const bool leader = !kPaged || threadIdx.x == 0;
     Tensor sQ = make_tensor(make_smem_ptr(shared.q.data()), typename Cfg::SmemLayoutQ{});
     Tensor sK = make_tensor(make_smem_ptr(shared.k.data()), typename Cfg::SmemLayoutKV{});
     Tensor sV = make_tensor(make_smem_ptr(shared.v.data()), typename Cfg::SmemLayoutKV{});
@@ -78,25 +111,80 @@ struct MainloopLoad {
       auto tKs = get<1>(tK);
       auto tVg = get<0>(tV);
       auto tVs = get<1>(tV);
+      // Paged: key tile n of this sequence into stage `stage` of sKV, lane i loading box i (the
+      // boxes' page lookups and TMA issues then run side by side: one lane issuing them in turn
+      // kept the tensor cores waiting, 0.40x the contiguous kernel). Arrives on the stage's full
+      // barrier itself (is_leader is off for the paged kernel's rings) after writing the K
+      // stage's holes (holes != nullptr): mbarrier.arrive releases and the consumers' wait
+      // acquires, so they see them once the barrier completes.
+      [[maybe_unused]] PageWindow win_k{-(1 << 30), 0}, win_v{-(1 << 30), 0};
+      auto load_pages = [&](auto const& tma, auto const& wide_tma, auto const& sKV,
+                            PageWindow& win, uint64_t* bar, int n, int stage, uint32_t* holes) {
+        const int g0 = n * Cfg::kPageBoxes;  // the tile's first box
+        Refill(win, w, g0 / params.page_boxes, (g0 + Cfg::kPageBoxes - 1) / params.page_boxes);
+        const int lane = int(threadIdx.x % 32);
+        const int box = g0 + min(lane, Cfg::kPageBoxes - 1);
+        const int entry = box / params.page_boxes;
+        int page = __shfl_sync(0xffffffffu, win.page, entry - win.base);
+        if (box * Cfg::kPageBoxRows >= w.k_len) page = params.num_pages;  // past the keys
+        const uint32_t bad = __ballot_sync(0xffffffffu, page == params.num_pages);
+        if (leader) {
+          if (holes != nullptr)
+            *reinterpret_cast<volatile uint32_t*>(holes) = bad & ((1u << Cfg::kPageBoxes) - 1);
+          cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(bar, Cfg::kKVTileBytes);
+        }
+        __syncwarp();
+        // Lane i loads box i: a 16-key box, or a wide one (lane i takes over what lane
+        // i * kWide found for its first 16 keys; a wide box never straddles a page).
+        auto issue = [&](auto const& box_tma, auto box_shape, int boxes, int ratio) {
+          const int from = min(lane * ratio, 31);
+          const int box_page = __shfl_sync(0xffffffffu, page, from);
+          const int in_page = __shfl_sync(0xffffffffu, box - entry * params.page_boxes, from);
+          if (lane < boxes) {
+            Tensor mP = box_tma.get_tma_tensor(params.page_shape);  // [page rows, D, head, page]
+            Tensor g = local_tile(mP(_, _, kv_head, box_page), box_shape,
+                                  make_coord(in_page / ratio, _0{}));
+            Tensor s = local_tile(sKV(_, _, stage), box_shape, make_coord(lane, _0{}));
+            auto t = tma_partition(box_tma, _0{}, Layout<_1>{}, group_modes<0, 2>(s),
+                                   group_modes<0, 2>(g));
+            copy(NoCacheHint(box_tma.with(*bar)), get<0>(t), get<1>(t));
+          }
+        };
+        constexpr int kWide = Cfg::kPageBoxRowsWide / Cfg::kPageBoxRows;
+        if (kWide > 1 && params.page_box_rows == Cfg::kPageBoxRowsWide)
+          issue(wide_tma, typename Cfg::PageBoxWide{}, kBlockN / Cfg::kPageBoxRowsWide, kWide);
+        else
+          issue(tma, typename Cfg::PageBox{}, Cfg::kPageBoxes, 1);
+      };
       auto load_k = [&](int n) {
         const PipelineState write_k = write_state(k_loads++);
         pipe_k.producer_acquire(write_k);
-        copy(NoCacheHint(params.tma_k.with(*pipe_k.producer_get_barrier(write_k))), tKg(_, n),
-             tKs(_, write_k.index()));
+        if constexpr (kPaged)
+          load_pages(params.tma_k_page, params.tma_k_page_wide, sK, win_k, pipe_k.producer_get_barrier(write_k), n,
+                     write_k.index(), &shared.page_holes[write_k.index()]);
+        else
+          copy(NoCacheHint(params.tma_k.with(*pipe_k.producer_get_barrier(write_k))), tKg(_, n),
+               tKs(_, write_k.index()));
       };
       // behind: K loads of this tile issued since the K of this V.
       auto load_v = [&](int n, uint32_t behind) {
         const PipelineState write_v = write_state(k_loads - behind);
         pipe_v.producer_acquire(write_v);
-        copy(NoCacheHint(params.tma_v.with(*pipe_v.producer_get_barrier(write_v))), tVg(_, n),
-             tVs(_, write_v.index()));
+        if constexpr (kPaged)
+          load_pages(params.tma_v_page, params.tma_v_page_wide, sV, win_v, pipe_v.producer_get_barrier(write_v), n,
+                     write_v.index(), nullptr);
+        else
+          copy(NoCacheHint(params.tma_v.with(*pipe_v.producer_get_barrier(write_v))), tVg(_, n),
+               tVs(_, write_v.index()));
       };
       if (!tiles.empty()) load_k(tiles.n_end - 1);
       claim_q();
-      shared.barrier_q.arrive_and_expect_tx(2 * Cfg::kQHalfBytes);
-      for (int half = 0; half < Cfg::kConsumers; ++half)
-        copy(NoCacheHint(params.tma_q.with(reinterpret_cast<uint64_t&>(shared.barrier_q))),
-             tQg(_, 2 * w.m_block + half), tQs(_, half));
+      if (leader) {
+        shared.barrier_q.arrive_and_expect_tx(2 * Cfg::kQHalfBytes);
+        for (int half = 0; half < Cfg::kConsumers; ++half)
+          copy(NoCacheHint(params.tma_q.with(reinterpret_cast<uint64_t&>(shared.barrier_q))),
+               tQg(_, 2 * w.m_block + half), tQs(_, half));
+      }
       // Rolled: nvcc unrolled it 4x, and the addresses of the unrolled copies did not fit the
       // producer's 24 registers (varlen spilled); the producer waits on the ring anyway.
 #pragma unroll 1
@@ -114,16 +202,21 @@ struct MainloopLoad {
       // zeros), and a final -1 tells the consumers to stop. Item ordinal iter may write Q once
       // the consumers released ordinal iter - 1.
       int iter = 0;
-      for (int t = scheduler.First();; t = scheduler.Next(t)) {
+      // Paged: lane 0 takes the next tile (a counter must be read once) and tells the warp.
+      auto next = [&](int t) {
+        if constexpr (kPaged) return __shfl_sync(0xffffffffu, leader ? scheduler.Next(t) : 0, 0);
+        else return scheduler.Next(t);
+      };
+      for (int t = scheduler.First();; t = next(t)) {
         const bool valid = scheduler.Valid(t);
         auto claim_q = [&] {
           if (iter >= 1) shared.barrier_q_empty.wait((iter - 1) & 1);
-          *reinterpret_cast<volatile int*>(&shared.tile) = valid ? t : -1;
+          if (leader) *reinterpret_cast<volatile int*>(&shared.tile) = valid ? t : -1;
           CompilerFence();
         };
         if (!valid) {
           claim_q();
-          shared.barrier_q.arrive();
+          if (leader) shared.barrier_q.arrive();
           break;
         }
         WorkTile w = scheduler.Item(t);
