@@ -160,8 +160,9 @@ struct MainloopLoad {
         const PipelineState write_k = write_state(k_loads++);
         pipe_k.producer_acquire(write_k);
         if constexpr (kPaged)
-          load_pages(params.tma_k_page, params.tma_k_page_wide, sK, win_k, pipe_k.producer_get_barrier(write_k), n,
-                     write_k.index(), &shared.page_holes[write_k.index()]);
+          load_pages(params.tma_k_page, params.tma_k_page_wide, sK, win_k,
+                     pipe_k.producer_get_barrier(write_k), n, write_k.index(),
+                     &shared.page_holes[write_k.index()]);
         else
           copy(NoCacheHint(params.tma_k.with(*pipe_k.producer_get_barrier(write_k))), tKg(_, n),
                tKs(_, write_k.index()));
@@ -171,8 +172,8 @@ struct MainloopLoad {
         const PipelineState write_v = write_state(k_loads - behind);
         pipe_v.producer_acquire(write_v);
         if constexpr (kPaged)
-          load_pages(params.tma_v_page, params.tma_v_page_wide, sV, win_v, pipe_v.producer_get_barrier(write_v), n,
-                     write_v.index(), nullptr);
+          load_pages(params.tma_v_page, params.tma_v_page_wide, sV, win_v,
+                     pipe_v.producer_get_barrier(write_v), n, write_v.index(), nullptr);
         else
           copy(NoCacheHint(params.tma_v.with(*pipe_v.producer_get_barrier(write_v))), tVg(_, n),
                tVs(_, write_v.index()));
