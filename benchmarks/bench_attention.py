@@ -132,7 +132,7 @@ def candidates(q, k, v, causal, d, dtype_name):
     report_once("sm90", RuntimeError(why))
   runs["portable"] = (jit_with_disable(ours, "sm90"), args, None)
   runs["cudnn"] = (anchor("cudnn", causal), args, None)
-  if fa3.load() is not None:
+  if fa3.load() is not None and fa3.serves("fwd", d):
     runs["fa3"] = (fa3.dense(causal), args, None)
   if dtype_name == "fp16":
     scaled = ((q * (1 / np.sqrt(d))).astype(q.dtype), k, v)  # outside the timed calls
@@ -201,7 +201,8 @@ def print_summary(row, gemm):
   portable = f", portable {part('portable')}" if name == "sm90" else ""
   print(f"SUMMARY attention prefill S={row['S']} H{row['H']}/{row['Hkv']} D{row['D']} "
         f"{row['dtype']} causal={row['causal']}: {name} {ours or 0:.0f} TFLOP/s "
-        f"({100 * (ours or 0) / gemm:.0f}% GEMM), cudnn {part('cudnn')}, fa3 {part('fa3')}, "
+        f"({100 * (ours or 0) / gemm:.0f}% GEMM), cudnn {part('cudnn')}, "
+        f"fa3 {part('fa3') if row.get('fa3') else 'n/a'}, "
         f"pallas {part('pallas_mgpu')}{portable}")
 
 
@@ -254,7 +255,7 @@ def paged_copy(k, v, rng):
 def fa3_decode(s, args, want):
   """FA3's paged decode (flash_mha_with_kvcache on jax_sgl's pool and page table), or None where
   FA3 is missing, fails or disagrees with `want` (the reason printed)."""
-  if fa3.load() is None:
+  if fa3.load() is None or not fa3.serves("fwd", args[0].shape[-1]):
     return None
   fn = fa3.paged(causal=False)  # one query per sequence: no mask, as jax_sgl's call
   try:

@@ -105,8 +105,7 @@ def check_close(q, k, v, causal, deterministic, impl="jax_sgl", refs=("cudnn", "
 
 def fa3_missing(q, k, v, causal):
   """Why FA3's forward+backward cannot be timed for these inputs ('n/a'), or None when its
-  gradients match an anchor's (cuDNN, else XLA, else jax_sgl's): its wheel may lack the head dim's
-  kernels (flash-attn3-jax 0.2.3 has hd128 only), and a wrong result must not be timed."""
+  gradients match an anchor's (cuDNN, else XLA, else jax_sgl's): a wrong result is not timed."""
   try:
     err = check_close(q, k, v, causal, False, impl="fa3", refs=("cudnn", "xla", "jax_sgl"))
   except Exception as e:  # refused by the wheel (head dim, dtype) or out of memory
@@ -153,8 +152,9 @@ def bench_head_dim(d, args):
         deterministic = False
         if impl.startswith("jax_sgl/"):
           deterministic = set_bwd_variant(impl.split("/")[1], args.reference_bwd)
-        if impl == "fa3" and fa3.load() is None:  # said once, at the start
-          rows[impl] = None
+        if impl == "fa3" and (fa3.load() is None or not (fa3.serves("fwd", d) and
+                                                          fa3.serves("bwd", d))):
+          rows[impl] = None  # why: said once (missing package, or no kernel for d)
           continue
         if impl == "fa3":
           why = fa3_missing(q, k, v, causal)

@@ -149,7 +149,7 @@ def candidates(w, q, k_pool, v_pool, table, seqused, k, v):
         None)
     runs["contiguous"] = (jax.jit(lambda q, k, v: jax_sgl.attention(q, k, v, causal=True)),
                           (q, k, v), None)
-  if fa3.load() is None:
+  if fa3.load() is None or not fa3.serves("fwd", D):
     return runs, layout
   paged_fa3 = fa3.paged(causal=True)
   if not w.packed:

@@ -11,12 +11,20 @@ other anchors. The calls used, with the layouts jax_sgl's benchmarks already hav
   flash_mha_varlen(q, k, v, cu_q, cu_k, ...)    packed q and k/v [total, H(kv), D].
 
 Causal masks are bottom-right in FA3 as in jax_sgl. flash-attn3-jax 0.2.3 is built with the head
-dim 128 kernels only (its library holds run_mha_fwd_/run_mha_bwd_ for 128 alone); other head dims
-may be refused, run on the 128 kernel, or not run at all, so every FA3 result is compared with
-another implementation's before it is timed and dropped ('n/a') when it disagrees (`agrees`).
+dim 128 kernels only: its library instantiates run_mha_fwd_/run_mha_bwd_ for 128 alone, and FA3's
+dispatch would send another head dim to a larger kernel or to none. So FA3 runs only at the head
+dims its library instantiates (`serves`, read from the kernel symbols), and every FA3 result is
+compared with another implementation's before it is timed, dropped ('n/a') when it disagrees
+(`agrees`).
 """
 
 from __future__ import annotations
+
+import functools
+import glob
+import importlib.util
+import os
+import re
 
 import jax
 import jax.numpy as jnp
@@ -45,7 +53,45 @@ def load():
       else:
         print(f"FA3 anchor: flash-attn3-jax {module.__version__}")
     _loaded.append(module)
+    if module is not None:
+      print(f"FA3 kernels in its library, by head dim: {served_head_dims() or 'unreadable'}")
   return _loaded[0]
+
+
+# FA3's kernel entry points, e.g. run_mha_fwd_<90, cutlass::bfloat16_t, 128, 128, ...>: direction,
+# then the head dim (the first integer template argument after the dtype).
+_KERNEL_SYMBOL = re.compile(rb"_Z12run_mha_(fwd|bwd)_ILi\d+EN7cutlass\d+\w+?_tELi(\d+)E")
+
+
+@functools.lru_cache(maxsize=None)
+def served_head_dims():
+  """{'fwd': head dims, 'bwd': head dims} that flash-attn3-jax's library has kernels for, or None
+  when its library or their symbols cannot be read (then the output checks alone decide)."""
+  spec = importlib.util.find_spec("flash_attn3_jax_lib")
+  if spec is None or not spec.submodule_search_locations:
+    return None
+  dims = {"fwd": set(), "bwd": set()}
+  for path in glob.glob(os.path.join(list(spec.submodule_search_locations)[0], "*.so")):
+    with open(path, "rb") as f:
+      for direction, head_dim in _KERNEL_SYMBOL.findall(f.read()):
+        dims[direction.decode()].add(int(head_dim))
+  return dims if dims["fwd"] else None
+
+
+def serves(direction, head_dim):
+  """Whether FA3's library has a `direction` ('fwd' or 'bwd') kernel for head_dim (True when its
+  symbols cannot be read); prints why not, once per (direction, head dim)."""
+  dims = served_head_dims()
+  if dims is None or head_dim in dims[direction]:
+    return True
+  if (direction, head_dim) not in _said:
+    _said.add((direction, head_dim))
+    print(f"  (fa3 n/a at head dim {head_dim}: flash-attn3-jax has {direction} kernels for head "
+          f"dims {sorted(dims[direction])} only)")
+  return False
+
+
+_said = set()
 
 
 def dense(causal):
