@@ -159,6 +159,9 @@ def candidates(w, q, k_pool, v_pool, table, seqused, k, v):
   # chunks, then the decodes), each over its own rows of the page table.
   parts = [(int(s), int(e), int(w.new[s])) for s, e in part_bounds(w.new)]
   rows = [int(r) for r in np.concatenate([[0], np.cumsum(w.new)])]
+  print(f"  (fa3: flash_mha_with_kvcache takes no cu_seqlens_q, so this packed batch runs as "
+        f"{len(parts)} calls ({', '.join(f'{e - s}x{n}' for s, e, n in parts)}); fa3_varlen is "
+        f"one flash_mha_varlen call on the contiguous K/V)")
 
   def two_calls(q, kp, vp, t, u):
     return tuple(paged_fa3(q[rows[s]:rows[e]].reshape(e - s, n, H, D), kp, vp, t[s:e], u[s:e])
