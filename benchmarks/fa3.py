@@ -11,11 +11,11 @@ other anchors. The calls used, with the layouts jax_sgl's benchmarks already hav
   flash_mha_varlen(q, k, v, cu_q, cu_k, ...)    packed q and k/v [total, H(kv), D].
 
 Causal masks are bottom-right in FA3 as in jax_sgl. flash-attn3-jax 0.2.3 is built with the head
-dim 128 kernels only: its library instantiates run_mha_fwd_/run_mha_bwd_ for 128 alone, and FA3's
-dispatch would send another head dim to a larger kernel or to none. So FA3 runs only at the head
-dims its library instantiates (`serves`, read from the kernel symbols), and every FA3 result is
-compared with another implementation's before it is timed, dropped ('n/a') when it disagrees
-(`agrees`).
+dim 128 kernels only: its library instantiates run_mha_fwd_/run_mha_bwd_ for 128 alone, so another
+head dim would be refused or sent to a kernel built for a different one. FA3 therefore runs only
+at the head dims its library instantiates (`serves`, read from the kernel symbols), and every FA3
+result is compared with another implementation's before it is timed, dropped ('n/a') when it
+disagrees (`agrees`).
 """
 
 from __future__ import annotations
