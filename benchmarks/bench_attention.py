@@ -8,6 +8,8 @@ TFLOP/s counted as 4*B*H*S^2*D (halved when causal). Implementations, per config
                lacks the instantiation or the device is not compute capability 9.0);
   portable     jax_sgl.attention with JAX_SGL_DISABLE=sm90: the sm80 mma.sync kernel;
   cudnn        jax.nn.dot_product_attention(implementation="cudnn");
+  fa3          FlashAttention-3, flash_attn3_jax.flash_mha (benchmarks/fa3.py: optional, GPU only;
+               'n/a' where its output disagrees, e.g. a head dim its wheel was not built for);
   pallas_mgpu  jax.experimental.pallas.ops.gpu.attention_mgpu.attention (fp16 runs only: the dtype
                its authors tune it for), block_q 64, block_kv 128 (64 where 128 does not fit);
   xla          jax.nn.dot_product_attention(implementation="xla"), skipped where its float32 score
@@ -20,11 +22,12 @@ of any) and each reports its median, so drift lands on all alike. A bf16/fp16 GE
 accumulate, half output) measured in the same run gives the '% GEMM' column, a practical ceiling.
 
 Decode: batch 64, KV 4k and 32k, 32 q / 8 kv heads, D=128, bf16, one query per sequence;
-jax_sgl reads a page pool (page size 16, shuffled pages) through the page table, the anchors
-read the same keys laid out contiguously. GB/s counts the K/V bytes read; the copy bandwidth
-(jitted bitwise not of 1 GiB: one read, one write) is the ceiling. Each timing is the median over
-batches of back-to-back calls (wall clock around block_until_ready, after warm-up); decode K/V is
-far larger than the 60 MB L2. Lines starting with SUMMARY are collected by tools/gpu_check.sh.
+jax_sgl reads a page pool (page size 16, shuffled pages) through the page table, as does FA3
+(flash_mha_with_kvcache on the same pool); cuDNN and XLA read the same keys laid out
+contiguously. GB/s counts the K/V bytes read; the copy bandwidth (jitted bitwise not of 1 GiB:
+one read, one write) is the ceiling. Each timing is the median over batches of back-to-back calls
+(wall clock around block_until_ready, after warm-up); decode K/V is far larger than the 60 MB L2.
+Lines starting with SUMMARY are collected by tools/gpu_check.sh.
 --plot FILE writes TFLOP/s vs S per implementation (needs matplotlib).
 """
 
@@ -39,6 +42,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+import fa3
 import jax_sgl
 from timing import interleaved_medians, jit_with_disable, median_seconds, try_time
 
@@ -46,7 +50,7 @@ DTYPES = {"bf16": jnp.bfloat16, "fp16": jnp.float16}
 PAGE = 16
 # (head dim, query heads, kv heads) of the prefill configurations.
 PREFILL_SHAPES = ((64, 16, 16), (128, 16, 16), (128, 32, 8), (256, 16, 16))
-IMPLS = ("sm90", "portable", "cudnn", "pallas_mgpu", "xla")
+IMPLS = ("sm90", "portable", "cudnn", "fa3", "pallas_mgpu", "xla")
 LABELS = {"pallas_mgpu": "pallas"}  # table and summary headings
 # Max |difference| from the cudnn (else xla) output above which a result is flagged: a wrong
 # kernel is off by O(1); half-precision rounding of outputs of magnitude ~1 is ~1e-2.
@@ -128,6 +132,8 @@ def candidates(q, k, v, causal, d, dtype_name):
     report_once("sm90", RuntimeError(why))
   runs["portable"] = (jit_with_disable(ours, "sm90"), args, None)
   runs["cudnn"] = (anchor("cudnn", causal), args, None)
+  if fa3.load() is not None and fa3.serves("fwd", d):
+    runs["fa3"] = (fa3.dense(causal), args, None)
   if dtype_name == "fp16":
     scaled = ((q * (1 / np.sqrt(d))).astype(q.dtype), k, v)  # outside the timed calls
     try:
@@ -150,9 +156,14 @@ def warm_up(runs):
     except Exception as e:  # an anchor that does not support the case (or runs out of memory)
       report_once(name, e)
       del runs[name]
-  ref_name = next((n for n in ("cudnn", "xla") if n in outputs), None)
+  # The reference: cuDNN, else XLA, else jax_sgl (so FA3 is never timed unchecked).
+  ref_name = next((n for n in ("cudnn", "xla", "sm90", "portable") if n in outputs), None)
   for name, out in outputs.items():
     if ref_name is not None and name != ref_name:
+      if name == "fa3":  # an FA3 case its wheel does not serve: n/a, not a timed wrong result
+        if not fa3.agrees(out, outputs[ref_name], f"this case (vs {ref_name})"):
+          del runs[name]
+        continue
       diff = float(jnp.max(jnp.abs(out - outputs[ref_name])))
       if not diff <= MAX_DIFF:
         print(f"  WARNING {name} differs from {ref_name} by {diff:.3g}")
@@ -179,7 +190,7 @@ def print_row(row, gemm):
   pct = f"{100 * ours / gemm:6.0f}%" if ours else f"{'-':>7}"
   print(f"{row['S']:>6} {row['H']:>3}/{row['Hkv']:<2} {row['D']:>4} {row['dtype']:>5} "
         f"{str(row['causal']):>6} " + " ".join(fmt(row.get(i)) for i in IMPLS) +
-        f" {pct} {ratio('cudnn')}  {ratio('pallas_mgpu')} {ratio('xla')}")
+        f" {pct} {ratio('cudnn')} {ratio('fa3')}  {ratio('pallas_mgpu')} {ratio('xla')}")
 
 
 def print_summary(row, gemm):
@@ -191,6 +202,7 @@ def print_summary(row, gemm):
   print(f"SUMMARY attention prefill S={row['S']} H{row['H']}/{row['Hkv']} D{row['D']} "
         f"{row['dtype']} causal={row['causal']}: {name} {ours or 0:.0f} TFLOP/s "
         f"({100 * (ours or 0) / gemm:.0f}% GEMM), cudnn {part('cudnn')}, "
+        f"fa3 {part('fa3') if row.get('fa3') else 'n/a'}, "
         f"pallas {part('pallas_mgpu')}{portable}")
 
 
@@ -214,7 +226,7 @@ def prefill(seqlens, batches, results, head_dims, dtype_names, gemm, tokens):
         f"else portable) over each")
   print(f"{'S':>6} {'H/Hkv':>6} {'D':>4} {'dtype':>5} {'causal':>6} " +
         " ".join(f"{LABELS.get(i, i):>8}" for i in IMPLS) +
-        f" {'% GEMM':>7} {'vs cudnn':>8} {'vs pallas':>9} {'vs xla':>8}")
+        f" {'% GEMM':>7} {'vs cudnn':>8} {'vs fa3':>8} {'vs pallas':>9} {'vs xla':>8}")
   for dtype_name in dtype_names:
     for shape in PREFILL_SHAPES:
       if shape[0] not in head_dims:
@@ -240,6 +252,19 @@ def paged_copy(k, v, rng):
   return to_pool(k), to_pool(v), table
 
 
+def fa3_decode(s, args, want):
+  """FA3's paged decode (flash_mha_with_kvcache on jax_sgl's pool and page table), or None where
+  FA3 is missing, fails or disagrees with `want` (the reason printed)."""
+  if fa3.load() is None or not fa3.serves("fwd", args[0].shape[-1]):
+    return None
+  fn = fa3.paged(causal=False)  # one query per sequence: no mask, as jax_sgl's call
+  try:
+    return fn if fa3.agrees(fn(*args), want, f"decode KV={s}") else None
+  except Exception as e:  # a case FA3 cannot take: report, keep the other anchors
+    report_once("fa3", e)
+    return None
+
+
 def decode(kv_lens, batches, copy_bw, results):
   b, h, hkv, d = 64, 32, 8, 128
   print(f"\ndecode, batch {b}, q 1, {h}/{hkv} heads, D={d}, bf16; GB/s of K/V read")
@@ -259,12 +284,15 @@ def decode(kv_lens, batches, copy_bw, results):
     want = jax.nn.dot_product_attention(q, k, v, implementation="xla")
     err = float(jnp.max(jnp.abs(got.astype(jnp.float32) - want.astype(jnp.float32))))
     assert err < 3e-2, f"paged decode differs from XLA by {err}"
+    fa3_paged = fa3_decode(s, (q, k_pool, v_pool, table, seqused), want)
     times = {
         "jax_sgl paged": median_seconds(paged, (q, k_pool, v_pool, table, seqused), calls,
                                         batches),
         "jax_sgl contiguous": median_seconds(jax.jit(jax_sgl.attention), (q, k, v), calls,
                                              batches),
         "cudnn contiguous": try_time(anchor("cudnn", False), (q, k, v), calls, batches),
+        "fa3 paged": (try_time(fa3_paged, (q, k_pool, v_pool, table, seqused), calls, batches)
+                      if fa3_paged else None),
         "xla contiguous": try_time(anchor("xla", False), (q, k, v), calls, batches),
     }
     ours = times["jax_sgl paged"]
@@ -277,9 +305,10 @@ def decode(kv_lens, batches, copy_bw, results):
       print(f"{s:>6} {name:<22} {t * 1e6:9.1f} {nbytes / t / 1e9:7.0f} "
             f"{100 * nbytes / t / copy_bw:6.1f}% {t / ours:9.2f}x")
     results["decode"].append(row)
-    cud, xla = times["cudnn contiguous"], times["xla contiguous"]
+    cud, xla, fa = times["cudnn contiguous"], times["xla contiguous"], times["fa3 paged"]
     print(f"SUMMARY attention decode KV={s}: paged {nbytes / ours / 1e9:.0f} GB/s = "
           f"{(cud / ours) if cud else float('nan'):.2f}x cudnn contiguous, "
+          f"{f'{fa / ours:.2f}x' if fa else 'n/a'} fa3 paged, "
           f"{(xla / ours) if xla else float('nan'):.2f}x xla")
     del q, k, v, k_pool, v_pool
 

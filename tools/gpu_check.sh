@@ -30,6 +30,8 @@
 #                       (batches.csv, benchmarks/timing.py JAX_SGL_BENCH_TRACE); the summary
 #                       gets each implementation's clock during its timed batches
 #                       (tools/clock_trace.py)
+#   PYTHONPATH          e.g. /tmp/site with flash-attn3-jax installed: the benchmarks' FA3
+#                       anchor (benchmarks/fa3.py; install line in benchmarks/RESULTS.md)
 #   JAX_SGL_BENCH_SETTLE_S  least seconds of untimed calls before each timed batch (default 0.5
 #                       here; 0: one untimed batch)
 #
