@@ -145,9 +145,9 @@ struct FlashConfig {
                                          PageBox{}, _1{}));
   // Pages of a multiple of 64 keys load in boxes of 64 (where the key tile holds whole ones):
   // the TMA unit's cost is per box more than per byte. H200, hd128, B=8 x 1024 new tokens over
-  // 4k-16k keys: 16-key boxes ran 0.63-0.70x the contiguous kernel at every page size, 64-key
-  // boxes 0.86-0.93x at pages of 64 and 128. kPageBoxRowsWide == kPageBoxRows: no wide boxes
-  // (hd256's 80-key tiles).
+  // 4k-16k keys: 16-key boxes ran 0.64-0.74x the dense kernel at every page size, 64-key boxes
+  // 0.88-0.92x at pages of 64 and 128. kPageBoxRowsWide == kPageBoxRows: no wide boxes (hd256's
+  // 80-key tiles).
   static constexpr int kPageBoxRowsWide = kBlockN % 64 == 0 ? 64 : kPageBoxRows;
   using PageBoxWide = Shape<Int<kPageBoxRowsWide>, Int<kHeadDim>>;
   using SmemLayoutPageBoxWide = decltype(tile_to_shape(SwizzleAtom{}, PageBoxWide{}));
