@@ -65,18 +65,11 @@ def _attention_fwd_abstract_eval(q, k, v, *optional, spec, present):
 _native_rule = ffi_rule(TARGET)
 
 
-def spec_has_sinks(ctx) -> bool:
-  """Whether the call passes sinks (operand 3 + OPTIONAL.index("sinks") is non-empty)."""
-  return ctx.avals_in[3 + OPTIONAL.index("sinks")].shape != (0,)
-
-
 def _ffi_attrs(ctx, spec: AttentionSpec) -> dict:
   """The attributes shared by the forward and backward FFI targets."""
   q_aval = ctx.avals_in[0]
   if "cuda" in ctx.module_context.platforms:
     check_attention_cuda(q_aval.dtype, ctx.avals_in[2].dtype)
-    if spec_has_sinks(ctx):
-      raise NotImplementedError(f"{ATTN_FN}: sinks are not yet supported by the CUDA kernels")
     warn_if_sm90_absent()
   max_seqlen_q = q_aval.shape[0] if spec.varlen_q else q_aval.shape[1]
   return dict(

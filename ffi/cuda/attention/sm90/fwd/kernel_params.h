@@ -54,6 +54,9 @@ struct KernelParams {
   int tail_splits;
   float* tail_o;                     // [tail tile, split, kBlockM, head_dim]
   float* tail_lse;                   // [tail tile, split, kBlockM]
+  // Attention sinks (attention_sink.h): the epilogue applies them from the LSE, the tail combine
+  // to merged tail tiles (never to a share).
+  const float* sinks;                // [num_heads] or nullptr
 };
 
 }  // namespace jax_sgl::cuda::sm90
