@@ -163,7 +163,8 @@ def test_decode_long_kv_many_splits():
 
 def test_decode_int64_index_form():
   """A pool of 2^31+ rows takes the 64-bit-index cp.async form; the pages used lie past 2^31
-  rows. head_dim 8 keeps the two pools at 32 GiB each."""
+  rows. head_dim 8 keeps the two pools at 32 GiB each. The reference runs on a compact copy of
+  the used pages (its int32 row index would overflow on the big pool)."""
   stats = jax.devices()[0].memory_stats() or {}
   if stats.get("bytes_limit", 0) < 100 * 2**30:
     pytest.skip("needs ~70 GiB of free device memory")
@@ -171,23 +172,26 @@ def test_decode_int64_index_form():
   num_pages = 2**30 + 64
   k_lens = [37, 1, 100]
   rng = np.random.default_rng(3)
-  pages = [num_pages - 1 - rng.permutation(60)[: -(-n // page_size)] for n in k_lens]
-  max_pages = max(len(p) for p in pages)
-  table = np.full((len(k_lens), max_pages), -1, np.int32)
-  for b, p in enumerate(pages):
-    table[b, :len(p)] = p
-  used = np.unique(np.concatenate(pages))
-
-  def pool():
-    x = jnp.zeros((num_pages, page_size, hkv, d), jnp.bfloat16)
-    vals = jnp.asarray(rng.standard_normal((len(used), page_size, hkv, d)), jnp.bfloat16)
-    fill = jax.jit(lambda x, i, vals: x.at[i].set(vals), donate_argnums=0)
-    return fill(x, jnp.asarray(used, jnp.int32), vals)
-
-  k, v = pool(), pool()
-  q = jnp.asarray(rng.standard_normal((len(k_lens), 1, h, d)), jnp.bfloat16)
-  kw = dict(page_table=jnp.asarray(table), seqused_k=jnp.asarray(k_lens, jnp.int32), causal=True)
-  _check(q, k, v, _sinks(h, 3, hi=5.0), kw)
+  used = num_pages - 1 - rng.permutation(60)[:55]          # 55 distinct pages past 2^31 rows
+  need = [-(-n // page_size) for n in k_lens]
+  small_table = np.full((len(k_lens), max(need)), -1, np.int32)
+  for b, n in enumerate(need):
+    small_table[b, :n] = rng.permutation(len(used))[:n]   # indices into the compact pool
+  big_table = np.where(small_table >= 0, used[np.maximum(small_table, 0)], -1).astype(np.int32)
+  rand = lambda shape: jnp.asarray(rng.standard_normal(shape), jnp.bfloat16)
+  k_small, v_small = (rand((len(used), page_size, hkv, d)) for _ in range(2))
+  fill = jax.jit(lambda x, i, vals: x.at[i].set(vals), donate_argnums=0)
+  big = lambda small: fill(jnp.zeros((num_pages, page_size, hkv, d), jnp.bfloat16),
+                           jnp.asarray(used, jnp.int32), small)
+  q = rand((len(k_lens), 1, h, d))
+  sinks = _sinks(h, 3, hi=5.0)
+  kw = dict(seqused_k=jnp.asarray(k_lens, jnp.int32), causal=True)
+  want_out, want_lse = reference_attention(q, k_small, v_small, sinks=sinks, return_lse=True,
+                                           page_table=jnp.asarray(small_table), **kw)
+  k, v = big(k_small), big(v_small)
+  check_kernel_output(lambda: jax_sgl.attention(q, k, v, sinks=sinks, return_lse=True,
+                                                page_table=jnp.asarray(big_table), **kw),
+                      want_out, want_lse, q.dtype, TOL[jnp.dtype(q.dtype)])
 
 
 # --------------------------------------------------------------------------------------------
