@@ -140,6 +140,19 @@ def test_sinks_are_not_scaled_by_softmax_scale():
   check_sinks(q, k, v, make_sinks(4, 14), softmax_scale=0.3, **arrays)
 
 
+def test_fp8_with_descales():
+  q, k, v, _ = make_case("dense", seed=16, q_lens=[5, 5], k_lens=[9, 9], dtype=jnp.float32)
+  rng = np.random.default_rng(16)
+  qd, kd, vd = (jnp.asarray(rng.uniform(0.5, 2.0, (2, 2)), jnp.float32) for _ in range(3))
+  q8, k8, v8 = (x.astype(jnp.float8_e4m3fn) for x in (q, k, v))
+  kw = dict(q_descale=qd, k_descale=kd, v_descale=vd, causal=True, sinks=make_sinks(4, 16))
+  out, lse = jax_sgl.attention(q8, k8, v8, return_lse=True, **kw)
+  want_out, want_lse = _reference(q8, k8, v8, **kw)
+  np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(want_out, np.float32),
+                             rtol=TOL[jnp.bfloat16], atol=TOL[jnp.bfloat16])
+  np.testing.assert_allclose(np.asarray(lse), np.asarray(want_lse), rtol=1e-4, atol=1e-4)
+
+
 def test_jit():
   q, k, v, arrays = make_case("varlen", seed=15)
   sinks = make_sinks(4, 15)
