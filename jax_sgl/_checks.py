@@ -147,6 +147,15 @@ def _check_descale(name: str, x, batch: int, num_kv_heads: int) -> None:
                      f"{(batch, num_kv_heads)}, got {_shape(x)}")
 
 
+def _check_sinks(x, num_heads: int) -> None:
+  """sinks: one float32 logit per q head (float32 because it joins the float32 softmax as is)."""
+  if jnp.dtype(x.dtype) != jnp.float32:
+    raise TypeError(f"{ATTN_FN}: sinks must be float32, got {x.dtype} with shape {_shape(x)}")
+  if _shape(x) != (num_heads,):
+    raise ValueError(f"{ATTN_FN}: sinks must have shape [num_heads] = ({num_heads},), "
+                     f"got {_shape(x)}")
+
+
 def check_attention_dtypes(q, k, v, q_descale, k_descale, v_descale) -> Any:
   """SGLang's dtype rules (flash_fwd_sm100); returns the output dtype."""
   if q.dtype != k.dtype:
@@ -175,7 +184,7 @@ def check_attention_dtypes(q, k, v, q_descale, k_descale, v_descale) -> Any:
 
 def check_attention(q, k, v, *, causal: bool, softmax_scale, window, softcap, cu_seqlens_q,
                     cu_seqlens_k, seqused_k, page_table, q_descale, k_descale,
-                    v_descale, deterministic=False) -> AttentionSpec:
+                    v_descale, sinks=None, deterministic=False) -> AttentionSpec:
   # A traced or numpy bool would be silently truthy or fail later; the flag selects a kernel.
   if not isinstance(deterministic, bool):
     raise TypeError(f"{ATTN_FN}: deterministic must be a Python bool, got {deterministic!r} "
@@ -258,6 +267,8 @@ def check_attention(q, k, v, *, causal: bool, softmax_scale, window, softcap, cu
   for name, d in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
     if d is not None:
       _check_descale(name, d, batch, num_kv_heads)
+  if sinks is not None:
+    _check_sinks(sinks, num_heads)
 
   # Masks and scalars.
   try:

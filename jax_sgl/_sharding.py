@@ -167,7 +167,7 @@ def _rule(operands, results, replicated, g):
 # size, x max pages, c batch + 1, k KV heads, g group, d head_dim, e head_dim_v.
 
 _ATTN_OPTIONAL = ("cu_seqlens_q", "cu_seqlens_k", "seqused_k", "page_table", "q_descale",
-                  "k_descale", "v_descale")
+                  "k_descale", "v_descale", "sinks")
 
 
 def _attn_names(params) -> list[str]:
@@ -201,7 +201,7 @@ def _attn_factors(spec):
   kv = {KV_DENSE: "b t k", KV_VARLEN: "m k", KV_PAGED: "p r k"}[spec.kv_layout]
   per_name = {"q": f"{q_rows} {h} d", "k": f"{kv} d", "v": f"{kv} e", "cu_seqlens_q": "c",
               "cu_seqlens_k": "c", "seqused_k": "b", "page_table": "b x", "q_descale": "b k",
-              "k_descale": "b k", "v_descale": "b k"}
+              "k_descale": "b k", "v_descale": "b k", "sinks": h}
   lse = f"{h} n" if spec.varlen_q else f"b {h} s"
   return per_name, [f"{q_rows} {h} e", lse]
 
@@ -241,7 +241,7 @@ def _attn_shardings(params, mesh, plan):
         KV_PAGED: P(None, None, h, None)}[spec.kv_layout]
   per_name = {"q": q, "k": kv, "v": kv, "cu_seqlens_q": P(None), "cu_seqlens_k": P(None),
               "seqused_k": P(b), "page_table": P(b, None), "q_descale": P(b, h),
-              "k_descale": P(b, h), "v_descale": P(b, h)}
+              "k_descale": P(b, h), "v_descale": P(b, h), "sinks": P(h)}
   lse = P(h, None) if spec.varlen_q else P(b, h, None)
   return [per_name[n] for n in _attn_names(params)], [q, lse]
 

@@ -3,9 +3,11 @@
 Two primitives: `_attention_fwd_p`, lowered to the FFI target `jax_sgl_attention_fwd`, and
 `_attention_bwd_p` (`jax_sgl_attention_bwd`), joined by a custom_vjp whose forward saves only out
 and lse besides the inputs (the backward recomputes the probabilities, FlashAttention-2 style).
-The operands of both start with the ten arrays of the forward's FFI signature; optional ones that
-the caller left out travel as empty int32/float32 arrays and `present` says which are real.
-Checks live in `_checks.check_attention`.
+The operands of both start with the eleven arrays of the forward's FFI signature; optional ones
+that the caller left out travel as empty int32/float32 arrays and `present` says which are real.
+Checks live in `_checks.check_attention`. Attention sinks need no backward kernel of their own:
+the forward's lse includes the sink, so the dq/dk/dv kernels are unchanged, and d sinks is a
+reduction over saved values (`_sinks_grad`).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ BWD_TARGET = "jax_sgl_attention_bwd"
 
 # Optional operands, in FFI order after q, k, v.
 OPTIONAL = ("cu_seqlens_q", "cu_seqlens_k", "seqused_k", "page_table", "q_descale", "k_descale",
-            "v_descale")
+            "v_descale", "sinks")
 _INDEX_OPTIONAL = OPTIONAL[:4]
 
 _attention_fwd_p = Primitive("jax_sgl_attention_fwd")
@@ -92,6 +94,16 @@ def _attention_fwd_reference(q, k, v, *optional, spec, present):
       **given)
 
 
+def _fold_optional(name, x, d, size):
+  """A non-index optional operand under the head fold: descales [B, Hkv] -> [B, V * Hkv], sinks
+  [H] -> [V * H] (unmapped ones are broadcast: every instance has the same values)."""
+  x = at_front(x, d, size)
+  if name == "sinks":
+    return x.reshape(-1)
+  x = jnp.moveaxis(x, 0, 1)
+  return x.reshape(x.shape[0], -1)
+
+
 def _unfold_heads(x, size, heads):
   """[..., V * heads, D] -> [V, ..., heads, D]: the inverse of _fold_heads."""
   x = x.reshape(x.shape[:-2] + (size, heads, x.shape[-1]))
@@ -141,9 +153,8 @@ def _attention_fwd_batch(args, dims, *, spec, present):
              for x, d in ((q, qd), (k, kd), (v, vd)))
   folded_opt = []
   for name, x, d, p in zip(OPTIONAL, optional, opt_dims, present):
-    if p and name not in _INDEX_OPTIONAL:    # descale [B, Hkv] -> [B, V * Hkv]
-      x = jnp.moveaxis(at_front(x, d, size), 0, 1)
-      x = x.reshape(x.shape[0], -1)
+    if p and name not in _INDEX_OPTIONAL:
+      x = _fold_optional(name, x, d, size)
     folded_opt.append(x)
   out, lse = _attention_fwd_p.bind(q, k, v, *folded_opt, spec=_folded_spec(spec, size),
                                    present=present)
@@ -242,8 +253,9 @@ def _attention_bwd_batch(args, dims, *, spec, present):
   front = [at_front(a, d, size) for a, d in zip(args, dims)]
   q, k, v = (_fold_heads(x, size) for x in front[:3])
   # Paged KV and fp8 never reach the backward, so the optional operands are index arrays (shared,
-  # hence unbatched here) or absent.
-  optional = list(args[3:3 + n])
+  # hence unbatched here), sinks (folded as in the forward) or absent.
+  optional = [_fold_optional(name, x, d, size) if name == "sinks" and p else x
+              for name, x, d, p in zip(OPTIONAL, args[3:3 + n], opt_dims, present)]
   out, lse, dout, dlse = front[3 + n:]
   out, dout = _fold_heads(out, size), _fold_heads(dout, size)
   lse, dlse = _fold_lse(lse, size, spec.varlen_q), _fold_lse(dlse, size, spec.varlen_q)
@@ -289,12 +301,30 @@ def _attention_diff_fwd(spec, present, q, k, v, optional):
   return (out, lse), (q, k, v, optional, out, lse)
 
 
+def _sinks_grad(spec: AttentionSpec, out, lse, dout, dlse, sinks):
+  """d loss / d sinks from saved values, in float32. With P_sink = exp(sink - lse) the sink's
+  probability in a row (lse includes it), d out / d sink = -P_sink * out and d lse / d sink =
+  P_sink, so each row adds P_sink * (dlse - rowsum(dout * out)). Rows that no sequence covers
+  (lse -inf) add nothing."""
+  dot = jnp.sum(dout.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)  # [.., rows, H]
+  dot = dot.T if spec.varlen_q else jnp.swapaxes(dot, 1, 2)                   # lse's layout
+  sink = sinks[:, None] if spec.varlen_q else sinks[None, :, None]
+  covered = lse > -jnp.inf
+  p_sink = jnp.where(covered, jnp.exp(sink - jnp.where(covered, lse, 0.0)), 0.0)
+  terms = p_sink * (dlse.astype(jnp.float32) - dot)
+  return jnp.sum(terms, axis=-1) if spec.varlen_q else jnp.sum(terms, axis=(0, 2))
+
+
 def _attention_diff_bwd(spec, present, residuals, cotangents):
   q, k, v, optional, out, lse = residuals
   dout, dlse = cotangents
   dq, dk, dv = _attention_bwd_p.bind(q, k, v, *optional, out, lse, dout.astype(out.dtype),
                                      dlse.astype(jnp.float32), spec=spec, present=present)
-  return dq, dk, dv, None   # index arrays get no gradient
+  # Index arrays and descales get no gradient; sinks do.
+  d_optional = [None] * len(OPTIONAL)
+  if present[OPTIONAL.index("sinks")]:
+    d_optional[-1] = _sinks_grad(spec, out, lse, dout, dlse, optional[-1])
+  return dq, dk, dv, tuple(d_optional)
 
 
 _attention_diff.defvjp(_attention_diff_fwd, _attention_diff_bwd)
@@ -302,7 +332,7 @@ _attention_diff.defvjp(_attention_diff_fwd, _attention_diff_bwd)
 
 def attention(q, k, v, *, causal=False, softmax_scale=None, window=(-1, -1), softcap=0.0,
               cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None, page_table=None,
-              return_lse=False, q_descale=None, k_descale=None, v_descale=None,
+              return_lse=False, q_descale=None, k_descale=None, v_descale=None, sinks=None,
               deterministic=False):
   """Flash attention (forward, and backward under jax.grad).
 
@@ -321,13 +351,19 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, window=(-1, -1), sof
   left/right of that diagonal (-1: unbounded). `softcap > 0` applies softcap * tanh(s / softcap)
   to the scaled scores. GQA/MQA: num_heads a multiple of num_kv_heads.
 
+  Attention sinks: `sinks` float32 [num_heads] gives each q head a logit that joins every row's
+  softmax denominator (not multiplied by softmax_scale; it has no value vector), as gpt-oss uses
+  them (FlashAttention-4 / FlashInfer semantics): out = sum_j exp(s_j - lse) v_j with
+  lse = log(exp(sink) + sum_j exp(s_j)), and lse (returned) includes the sink. A fully masked row
+  gives 0 and lse = sink. Differentiable: jax.grad reaches sinks.
+
   Dtypes: float32, float16, bfloat16 with float32 accumulation; fp8 (float8_e4m3fn/e5m2) q/k with
   q_descale/k_descale float32 [batch, num_kv_heads], fp8 v with v_descale (also beside bf16 q/k:
   SGLang's v_dequant path); fp8 output is bfloat16.
 
   Gradients: differentiable (reverse mode) with respect to q, k and v for dense and varlen
   layouts in float32/float16/bfloat16, including through lse when `return_lse` (a loss on lse is
-  handled exactly: d lse / d scores = P). The backward kernel recomputes the probabilities from
+  handled exactly: d lse / d scores = P), and with respect to sinks. The backward kernel recomputes the probabilities from
   the saved lse (no second forward). Index arrays get no gradient. Paged KV and fp8 inputs are
   forward-only: differentiating through them raises NotImplementedError at trace time.
   `deterministic` (a Python bool): on a compute-capability-9.0 GPU, dense bfloat16 calls at head
@@ -342,17 +378,19 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, window=(-1, -1), sof
   Returns:
     out in q's layout with head_dim_v (q's dtype; bfloat16 for fp8), and with `return_lse` also
     lse float32 [batch, num_heads, seqlen_q] (varlen: [num_heads, total_q]), the natural-log
-    sum of exp of the scaled scores. Fully masked rows give 0 and -inf.
+    sum of exp of the scaled scores (and of the sink). Fully masked rows give 0 and -inf (with
+    sinks: 0 and the sink).
   """
   spec = check_attention(q, k, v, causal=causal, softmax_scale=softmax_scale, window=window,
                          softcap=softcap, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                          seqused_k=seqused_k, page_table=page_table, q_descale=q_descale,
-                         k_descale=k_descale, v_descale=v_descale, deterministic=deterministic)
+                         k_descale=k_descale, v_descale=v_descale, sinks=sinks,
+                         deterministic=deterministic)
   if spec.kv_layout == KV_PAGED and k.ndim == 3:   # token pool: pages of one token
     k, v = k[:, None], v[:, None]
   given = dict(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k,
                page_table=page_table, q_descale=q_descale, k_descale=k_descale,
-               v_descale=v_descale)
+               v_descale=v_descale, sinks=sinks)
   present = tuple(given[name] is not None for name in OPTIONAL)
   operands = []
   for name in OPTIONAL:

@@ -5,7 +5,8 @@ written for clarity and static shapes (jit-able everywhere), not speed: attentio
 the full score matrix of each sequence padded to the longest. They take arguments already
 normalized by the public functions (see jax_sgl.attention / jax_sgl.rope_pool_fused), and follow
 the same semantics: bottom-right causal alignment, masked keys for out-of-range page entries,
-0 output and -inf LSE for fully masked rows, nothing written for negative or too-large slots.
+0 output and -inf LSE for fully masked rows (the sink's logit with attention sinks), nothing
+written for negative or too-large slots.
 """
 
 from __future__ import annotations
@@ -72,12 +73,16 @@ def _clamped_ranges(cu, total):
 def attention(q, k, v, *, kv_layout: int, varlen_q: bool, batch: int, softmax_scale: float,
               softcap: float = 0.0, causal: bool = False, window_left: int = -1,
               window_right: int = -1, out_dtype=None, cu_seqlens_q=None, cu_seqlens_k=None,
-              seqused_k=None, page_table=None, q_descale=None, k_descale=None, v_descale=None):
+              seqused_k=None, page_table=None, q_descale=None, k_descale=None, v_descale=None,
+              sinks=None):
   """Attention in float32 over normalized operands; returns (out, lse).
 
   q: [B, Sq, H, D] or [total_q, H, D] (varlen_q); k/v: [B, Sk, Hkv, D] (KV_DENSE),
   [total_k, Hkv, D] (KV_VARLEN) or [num_pages, page_size, Hkv, D] (KV_PAGED).
   lse: [B, H, Sq], or [H, total_q] for varlen q.
+  sinks: [H] float32 or None: each head's logit joins the softmax denominator (unscaled, no value
+  vector), so lse' = logaddexp(lse, sink) and out *= exp(lse - lse'); a fully masked row gets 0
+  and lse' = sink.
   """
   out_dtype = q.dtype if out_dtype is None else out_dtype
   num_heads, head_dim = q.shape[-2:]
@@ -160,6 +165,10 @@ def attention(q, k, v, *, kv_layout: int, varlen_q: bool, batch: int, softmax_sc
   o = jnp.einsum("bhqk,bkhd->bqhd", p / jnp.where(l > 0, l, 1.0), vf_, precision="highest")
   lse = jnp.where(l[..., 0] > 0, m_safe[..., 0] + jnp.log(jnp.where(l[..., 0] > 0, l[..., 0], 1)),
                   -jnp.inf)                                        # [B, H, Sq]
+  if sinks is not None:
+    lse_sink = jnp.logaddexp(lse, sinks.astype(f32)[None, :, None])
+    o = o * jnp.swapaxes(jnp.exp(lse - lse_sink), 1, 2)[..., None]  # masked rows: exp(-inf) = 0
+    lse = lse_sink
 
   if not varlen_q:
     return o.astype(out_dtype), lse

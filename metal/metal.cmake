@@ -20,6 +20,7 @@ set(JAX_SGL_METAL_KERNELS rope_pool attention)
 file(GLOB JAX_SGL_METAL_HEADERS ${CMAKE_CURRENT_SOURCE_DIR}/metal/kernels/*.h)
 list(APPEND JAX_SGL_METAL_HEADERS
   ${CMAKE_CURRENT_SOURCE_DIR}/ffi/common/attention_geometry.h
+  ${CMAKE_CURRENT_SOURCE_DIR}/ffi/common/attention_sink.h
   ${CMAKE_CURRENT_SOURCE_DIR}/ffi/common/rope_math.h)
 
 set(JAX_SGL_METAL_AIR)

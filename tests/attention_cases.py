@@ -75,7 +75,7 @@ def reference_attention(q, k, v, *, causal=False, softmax_scale=None, window=(-1
                         softcap=0.0, return_lse=False, **arrays):
   """The float32 reference on public-API arguments."""
   names = ("cu_seqlens_q", "cu_seqlens_k", "seqused_k", "page_table", "q_descale", "k_descale",
-           "v_descale")
+           "v_descale", "sinks")
   full = {n: arrays.get(n) for n in names}
   spec = check_attention(q, k, v, causal=causal, softmax_scale=softmax_scale, window=window,
                          softcap=softcap, **full)
@@ -89,8 +89,11 @@ def reference_attention(q, k, v, *, causal=False, softmax_scale=None, window=(-1
   return (out, lse) if return_lse else out
 
 
-def naive_attention(q, k, v, *, causal=False, window=(-1, -1), softcap=0.0, **arrays):
-  """A per-sequence, per-head NumPy loop in float64: an oracle independent of reference.py."""
+def naive_attention(q, k, v, *, causal=False, window=(-1, -1), softcap=0.0, sinks=None,
+                    return_lse=False, softmax_scale=None, **arrays):
+  """A per-sequence, per-head NumPy loop in float64: an oracle independent of reference.py.
+  With `sinks` each head's logit joins the denominator; `return_lse` adds lse per (row, head)
+  in q's row layout ([B, Sq, H] or [total_q, H]; rows of no sequence are left out)."""
   q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
   cu_q, cu_k = arrays.get("cu_seqlens_q"), arrays.get("cu_seqlens_k")
   table, used = arrays.get("page_table"), arrays.get("seqused_k")
@@ -123,14 +126,18 @@ def naive_attention(q, k, v, *, causal=False, window=(-1, -1), softcap=0.0, **ar
   else:
     ks, vs = [k[b] for b in range(batch)], [v[b] for b in range(batch)]
     oks = [np.ones(len(x), bool) for x in ks]
+  if table is None and used is not None:   # seqused_k limits dense and varlen keys too
+    n = [max(0, int(u)) for u in np.asarray(used)]
+    ks, vs, oks = ([x[:n[b]] for b, x in enumerate(xs)] for xs in (ks, vs, oks))
   h, d = q.shape[-2:]
   group = h // k.shape[-2]
-  scale = 1 / np.sqrt(d)
-  outs = []
+  scale = 1 / np.sqrt(d) if softmax_scale is None else softmax_scale
+  outs, lses = [], []
   for b in range(batch):
     qb, kb, vb, ok = qs[b], ks[b], vs[b], oks[b]
     lq, lk = len(qb), len(kb)
     o = np.zeros((lq, h, v.shape[-1]))
+    lse = np.full((lq, h), -np.inf)
     for hh in range(h):
       for i in range(lq):
         diag = i + lk - lq
@@ -145,12 +152,19 @@ def naive_attention(q, k, v, *, causal=False, window=(-1, -1), softcap=0.0, **ar
           m &= j <= diag
         elif window[1] >= 0:
           m &= j <= diag + window[1]
+        sink = -np.inf if sinks is None else np.float64(np.asarray(sinks)[hh])
         if not m.any():
+          lse[i, hh] = sink
           continue
-        p = np.exp(s[m] - s[m].max())
-        o[i, hh] = (p / p.sum()) @ vb[m, hh // group]
+        top = max(s[m].max(), sink)
+        p = np.exp(s[m] - top)
+        denom = p.sum() + np.exp(sink - top)
+        o[i, hh] = (p / denom) @ vb[m, hh // group]
+        lse[i, hh] = top + np.log(denom)
     outs.append(o)
-  return np.concatenate(outs) if cu_q is not None else np.stack(outs)
+    lses.append(lse)
+  join = np.concatenate if cu_q is not None else np.stack
+  return (join(outs), join(lses)) if return_lse else join(outs)
 
 
 def is_sm90_device():

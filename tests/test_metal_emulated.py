@@ -6,6 +6,8 @@ Metal compilation, simdgroup_matrix lane layouts or performance (see metal/READM
 poisoned with NaN so an element the kernel forgets to write fails the comparison.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import ml_dtypes
@@ -32,6 +34,9 @@ NP_DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes
 _ref_rope_pool = jax.jit(reference.rope_pool_fused,
                          static_argnames=("rope_base", "rotary_dim", "is_neox"))
 _ref_attention = jax.jit(reference.attention, static_argnames=(
+    "kv_layout", "varlen_q", "batch", "softmax_scale", "softcap", "causal", "window_left",
+    "window_right"))
+_ref_attention_sinks = jax.jit(reference.attention, static_argnames=(
     "kv_layout", "varlen_q", "batch", "softmax_scale", "softcap", "causal", "window_left",
     "window_right"))
 
@@ -121,7 +126,7 @@ def test_rope_pool_only_padding_writes_nothing():
 
 def _run_attention(q, k, v, *, dtype, kv_layout, varlen_q, batch, max_seqlen_q, scale,
                    softcap=0.0, causal=False, window=(-1, -1), cu_seqlens_q=None,
-                   cu_seqlens_k=None, seqused_k=None, page_table=None):
+                   cu_seqlens_k=None, seqused_k=None, page_table=None, sinks=None):
   num_heads, head_dim_v = q.shape[-2], v.shape[-1]
   out = np.full(q.shape[:-1] + (head_dim_v,), np.nan, NP_DTYPES[dtype])
   total_q = q.shape[0] if varlen_q else q.shape[0] * q.shape[1]
@@ -130,7 +135,9 @@ def _run_attention(q, k, v, *, dtype, kv_layout, varlen_q, batch, max_seqlen_q, 
   empty = np.zeros(0, np.int32)
   idx = lambda a: empty if a is None else np.ascontiguousarray(a, np.int32)
   emu.attention(_emu_view(q), _emu_view(k), _emu_view(v), _emu_view(out), lse, idx(cu_seqlens_q),
-                idx(cu_seqlens_k), idx(seqused_k), idx(page_table), dtype=DTYPES[dtype][0],
+                idx(cu_seqlens_k), idx(seqused_k), idx(page_table),
+                np.zeros(0, np.float32) if sinks is None else np.ascontiguousarray(sinks, np.float32),
+                dtype=DTYPES[dtype][0],
                 kv_layout=kv_layout, varlen_q=varlen_q, batch=batch, max_seqlen_q=max_seqlen_q,
                 softmax_scale=scale, softcap=softcap, causal=causal, window_left=window[0],
                 window_right=window[1])
@@ -139,14 +146,16 @@ def _run_attention(q, k, v, *, dtype, kv_layout, varlen_q, batch, max_seqlen_q, 
 
 def _check_attention(q, k, v, *, dtype, kv_layout, varlen_q, batch, max_seqlen_q=0, softcap=0.0,
                      causal=False, window=(-1, -1), cu_seqlens_q=None, cu_seqlens_k=None,
-                     seqused_k=None, page_table=None):
+                     seqused_k=None, page_table=None, sinks=None):
   scale = float(q.shape[-1]) ** -0.5
   index = dict(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k,
                page_table=page_table)
   out, lse = _run_attention(q, k, v, dtype=dtype, kv_layout=kv_layout, varlen_q=varlen_q,
                             batch=batch, max_seqlen_q=max_seqlen_q, scale=scale, softcap=softcap,
-                            causal=causal, window=window, **index)
-  want_out, want_lse = _ref_attention(
+                            causal=causal, window=window, sinks=sinks, **index)
+  ref = _ref_attention if sinks is None else functools.partial(_ref_attention_sinks,
+                                                               sinks=jnp.asarray(sinks))
+  want_out, want_lse = ref(
       jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), kv_layout=kv_layout, varlen_q=varlen_q,
       batch=batch, softmax_scale=scale, softcap=softcap, causal=causal, window_left=window[0],
       window_right=window[1],
@@ -270,6 +279,43 @@ def test_attention_token_pool_decode():
   _check_attention(q, pool_k, pool_v, dtype="float16", kv_layout=KV_PAGED, varlen_q=False,
                    batch=b, causal=True, seqused_k=np.array([23, 1, 7, 16], np.int32),
                    page_table=page_table)
+
+
+@pytest.mark.parametrize("layout", ["dense", "varlen", "paged"])
+def test_attention_sinks(layout):
+  """Attention sinks: each head's logit joins the denominator; rows without keys give 0 and
+  lse = sink (padding rows past cu_seqlens_q stay 0 / -inf)."""
+  rng = np.random.default_rng(17)
+  h, hkv, d, dtype = 6, 2, 64, "bfloat16"
+  sinks = rng.uniform(-1.0, 4.0, h).astype(np.float32)
+  if layout == "dense":
+    q = _rand(rng, (2, 19, h, d), dtype)
+    k, v = _rand(rng, (2, 11, hkv, d), dtype), _rand(rng, (2, 11, hkv, d), dtype)
+    out, lse = _check_attention(q, k, v, dtype=dtype, kv_layout=KV_DENSE, varlen_q=False, batch=2,
+                                causal=True, sinks=sinks)
+    assert np.all(_f32(out)[:, :8] == 0)       # 19 queries over 11 keys: 8 rows see none
+    np.testing.assert_array_equal(lse[:, :, :8], np.broadcast_to(sinks[None, :, None], (2, h, 8)))
+  elif layout == "varlen":
+    q_lens, k_lens = [5, 0, 33, 1], [9, 4, 40, 1]
+    cu_q = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+    cu_k = np.concatenate([[0], np.cumsum(k_lens)]).astype(np.int32)
+    q = _rand(rng, (cu_q[-1] + 3, h, d), dtype)
+    k, v = _rand(rng, (cu_k[-1], hkv, d), dtype), _rand(rng, (cu_k[-1], hkv, d), dtype)
+    out, lse = _check_attention(q, k, v, dtype=dtype, kv_layout=KV_VARLEN, varlen_q=True,
+                                batch=4, max_seqlen_q=33, window=(3, 1), cu_seqlens_q=cu_q,
+                                cu_seqlens_k=cu_k, sinks=sinks)
+    assert np.all(_f32(out)[cu_q[-1]:] == 0) and np.all(lse[:, cu_q[-1]:] == -np.inf)
+  else:
+    page_size, max_pages = 5, 9
+    k = _rand(rng, (20, page_size, hkv, d), dtype)
+    v = _rand(rng, (20, page_size, hkv, d), dtype)
+    page_table = rng.permutation(20)[:18].reshape(2, max_pages).astype(np.int32)
+    q = _rand(rng, (2, 3, h, d), dtype)
+    out, lse = _check_attention(q, k, v, dtype=dtype, kv_layout=KV_PAGED, varlen_q=False, batch=2,
+                                causal=True, softcap=5.0, seqused_k=np.array([43, 0], np.int32),
+                                page_table=page_table, sinks=sinks)
+    assert np.all(_f32(out)[1] == 0)           # no keys: 0 and lse = sink
+    np.testing.assert_array_equal(lse[1], np.broadcast_to(sinks[:, None], (h, 3)))
 
 
 def test_attention_unsupported_head_dim_is_refused():

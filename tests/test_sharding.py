@@ -21,6 +21,8 @@ CASE_NAMES = [
     "attention_dense_heads_over_both_axes_softcap_window",
     "attention_dense_fp8_descale",
     "attention_dense_grad_batch_and_heads",
+    "attention_dense_sinks_batch_and_heads",
+    "attention_dense_sinks_grad_heads",
     "attention_varlen_grad_heads",
     "attention_varlen_heads",
     "attention_paged_decode_batch_and_heads",

@@ -1,5 +1,5 @@
 // The FFI signature of jax_sgl_attention_bwd, shared by the CPU and CUDA handlers. Operands are
-// the forward's ten (attention_ffi.h: same order, same empty-array convention for absent optional
+// the forward's eleven (attention_ffi.h: same order, same empty-array convention for absent optional
 // ones) followed by the forward's results and their cotangents; attributes are the forward's
 // (AttentionAttrs). One way to fill AttentionBwdParams from them, with the shape checks every
 // backend needs.
@@ -17,7 +17,7 @@ inline bool SameDims(ffi::AnyBuffer::Dimensions a, ffi::AnyBuffer::Dimensions b)
   return true;
 }
 
-// Operands after the forward's ten (page_table and descales must be [0]: paged KV and fp8 are
+// Operands after the forward's eleven (page_table and descales must be [0]: paged KV and fp8 are
 // forward-only): the forward's out, lse and their cotangents. Results: dq, dk, dv (as q, k, v).
 constexpr size_t kAttentionBwdOperands = kAttentionOperands + 4;
 

@@ -14,6 +14,7 @@
 //   7 q_descale     float32 [B, Hkv] or [0]
 //   8 k_descale     float32 [B, Hkv] or [0]
 //   9 v_descale     float32 [B, Hkv] or [0]
+//  10 sinks         float32 [H] or [0]
 // Forward results: out (q's layout, head_dim_v), lse float32 [B, H, Sq] or [H, total_q].
 #pragma once
 
@@ -43,7 +44,7 @@ struct AttentionAttrs {
   int64_t disable;       // AttentionDisable bits
 };
 
-constexpr size_t kAttentionOperands = 10;
+constexpr size_t kAttentionOperands = 11;
 
 // Element `index` of the call's operands (RemainingArgs, kind "operand") or results
 // (RemainingRets, kind "result") as T, or an error naming it.
@@ -76,11 +77,11 @@ inline ffi::Error CheckCount(const char* what, size_t got, size_t expected) {
                          " " + what + ", got " + std::to_string(got));
 }
 
-// The ten operands every attention target starts with, decoded.
+// The eleven operands every attention target starts with, decoded.
 struct AttentionOperands {
   std::optional<ffi::AnyBuffer> q, k, v;
   std::optional<ffi::Buffer<ffi::S32>> cu_seqlens_q, cu_seqlens_k, seqused_k, page_table;
-  std::optional<ffi::Buffer<ffi::F32>> q_descale, k_descale, v_descale;
+  std::optional<ffi::Buffer<ffi::F32>> q_descale, k_descale, v_descale, sinks;
   // The forward's out and lse: its results, the backward's inputs.
   std::optional<ffi::AnyBuffer> out;
   std::optional<ffi::Buffer<ffi::F32>> lse;
@@ -98,6 +99,7 @@ inline ffi::Error DecodeAttentionOperands(const ffi::RemainingArgs& args, Attent
       GetOperand(args, 7, "q_descale", &o->q_descale),
       GetOperand(args, 8, "k_descale", &o->k_descale),
       GetOperand(args, 9, "v_descale", &o->v_descale),
+      GetOperand(args, 10, "sinks", &o->sinks),
   };
   for (ffi::Error& err : errs)
     if (err.failure()) return std::move(err);
@@ -197,6 +199,10 @@ inline ffi::Error FillAttentionParams(const AttentionOperands& o, const Attentio
   p->q_descale = descale(*o.q_descale);
   p->k_descale = descale(*o.k_descale);
   p->v_descale = descale(*o.v_descale);
+  const ffi::Buffer<ffi::F32>& sinks = *o.sinks;
+  if (sinks.element_count() > 0 && int64_t(sinks.element_count()) != p->num_heads)
+    return InvalidArgument("jax_sgl.attention: sinks must have num_heads entries");
+  p->sinks = sinks.element_count() > 0 ? sinks.typed_data() : nullptr;
 
   p->softmax_scale = attrs.softmax_scale;
   p->softcap = attrs.softcap;

@@ -8,7 +8,7 @@
 //        paged  [num_pages, page_size, num_kv_heads, head_dim(_v)] + page_table [batch, max_pages]
 //               (a token pool [num_slots, Hkv, D] is the page_size == 1 case)
 //   out: q's layout with head_dim_v; lse float32 dense [batch, num_heads, seqlen_q] or
-//        varlen [num_heads, total_q].
+//        varlen [num_heads, total_q], the sink included when sinks != nullptr.
 // Index arrays come from user data: kernels clamp every range to the buffers they were given and
 // treat page-table entries outside [0, num_pages) as masked keys, so they never read out of bounds.
 #pragma once
@@ -44,6 +44,7 @@ struct AttentionParams {
   const float* q_descale;       // [batch, num_kv_heads] or nullptr (fp8 only)
   const float* k_descale;       // [batch, num_kv_heads] or nullptr
   const float* v_descale;       // [batch, num_kv_heads] or nullptr
+  const float* sinks;           // [num_heads] or nullptr: per-head sink logit (attention_sink.h)
 
   KvLayout kv_layout;
   int batch;

@@ -3,7 +3,7 @@
 // converted to float32 once and used by all of them (GQA/MQA share the load). Their scores against
 // the block and their P V update are one register-tiled matrix product each (MultiplyRows).
 // Online softmax in float32, so memory is O(block) whatever the sequence length. Fully masked
-// rows give 0 and lse = -inf.
+// rows give 0 and lse = -inf (the sink's logit with sinks; attention_sink.h).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -12,6 +12,7 @@
 
 #include "ffi/common/attention_ffi.h"
 #include "ffi/common/attention_seq.h"
+#include "ffi/common/attention_sink.h"
 #include "ffi/common/dispatch.h"
 #include "ffi/cpu/parallel.h"
 #include "ffi/cpu/simd_kernels.h"
@@ -129,13 +130,14 @@ void AttendBlock(const AttentionParams& p, int b, int kh, const SeqBounds& s, in
       const int i = r * group + g;
       const int h = kh * group + g;
       const int64_t row = s.q_row0 + m0 + r;
-      const float inv = l[i] > 0.f ? v_scale / l[i] : 0.f;
+      const SinkedRow fin = ApplySinkOf(p.sinks, h, l[i] > 0.f ? m[i] + std::log(l[i]) : kNegInf);
+      const float inv = l[i] > 0.f ? fin.scale * v_scale / l[i] : 0.f;
       TO* o = out + row * o_row_stride + int64_t(h) * dv;
       for (int e = 0; e < dv; ++e) o[e] = FromFloat<TO>(acc[size_t(i) * dv + e] * inv);
       const int64_t lse_idx = p.cu_seqlens_q
                                   ? int64_t(h) * p.total_q + s.lse_row0 + m0 + r
                                   : (int64_t(b) * p.num_heads + h) * p.seqlen_q + m0 + r;
-      p.lse[lse_idx] = l[i] > 0.f ? m[i] + std::log(l[i]) : kNegInf;
+      p.lse[lse_idx] = fin.lse;
     }
   }
 }

@@ -45,7 +45,8 @@ void LaunchAttentionFwd(Dim3 grid, uint32_t threads, void* const* b, const void*
                      static_cast<float*>(b[kAttnLse]), static_cast<const int*>(b[kAttnCuSeqlensQ]),
                      static_cast<const int*>(b[kAttnCuSeqlensK]),
                      static_cast<const int*>(b[kAttnSequsedK]),
-                     static_cast<const int*>(b[kAttnPageTable]), p, ToUint3(id.group),
+                     static_cast<const int*>(b[kAttnPageTable]),
+                     static_cast<const float*>(b[kAttnSinks]), p, ToUint3(id.group),
                      ToUint3(id.groups), id.index, id.simd_group);
   });
 }

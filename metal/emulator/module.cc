@@ -82,9 +82,11 @@ void RopePool(Array q, Array k, Array v, Array positions, Array slots, Array q_r
   Run(metal::RopePoolKernelName(p.dtype, p.index_type), metal::RopePoolGrid(p), buffers, &mp);
 }
 
-// Operands as jax_sgl.attention's FFI call gets them (absent index arrays are empty int32).
+// Operands as jax_sgl.attention's FFI call gets them (absent index arrays are empty int32, absent
+// sinks empty float32).
 void Attention(Array q, Array k, Array v, Array out, Array lse, Array cu_seqlens_q,
-               Array cu_seqlens_k, Array seqused_k, Array page_table, int dtype, int kv_layout,
+               Array cu_seqlens_k, Array seqused_k, Array page_table, Array sinks, int dtype,
+               int kv_layout,
                bool varlen_q, int batch, int max_seqlen_q, float softmax_scale, float softcap,
                bool causal, int window_left, int window_right) {
   AttentionParams p{};
@@ -132,6 +134,8 @@ void Attention(Array q, Array k, Array v, Array out, Array lse, Array cu_seqlens
   Check(k.size() / p.head_dim == v.size() / p.head_dim_v, "k/v rows");
   p.seqused_k = seqused_k.size() > 0 ? static_cast<const int32_t*>(Data(seqused_k)) : nullptr;
   Check(!p.seqused_k || int(seqused_k.size()) == batch, "seqused_k size");
+  p.sinks = sinks.size() > 0 ? static_cast<const float*>(Data(sinks)) : nullptr;
+  Check(!p.sinks || (int(sinks.size()) == p.num_heads && sinks.itemsize() == 4), "sinks size");
   p.softmax_scale = softmax_scale;
   p.softcap = softcap;
   p.causal = causal;
@@ -143,6 +147,7 @@ void Attention(Array q, Array k, Array v, Array out, Array lse, Array cu_seqlens
   // Metal needs a buffer at every index: absent index arrays get a dummy (flagged off in params).
   static int32_t dummy = 0;
   auto index_or_dummy = [&](Array& a) -> void* { return a.size() > 0 ? Data(a) : &dummy; };
+  static float dummy_sinks = 0.f;
   void* buffers[kAttnParams] = {};
   buffers[kAttnQ] = Data(q);
   buffers[kAttnK] = Data(k);
@@ -153,6 +158,7 @@ void Attention(Array q, Array k, Array v, Array out, Array lse, Array cu_seqlens
   buffers[kAttnCuSeqlensK] = index_or_dummy(cu_seqlens_k);
   buffers[kAttnSequsedK] = index_or_dummy(seqused_k);
   buffers[kAttnPageTable] = index_or_dummy(page_table);
+  buffers[kAttnSinks] = p.sinks ? Data(sinks) : &dummy_sinks;
   const MetalAttentionParams mp = metal::ToMetalParams(p);
   nb::gil_scoped_release release;
   if (p.cu_seqlens_q && p.total_q > 0)
@@ -186,7 +192,7 @@ NB_MODULE(_metal_emu, m) {
         nb::arg("is_neox"));
   m.def("attention", &Attention, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"),
         nb::arg("lse"), nb::arg("cu_seqlens_q"), nb::arg("cu_seqlens_k"), nb::arg("seqused_k"),
-        nb::arg("page_table"), nb::arg("dtype"), nb::arg("kv_layout"), nb::arg("varlen_q"),
+        nb::arg("page_table"), nb::arg("sinks"), nb::arg("dtype"), nb::arg("kv_layout"), nb::arg("varlen_q"),
         nb::arg("batch"), nb::arg("max_seqlen_q"), nb::arg("softmax_scale"), nb::arg("softcap"),
         nb::arg("causal"), nb::arg("window_left"), nb::arg("window_right"));
 }

@@ -43,6 +43,7 @@ ffi::Error AttentionFwdMetalImpl(ffi::RemainingArgs args, ffi::RemainingRets ret
       {kAttnCuSeqlensK, o.cu_seqlens_k->untyped_data(), o.cu_seqlens_k->size_bytes(), false},
       {kAttnSequsedK, o.seqused_k->untyped_data(), o.seqused_k->size_bytes(), false},
       {kAttnPageTable, o.page_table->untyped_data(), o.page_table->size_bytes(), false},
+      {kAttnSinks, o.sinks->untyped_data(), o.sinks->size_bytes(), false},
   };
   std::string error;
   if (p.cu_seqlens_q && p.total_q > 0)

@@ -97,6 +97,7 @@ inline MetalAttentionParams ToMetalParams(const AttentionParams& p) {
   m.kv_layout = int(p.kv_layout);
   m.varlen_q = p.cu_seqlens_q ? 1 : 0;
   m.has_seqused_k = p.seqused_k ? 1 : 0;
+  m.has_sinks = p.sinks ? 1 : 0;
   m.batch = p.batch;
   m.seqlen_q = p.seqlen_q;
   m.seqlen_k = p.seqlen_k;

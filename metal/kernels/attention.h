@@ -1,6 +1,7 @@
 // Flash attention forward for Metal: same contract as ffi/cpu/attention_fwd.cc (dense / varlen /
-// paged KV, bottom-right causal and sliding windows, softcap, GQA/MQA, LSE; fully masked rows give
-// 0 and lse = -inf; bad index arrays are clamped, out-of-range page entries are masked keys).
+// paged KV, bottom-right causal and sliding windows, softcap, GQA/MQA, LSE, attention sinks; fully
+// masked rows give 0 and lse = -inf, or the sink; bad index arrays are clamped, out-of-range page
+// entries are masked keys).
 //
 // One threadgroup owns kBlockM query rows of one (sequence, q head) and streams the visible keys
 // in blocks of kBlockN through threadgroup memory with an online softmax:
@@ -11,13 +12,14 @@
 //      while the other threads load the V block
 //   5. O = diag(c) O + P V on simdgroup matrices (the rescale is one more 8x8 multiply, so O never
 //      leaves the matrix path)
-// and writes O / l and m + log(l) at the end. O lives in threadgroup memory rather than in
+// and writes O / l and m + log(l) at the end (with a sink, attention_sink.h's factor and lse). O lives in threadgroup memory rather than in
 // registers: simpler, and the only form the Linux emulator can check (it never uses
 // thread_elements()). head_dim and head_dim_v are runtime values up to kMaxHeadDim; the host
 // falls back to the CPU kernels beyond that and for fp8.
 #pragma once
 
 #include "ffi/common/attention_geometry.h"
+#include "ffi/common/attention_sink.h"
 #include "metal/kernels/utils.h"
 
 namespace jax_sgl {
@@ -135,8 +137,9 @@ template <typename T>
 void attention_fwd_impl(const device T* q, const device T* k, const device T* v, device T* out,
                         device float* lse, const device int* cu_seqlens_q,
                         const device int* cu_seqlens_k, const device int* seqused_k,
-                        const device int* page_table, constant MetalAttentionParams& p,
-                        AttentionTiles t, uint3 group, uint3 groups, uint tid, uint simdgroup) {
+                        const device int* page_table, const device float* sinks,
+                        constant MetalAttentionParams& p, AttentionTiles t, uint3 group,
+                        uint3 groups, uint tid, uint simdgroup) {
   const int h = int(group.x), b = int(group.z);
   const int kh = h / (p.num_heads / p.num_kv_heads);
   const int d = p.head_dim, dv = p.head_dim_v;
@@ -217,17 +220,24 @@ void attention_fwd_impl(const device T* q, const device T* k, const device T* v,
       threadgroup_barrier(metal::mem_flags::mem_threadgroup);
     }
 
-    for (int idx = int(tid); idx < rows * dv; idx += kAttnThreads) {
-      const int r = idx / dv, e = idx % dv;
-      const float l = t.l[r];
-      out[(g.q_row0 + m0 + r) * o_stride + long(h) * dv + e] =
-          StoreF<T>(l > 0.f ? t.o[r * kAttnMaxHeadDim + e] / l : 0.f);
-    }
+    // One thread per row: the lse (the sink included), and in place of l the row's output factor.
     if (tid < uint(rows)) {
       const int r = int(tid);
       const long col = p.varlen_q ? long(h) * p.total_q + g.q_row0 + m0 + r
                                   : (long(b) * p.num_heads + h) * p.seqlen_q + m0 + r;
-      lse[col] = t.l[r] > 0.f ? t.m[r] + metal::log(t.l[r]) : -INFINITY;
+      const float l = t.l[r];
+      SinkedRow fin;
+      fin.scale = 1.f;
+      fin.lse = l > 0.f ? t.m[r] + metal::log(l) : -INFINITY;
+      if (p.has_sinks) fin = ApplySink(fin.lse, sinks[h]);
+      lse[col] = fin.lse;
+      t.l[r] = l > 0.f ? fin.scale / l : 0.f;
+    }
+    threadgroup_barrier(metal::mem_flags::mem_threadgroup);
+    for (int idx = int(tid); idx < rows * dv; idx += kAttnThreads) {
+      const int r = idx / dv, e = idx % dv;
+      out[(g.q_row0 + m0 + r) * o_stride + long(h) * dv + e] =
+          StoreF<T>(t.o[r * kAttnMaxHeadDim + e] * t.l[r]);
     }
     threadgroup_barrier(metal::mem_flags::mem_threadgroup);
   }

@@ -19,6 +19,7 @@ template <typename T>
                               const device int* cu_seqlens_k [[buffer(kAttnCuSeqlensK)]],
                               const device int* seqused_k [[buffer(kAttnSequsedK)]],
                               const device int* page_table [[buffer(kAttnPageTable)]],
+                              const device float* sinks [[buffer(kAttnSinks)]],
                               constant MetalAttentionParams& p [[buffer(kAttnParams)]],
                               uint3 group [[threadgroup_position_in_grid]],
                               uint3 groups [[threadgroups_per_grid]],
@@ -33,8 +34,8 @@ template <typename T>
   JAX_SGL_THREADGROUP_ARRAY(float, row_l, kAttnBlockM);
   JAX_SGL_THREADGROUP_ARRAY(long, key_row, kAttnBlockN);
   AttentionTiles tiles = {q_tile, kv_tile, o_tile, s_tile, diag_tile, row_m, row_l, key_row};
-  attention_fwd_impl<T>(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, page_table, p,
-                        tiles, group, groups, tid, simdgroup);
+  attention_fwd_impl<T>(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, page_table,
+                        sinks, p, tiles, group, groups, tid, simdgroup);
 }
 
 template <typename T>

@@ -40,10 +40,12 @@ struct MetalRopePoolParams {
 };
 
 // Buffer indices of jax_sgl_attention_fwd_* and jax_sgl_attention_clear_*. Absent index arrays
-// are bound to a dummy buffer and flagged off in the params.
+// (and sinks) are bound to a dummy buffer and flagged off in the params.
 enum AttentionBuffer {
   kAttnQ = 0, kAttnK, kAttnV, kAttnOut, kAttnLse,
-  kAttnCuSeqlensQ, kAttnCuSeqlensK, kAttnSequsedK, kAttnPageTable, kAttnParams
+  kAttnCuSeqlensQ, kAttnCuSeqlensK, kAttnSequsedK, kAttnPageTable,
+  kAttnSinks,  // float [num_heads] (attention_sink.h)
+  kAttnParams
 };
 
 // Attention tiles (see metal/kernels/attention.h). 16 x 16 blocks: two rows and two columns of
@@ -62,6 +64,7 @@ struct MetalAttentionParams {
   int kv_layout;              // KvLayout: 0 dense, 1 varlen, 2 paged
   int varlen_q;               // cu_seqlens_q bound
   int has_seqused_k;
+  int has_sinks;
   int batch;
   int seqlen_q;   // dense q rows per sequence (varlen: unused, lengths come from cu_seqlens_q)
   int seqlen_k;   // dense k rows per sequence

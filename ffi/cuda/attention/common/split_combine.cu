@@ -1,6 +1,7 @@
 // The two small kernels around the flash forward:
 //  - SplitCombineKernel merges the split-KV partials (float32 out normalized per split + natural-log
-//    lse per split) into out and lse: out = sum_s exp(lse_s - lse) * o_s, lse = log sum_s exp(lse_s).
+//    lse per split) into out and lse: out = sum_s exp(lse_s - lse) * o_s, lse = log sum_s exp(lse_s);
+//    with attention sinks, lse also takes the sink's logit (attention_sink.h), once per row.
 //    One warp per (packed row); each lane holds one split's lse, so kMaxSplits <= 32, and 8 of
 //    d_v's features (d_v <= 256).
 //  - ClearUncoveredRowsKernel defines the rows of a varlen q that no sequence covers (padding past
@@ -11,6 +12,7 @@
 #include <cstdint>
 
 #include "ffi/common/attention_seq.h"
+#include "ffi/common/attention_sink.h"
 #include "ffi/cuda/attention/flash_fwd_launch.h"
 
 namespace jax_sgl::cuda {
@@ -48,7 +50,9 @@ __global__ void __launch_bounds__(32 * kCombineWarps) SplitCombineKernel(const S
   for (int o = 16; o > 0; o /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
   float sum = m == -INFINITY ? 0.f : __expf(mine - m);
   for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-  const float lse = sum > 0.f ? m + logf(sum) : -INFINITY;
+  // The merged row's lse, its sink included; the split weights exp(lse_s - lse) then scale the
+  // output by exp(lse_without_sink - lse) as well.
+  const float lse = ApplySinkOf(p.sinks, head, sum > 0.f ? m + logf(sum) : -INFINITY).lse;
   const float w = sum > 0.f ? __expf(mine - lse) : 0.f;  // this lane's split weight
 
   // The partials of kBatch splits are loaded before any is used, so their latencies overlap (a

@@ -18,6 +18,7 @@
 // Included only by the generated instantiation files (instantiations/decode_*.cu).
 #pragma once
 
+#include "ffi/common/attention_sink.h"
 #include "ffi/cuda/attention/decode/launch.h"
 #include "ffi/cuda/attention/common/mma.cuh"
 
@@ -348,10 +349,14 @@ __global__ void __launch_bounds__(kDecodeThreads) FlashDecodeKernel(const FlashD
       for (int w = wm; w < Cfg::kWarps; w += m_tiles)
         l_all += sl[w * 16 + rr] * exp2f(sm[w * 16 + rr] - m_all);
     }
-    // Fully masked rows (and a split with no keys): out 0, lse -inf.
-    f[h] = l_all > 0.f ? exp2f(m_run[h] - m_all) / l_all : 0.f;
-    if (wn == 0 && lane % 4 == 0)
-      slse[wm * 16 + rr] = l_all > 0.f ? (m_all + log2f(l_all)) * kLn2 : -INFINITY;
+    // Fully masked rows (and a split with no keys): out 0, lse -inf (the sink's logit with
+    // sinks). A split's partial leaves the sink to the combine.
+    const int pr = m0 + wm * 16 + rr;
+    const SinkedRow fin = ApplySinkOf(num_splits > 1 ? nullptr : p.sinks,
+                                      kv_head * group + pr % group,
+                                      l_all > 0.f ? (m_all + log2f(l_all)) * kLn2 : -INFINITY);
+    f[h] = l_all > 0.f ? fin.scale * exp2f(m_run[h] - m_all) / l_all : 0.f;
+    if (wn == 0 && lane % 4 == 0) slse[wm * 16 + rr] = fin.lse;
   }
 #pragma unroll
   for (int t = 0; t < kDT; ++t) {

@@ -255,9 +255,12 @@ __device__ __forceinline__ void MergeWarpsAndStore(const FlashDecodeArgs& args,
         acc[4] += x1.x * f; acc[5] += x1.y * f; acc[6] += x1.z * f; acc[7] += x1.w * f;
       }
     }
-    const float inv = l_all > 0.f ? 1.f / l_all : 0.f;
-    const float lse = l_all > 0.f ? (m_all + log2f(l_all)) * kLn2 : -INFINITY;
     const int i = r / group, head = kv_head * group + r % group;
+    // The sink joins the row's denominator here, or in the combine for a split's partial.
+    const SinkedRow fin = ApplySinkOf(split ? nullptr : p.sinks, head,
+                                      l_all > 0.f ? (m_all + log2f(l_all)) * kLn2 : -INFINITY);
+    const float inv = l_all > 0.f ? fin.scale / l_all : 0.f;
+    const float lse = fin.lse;
     const int64_t row_head = (s.q_row0 + i) * p.num_heads + head;
     if (split) {
       const int64_t part_row = int64_t(blockIdx.y) * p.total_q * p.num_heads + row_head;

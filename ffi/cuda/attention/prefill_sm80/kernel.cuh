@@ -14,6 +14,7 @@
 #include <cstdint>
 
 #include "ffi/common/attention_seq.h"
+#include "ffi/common/attention_sink.h"
 #include "ffi/cuda/attention/common/mma.cuh"
 #include "ffi/cuda/attention/flash_fwd_launch.h"
 
@@ -293,10 +294,14 @@ __global__ void __launch_bounds__(128) FlashFwdKernel(const FlashFwdArgs args) {
       for (int w = 0; w < Cfg::kWarpsN; ++w)
         l_all += sl[w * Cfg::kBlockM + r_loc[h]] * exp2f(sm[w * Cfg::kBlockM + r_loc[h]] - m_all);
     }
-    // Fully masked rows: out 0, lse -inf.
-    f[h] = l_all > 0.f ? exp2f(m_run[h] - m_all) / l_all : 0.f;
-    if (wn == 0 && lane % 4 == 0)
-      slse[r_loc[h]] = l_all > 0.f ? (m_all + log2f(l_all)) * kLn2 : -INFINITY;
+    // Fully masked rows: out 0, lse -inf (the sink's logit with sinks). A split's partial leaves
+    // the sink to the combine.
+    const SinkedRow fin =
+        ApplySinkOf(args.num_splits > 1 ? nullptr : p.sinks,
+                    Unpack(s, kv_head, group, m0 + r_loc[h]).head,
+                    l_all > 0.f ? (m_all + log2f(l_all)) * kLn2 : -INFINITY);
+    f[h] = l_all > 0.f ? fin.scale * exp2f(m_run[h] - m_all) / l_all : 0.f;
+    if (wn == 0 && lane % 4 == 0) slse[r_loc[h]] = fin.lse;
   }
 #pragma unroll
   for (int t = 0; t < kDT; ++t) {

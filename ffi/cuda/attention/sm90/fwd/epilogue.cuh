@@ -3,11 +3,17 @@
 // same warpgroup, or its own buffer when persistent and smem allows) -> TMA store; varlen row by
 // row from registers (a TMA box would write the next sequence's rows); a tail-split share as
 // float32 O and LSE to its slot of the tail buffers. Then tells the producer when Q is free.
+// Attention sinks are applied here from the finished LSE alone (a few scalars per row, after the
+// main loop), except to a tail share, whose combine applies them. ptxas -v, sm_90a, 2026-12-04:
+// hd128 still spills nothing; the hd256 dense kernels go from 32 / 24 to 40 / 36 bytes of spill
+// stores (plain / softcap), varlen unchanged (80 / 88); moving the sink after the tail branch or
+// a one-branch ApplySink gave the same numbers. Not yet timed on a GPU.
 #pragma once
 
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
 
+#include "ffi/common/attention_sink.h"
 #include "ffi/cuda/attention/sm90/fwd/config.h"
 #include "ffi/cuda/attention/sm90/fwd/kernel_params.h"
 #include "ffi/cuda/attention/sm90/fwd/softmax.h"
@@ -49,6 +55,15 @@ struct Epilogue {
 
     float inv_sum[2], lse[2];
     softmax.Finish(params.softmax_scale, inv_sum, lse);
+    const bool tail_share = kPersistent && !kVarlen && w.split >= 0;
+    if (params.sinks != nullptr && !tail_share) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const SinkedRow fin = ApplySink(lse[r], params.sinks[w.head]);
+        inv_sum[r] *= fin.scale;
+        lse[r] = fin.lse;
+      }
+    }
     ScaleRows(tOrO, inv_sum);
     if constexpr (kPersistent && !kVarlen) {
       if (w.split >= 0) {

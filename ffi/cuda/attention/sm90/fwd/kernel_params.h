@@ -54,6 +54,9 @@ struct KernelParams {
   int tail_splits;
   float* tail_o;                     // [tail tile, split, kBlockM, head_dim]
   float* tail_lse;                   // [tail tile, split, kBlockM]
+  // Attention sinks (attention_sink.h): the epilogue applies them from the LSE, the tail combine
+  // to merged tail tiles (never to a share).
+  const float* sinks;                // [num_heads] or nullptr
   // Paged kernel only (kPaged): K/V as [page_size, head_dim, num_kv_heads, num_pages] TMA views
   // of the pool, loaded box by box (Cfg::kPageBoxRows keys) through page_table [batch,
   // max_pages]. seqlen_k is then max_pages * page_size, each sequence's key bound. Entries outside

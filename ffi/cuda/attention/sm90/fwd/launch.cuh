@@ -155,6 +155,7 @@ cudaError_t LaunchFlashFwdSm90(const AttentionParams& p, void* scratch, cudaStre
       tail_splits,
       tail_tiles > 0 ? tail_o : nullptr,
       tail_tiles > 0 ? tail_lse : nullptr,
+      p.sinks,
       page_tma(pool_k),
       page_tma(pool_v),
       wide_tma(pool_k),
@@ -192,7 +193,7 @@ cudaError_t LaunchFlashFwdSm90(const AttentionParams& p, void* scratch, cudaStre
     using Element = typename Cfg::Element;
     const sm90::TailCombineParams<Element> combine{
         tail_o, tail_lse, static_cast<Element*>(p.out), p.lse, num_tiles - tail_tiles,
-        tail_splits, num_m_blocks, p.num_heads, p.seqlen_q};
+        tail_splits, num_m_blocks, p.num_heads, p.seqlen_q, p.sinks};
     sm90::FlashFwdSm90TailCombine<Element, kHeadDim, Cfg::kBlockM>
         <<<dim3(tail_tiles, Cfg::kBlockM / sm90::kTailWarps),
            32 * sm90::kTailWarps, 0, stream>>>(combine);

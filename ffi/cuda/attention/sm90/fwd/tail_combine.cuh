@@ -3,13 +3,15 @@
 // normalized by its own sum) and its LSE. This merges them into the tile's output rows:
 //   lse = log sum_s e^{lse_s},   O = sum_s e^{lse_s - lse} O_s,
 // where a share without keys has lse_s = -inf and adds nothing (a row with none at all gets
-// O = 0 and LSE -inf, as the main kernel writes it).
+// O = 0 and LSE -inf, as the main kernel writes it). Attention sinks join the merged row here,
+// once (attention_sink.h); the shares carry none.
 #pragma once
 
 #include <cstdint>
 
 #include <cuda_runtime.h>
 
+#include "ffi/common/attention_sink.h"
 #include "ffi/cuda/attention/sm90/tail_rows.cuh"
 
 namespace jax_sgl::cuda::sm90 {
@@ -25,6 +27,7 @@ struct TailCombineParams {
   int num_m_blocks;
   int num_heads;
   int seqlen_q;
+  const float* sinks;     // [num_heads] or nullptr
 };
 
 // Threads as tail_rows.cuh lays them out (a query row per warp).
@@ -54,13 +57,14 @@ __global__ void __launch_bounds__(32 * kTailWarps)
       for (int e = 0; e < kPerLane; ++e) acc[e] = fmaf(w, o[32 * e], acc[e]);
     }
   }
-  const float inv = sum > 0.f ? 1.f / sum : 0.f;
+  const SinkedRow fin =
+      ApplySinkOf(p.sinks, t.head, sum > 0.f ? lse_max + logf(sum) : -INFINITY);
+  const float inv = sum > 0.f ? fin.scale / sum : 0.f;
   Element* dst = p.out + t.Dense(p.seqlen_q, p.num_heads, kHeadDim);
 #pragma unroll
   for (int e = 0; e < kPerLane; ++e) dst[32 * e] = Element(acc[e] * inv);
   if (p.lse != nullptr && lane == 0)
-    p.lse[(int64_t(t.batch) * p.num_heads + t.head) * p.seqlen_q + t.row] =
-        sum > 0.f ? lse_max + logf(sum) : -INFINITY;
+    p.lse[(int64_t(t.batch) * p.num_heads + t.head) * p.seqlen_q + t.row] = fin.lse;
 }
 
 }  // namespace jax_sgl::cuda::sm90
