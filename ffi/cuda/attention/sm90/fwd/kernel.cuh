@@ -40,6 +40,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   constexpr int kRows = Cfg::kWarpgroupRows;
   constexpr int kConsumerThreads = 128 * Cfg::kConsumers;
   constexpr bool kPersistent = Cfg::kPersistent;
+  // Paged: whether middle key tiles with page-table holes branch to the masked step (below).
+  constexpr bool kHolesBranch = Cfg::kHeadDim <= 128;
 
   extern __shared__ __align__(1024) char smem_raw[];
   auto& shared = *reinterpret_cast<typename Cfg::SharedStorage*>(smem_raw);
@@ -223,6 +225,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           ++read_k;
           if constexpr (kSoftcap) apply_softcap(s);
           if constexpr (decltype(masked)::value) mask(s, n, holes);
+          else if constexpr (kPaged && !kHolesBranch) mask_holes(s, holes);
           float corr[2];
           softmax.Step(s, corr);
           warpgroup_wait<0>();
@@ -249,8 +252,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         for (int c = n - tiles.n_mask_end; c >= 0; --c, --n) {
           // Paged: a middle tile with holes takes the masked step, chosen between steps (no
           // wgmma in flight), so the unmasked step stays free of the per-element test (+2-3%
-          // measured against testing every middle tile).
-          if constexpr (kPaged) {
+          // measured against testing every middle tile). Not at hd256 (!kHolesBranch): the two
+          // kinds of step in one loop put its O accumulator in local memory (ptxas -v: a
+          // 1152-byte stack frame); its unmasked step tests the holes instead.
+          if constexpr (kPaged && kHolesBranch) {
             pipe_k.consumer_wait(read_k);
             if (load_holes() != 0) {
               step(n, cute::true_type{});

@@ -151,10 +151,13 @@ struct MainloopLoad {
           }
         };
         constexpr int kWide = Cfg::kPageBoxRowsWide / Cfg::kPageBoxRows;
-        if (kWide > 1 && params.page_box_rows == Cfg::kPageBoxRowsWide)
-          issue(wide_tma, typename Cfg::PageBoxWide{}, kBlockN / Cfg::kPageBoxRowsWide, kWide);
-        else
-          issue(tma, typename Cfg::PageBox{}, Cfg::kPageBoxes, 1);
+        if constexpr (kWide > 1) {
+          if (params.page_box_rows == Cfg::kPageBoxRowsWide) {
+            issue(wide_tma, typename Cfg::PageBoxWide{}, kBlockN / Cfg::kPageBoxRowsWide, kWide);
+            return;
+          }
+        }
+        issue(tma, typename Cfg::PageBox{}, Cfg::kPageBoxes, 1);
       };
       auto load_k = [&](int n) {
         const PipelineState write_k = write_state(k_loads++);
