@@ -168,7 +168,7 @@ def test_decode_int64_index_form():
   # Its 64 GiB starve the other workers of a parallel run (pytest -n: 7 of them failed to
   # allocate on the H200), so it runs only in a run of its own.
   if os.environ.get("PYTEST_XDIST_WORKER"):
-    pytest.skip("needs ~70 GiB: run without pytest -n (it passed alone on the H200, 2026-12-04)")
+    pytest.skip("needs ~70 GiB: run without pytest -n (passed on the H200, 2026-12-04)")
   stats = jax.devices()[0].memory_stats() or {}
   if stats.get("bytes_limit", 0) < 100 * 2**30:
     pytest.skip("needs ~70 GiB of free device memory")
