@@ -161,14 +161,16 @@ def test_decode_long_kv_many_splits():
   _check(q, k, v, _sinks(8, 9, hi=12.0), kw)
 
 
+@pytest.mark.bigmem
 def test_decode_int64_index_form():
   """A pool of 2^31+ rows takes the 64-bit-index cp.async form; the pages used lie past 2^31
   rows. head_dim 8 keeps the two pools at 32 GiB each. The reference runs on a compact copy of
   the used pages (its int32 row index would overflow on the big pool)."""
   # Its 64 GiB starve the other workers of a parallel run (pytest -n: 7 of them failed to
-  # allocate on the H200), so it runs only in a run of its own.
+  # allocate on the H200), so it runs only in a run of its own (marked bigmem: gpu_check.sh runs
+  # those after the rest, without -n).
   if os.environ.get("PYTEST_XDIST_WORKER"):
-    pytest.skip("needs ~70 GiB: run without pytest -n (passed on the H200, 2026-12-04)")
+    pytest.skip("needs ~70 GiB: run without pytest -n (tools/gpu_check.sh runs it alone)")
   stats = jax.devices()[0].memory_stats() or {}
   if stats.get("bytes_limit", 0) < 100 * 2**30:
     pytest.skip("needs ~70 GiB of free device memory")

@@ -2,7 +2,8 @@
 # The GPU check of jax_sgl, run from the repository root on a machine with an NVIDIA GPU (the
 # device machine: no network, so nothing is downloaded). Steps, each logged under $OUT:
 #   1. build and install the package with the CUDA kernels (build.log);
-#   2. pytest -m gpu over tests/ (pytest.log): every test marked `gpu` is picked up;
+#   2. pytest -m gpu over tests/ (pytest.log): every test marked `gpu` is picked up; those also
+#      marked `bigmem` run afterwards on their own, without -n (pytest_bigmem.log);
 #   3. every benchmarks/bench_*.py, or those in GPU_CHECK_BENCH (bench_<name>.log);
 #   4. optionally compute-sanitizer memcheck over the test files in GPU_CHECK_SANITIZE
 #      (sanitizer.log);
@@ -86,9 +87,19 @@ if [[ "${GPU_CHECK_TESTS:-}" != none ]]; then
   # Without preallocation: XLA's default (75% of the GPU per process) starves parallel workers
   # (pytest -n), which then fail or see no GPU.
   XLA_PYTHON_CLIENT_PREALLOCATE="${XLA_PYTHON_CLIENT_PREALLOCATE:-false}" \
-    "$PY" -m pytest -m gpu -q -rfEs -p no:cacheprovider --rootdir "$REPO" "${tests[@]}" \
-      > "$OUT/pytest.log" 2>&1
+    "$PY" -m pytest -m "gpu and not bigmem" -q -rfEs -p no:cacheprovider --rootdir "$REPO" \
+      "${tests[@]}" > "$OUT/pytest.log" 2>&1
   row tests "$(grep -E '(passed|failed|error|skipped|no tests ran)' "$OUT/pytest.log" | tail -1)"
+  # Tests that need most of the GPU's memory run after the rest, one at a time (no -n): beside
+  # parallel workers they make the others run out of memory.
+  alone=()
+  for ((i = 0; i < ${#tests[@]}; i++)); do
+    if [[ "${tests[i]}" == -n ]]; then ((i++)); continue; fi
+    alone+=("${tests[i]}")
+  done
+  "$PY" -m pytest -m "gpu and bigmem" -q -rfEs -p no:cacheprovider --rootdir "$REPO" \
+    "${alone[@]}" > "$OUT/pytest_bigmem.log" 2>&1
+  row bigmem "$(grep -E '(passed|failed|error|skipped|no tests ran)' "$OUT/pytest_bigmem.log" | tail -1)"
 fi
 
 # Clock / power trace of the benchmarks (GPU_CHECK_CLOCKS=1): do the benchmark ratios move with
