@@ -24,6 +24,7 @@
 
 #include "ffi/common/attention_bwd_params.h"
 #include "ffi/common/attention_seq.h"
+#include "ffi/cuda/attention/common/launch.cuh"
 #include "ffi/cuda/attention/flash_bwd_launch.h"
 #include "ffi/cuda/attention/prefill_sm80/kernel.cuh"
 
@@ -507,25 +508,17 @@ cudaError_t LaunchFlashBwd(const FlashBwdArgs& args, cudaStream_t stream) {
   const unsigned kv_blocks = unsigned((k_bound + KvCfg::kBlockN - 1) / KvCfg::kBlockN);
   const unsigned q_blocks = unsigned((rows + QCfg::kBlockM - 1) / QCfg::kBlockM);
 
-  auto kv_kernel = flash_bwd::FlashBwdDkDvKernel<T, kHeadDim>;
-  cudaError_t err = cudaFuncSetAttribute(kv_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         KvCfg::kSmemBytes);
-  if (err != cudaSuccess) return err;
-  auto q_kernel = flash_bwd::FlashBwdDqKernel<T, kHeadDim>;
-  err = cudaFuncSetAttribute(q_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             QCfg::kSmemBytes);
-  if (err != cudaSuccess) return err;
   if (kv_blocks > 0 && !args.skip_dkdv) {
-    kv_kernel<<<dim3(kv_blocks, p.num_kv_heads, p.batch), KvCfg::kThreads, KvCfg::kSmemBytes,
-                stream>>>(args);
-    if ((err = cudaGetLastError()) != cudaSuccess) return err;
+    if (cudaError_t err = LaunchWithSmem(flash_bwd::FlashBwdDkDvKernel<T, kHeadDim>,
+                                         dim3(kv_blocks, p.num_kv_heads, p.batch),
+                                         KvCfg::kThreads, KvCfg::kSmemBytes, stream, args);
+        err != cudaSuccess)
+      return err;
   }
-  if (q_blocks > 0) {
-    q_kernel<<<dim3(q_blocks, p.num_kv_heads, p.batch), QCfg::kThreads, QCfg::kSmemBytes,
-               stream>>>(args);
-    if ((err = cudaGetLastError()) != cudaSuccess) return err;
-  }
-  return cudaSuccess;
+  if (q_blocks == 0) return cudaSuccess;
+  return LaunchWithSmem(flash_bwd::FlashBwdDqKernel<T, kHeadDim>,
+                        dim3(q_blocks, p.num_kv_heads, p.batch), QCfg::kThreads,
+                        QCfg::kSmemBytes, stream, args);
 }
 
 }  // namespace jax_sgl::cuda

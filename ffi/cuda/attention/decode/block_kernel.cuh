@@ -22,6 +22,7 @@
 #include "ffi/cuda/attention/decode/launch.h"
 #include "ffi/cuda/attention/decode/stage_softmax.cuh"
 #include "ffi/cuda/attention/common/mma.cuh"
+#include "ffi/cuda/attention/common/launch.cuh"
 #include "ffi/cuda/attention/common/row_scores.cuh"
 
 namespace jax_sgl::cuda {
@@ -361,16 +362,11 @@ __global__ void __launch_bounds__(kDecodeThreads) FlashDecodeKernel(const FlashD
 
 template <typename T, int kHeadDim>
 cudaError_t LaunchFlashDecode(const FlashDecodeArgs& args, cudaStream_t stream) {
-  auto kernel = decode::FlashDecodeKernel<T, kHeadDim>;
-  const int smem = DecodeSmemBytes(kHeadDim, args.stages, args.m_tiles);
-  cudaError_t err =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  if (err != cudaSuccess) return err;
   const AttentionParams& p = args.fwd.p;
   const dim3 grid(unsigned(int64_t(args.m_blocks) * p.batch * p.num_kv_heads),
                   unsigned(args.fwd.num_splits));
-  kernel<<<grid, kDecodeThreads, smem, stream>>>(args);
-  return cudaGetLastError();
+  return LaunchWithSmem(decode::FlashDecodeKernel<T, kHeadDim>, grid, kDecodeThreads,
+                        DecodeSmemBytes(kHeadDim, args.stages, args.m_tiles), stream, args);
 }
 
 }  // namespace jax_sgl::cuda

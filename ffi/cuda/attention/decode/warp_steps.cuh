@@ -7,6 +7,7 @@
 #pragma once
 
 #include "ffi/cuda/attention/decode/block_kernel.cuh"
+#include "ffi/cuda/attention/common/launch.cuh"
 
 namespace jax_sgl::cuda::decode_warp_mma {
 
@@ -226,13 +227,9 @@ __device__ __forceinline__ void MergeWarpsAndStore(const FlashDecodeArgs& args,
 template <typename Kernel, typename Param>
 cudaError_t LaunchWithSmem(Kernel kernel, const Param& param, const FlashDecodeArgs& args,
                            int smem, cudaStream_t stream) {
-  cudaError_t err =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  if (err != cudaSuccess) return err;
   const AttentionParams& p = args.fwd.p;
   const dim3 grid(unsigned(int64_t(p.batch) * p.num_kv_heads), unsigned(args.fwd.num_splits));
-  kernel<<<grid, kDecodeWarpThreads, smem, stream>>>(param);
-  return cudaGetLastError();
+  return cuda::LaunchWithSmem(kernel, grid, kDecodeWarpThreads, smem, stream, param);
 }
 
 template <int kD, typename Kernel>

@@ -16,6 +16,7 @@
 #include "ffi/common/attention_seq.h"
 #include "ffi/common/attention_sink.h"
 #include "ffi/cuda/attention/common/mma.cuh"
+#include "ffi/cuda/attention/common/launch.cuh"
 #include "ffi/cuda/attention/common/row_scores.cuh"
 #include "ffi/cuda/attention/flash_fwd_launch.h"
 
@@ -344,13 +345,9 @@ __global__ void __launch_bounds__(128) FlashFwdKernel(const FlashFwdArgs args) {
 template <typename T, int kHeadDim, bool kDecode>
 cudaError_t LaunchFlashFwd(const FlashFwdArgs& args, int m_blocks, cudaStream_t stream) {
   using Cfg = flash::FlashConfig<kHeadDim, kDecode>;
-  auto kernel = flash::FlashFwdKernel<T, kHeadDim, kDecode>;
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         Cfg::kSmemBytes);
-  if (err != cudaSuccess) return err;
   const dim3 grid(m_blocks, args.num_splits, args.p.batch * args.p.num_kv_heads);
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(args);
-  return cudaGetLastError();
+  return LaunchWithSmem(flash::FlashFwdKernel<T, kHeadDim, kDecode>, grid, Cfg::kThreads,
+                        Cfg::kSmemBytes, stream, args);
 }
 
 }  // namespace jax_sgl::cuda
