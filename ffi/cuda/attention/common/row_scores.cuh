@@ -1,7 +1,8 @@
 // The scores of a warp's m16 tile of packed rows in the mma.sync forward kernels (the portable
 // prefill, the decode block kernel, the warp-sliced decode kernels): the keys each of a lane's two
-// accumulator rows may see, and the step from raw Q K^T accumulators to masked log2-domain scores
-// and each row half's max. One copy, so that every kernel masks and scales alike.
+// accumulator rows may see, the step from raw Q K^T accumulators to masked log2-domain scores and
+// each row half's max, and the running max's update. One copy, so that every kernel masks and
+// scales alike.
 #pragma once
 
 #include <cmath>
@@ -69,5 +70,20 @@ struct RowScores {
     }
   }
 };
+
+// The online-softmax max of this lane's two rows grows by a step's row-half maxima (blk_max,
+// reduced over the quad here); m_use: the max to subtract from the step's scores, corr: the
+// factor for what was accumulated under the old max.
+__device__ __forceinline__ void UpdateRowMax(float (&m_run)[2], const float (&blk_max)[2],
+                                             float (&m_use)[2], float (&corr)[2]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float m_new = fmaxf(m_run[h], QuadMax(blk_max[h]));
+    // A row with no visible key yet keeps m = -inf; subtract 0 then so exp2 gives 0, not NaN.
+    m_use[h] = m_new == -INFINITY ? 0.f : m_new;
+    corr[h] = exp2f(m_run[h] - m_use[h]);
+    m_run[h] = m_new;
+  }
+}
 
 }  // namespace jax_sgl::cuda::flash

@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "ffi/cuda/attention/common/mma.cuh"
+#include "ffi/cuda/attention/common/row_scores.cuh"
 
 namespace jax_sgl::cuda::decode {
 
@@ -22,18 +23,11 @@ __device__ __forceinline__ void SoftmaxPvAt(float (&sc)[2][4], const float (&blk
                                             float (&o)[kD / 8][4], VAt v_at, int lane) {
   using flash::Elem;
   using flash::Ldmatrix4Trans;
-  using flash::QuadMax;
   constexpr int kDT = kD / 8;
   float corr[2], m_use[2];
+  flash::UpdateRowMax(m_run, blk_max, m_use, corr);
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const float m_new = fmaxf(m_run[h], QuadMax(blk_max[h]));
-    // A row with no visible key yet keeps m = -inf; subtract 0 then so exp2 gives 0, not NaN.
-    m_use[h] = m_new == -INFINITY ? 0.f : m_new;
-    corr[h] = exp2f(m_run[h] - m_use[h]);
-    m_run[h] = m_new;
-    l_run[h] *= corr[h];
-  }
+  for (int h = 0; h < 2; ++h) l_run[h] *= corr[h];
 #pragma unroll
   for (int t = 0; t < 2; ++t) {
 #pragma unroll

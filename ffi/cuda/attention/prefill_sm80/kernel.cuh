@@ -196,14 +196,7 @@ __global__ void __launch_bounds__(128) FlashFwdKernel(const FlashFwdArgs args) {
     float blk_max[2];
     scoring.MaskAndMax(sc, key0, lane, [flags](int c) -> bool { return flags[c]; }, blk_max);
     float corr[2], m_use[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const float m_new = fmaxf(m_run[h], QuadMax(blk_max[h]));
-      // A row with no visible key yet keeps m = -inf; subtract 0 then so exp2 gives 0, not NaN.
-      m_use[h] = m_new == -INFINITY ? 0.f : m_new;
-      corr[h] = exp2f(m_run[h] - m_use[h]);
-      m_run[h] = m_new;
-    }
+    UpdateRowMax(m_run, blk_max, m_use, corr);
     float row_sum[2] = {0.f, 0.f};
 #pragma unroll
     for (int t = 0; t < kNT; ++t) {
