@@ -24,6 +24,7 @@
 
 #include "ffi/common/attention_bwd_params.h"
 #include "ffi/common/attention_seq.h"
+#include "ffi/cuda/attention/common/launch.cuh"
 #include "ffi/cuda/attention/flash_bwd_launch.h"
 #include "ffi/cuda/attention/prefill_sm80/kernel.cuh"
 
@@ -103,6 +104,25 @@ __device__ __forceinline__ void StoreRows(const T* src, int width, Dst dst) {
   }
 }
 
+// Row r of the block of keys from key0 (row key0 + r of this sequence and kv head) in a
+// [rows, num_kv_heads, width] tensor (k, v, dk, dv), or nullptr at or past key_end.
+template <typename T>
+__device__ __forceinline__ T* KeyRow(T* base, const AttentionParams& p, const SeqBounds& s,
+                                     int kv_head, int width, int key0, int key_end, int r) {
+  return key0 + r < key_end ? base + ((s.k_row0 + key0 + r) * p.num_kv_heads + kv_head) * width
+                            : nullptr;
+}
+
+// Packed row m0 + r (query row x q head of kv_head's group) in a [rows, num_heads, width] tensor
+// (q, dout, dq), or nullptr at or past m_end.
+template <typename T>
+__device__ __forceinline__ T* QRow(T* base, const AttentionParams& p, const SeqBounds& s,
+                                   int kv_head, int group, int width, int m0, int m_end, int r) {
+  if (m0 + r >= m_end) return nullptr;
+  const PackedRow pr = Unpack(s, kv_head, group, m0 + r);
+  return base + (pr.q_row * p.num_heads + pr.head) * width;
+}
+
 // acc[t] (16 x 8 tiles, t < kNT) += A B^T over kD features: A is 16 rows at sa, B is 8 * kNT rows
 // at sb, both row-major in shared memory with row stride kStride.
 template <typename T, int kNT, int kD, int kStride>
@@ -139,6 +159,24 @@ __device__ __forceinline__ void MmaRegB(float (*acc)[4], const float (*x)[4], co
                             (lane / 16) * 8);
       Elem<T>::Mma(acc[dt], a, b);
       Elem<T>::Mma(acc[dt + 1], a, b + 2);
+    }
+  }
+}
+
+// A warp's 16 x kD float accumulator (mma layout; tile rows warp * 16 + ...) as T into a shared
+// tile of row stride kStride, each element times `scale` when kScaled.
+template <typename T, int kD, int kStride, bool kScaled>
+__device__ __forceinline__ void AccToTile(const float (*acc)[4], float scale, T* tile, int warp,
+                                          int lane) {
+#pragma unroll
+  for (int t = 0; t < kD / 8; ++t) {
+    const int c = t * 8 + (lane % 4) * 2;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = warp * 16 + lane / 4 + 8 * h;
+      const float x0 = acc[t][2 * h], x1 = acc[t][2 * h + 1];
+      *reinterpret_cast<uint32_t*>(tile + r * kStride + c) =
+          kScaled ? Elem<T>::Pack(x0 * scale, x1 * scale) : Elem<T>::Pack(x0, x1);
     }
   }
 }
@@ -236,29 +274,18 @@ __global__ void __launch_bounds__(256, 1) FlashBwdDkDvKernel(const FlashBwdArgs 
   const T* q = static_cast<const T*>(p.q);
   const T* dout = static_cast<const T*>(bp.dout);
   StageRows<Cfg::kBlockN, Cfg::kChunks, Cfg::kStride, Cfg::kThreads>(
-      sk, k, p.head_dim, [&](int r) -> const T* {
-        return n0 + r < n_end ? k + ((s.k_row0 + n0 + r) * p.num_kv_heads + kv_head) * p.head_dim
-                              : nullptr;
-      });
+      sk, k, p.head_dim,
+      [&](int r) { return KeyRow(k, p, s, kv_head, p.head_dim, n0, n_end, r); });
   StageRows<Cfg::kBlockN, Cfg::kChunks, Cfg::kStride, Cfg::kThreads>(
-      sv, v, p.head_dim_v, [&](int r) -> const T* {
-        return n0 + r < n_end
-                   ? v + ((s.k_row0 + n0 + r) * p.num_kv_heads + kv_head) * p.head_dim_v
-                   : nullptr;
-      });
+      sv, v, p.head_dim_v,
+      [&](int r) { return KeyRow(v, p, s, kv_head, p.head_dim_v, n0, n_end, r); });
 
   // Stages step `step`'s q and dO rows (cp.async) and their row info (plain stores).
   auto load_step = [&](int step, int st) {
     const int m0 = m_begin + step * Cfg::kBlockM;
-    auto q_row = [&](int r) -> const T* {
-      if (m0 + r >= m_end) return nullptr;
-      const PackedRow pr = Unpack(s, kv_head, group, m0 + r);
-      return q + (pr.q_row * p.num_heads + pr.head) * p.head_dim;
-    };
-    auto do_row = [&](int r) -> const T* {
-      if (m0 + r >= m_end) return nullptr;
-      const PackedRow pr = Unpack(s, kv_head, group, m0 + r);
-      return dout + (pr.q_row * p.num_heads + pr.head) * p.head_dim_v;
+    auto q_row = [&](int r) { return QRow(q, p, s, kv_head, group, p.head_dim, m0, m_end, r); };
+    auto do_row = [&](int r) {
+      return QRow(dout, p, s, kv_head, group, p.head_dim_v, m0, m_end, r);
     };
     StageRows<Cfg::kBlockM, Cfg::kChunks, Cfg::kStride, Cfg::kThreads>(stage_q(st), q,
                                                                         p.head_dim, q_row);
@@ -336,34 +363,17 @@ __global__ void __launch_bounds__(256, 1) FlashBwdDkDvKernel(const FlashBwdArgs 
   // Epilogue: dK (times softmax_scale, the chain factor of the scaled scores) and dV as T into
   // the K and V tiles, then 16-byte stores of the rows this CTA owns.
   __syncthreads();
-  const float scale = p.softmax_scale;
-#pragma unroll
-  for (int t = 0; t < kDT; ++t) {
-    const int c = t * 8 + (lane % 4) * 2;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int r = warp * 16 + lane / 4 + 8 * h;
-      *reinterpret_cast<uint32_t*>(sk + r * Cfg::kStride + c) =
-          Elem<T>::Pack(dk[t][2 * h] * scale, dk[t][2 * h + 1] * scale);
-      *reinterpret_cast<uint32_t*>(sv + r * Cfg::kStride + c) =
-          Elem<T>::Pack(dv[t][2 * h], dv[t][2 * h + 1]);
-    }
-  }
+  AccToTile<T, kD, Cfg::kStride, true>(dk, p.softmax_scale, sk, warp, lane);
+  AccToTile<T, kD, Cfg::kStride, false>(dv, 1.f, sv, warp, lane);
   __syncthreads();
   T* dk_out = static_cast<T*>(bp.dk);
   T* dv_out = static_cast<T*>(bp.dv);
   StoreRows<Cfg::kBlockN, Cfg::kChunks, Cfg::kStride, Cfg::kThreads>(
-      sk, p.head_dim, [&](int r) -> T* {
-        return n0 + r < n_end
-                   ? dk_out + ((s.k_row0 + n0 + r) * p.num_kv_heads + kv_head) * p.head_dim
-                   : nullptr;
-      });
+      sk, p.head_dim,
+      [&](int r) { return KeyRow(dk_out, p, s, kv_head, p.head_dim, n0, n_end, r); });
   StoreRows<Cfg::kBlockN, Cfg::kChunks, Cfg::kStride, Cfg::kThreads>(
-      sv, p.head_dim_v, [&](int r) -> T* {
-        return n0 + r < n_end
-                   ? dv_out + ((s.k_row0 + n0 + r) * p.num_kv_heads + kv_head) * p.head_dim_v
-                   : nullptr;
-      });
+      sv, p.head_dim_v,
+      [&](int r) { return KeyRow(dv_out, p, s, kv_head, p.head_dim_v, n0, n_end, r); });
 }
 
 // grid: x = 64-row blocks of packed q rows, y = kv head, z = sequence. 128 threads.
@@ -402,31 +412,19 @@ __global__ void __launch_bounds__(128) FlashBwdDqKernel(const FlashBwdArgs args)
   const T* k = static_cast<const T*>(p.k);
   const T* v = static_cast<const T*>(p.v);
   StageRows<Cfg::kBlockM, Cfg::kChunks, Cfg::kStride, Cfg::kThreads>(
-      sq, q, p.head_dim, [&](int r) -> const T* {
-        if (m0 + r >= rows) return nullptr;
-        const PackedRow pr = Unpack(s, kv_head, group, m0 + r);
-        return q + (pr.q_row * p.num_heads + pr.head) * p.head_dim;
-      });
+      sq, q, p.head_dim,
+      [&](int r) { return QRow(q, p, s, kv_head, group, p.head_dim, m0, rows, r); });
   StageRows<Cfg::kBlockM, Cfg::kChunks, Cfg::kStride, Cfg::kThreads>(
-      sdo, dout, p.head_dim_v, [&](int r) -> const T* {
-        if (m0 + r >= rows) return nullptr;
-        const PackedRow pr = Unpack(s, kv_head, group, m0 + r);
-        return dout + (pr.q_row * p.num_heads + pr.head) * p.head_dim_v;
-      });
+      sdo, dout, p.head_dim_v,
+      [&](int r) { return QRow(dout, p, s, kv_head, group, p.head_dim_v, m0, rows, r); });
   auto load_tile = [&](int tile, int st) {
     const int t0 = n_lo + tile * Cfg::kBlockN;
     StageRows<Cfg::kBlockN, Cfg::kChunks, Cfg::kStride, Cfg::kThreads>(
-        stage_k(st), k, p.head_dim, [&](int r) -> const T* {
-          return t0 + r < n_hi
-                     ? k + ((s.k_row0 + t0 + r) * p.num_kv_heads + kv_head) * p.head_dim
-                     : nullptr;
-        });
+        stage_k(st), k, p.head_dim,
+        [&](int r) { return KeyRow(k, p, s, kv_head, p.head_dim, t0, n_hi, r); });
     StageRows<Cfg::kBlockN, Cfg::kChunks, Cfg::kStride, Cfg::kThreads>(
-        stage_v(st), v, p.head_dim_v, [&](int r) -> const T* {
-          return t0 + r < n_hi
-                     ? v + ((s.k_row0 + t0 + r) * p.num_kv_heads + kv_head) * p.head_dim_v
-                     : nullptr;
-        });
+        stage_v(st), v, p.head_dim_v,
+        [&](int r) { return KeyRow(v, p, s, kv_head, p.head_dim_v, t0, n_hi, r); });
   };
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -487,25 +485,12 @@ __global__ void __launch_bounds__(128) FlashBwdDqKernel(const FlashBwdArgs args)
   // it alone read; the barrier covers a loop of zero tiles, where other threads' copies of those
   // rows may still be landing), then 16-byte stores.
   __syncthreads();
-  const float scale = p.softmax_scale;
-#pragma unroll
-  for (int t = 0; t < kDT; ++t) {
-    const int c = t * 8 + (lane % 4) * 2;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int r = warp * 16 + lane / 4 + 8 * h;
-      *reinterpret_cast<uint32_t*>(sq + r * Cfg::kStride + c) =
-          Elem<T>::Pack(dq[t][2 * h] * scale, dq[t][2 * h + 1] * scale);
-    }
-  }
+  AccToTile<T, kD, Cfg::kStride, true>(dq, p.softmax_scale, sq, warp, lane);
   __syncthreads();
   T* dq_out = static_cast<T*>(bp.dq);
   StoreRows<Cfg::kBlockM, Cfg::kChunks, Cfg::kStride, Cfg::kThreads>(
-      sq, p.head_dim, [&](int r) -> T* {
-        if (m0 + r >= rows) return nullptr;
-        const PackedRow pr = Unpack(s, kv_head, group, m0 + r);
-        return dq_out + (pr.q_row * p.num_heads + pr.head) * p.head_dim;
-      });
+      sq, p.head_dim,
+      [&](int r) { return QRow(dq_out, p, s, kv_head, group, p.head_dim, m0, rows, r); });
 }
 
 }  // namespace flash_bwd
@@ -523,25 +508,17 @@ cudaError_t LaunchFlashBwd(const FlashBwdArgs& args, cudaStream_t stream) {
   const unsigned kv_blocks = unsigned((k_bound + KvCfg::kBlockN - 1) / KvCfg::kBlockN);
   const unsigned q_blocks = unsigned((rows + QCfg::kBlockM - 1) / QCfg::kBlockM);
 
-  auto kv_kernel = flash_bwd::FlashBwdDkDvKernel<T, kHeadDim>;
-  cudaError_t err = cudaFuncSetAttribute(kv_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         KvCfg::kSmemBytes);
-  if (err != cudaSuccess) return err;
-  auto q_kernel = flash_bwd::FlashBwdDqKernel<T, kHeadDim>;
-  err = cudaFuncSetAttribute(q_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             QCfg::kSmemBytes);
-  if (err != cudaSuccess) return err;
   if (kv_blocks > 0 && !args.skip_dkdv) {
-    kv_kernel<<<dim3(kv_blocks, p.num_kv_heads, p.batch), KvCfg::kThreads, KvCfg::kSmemBytes,
-                stream>>>(args);
-    if ((err = cudaGetLastError()) != cudaSuccess) return err;
+    if (cudaError_t err = LaunchWithSmem(flash_bwd::FlashBwdDkDvKernel<T, kHeadDim>,
+                                         dim3(kv_blocks, p.num_kv_heads, p.batch),
+                                         KvCfg::kThreads, KvCfg::kSmemBytes, stream, args);
+        err != cudaSuccess)
+      return err;
   }
-  if (q_blocks > 0) {
-    q_kernel<<<dim3(q_blocks, p.num_kv_heads, p.batch), QCfg::kThreads, QCfg::kSmemBytes,
-               stream>>>(args);
-    if ((err = cudaGetLastError()) != cudaSuccess) return err;
-  }
-  return cudaSuccess;
+  if (q_blocks == 0) return cudaSuccess;
+  return LaunchWithSmem(flash_bwd::FlashBwdDqKernel<T, kHeadDim>,
+                        dim3(q_blocks, p.num_kv_heads, p.batch), QCfg::kThreads,
+                        QCfg::kSmemBytes, stream, args);
 }
 
 }  // namespace jax_sgl::cuda

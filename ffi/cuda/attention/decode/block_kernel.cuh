@@ -20,17 +20,17 @@
 
 #include "ffi/common/attention_sink.h"
 #include "ffi/cuda/attention/decode/launch.h"
+#include "ffi/cuda/attention/decode/stage_softmax.cuh"
 #include "ffi/cuda/attention/common/mma.cuh"
+#include "ffi/cuda/attention/common/launch.cuh"
+#include "ffi/cuda/attention/common/row_scores.cuh"
 
 namespace jax_sgl::cuda {
 namespace decode {
 
 using flash::Elem;
 using flash::kLn2;
-using flash::kLog2e;
 using flash::Ldmatrix4;
-using flash::Ldmatrix4Trans;
-using flash::QuadMax;
 using flash::QuadSum;
 using flash::SmemAddr;
 
@@ -213,16 +213,7 @@ __global__ void __launch_bounds__(kDecodeThreads) FlashDecodeKernel(const FlashD
   const int wm = warp % m_tiles, wn = warp / m_tiles;
 
   // This thread's two packed rows (lane / 4 and lane / 4 + 8 of its warp's m16 tile).
-  int row_lo[2], row_hi[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int r = wm * 16 + lane / 4 + 8 * h;
-    row_lo[h] = row_hi[h] = 0;
-    if (r < rows_here) KeyRange(p, s, (m0 + r) / group, &row_lo[h], &row_hi[h]);
-  }
-  const bool use_softcap = p.softcap > 0.f;
-  const float score_scale = use_softcap ? p.softmax_scale / p.softcap : p.softmax_scale * kLog2e;
-  const float cap_log2 = p.softcap * kLog2e;
+  const flash::RowScores scoring(p, s, group, wm * 16, rows_here, m0, lane);
 
   float o[kDT][4];
 #pragma unroll
@@ -263,61 +254,16 @@ __global__ void __launch_bounds__(kDecodeThreads) FlashDecodeKernel(const FlashD
       }
 
       // Scale (+ softcap) into the log2 domain, mask, online-softmax update.
-      float blk_max[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-      for (int t = 0; t < 2; ++t) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int h = e / 2;
-          const int c = t * 8 + (lane % 4) * 2 + (e % 2);
-          const int j = key0 + c;
-          float x = sc[t][e] * score_scale;
-          if (use_softcap) x = cap_log2 * tanhf(x);
-          const bool ok = j >= row_lo[h] && j < row_hi[h] && flags[ci * 16 + c];
-          x = ok ? x : -INFINITY;
-          sc[t][e] = x;
-          blk_max[h] = fmaxf(blk_max[h], x);
-        }
-      }
-      float corr[2], m_use[2];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const float m_new = fmaxf(m_run[h], QuadMax(blk_max[h]));
-        // A row with no visible key yet keeps m = -inf; subtract 0 then so exp2 gives 0, not NaN.
-        m_use[h] = m_new == -INFINITY ? 0.f : m_new;
-        corr[h] = exp2f(m_run[h] - m_use[h]);
-        m_run[h] = m_new;
-      }
-#pragma unroll
-      for (int h = 0; h < 2; ++h) l_run[h] *= corr[h];
-#pragma unroll
-      for (int t = 0; t < 2; ++t) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float pe = exp2f(sc[t][e] - m_use[e / 2]);
-          sc[t][e] = pe;
-          l_run[e / 2] += pe;
-        }
-      }
-#pragma unroll
-      for (int t = 0; t < kDT; ++t) {
-        o[t][0] *= corr[0];
-        o[t][1] *= corr[0];
-        o[t][2] *= corr[1];
-        o[t][3] *= corr[1];
-      }
-
-      // O += P V: the S accumulators are the A fragment of P for this k16 step.
-      const uint32_t pa[4] = {Elem<T>::Pack(sc[0][0], sc[0][1]), Elem<T>::Pack(sc[0][2], sc[0][3]),
-                              Elem<T>::Pack(sc[1][0], sc[1][1]), Elem<T>::Pack(sc[1][2], sc[1][3])};
-#pragma unroll
-      for (int dt = 0; dt < kDT; dt += 2) {
-        uint32_t bv[4];
-        Ldmatrix4Trans(bv, sv + (ci * 16 + lane % 8 + ((lane / 8) % 2) * 8) * Cfg::kStride +
-                               dt * 8 + (lane / 16) * 8);
-        Elem<T>::Mma(o[dt], pa, bv);
-        Elem<T>::Mma(o[dt + 1], pa, bv + 2);
-      }
+      float blk_max[2];
+      scoring.MaskAndMax(
+          sc, key0, lane, [flags, ci](int c) -> bool { return flags[ci * 16 + c]; }, blk_max);
+      // Online-softmax update, then O += P V (the S accumulators are the A fragment of P).
+      SoftmaxPvAt<T, kD, false>(
+          sc, blk_max, m_run, l_run, o,
+          [sv, ci](int row, int col) -> const void* {
+            return sv + (ci * 16 + row) * Cfg::kStride + col;
+          },
+          lane);
     }
   }
   asm volatile("cp.async.wait_group 0;\n" ::: "memory");
@@ -416,16 +362,11 @@ __global__ void __launch_bounds__(kDecodeThreads) FlashDecodeKernel(const FlashD
 
 template <typename T, int kHeadDim>
 cudaError_t LaunchFlashDecode(const FlashDecodeArgs& args, cudaStream_t stream) {
-  auto kernel = decode::FlashDecodeKernel<T, kHeadDim>;
-  const int smem = DecodeSmemBytes(kHeadDim, args.stages, args.m_tiles);
-  cudaError_t err =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  if (err != cudaSuccess) return err;
   const AttentionParams& p = args.fwd.p;
   const dim3 grid(unsigned(int64_t(args.m_blocks) * p.batch * p.num_kv_heads),
                   unsigned(args.fwd.num_splits));
-  kernel<<<grid, kDecodeThreads, smem, stream>>>(args);
-  return cudaGetLastError();
+  return LaunchWithSmem(decode::FlashDecodeKernel<T, kHeadDim>, grid, kDecodeThreads,
+                        DecodeSmemBytes(kHeadDim, args.stages, args.m_tiles), stream, args);
 }
 
 }  // namespace jax_sgl::cuda

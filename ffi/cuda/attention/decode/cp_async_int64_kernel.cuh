@@ -14,7 +14,6 @@ namespace jax_sgl::cuda {
 namespace decode_int64 {
 
 using flash::Elem;
-using flash::kLog2e;
 using decode::CpAsync16;
 using decode::CpAsyncCommit;
 using decode::CpAsyncWaitPending;
@@ -102,16 +101,7 @@ __global__ void __launch_bounds__(kDecodeWarpThreads, kD <= 128 ? 2 : 1)
   decode_warp_mma::LoadQRows<T, kD>(p, s, group, kv_head, rows_here, sq);
   __syncthreads();
 
-  int row_lo[2], row_hi[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int r = lane / 4 + 8 * h;
-    row_lo[h] = row_hi[h] = 0;
-    if (r < rows_here) KeyRange(p, s, r / group, &row_lo[h], &row_hi[h]);
-  }
-  const bool use_softcap = p.softcap > 0.f;
-  const float score_scale = use_softcap ? p.softmax_scale / p.softcap : p.softmax_scale * kLog2e;
-  const float cap_log2 = p.softcap * kLog2e;
+  const flash::RowScores scoring(p, s, group, 0, rows_here, 0, lane);
 
   // q's A fragments stay in registers for the whole loop (kD / 16 x 4 registers).
   uint32_t qa[kD / 16][4];
@@ -145,22 +135,9 @@ __global__ void __launch_bounds__(kDecodeWarpThreads, kD <= 128 ? 2 : 1)
       Elem<T>::Mma(sc[0], qa[k0 / 16], bk);
       Elem<T>::Mma(sc[1], qa[k0 / 16], bk + 2);
     }
-    float blk_max[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int t = 0; t < 2; ++t) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int h = e / 2;
-        const int c = t * 8 + (lane % 4) * 2 + (e % 2);
-        const int j = key0 + c;
-        float x = sc[t][e] * score_scale;
-        if (use_softcap) x = cap_log2 * tanhf(x);
-        const bool ok = j >= row_lo[h] && j < row_hi[h] && ((valid >> c) & 1u);
-        x = ok ? x : -INFINITY;
-        sc[t][e] = x;
-        blk_max[h] = fmaxf(blk_max[h], x);
-      }
-    }
+    float blk_max[2];
+    scoring.MaskAndMax(sc, key0, lane, [valid](int c) -> bool { return (valid >> c) & 1u; },
+                       blk_max);
     decode_warp_mma::SoftmaxPv<T, kD, false>(sc, blk_max, m_run, l_run, o, sv, lane);
   }
   asm volatile("cp.async.wait_group 0;\n" ::: "memory");

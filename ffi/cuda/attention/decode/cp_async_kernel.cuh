@@ -25,11 +25,7 @@ namespace jax_sgl::cuda {
 namespace decode_cp_async {
 
 using flash::Elem;
-using flash::kLn2;
 using flash::Ldmatrix4;
-using flash::Ldmatrix4Trans;
-using flash::QuadMax;
-using flash::QuadSum;
 using flash::SmemAddr;
 
 // n / d for 0 <= n < 2^31 and 1 <= d < 2^31 by a multiply-high and a shift (Granlund-Montgomery):

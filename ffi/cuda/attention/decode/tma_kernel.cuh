@@ -238,7 +238,7 @@ __global__ void __launch_bounds__(kDecodeWarpThreads, 3)
     }
     float blk_max[2];
     scoring.Apply(sc, key0, valid, lane, blk_max);
-    decode_warp_mma::SoftmaxPvAt<T, kD, true>(
+    decode::SoftmaxPvAt<T, kD, true>(
         sc, blk_max, m_run, l_run, o,
         [&](int row, int col) -> const void* { return sv_ptr + SwizzledOffset(row, col); }, lane);
   }

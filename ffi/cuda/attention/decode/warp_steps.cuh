@@ -7,6 +7,7 @@
 #pragma once
 
 #include "ffi/cuda/attention/decode/block_kernel.cuh"
+#include "ffi/cuda/attention/common/launch.cuh"
 
 namespace jax_sgl::cuda::decode_warp_mma {
 
@@ -66,32 +67,21 @@ __device__ __forceinline__ void LoadQFragments(const T* sq, int lane, uint32_t (
     flash::Ldmatrix4(qa[k0 / 16], sq + (lane % 16) * kStride + k0 + (lane / 16) * 8);
 }
 
-// The keys [lo, hi) of this lane's two accumulator rows (lane / 4 and lane / 4 + 8), the keys
-// every real row sees [all_lo, all_hi) (lo and hi grow with the q row, bottom-right aligned: the
-// last row bounds lo, the first bounds hi), and the score transform into the log2 domain.
-struct StageScoring {
-  int row_lo[2], row_hi[2];
+// RowScores of the warp's 16 packed rows, and the keys every real row sees [all_lo, all_hi) (lo
+// and hi grow with the q row, bottom-right aligned: the last row bounds lo, the first bounds hi).
+struct StageScoring : flash::RowScores {
   int all_lo, all_hi;
-  bool softcap;
-  float score_scale, cap_log2;
 
   __device__ StageScoring(const AttentionParams& p, const SeqBounds& s, int group, int rows_here,
                           int lane) {
     int unused;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int r = lane / 4 + 8 * h;
-      row_lo[h] = row_hi[h] = 0;
-      if (r < rows_here) KeyRange(p, s, r / group, &row_lo[h], &row_hi[h]);
-    }
+    InitRows(p, s, group, 0, rows_here, 0, lane);
     all_lo = all_hi = 0;
     if (rows_here > 0) {
       KeyRange(p, s, (rows_here - 1) / group, &all_lo, &unused);
       KeyRange(p, s, 0, &unused, &all_hi);
     }
-    softcap = p.softcap > 0.f;
-    score_scale = softcap ? p.softmax_scale / p.softcap : p.softmax_scale * flash::kLog2e;
-    cap_log2 = p.softcap * flash::kLog2e;
+    InitScale(p);
   }
 
   // The stage's 16 x 16 scores (keys key0 .. key0 + 15, `valid`: the keys that exist) into the
@@ -129,65 +119,13 @@ struct StageScoring {
   }
 };
 
-// One stage's online-softmax update of this lane's rows (sc: the stage's 16 x 16 scores in the
-// log2 domain, masked to -inf; blk_max: this lane's max of its row halves) and o += P V over the
-// stage's V tile. v_at(row, col): the shared-memory address of V element (row, col), so that a
-// padded tile (cp.async kernels) and a swizzled one (the TMA kernel) share this code.
-// kSkipSettled skips the accumulator rescale when no row's max moved (a warp-uniform vote): worth
-// it once the maxima settle over a long sequence.
-template <typename T, int kD, bool kSkipSettled, typename VAt>
-__device__ __forceinline__ void SoftmaxPvAt(float (&sc)[2][4], const float (&blk_max)[2],
-                                            float (&m_run)[2], float (&l_run)[2],
-                                            float (&o)[kD / 8][4], VAt v_at, int lane) {
-  using flash::Elem;
-  using flash::Ldmatrix4Trans;
-  using flash::QuadMax;
-  constexpr int kDT = kD / 8;
-  float corr[2], m_use[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const float m_new = fmaxf(m_run[h], QuadMax(blk_max[h]));
-    m_use[h] = m_new == -INFINITY ? 0.f : m_new;
-    corr[h] = exp2f(m_run[h] - m_use[h]);
-    m_run[h] = m_new;
-    l_run[h] *= corr[h];
-  }
-#pragma unroll
-  for (int t = 0; t < 2; ++t) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const float pe = exp2f(sc[t][e] - m_use[e / 2]);
-      sc[t][e] = pe;
-      l_run[e / 2] += pe;
-    }
-  }
-  if (!kSkipSettled || __any_sync(0xffffffffu, corr[0] != 1.f || corr[1] != 1.f)) {
-#pragma unroll
-    for (int t = 0; t < kDT; ++t) {
-      o[t][0] *= corr[0];
-      o[t][1] *= corr[0];
-      o[t][2] *= corr[1];
-      o[t][3] *= corr[1];
-    }
-  }
-  const uint32_t pa[4] = {Elem<T>::Pack(sc[0][0], sc[0][1]), Elem<T>::Pack(sc[0][2], sc[0][3]),
-                          Elem<T>::Pack(sc[1][0], sc[1][1]), Elem<T>::Pack(sc[1][2], sc[1][3])};
-#pragma unroll
-  for (int dt = 0; dt < kDT; dt += 2) {
-    uint32_t bv[4];
-    Ldmatrix4Trans(bv, v_at(lane % 8 + ((lane / 8) % 2) * 8, dt * 8 + (lane / 16) * 8));
-    Elem<T>::Mma(o[dt], pa, bv);
-    Elem<T>::Mma(o[dt + 1], pa, bv + 2);
-  }
-}
-
 // SoftmaxPvAt over a V tile `sv` of DecodeStride(kD)-element rows.
 template <typename T, int kD, bool kSkipSettled>
 __device__ __forceinline__ void SoftmaxPv(float (&sc)[2][4], const float (&blk_max)[2],
                                           float (&m_run)[2], float (&l_run)[2],
                                           float (&o)[kD / 8][4], const T* sv, int lane) {
   constexpr int kStride = DecodeStride(kD);
-  SoftmaxPvAt<T, kD, kSkipSettled>(
+  decode::SoftmaxPvAt<T, kD, kSkipSettled>(
       sc, blk_max, m_run, l_run, o,
       [sv](int row, int col) -> const void* { return sv + row * kStride + col; }, lane);
 }
@@ -289,13 +227,9 @@ __device__ __forceinline__ void MergeWarpsAndStore(const FlashDecodeArgs& args,
 template <typename Kernel, typename Param>
 cudaError_t LaunchWithSmem(Kernel kernel, const Param& param, const FlashDecodeArgs& args,
                            int smem, cudaStream_t stream) {
-  cudaError_t err =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  if (err != cudaSuccess) return err;
   const AttentionParams& p = args.fwd.p;
   const dim3 grid(unsigned(int64_t(p.batch) * p.num_kv_heads), unsigned(args.fwd.num_splits));
-  kernel<<<grid, kDecodeWarpThreads, smem, stream>>>(param);
-  return cudaGetLastError();
+  return cuda::LaunchWithSmem(kernel, grid, kDecodeWarpThreads, smem, stream, param);
 }
 
 template <int kD, typename Kernel>

@@ -16,6 +16,8 @@
 #include "ffi/common/attention_seq.h"
 #include "ffi/common/attention_sink.h"
 #include "ffi/cuda/attention/common/mma.cuh"
+#include "ffi/cuda/attention/common/launch.cuh"
+#include "ffi/cuda/attention/common/row_scores.cuh"
 #include "ffi/cuda/attention/flash_fwd_launch.h"
 
 namespace jax_sgl::cuda {
@@ -142,16 +144,7 @@ __global__ void __launch_bounds__(128) FlashFwdKernel(const FlashFwdArgs args) {
   const bool warp_active = m0 + wm * 16 < rows;
 
   // This thread's two rows (lane / 4 and lane / 4 + 8 of the warp's 16) and their key ranges.
-  int row_lo[2], row_hi[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int r = m0 + wm * 16 + lane / 4 + 8 * h;
-    row_lo[h] = row_hi[h] = 0;
-    if (r < rows) KeyRange(p, s, r / group, &row_lo[h], &row_hi[h]);
-  }
-  const bool use_softcap = p.softcap > 0.f;
-  const float score_scale = use_softcap ? p.softmax_scale / p.softcap : p.softmax_scale * kLog2e;
-  const float cap_log2 = p.softcap * kLog2e;
+  const RowScores scoring(p, s, group, m0 + wm * 16, rows, 0, lane);
 
   float o[kDT][4];
 #pragma unroll
@@ -200,31 +193,10 @@ __global__ void __launch_bounds__(128) FlashFwdKernel(const FlashFwdArgs args) {
 
     // Scale (+ softcap) into the log2 domain, mask, and the online-softmax update.
     const int key0 = n0 + wn * Cfg::kWarpN;
-    float blk_max[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int t = 0; t < kNT; ++t) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int h = e / 2;
-        const int c = t * 8 + (lane % 4) * 2 + (e % 2);
-        const int j = key0 + c;
-        float x = sc[t][e] * score_scale;
-        if (use_softcap) x = cap_log2 * tanhf(x);
-        const bool ok = j >= row_lo[h] && j < row_hi[h] && flags[c];
-        x = ok ? x : -INFINITY;
-        sc[t][e] = x;
-        blk_max[h] = fmaxf(blk_max[h], x);
-      }
-    }
+    float blk_max[2];
+    scoring.MaskAndMax(sc, key0, lane, [flags](int c) -> bool { return flags[c]; }, blk_max);
     float corr[2], m_use[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const float m_new = fmaxf(m_run[h], QuadMax(blk_max[h]));
-      // A row with no visible key yet keeps m = -inf; subtract 0 then so exp2 gives 0, not NaN.
-      m_use[h] = m_new == -INFINITY ? 0.f : m_new;
-      corr[h] = exp2f(m_run[h] - m_use[h]);
-      m_run[h] = m_new;
-    }
+    UpdateRowMax(m_run, blk_max, m_use, corr);
     float row_sum[2] = {0.f, 0.f};
 #pragma unroll
     for (int t = 0; t < kNT; ++t) {
@@ -366,13 +338,9 @@ __global__ void __launch_bounds__(128) FlashFwdKernel(const FlashFwdArgs args) {
 template <typename T, int kHeadDim, bool kDecode>
 cudaError_t LaunchFlashFwd(const FlashFwdArgs& args, int m_blocks, cudaStream_t stream) {
   using Cfg = flash::FlashConfig<kHeadDim, kDecode>;
-  auto kernel = flash::FlashFwdKernel<T, kHeadDim, kDecode>;
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         Cfg::kSmemBytes);
-  if (err != cudaSuccess) return err;
   const dim3 grid(m_blocks, args.num_splits, args.p.batch * args.p.num_kv_heads);
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(args);
-  return cudaGetLastError();
+  return LaunchWithSmem(flash::FlashFwdKernel<T, kHeadDim, kDecode>, grid, Cfg::kThreads,
+                        Cfg::kSmemBytes, stream, args);
 }
 
 }  // namespace jax_sgl::cuda

@@ -186,6 +186,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         end[r] -= n * kBlockN + coord.col0;
         begin[r] -= n * kBlockN + coord.col0;
       }
+      auto lse = [&](int i) { return lse2[AccCoord::Row(i) / 8]; };
+      auto d = [&](int i) { return dsum[AccCoord::Row(i) / 8]; };
       auto visible = [&](int i) {
         const int r = AccCoord::Row(i) / 8;
         return AccCoord::Col(i) >= begin[r] && AccCoord::Col(i) < end[r];
@@ -193,24 +195,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       if (params.cap_log2 == 0.f) {
         warpgroup_wait<1>();
         warpgroup_fence_operand(tSrS);
-        if (masked) {
-#pragma unroll
-          for (int i = 0; i < size(tSrS); ++i)
-            tSrS(i) = visible(i)
-                          ? Exp2Ftz(fmaf(tSrS(i), params.scale_log2, -lse2[AccCoord::Row(i) / 8]))
-                          : 0.f;
-        } else {
-#pragma unroll
-          for (int i = 0; i < size(tSrS); ++i)
-            tSrS(i) = Exp2Ftz(fmaf(tSrS(i), params.scale_log2, -lse2[AccCoord::Row(i) / 8]));
-        }
+        ScoresToP(tSrS, params.scale_log2, masked, lse, visible);
         warpgroup_wait<0>();
         warpgroup_fence_operand(tSrdP);
-#pragma unroll
-        for (int i = 0; i < size(tSrdP); ++i)
-          tSrdP(i) = tSrS(i) * (tSrdP(i) - dsum[AccCoord::Row(i) / 8]);
+        PToDs(tSrS, tSrdP, d);
       } else {
-        // Softcap (as in bwd_kernel.cuh): P and dS in one pass after both GEMMs.
+        // Softcap (as in kernel.cuh): P and dS in one pass after both GEMMs.
         warpgroup_wait<0>();
         warpgroup_fence_operand(tSrS);
         warpgroup_fence_operand(tSrdP);

@@ -136,6 +136,28 @@ __device__ __forceinline__ void StorePairs(Frag const& frag, SmemTensor& smem) {
   }
 }
 
+// The plain path's score math, shared by the dK/dV and dQ kernels (lse(i), dsum(i): element i's
+// log2-domain lse and D). P = exp2(s scale_log2 - lse) in place, 0 where `masked` and !visible(i).
+template <typename Acc, typename Lse, typename Visible>
+__device__ __forceinline__ void ScoresToP(Acc& s, float scale_log2, bool masked, Lse lse,
+                                          Visible visible) {
+  if (masked) {
+#pragma unroll
+    for (int i = 0; i < size(s); ++i)
+      s(i) = visible(i) ? Exp2Ftz(fmaf(s(i), scale_log2, -lse(i))) : 0.f;
+  } else {
+#pragma unroll
+    for (int i = 0; i < size(s); ++i) s(i) = Exp2Ftz(fmaf(s(i), scale_log2, -lse(i)));
+  }
+}
+
+// dS = P (dP - D) in place in dp.
+template <typename AccP, typename AccDp, typename Dsum>
+__device__ __forceinline__ void PToDs(const AccP& p, AccDp& dp, Dsum dsum) {
+#pragma unroll
+  for (int i = 0; i < size(dp); ++i) dp(i) = p(i) * (dp(i) - dsum(i));
+}
+
 // kSoftcap: the softcap path, else the plain one; the launcher picks per call. One kernel holding
 // both paths runs ptxas out of registers, and it then serializes every wgmma (C7512).
 // kTail: the tail split's shares (1-D grid, BwdKernelParams), a kernel of its own so that the
@@ -325,6 +347,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             keys_partial || row0 + kBlockM > params.seqlen_q ||
             (params.window_right >= 0 && row0 + diag + params.window_right < n0 + kBlockN - 1) ||
             (params.window_left >= 0 && row0 + kBlockM - 1 + diag - params.window_left > n0);
+        auto lse = [&](int i) { return lse2[AccCoord::Col(i)]; };
+        auto d = [&](int i) { return dsum[AccCoord::Col(i)]; };
         auto visible = [&](int i) {
           const int key = key_base + AccCoord::Row(i);
           const int row = row0 + coord.col0 + AccCoord::Col(i);
@@ -338,17 +362,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         if (plain) {
           warpgroup_wait<1>();
           warpgroup_fence_operand(tSrS);  // no read of S^T above the wait
-          if (masked) {
-#pragma unroll
-            for (int i = 0; i < size(tSrS); ++i)
-              tSrS(i) = visible(i)
-                            ? Exp2Ftz(fmaf(tSrS(i), params.scale_log2, -lse2[AccCoord::Col(i)]))
-                            : 0.f;
-          } else {
-#pragma unroll
-            for (int i = 0; i < size(tSrS); ++i)
-              tSrS(i) = Exp2Ftz(fmaf(tSrS(i), params.scale_log2, -lse2[AccCoord::Col(i)]));
-          }
+          ScoresToP(tSrS, params.scale_log2, masked, lse, visible);
           // dV += P^T dO goes to the tensor cores before dP^T is waited for: it runs while dS^T
           // is computed (groups complete in order, so wait<1> below still means dP^T is done).
 #pragma unroll
@@ -357,9 +371,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           // dS^T = P^T (dP^T - D).
           warpgroup_wait<1>();
           warpgroup_fence_operand(tdPrdP);
-#pragma unroll
-          for (int i = 0; i < size(tdPrdP); ++i)
-            tdPrdP(i) = tSrS(i) * (tdPrdP(i) - dsum[AccCoord::Col(i)]);
+          PToDs(tSrS, tdPrdP, d);
         } else {
           // Softcap: x = cap tanh(s scale / cap), so dS^T also takes x' = 1 - tanh^2: P^T and
           // dS^T come from one pass once both GEMMs are done.

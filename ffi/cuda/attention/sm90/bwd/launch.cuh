@@ -6,6 +6,7 @@
 #pragma once
 
 #include "ffi/common/numeric.h"
+#include "ffi/cuda/attention/common/launch.cuh"
 #include "ffi/cuda/attention/sm90/bwd/dq_kernel.cuh"
 #include "ffi/cuda/attention/sm90/bwd/kernel.cuh"
 #include "ffi/cuda/attention/sm90/bwd/launch.h"
@@ -52,14 +53,9 @@ cudaError_t LaunchFlashBwdSm90Dq(const FlashBwdArgs& args, cudaStream_t stream) 
       p.window_left,
       p.window_right,
   };
-  auto kernel = FlashBwdSm90DqKernel<Cfg>;
-  constexpr int kSmem = sizeof(typename Cfg::SharedStorage);
-  cudaError_t err =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-  if (err != cudaSuccess) return err;
   const dim3 grid((p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM, p.num_heads, p.batch);
-  kernel<<<grid, Cfg::kThreads, kSmem, stream>>>(params);
-  return cudaGetLastError();
+  return LaunchWithSmem(FlashBwdSm90DqKernel<Cfg>, grid, Cfg::kThreads,
+                        sizeof(typename Cfg::SharedStorage), stream, params);
 }
 
 }  // namespace sm90
@@ -134,20 +130,15 @@ cudaError_t LaunchFlashBwdSm90(const FlashBwdArgs& args, float* dq_accum, bool d
   auto kernel = p.softcap > 0.f ? sm90::FlashBwdSm90Kernel<Cfg, true>
                                  : sm90::FlashBwdSm90Kernel<Cfg, false>;
   constexpr int kSmem = sizeof(typename Cfg::SharedStorage);
-  if ((err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem)) !=
-      cudaSuccess)
+  if ((err = LaunchWithSmem(kernel, dim3(n_blocks, p.num_kv_heads, p.batch), Cfg::kThreads, kSmem,
+                            stream, params)) != cudaSuccess)
     return err;
-  const dim3 grid(n_blocks, p.num_kv_heads, p.batch);
-  kernel<<<grid, Cfg::kThreads, kSmem, stream>>>(params);
-  if ((err = cudaGetLastError()) != cudaSuccess) return err;
   if (tail_blocks > 0) {
     // The shares of the tail blocks, which the main kernel skipped: a full wave after its last.
-    auto tail = sm90::FlashBwdSm90Kernel<Cfg, false, true>;
-    if ((err = cudaFuncSetAttribute(tail, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem)) !=
-        cudaSuccess)
+    if ((err = LaunchWithSmem(sm90::FlashBwdSm90Kernel<Cfg, false, true>,
+                              dim3(tail_blocks * tail_splits), Cfg::kThreads, kSmem, stream,
+                              params)) != cudaSuccess)
       return err;
-    tail<<<tail_blocks * tail_splits, Cfg::kThreads, kSmem, stream>>>(params);
-    if ((err = cudaGetLastError()) != cudaSuccess) return err;
     using Element = typename Cfg::Element;
     const sm90::BwdTailSumParams<Element> sum{
         params.tail_dk, params.tail_dv, static_cast<Element*>(bp.dk),

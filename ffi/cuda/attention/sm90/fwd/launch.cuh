@@ -8,6 +8,7 @@
 
 #include "ffi/common/numeric.h"
 #include "ffi/cuda/attention/common/device.h"
+#include "ffi/cuda/attention/common/launch.cuh"
 #include "ffi/cuda/attention/sm90/fwd/kernel.cuh"
 #include "ffi/cuda/attention/sm90/fwd/launch.h"
 #include "ffi/cuda/attention/sm90/fwd/tail_combine.cuh"
@@ -174,11 +175,6 @@ cudaError_t LaunchFlashFwdSm90(const AttentionParams& p, void* scratch, cudaStre
                                     : sm90::FlashFwdSm90Kernel<Cfg, true, false>)
                          : (softcap ? sm90::FlashFwdSm90Kernel<Cfg, false, true>
                                     : sm90::FlashFwdSm90Kernel<Cfg, false, false>);
-  constexpr int kSmem = sizeof(typename Cfg::SharedStorage);
-  if (cudaError_t err =
-          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-      err != cudaSuccess)
-    return err;
   dim3 grid(num_m_blocks, p.num_heads, tile_batches);
   if constexpr (Cfg::kPersistent) {
     grid = dim3(std::min(num_items, num_sms));
@@ -188,7 +184,10 @@ cudaError_t LaunchFlashFwdSm90(const AttentionParams& p, void* scratch, cudaStre
         return err;
     }
   }
-  kernel<<<grid, Cfg::kThreads, kSmem, stream>>>(params);
+  if (cudaError_t err = LaunchWithSmem(kernel, grid, Cfg::kThreads,
+                                       sizeof(typename Cfg::SharedStorage), stream, params);
+      err != cudaSuccess)
+    return err;
   if (tail_tiles > 0) {
     using Element = typename Cfg::Element;
     const sm90::TailCombineParams<Element> combine{
