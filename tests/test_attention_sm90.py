@@ -285,22 +285,30 @@ def _varlen_inputs(case, head_dim, dtype, seed):
   return q, k, v, cu(lens_q), cu(lens_k)
 
 
-def _varlen_call(case, q, k, v, cu_q, cu_k, fn=None):
-  *_, causal, window, softcap, seqused = VARLEN[case]
-  used = None if seqused is None else jnp.asarray(seqused, jnp.int32)
-  kw = dict(causal=causal, window=window, softcap=softcap)
-  if fn is None:
-    spec = check_attention(q, k, v, softmax_scale=None, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
-                           seqused_k=used, page_table=None, q_descale=None, k_descale=None,
-                           v_descale=None, **kw)
-    return jax.jit(lambda q, k, v, cu_q, cu_k, used: reference.attention(
+def _indexed_call(q, k, v, index, kw, kernel):
+  """jax_sgl.attention (kernel) or the reference, jitted, with the index arrays `index`
+  (cu_seqlens_q / cu_seqlens_k / seqused_k / page_table, None where absent) as arguments."""
+  names = tuple(index)
+  if kernel:
+    fn = lambda q, k, v, *a: jax_sgl.attention(q, k, v, return_lse=True, **dict(zip(names, a)),
+                                               **kw)
+  else:
+    absent = dict.fromkeys(("cu_seqlens_q", "cu_seqlens_k", "seqused_k", "page_table"))
+    spec = check_attention(q, k, v, softmax_scale=None, q_descale=None, k_descale=None,
+                           v_descale=None, **{**absent, **index}, **kw)
+    fn = lambda q, k, v, *a: reference.attention(
         q, k, v, kv_layout=spec.kv_layout, varlen_q=spec.varlen_q, batch=spec.batch,
         softmax_scale=spec.softmax_scale, softcap=spec.softcap, causal=spec.causal,
         window_left=spec.window_left, window_right=spec.window_right, out_dtype=spec.out_dtype,
-        cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, seqused_k=used))(q, k, v, cu_q, cu_k, used)
-  return jax.jit(lambda q, k, v, cu_q, cu_k, used: jax_sgl.attention(
-      q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, seqused_k=used, return_lse=True,
-      **kw))(q, k, v, cu_q, cu_k, used)
+        **dict(zip(names, a)))
+  return jax.jit(fn)(q, k, v, *index.values())
+
+
+def _varlen_call(case, q, k, v, cu_q, cu_k, fn=None):
+  *_, causal, window, softcap, seqused = VARLEN[case]
+  used = None if seqused is None else jnp.asarray(seqused, jnp.int32)
+  return _indexed_call(q, k, v, dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, seqused_k=used),
+                       dict(causal=causal, window=window, softcap=softcap), kernel=fn is not None)
 
 
 def _check_varlen(case, head_dim, dtype, seed):
@@ -411,19 +419,8 @@ def _paged_inputs(case, head_dim, dtype, seed):
 
 def _paged_call(case, q, k, v, cu_q, table, used, fn=None):
   *_, causal, window, softcap, _dense = PAGED[case]
-  kw = dict(causal=causal, window=window, softcap=softcap)
-  if fn is None:
-    spec = check_attention(q, k, v, softmax_scale=None, cu_seqlens_q=cu_q, cu_seqlens_k=None,
-                           seqused_k=used, page_table=table, q_descale=None, k_descale=None,
-                           v_descale=None, **kw)
-    return jax.jit(lambda q, k, v, cu_q, table, used: reference.attention(
-        q, k, v, kv_layout=spec.kv_layout, varlen_q=spec.varlen_q, batch=spec.batch,
-        softmax_scale=spec.softmax_scale, softcap=spec.softcap, causal=spec.causal,
-        window_left=spec.window_left, window_right=spec.window_right, out_dtype=spec.out_dtype,
-        cu_seqlens_q=cu_q, seqused_k=used, page_table=table))(q, k, v, cu_q, table, used)
-  return jax.jit(lambda q, k, v, cu_q, table, used: jax_sgl.attention(
-      q, k, v, cu_seqlens_q=cu_q, seqused_k=used, page_table=table, return_lse=True,
-      **kw))(q, k, v, cu_q, table, used)
+  return _indexed_call(q, k, v, dict(cu_seqlens_q=cu_q, seqused_k=used, page_table=table),
+                       dict(causal=causal, window=window, softcap=softcap), kernel=fn is not None)
 
 
 def _check_paged(case, head_dim, dtype, seed):
