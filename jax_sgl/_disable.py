@@ -17,7 +17,7 @@ ENV = "JAX_SGL_DISABLE"
 # Name -> bit of the native `disable` attribute (ffi/common/attention_params.h AttentionDisable).
 NATIVE_BITS = {
     "sm90": 1 << 0,          # the Hopper forward
-    "sm90_varlen": 1 << 1,   # the Hopper forward's varlen / seqused_k path
+    "sm90_varlen": 1 << 1,   # the Hopper forward's varlen / seqused_k / paged path
     "sm90_bwd": 1 << 2,      # the Hopper backward
 }
 FAMILIES = (*NATIVE_BITS, "cuda_bwd")   # cuda_bwd: the CUDA backward kernels (Python side)
