@@ -162,18 +162,24 @@ def test_jit():
                                 np.asarray(want, np.float32))
 
 
+def _stacked(n, seed, sinks_axis):
+  """n dense float32 cases stacked on a leading axis, and their sinks: per instance (stacked too)
+  when sinks_axis is 0, else one set shared by all."""
+  cases = [make_case("dense", seed=seed + i, q_lens=[5, 7], k_lens=[9, 7], dtype=jnp.float32)
+           for i in range(n)]
+  q, k, v = (jnp.stack([c[j] for c in cases]) for j in range(3))
+  sinks = (jnp.stack([make_sinks(4, seed + i) for i in range(n)]) if sinks_axis == 0
+           else make_sinks(4, seed))
+  return q, k, v, sinks
+
+
 @pytest.mark.parametrize("sinks_axis", [None, 0])
 def test_vmap(sinks_axis):
   """Shared sinks (broadcast to every instance) and per-instance sinks."""
-  n = 3
-  cases = [make_case("dense", seed=20 + i, q_lens=[5, 7], k_lens=[9, 7], dtype=jnp.float32)
-           for i in range(n)]
-  q, k, v = (jnp.stack([c[j] for c in cases]) for j in range(3))
-  sinks = jnp.stack([make_sinks(4, 20 + i) for i in range(n)]) if sinks_axis == 0 else \
-      make_sinks(4, 20)
+  q, k, v, sinks = _stacked(3, 20, sinks_axis)
   f = lambda q, k, v, s: jax_sgl.attention(q, k, v, sinks=s, causal=True, return_lse=True)
   got = jax.vmap(f, in_axes=(0, 0, 0, sinks_axis))(q, k, v, sinks)
-  for i in range(n):
+  for i in range(q.shape[0]):
     want = f(q[i], k[i], v[i], sinks[i] if sinks_axis == 0 else sinks)
     for a, b in zip(got, want):
       np.testing.assert_allclose(np.asarray(a[i]), np.asarray(b), rtol=1e-6, atol=1e-6)
@@ -250,17 +256,12 @@ def test_check_grads_numerical():
 
 @pytest.mark.parametrize("sinks_axis", [None, 0])
 def test_grad_under_vmap(sinks_axis):
-  n = 2
-  cases = [make_case("dense", seed=40 + i, q_lens=[5, 7], k_lens=[9, 7], dtype=jnp.float32)
-           for i in range(n)]
-  q, k, v = (jnp.stack([c[j] for c in cases]) for j in range(3))
-  sinks = jnp.stack([make_sinks(4, 40 + i) for i in range(n)]) if sinks_axis == 0 else \
-      make_sinks(4, 40)
+  q, k, v, sinks = _stacked(2, 40, sinks_axis)
   w = jnp.asarray(np.random.default_rng(41).standard_normal(q.shape[1:]), jnp.float32)
   g = jax.grad(lambda q, k, v, s: jnp.sum(jax_sgl.attention(q, k, v, sinks=s, causal=True) * w),
                argnums=(0, 1, 2, 3))
   got = jax.vmap(g, in_axes=(0, 0, 0, sinks_axis))(q, k, v, sinks)
-  for i in range(n):
+  for i in range(q.shape[0]):
     want = g(q[i], k[i], v[i], sinks[i] if sinks_axis == 0 else sinks)
     for a, b in zip(got, want):   # every gradient is per instance, d sinks too
       np.testing.assert_allclose(np.asarray(a[i]), np.asarray(b), rtol=1e-5, atol=1e-5)
