@@ -134,9 +134,8 @@ struct FlashConfig {
                                       _1{}));
 
   // Paged K/V (mainloop_load.cuh): a key tile is kPageBoxes boxes of kPageBoxRows keys, each
-  // from its own page of the pool [page rows, head dim, kv head, page]. 16 rows = two swizzle
-  // atoms, so every box lands 2 KiB-aligned in the tile and keeps its 128-byte swizzle.
-  static constexpr int kPageBoxRows = 16;
+  // from its own page of the pool [page rows, head dim, kv head, page] (tile_size.h).
+  static constexpr int kPageBoxRows = kSm90PageBoxRows;
   static constexpr int kPageBoxes = kBlockN / kPageBoxRows;
   static_assert(kBlockN % kPageBoxRows == 0);
   using PageBox = Shape<Int<kPageBoxRows>, Int<kHeadDim>>;

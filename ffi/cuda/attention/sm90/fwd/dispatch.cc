@@ -48,9 +48,9 @@ cudaError_t Launch(DType t, int d, const AttentionParams& p, void* scratch, cuda
 // What the varlen instantiation lacks for a call, or nullptr.
 const char* VarlenUnsupported(const AttentionParams& p) {
   if (p.kv_layout == KvLayout::kPaged) {
-    // One TMA box of 16 keys never straddles a page (sm90/fwd/config.h kPageBoxRows); smaller or
-    // odd pages (a token pool) take the portable kernel's per-key gather.
-    if (p.page_size % 16 != 0)
+    // A TMA box of kSm90PageBoxRows keys never straddles a page; smaller or odd pages (a token
+    // pool) take the portable kernel's per-key gather.
+    if (p.page_size % sm90::kSm90PageBoxRows != 0)
       return "sm90 kernel: paged k/v with page_size a multiple of 16 (runs on the sm80 kernel)";
     if (p.num_pages < 1 || p.max_pages < 1) return "sm90 kernel: a non-empty pool and page table";
     // Its 128-row tiles hold one sequence's rows of one q head: a call of few rows per sequence

@@ -6,9 +6,9 @@
 //
 // kPaged: K/V come from a page pool through the page table. The producer is then a whole warp:
 // each lane holds one page-table entry (PageWindow) and loads one TMA box of Cfg::kPageBoxRows
-// keys of a key tile; lane 0 issues Q and arrives on the barriers. Boxes past the keys or behind an entry
-// outside the pool load TMA's zero fill, so no byte outside the pool is read and the ring's byte
-// count is that of a dense tile.
+// keys of a key tile; lane 0 issues Q and arrives on the barriers. Boxes past the keys or behind
+// an entry outside the pool load TMA's zero fill, so no byte outside the pool is read and the
+// ring's byte count is that of a dense tile.
 #pragma once
 
 #include <cute/tensor.hpp>

@@ -21,6 +21,11 @@ struct FwdTileSize {
   bool early_rescale;
 };
 
+// Paged K/V: keys per TMA box of the page pool (config.h kPageBoxRows): 16 rows are two 128-byte
+// swizzle atoms, so each box lands aligned in the key tile; the dispatch takes page sizes that
+// are multiples of it, so that no box straddles a page.
+inline constexpr int kSm90PageBoxRows = 16;
+
 // sm90 serves head dims 64, 128 and 256 only (others run on the portable kernel).
 constexpr bool Sm90FwdHeadDim(int head_dim) {
   return head_dim == 64 || head_dim == 128 || head_dim == 256;
