@@ -293,6 +293,8 @@ def _indexed_call(q, k, v, index, kw, kernel):
     fn = lambda q, k, v, *a: jax_sgl.attention(q, k, v, return_lse=True, **dict(zip(names, a)),
                                                **kw)
   else:
+    kw = dict(kw)
+    sinks = {"sinks": kw.pop("sinks")} if "sinks" in kw else {}
     absent = dict.fromkeys(("cu_seqlens_q", "cu_seqlens_k", "seqused_k", "page_table"))
     spec = check_attention(q, k, v, softmax_scale=None, q_descale=None, k_descale=None,
                            v_descale=None, **{**absent, **index}, **kw)
@@ -300,7 +302,7 @@ def _indexed_call(q, k, v, index, kw, kernel):
         q, k, v, kv_layout=spec.kv_layout, varlen_q=spec.varlen_q, batch=spec.batch,
         softmax_scale=spec.softmax_scale, softcap=spec.softcap, causal=spec.causal,
         window_left=spec.window_left, window_right=spec.window_right, out_dtype=spec.out_dtype,
-        **dict(zip(names, a)))
+        **dict(zip(names, a)), **sinks)
   return jax.jit(fn)(q, k, v, *index.values())
 
 
@@ -364,17 +366,31 @@ PAGED = {
     "p128_causal_window": ((129, 500, 2), (300, 4000, 1), 128, 6, 2, True, (100, -1), 0.0, False),
     # Pages longer than any key tile.
     "p256": ((64, 64, 64), (3000, 600, 65), 256, 16, 4, True, (-1, -1), 0.0, False),
-    # Speculative verify: dense q, 32 draft rows per sequence over a long history (fewer than 64
-    # rows per sequence: the portable kernel, dispatch.cc).
+    # Speculative verify: dense q, 32 draft rows per sequence over a long history (PackGQA: a
+    # tile holds 32 rows x the 4 heads of a kv head).
     "verify": ((32, 32, 32, 32), (1000, 33, 2048, 500), 16, 32, 8, True, (-1, -1), 0.0, True),
     # A mixed batch: decode rows beside chunks (packed q), causal.
     "mixed": ((1, 1, 512, 1, 64, 1, 300), (800, 17, 2000, 4096, 64, 1, 3000), 64, 32, 8, True,
               (-1, -1), 0.0, False),
+    # PackGQA with groups that do not divide a 64-row block (tile rows of one q row end in the
+    # other consumer's half), q lengths 1-64, sinks (per row: each row has its own head).
+    "verify_g5": ((24, 24, 24, 24), (1500, 24, 3000, 700), 16, 40, 8, True, (-1, -1), 0.0, True),
+    "mixed_g7": ((1, 64, 1, 300, 9, 1, 33), (900, 64, 1, 2000, 500, 17, 1200), 64, 28, 4, True,
+                 (-1, -1), 20.0, False),
+    "short_window_g4": ((17, 5, 64, 1), (400, 5, 1000, 3), 32, 16, 4, False, (50, 3), 0.0, False),
+    "group8": ((16, 40, 2), (2000, 100, 65), 128, 64, 8, True, (-1, -1), 0.0, False),
     # More tiles than SMs: persistent CTAs loop, causal counter, windows re-filled per sequence.
     "many": (tuple(range(37, 700, 61)), tuple(range(2000, 200, -171)), 64, 8, 2, True, (-1, -1),
              0.0, False),
-    # Not a multiple of 16: the portable kernel (same harness, same poisoned pool).
+    # Not a multiple of 16: the gather instantiation (cp.async rows through the page table),
+    # packed GQA rows, a token pool, sinks.
     "p5": ((130, 20), (301, 1000), 5, 4, 2, True, (-1, -1), 0.0, False),
+    "p1_tokens": ((200, 64, 1, 130), (700, 64, 1, 2000), 1, 8, 2, True, (-1, -1), 0.0, False),
+    "p24_window_softcap": ((150, 300), (999, 310), 24, 4, 4, False, (100, 20), 25.0, False),
+    "p8_mixed_g5": ((1, 40, 1, 300, 7), (3000, 41, 5, 1000, 200), 8, 20, 4, True, (-1, -1), 0.0,
+                    False),
+    "p3_many": (tuple(range(37, 700, 61)), tuple(range(2000, 200, -171)), 3, 8, 2, True,
+                (-1, -1), 0.0, False),
 }
 
 
@@ -417,10 +433,17 @@ def _paged_inputs(case, head_dim, dtype, seed):
   return q, k, v, kernel_kv, cu_q, jnp.asarray(table), jnp.asarray(lens_k, jnp.int32)
 
 
+# Cases that also pass attention sinks (float32 [heads], applied per q head).
+PAGED_SINKS = ("verify_g5", "mixed_g7", "p8_mixed_g5")
+
+
 def _paged_call(case, q, k, v, cu_q, table, used, fn=None):
-  *_, causal, window, softcap, _dense = PAGED[case]
-  return _indexed_call(q, k, v, dict(cu_seqlens_q=cu_q, seqused_k=used, page_table=table),
-                       dict(causal=causal, window=window, softcap=softcap), kernel=fn is not None)
+  *_, heads, _kv_heads, causal, window, softcap, _dense = PAGED[case]
+  kw = dict(causal=causal, window=window, softcap=softcap)
+  if case in PAGED_SINKS:
+    kw["sinks"] = jnp.asarray(np.random.default_rng(heads).normal(size=heads) * 2, jnp.float32)
+  return _indexed_call(q, k, v, dict(cu_seqlens_q=cu_q, seqused_k=used, page_table=table), kw,
+                       kernel=fn is not None)
 
 
 def _check_paged(case, head_dim, dtype, seed):
@@ -437,16 +460,17 @@ def test_paged_matches_reference(head_dim, case):
   _check_paged(case, head_dim, jnp.bfloat16, seed=5 * head_dim + list(PAGED).index(case))
 
 
-@pytest.mark.parametrize("case", ("p16_ragged", "mixed"), ids=str)
+@pytest.mark.parametrize("case", ("p16_ragged", "mixed", "p5"), ids=str)
 def test_paged_fp16(case):
   _need(128, jnp.float16)
   _check_paged(case, 128, jnp.float16, seed=31)
 
 
-@pytest.mark.parametrize("case", ("p16_ragged", "p64_full", "p128_causal_window"), ids=str)
+@pytest.mark.parametrize("case", ("p16_ragged", "p64_full", "p128_causal_window", "verify",
+                                  "mixed", "verify_g5", "p5", "p1_tokens"), ids=str)
 def test_paged_runs_the_sm90_kernel(monkeypatch, case):
-  """Paged calls with pages of 16k keys and at least 64 q rows per sequence on average run on the
-  sm90 kernel by default (its results differ from the portable kernel's somewhere; both match the
+  """Paged calls with pages of 16k keys and at least 64 tile rows per sequence on average (q
+  rows, times the GQA group where the call packs it) run on the sm90 kernel by default (its results differ from the portable kernel's somewhere; both match the
   reference above), bitwise the same on a second call; JAX_SGL_DISABLE=sm90_varlen keeps them on
   the portable kernel."""
   _need(128, jnp.bfloat16)

@@ -50,6 +50,7 @@ struct FlashConfig {
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256);
   static constexpr int kStages = 2;
   static constexpr int kThreads = 128 * (1 + kConsumers);
+  static constexpr int kHoleWords = (kBlockN + 31) / 32;  // paged gather: one hole bit per key
   // Registers per thread after setmaxnreg: producers give theirs to the consumers.
   // (24 + 2 * 240) * 128 = 64512 <= 65536, the register file of one SM.
   static constexpr int kProducerRegs = 24;
@@ -111,10 +112,16 @@ struct FlashConfig {
     cutlass::arch::ClusterBarrier barrier_q_empty;
     int tile;
     HeldTile held[kConsumers];  // persistent: each consumer's tile
-    // Paged: per K stage, bit i set when box i of the tile came from a page-table entry outside
-    // the pool (zeros were loaded; the consumers mask those keys). Written before the stage's
-    // full barrier is arrived on, read before the stage is released.
-    uint32_t page_holes[kStages];
+    // Paged: per K stage, the keys of the tile that came from a page-table entry outside the
+    // pool (zeros were loaded; the consumers mask them): TMA boxes, bit i of word 0 for box i;
+    // gather, bit j of word j / 32 for key j. Written before the stage's full barrier is arrived
+    // on, read before the stage is released.
+    uint32_t page_holes[kStages][kHoleWords];
+    // Paged gather (mainloop_load.cuh GatherPages): the pool row of each key of the last three
+    // K tiles, or -1 (zeros); the V load of the same tile reads it again. And the producer
+    // warps' next tile.
+    int gather_rows[3][kBlockN];
+    int next_tile;
   };
   static_assert(sizeof(SharedStorage) <= kSmemLimit);
 

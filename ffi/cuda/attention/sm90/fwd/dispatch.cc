@@ -3,7 +3,9 @@
 //
 // Varlen calls (cu_seqlens_q, varlen k/v, seqused_k) run on the sm90 kernel's varlen
 // instantiation unless JAX_SGL_DISABLE=sm90_varlen (p.disable) keeps them on the portable
-// kernel. Paged k/v runs on it for page sizes that are multiples of 16.
+// kernel. Paged k/v runs on it at any page size (TMA boxes for multiples of 16, else the
+// producer's cp.async gather, Sm90PagedGather); paged calls of few q rows per sequence pack the
+// GQA group's heads into the tile rows (Sm90PackGqa).
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
@@ -48,18 +50,17 @@ cudaError_t Launch(DType t, int d, const AttentionParams& p, void* scratch, cuda
 // What the varlen instantiation lacks for a call, or nullptr.
 const char* VarlenUnsupported(const AttentionParams& p) {
   if (p.kv_layout == KvLayout::kPaged) {
-    // A TMA box of kSm90PageBoxRows keys never straddles a page; smaller or odd pages (a token
-    // pool) take the portable kernel's per-key gather.
-    if (p.page_size % sm90::kSm90PageBoxRows != 0)
-      return "sm90 kernel: paged k/v with page_size a multiple of 16 (runs on the sm80 kernel)";
     if (p.num_pages < 1 || p.max_pages < 1) return "sm90 kernel: a non-empty pool and page table";
-    // Its 128-row tiles hold one sequence's rows of one q head: a call of few rows per sequence
-    // (speculative verify, mixed batches mostly of decode rows) fills them poorly, where the
-    // portable kernel packs the GQA group's heads into its rows. Below an average of 64 rows
-    // per sequence it stays there.
-    const int64_t rows = p.cu_seqlens_q ? p.total_q / std::max(p.batch, 1) : p.seqlen_q;
+    // Its 128-row tiles hold one sequence's rows, of one q head or, packed (Sm90PackGqa), of
+    // the q heads of one kv head: below an average of 64 tile rows per sequence (decode-like
+    // calls without GQA) they are mostly empty and the portable kernel runs the call.
+    const int64_t rows = (p.cu_seqlens_q ? p.total_q / std::max(p.batch, 1) : p.seqlen_q) *
+                         (Sm90PackGqa(p) ? p.num_heads / p.num_kv_heads : 1);
     if (rows < 64)
       return "sm90 kernel: paged k/v with at least 64 q rows per sequence on average";
+    // PackGQA's tile rows (q rows x group) stay in int.
+    if (Sm90PackGqa(p) && p.total_q * (p.num_heads / p.num_kv_heads) >= (int64_t(1) << 30))
+      return "sm90 kernel: paged total_q * group below 2^30";
     // Key indices (and batch * keys, the unused dense row offset) stay in int.
     if (int64_t(p.max_pages) * p.page_size * std::max(p.batch, 1) >= (int64_t(1) << 30))
       return "sm90 kernel: batch * max_pages * page_size below 2^30";
@@ -129,6 +130,26 @@ const char* Sm90BuiltKernels() {
     return s;
   }();
   return kernels.c_str();
+}
+
+// H200, hd128 bf16, 32 q / 8 kv heads, causal, 2026-12-04 (bench_attention_paged.py): a mixed
+// batch (4 x 512 new + 64 decode rows over 8k keys) ran 205 / 254 TFLOP/s packed at pages of 16 /
+// 64 against 104-106 on the portable kernel; verify with 32 drafts 345 against 141. Chunked
+// prefill (1024 rows per sequence) ran the same packed or not (421 / 514-559 against 422 /
+// 527-555), so calls of a full tile of rows per sequence keep the unpacked tile and its TMA Q
+// load. Verify with 8 drafts stays on the decode kernels (70 TFLOP/s either way).
+// H200, hd128 bf16, 32/8 heads, causal, 2026-12-04: the gather ran chunked prefill (B=8 x 1024
+// new over 4k) at 308 TFLOP/s on a token pool (page 1) and a mixed batch at 147, against about
+// 155 / 105 on the portable kernel; forced onto pages of 16 and 64 it ran 311, where the TMA
+// boxes run 424 / 513, so it only takes the pages no box fits.
+bool Sm90PagedGather(const AttentionParams& p) {
+  return p.page_size % sm90::kSm90PageBoxRows != 0;
+}
+
+bool Sm90PackGqa(const AttentionParams& p) {
+  if (p.kv_layout != KvLayout::kPaged || p.num_heads == p.num_kv_heads) return false;
+  const int64_t rows = p.cu_seqlens_q ? p.total_q / std::max(p.batch, 1) : p.seqlen_q;
+  return rows < 128;
 }
 
 bool Sm90TailSplitRequested(const AttentionParams& p) {

@@ -21,10 +21,10 @@
 
 namespace jax_sgl::cuda::sm90 {
 
-template <typename Cfg, bool kVarlen>
+template <typename Cfg, bool kVarlen, bool kPack = false>
 struct Epilogue {
   using Element = typename Cfg::Element;
-  using Scheduler = TileScheduler<Cfg, kVarlen, KernelParams<Cfg>>;
+  using Scheduler = TileScheduler<Cfg, kVarlen, KernelParams<Cfg>, kPack>;
   static constexpr int kBlockM = Cfg::kBlockM;
   static constexpr int kRows = Cfg::kWarpgroupRows;
   static constexpr bool kPersistent = Cfg::kPersistent;
@@ -53,13 +53,22 @@ struct Epilogue {
     // With a separate O buffer, Q is done: the producer may load a later tile's into it.
     if constexpr (kPersistent && Cfg::kSeparateO) shared.barrier_q_empty.arrive();
 
+    // This thread's two rows (r = 0, 1): q row q_row[r] of q head head[r] (PackGQA:
+    // TileScheduler::Pack), else tile row out_row + 8 r of q head w.head.
+    int q_row[2], head[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = out_row + 8 * r;
+      q_row[r] = row / scheduler.Pack();
+      head[r] = scheduler.Pack() > 1 ? w.head * scheduler.Pack() + row % scheduler.Pack() : w.head;
+    }
     float inv_sum[2], lse[2];
     softmax.Finish(params.softmax_scale, inv_sum, lse);
     const bool tail_share = kPersistent && !kVarlen && w.split >= 0;
     if (params.sinks != nullptr && !tail_share) {
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        const SinkedRow fin = ApplySink(lse[r], params.sinks[w.head]);
+        const SinkedRow fin = ApplySink(lse[r], params.sinks[head[r]]);
         inv_sum[r] *= fin.scale;
         lse[r] = fin.lse;
       }
@@ -94,14 +103,16 @@ struct Epilogue {
     }
     if (params.lse != nullptr && coord.col0 == 0) {
       // Dense: [batch, heads, seqlen_q]; varlen q: [heads, total_q] (attention_params.h).
-      float* lse_row =
-          kVarlen && params.cu_seqlens_q != nullptr
-              ? params.lse + int64_t(w.head) * params.total_q + w.q_row0
-              : params.lse + (int64_t(w.batch) * params.num_heads + w.head) * params.seqlen_q;
+      auto lse_row = [&](int h) {
+        return kVarlen && params.cu_seqlens_q != nullptr
+                   ? params.lse + int64_t(h) * params.total_q + w.q_row0
+                   : params.lse + (int64_t(w.batch) * params.num_heads + h) * params.seqlen_q;
+      };
+      // One head per thread unless packed: its row pointer is computed once.
+      float* const row_lse = kPack ? nullptr : lse_row(w.head);
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        const int row = out_row + 8 * r;
-        if (row < scheduler.SeqlenQ(w)) lse_row[row] = lse[r];
+        if (q_row[r] < scheduler.SeqlenQ(w)) (kPack ? lse_row(head[r]) : row_lse)[q_row[r]] = lse[r];
       }
     }
     if constexpr (kVarlen) {
@@ -113,13 +124,42 @@ struct Epilogue {
       const int rows_left = scheduler.SeqlenQ(w) - block_row0;
       const int64_t q_row0 = kVarlen ? int64_t(w.q_row0) : int64_t(w.batch) * params.seqlen_q;
       const int64_t row_stride = int64_t(params.num_heads) * Cfg::kHeadDim;
+      static_assert(sizeof(Element) == 2);
+      auto release_q = [&] {
+        if constexpr (kPersistent && !Cfg::kSeparateO) {
+          // Every thread's last wgmma on Q has completed (wait<0> above): Q may be reloaded.
+          cutlass::arch::NamedBarrier::sync(128, epilogue_barrier);
+          if (thread_in_wg == 0) shared.barrier_q_empty.arrive();
+        }
+      };
+      if constexpr (kPack) {
+        if (scheduler.Pack() > 1) {
+          // PackGQA: the two rows of this thread belong to different (q row, head) pairs.
+          Element* row_out[2];
+#pragma unroll
+          for (int r = 0; r < 2; ++r)
+            row_out[r] = q_row[r] < scheduler.SeqlenQ(w)
+                             ? params.out + (q_row0 + q_row[r]) * row_stride +
+                                   int64_t(head[r]) * Cfg::kHeadDim + coord.col0
+                             : nullptr;
+#pragma unroll
+          for (int i = 0; i < size(tOrO); i += 2) {
+            Element* dst = row_out[AccCoord::Row(i) / 8];
+            if (dst != nullptr) {
+              const uint32_t lo = Element(tOrO(i)).raw(), hi = Element(tOrO(i + 1)).raw();
+              *reinterpret_cast<uint32_t*>(dst + AccCoord::Col(i)) = lo | (hi << 16);
+            }
+          }
+          release_q();
+          return next_iter;
+        }
+      }
       Tensor gO = make_tensor(
           make_gmem_ptr(params.out + (q_row0 + block_row0) * row_stride +
                         int64_t(w.head) * Cfg::kHeadDim),
           make_layout(typename Cfg::RowsD{}, make_stride(row_stride, _1{})));
       Tensor tOgO = thr_pv.partition_C(gO);
       Tensor tOcO = thr_pv.partition_C(make_identity_tensor(typename Cfg::RowsD{}));
-      static_assert(sizeof(Element) == 2);
 #pragma unroll
       for (int i = 0; i < size(tOrO); i += 2) {
         if (get<0>(tOcO(i)) < rows_left) {
@@ -127,11 +167,7 @@ struct Epilogue {
           *reinterpret_cast<uint32_t*>(&tOgO(i)) = lo | (hi << 16);
         }
       }
-      if constexpr (kPersistent && !Cfg::kSeparateO) {
-        // Every thread's last wgmma on Q has completed (wait<0> above): Q may be reloaded.
-        cutlass::arch::NamedBarrier::sync(128, epilogue_barrier);
-        if (thread_in_wg == 0) shared.barrier_q_empty.arrive();
-      }
+      release_q();
       return next_iter;
     }
     // sOmine is free: in the Q buffer, this warpgroup's last wgmma has completed (wait<0>

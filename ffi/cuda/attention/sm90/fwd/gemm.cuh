@@ -16,6 +16,9 @@ namespace jax_sgl::cuda::sm90 {
 
 // Named barriers (ids after CUTLASS's reserved ones): one per consumer for its GEMM turn, one per
 // consumer for its epilogue.
-enum class Barrier : uint32_t { kTurn0 = 0, kTurn1 = 1, kEpilogue0 = 2, kEpilogue1 = 3 };
+enum class Barrier : uint32_t {
+  kTurn0 = 0, kTurn1 = 1, kEpilogue0 = 2, kEpilogue1 = 3,
+  kProducer = 4,  // the producer warpgroup's threads (paged gather, mainloop_load.cuh)
+};
 
 }  // namespace jax_sgl::cuda::sm90

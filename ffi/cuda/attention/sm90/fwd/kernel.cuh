@@ -8,7 +8,9 @@
 //   LSE, O store).
 // kVarlen: packed q / k / v (cu_seqlens_q / cu_seqlens_k, seqused_k): per-tile sequence geometry,
 // row offsets into the TMA views, O stored row by row. kPaged (with kVarlen): K/V from a page
-// pool through the page table (mainloop_load.cuh; the producer is then a warp). kSoftcap: scores
+// pool through the page table (mainloop_load.cuh; the producer is then a warp), and with
+// params.pack > 1 (PackGQA, tile_scheduler.cuh) the tile rows are (q row, head) pairs of the q
+// heads of one kv head: the consumers then load Q and store O row by row. kSoftcap: scores
 // capped before the mask (KernelParams::softcap != 0). Each is its own instantiation, picked per
 // call by the launcher, so the dense plain kernel holds none of their code.
 #pragma once
@@ -28,7 +30,8 @@
 
 namespace jax_sgl::cuda::sm90 {
 
-template <typename Cfg, bool kVarlen = false, bool kSoftcap = false, bool kPaged = false>
+template <typename Cfg, bool kVarlen = false, bool kSoftcap = false, bool kPaged = false,
+          bool kGather = false>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     FlashFwdSm90Kernel(CUTE_GRID_CONSTANT KernelParams<Cfg> const params) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -48,7 +51,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
   const int warpgroup = threadIdx.x / 128;
   const int thread_in_wg = threadIdx.x % 128;
-  const TileScheduler<Cfg, kVarlen, KernelParams<Cfg>> scheduler{params};
+  const TileScheduler<Cfg, kVarlen, KernelParams<Cfg>, kPaged> scheduler{params};
   WorkTile launch_tile = scheduler.LaunchTile();
   if constexpr (kVarlen && !kPersistent) {
     if (!scheduler.Resolve(launch_tile)) return;  // the whole CTA, before any barrier
@@ -65,6 +68,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   Pipeline pipe_k(shared.pipe_k, pipe_params, Shape<_1, _1, _1>{});
   Pipeline pipe_v(shared.pipe_v, pipe_params, Shape<_1, _1, _1>{});
   if (threadIdx.x == 0) {
+    // Paged gather: each of the 128 producer threads arrives when its cp.asyncs land, and the
+    // leader once more after the stage's hole words (mainloop_load.cuh GatherPages). The same
+    // thread initialized them for the TMA pipeline's one arrival just above.
+    if constexpr (kGather) {
+      for (int i = 0; i < Cfg::kStages; ++i) {
+        shared.pipe_k.full_barrier_[i].init(128 + 1);
+        shared.pipe_v.full_barrier_[i].init(128 + 1);
+      }
+    }
     shared.barrier_q.init(1);
     // Q is free again when every consumer thread finished its last wgmma on it (separate O), or
     // when each consumer's O store out of the Q buffer has completed.
@@ -77,8 +89,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   if (warpgroup == 0) {
     // ---- Producer ------------------------------------------------------------------------
     cutlass::arch::warpgroup_reg_dealloc<Cfg::kProducerRegs>();
-    if (threadIdx.x >= (kPaged ? 32 : 1)) return;
-    MainloopLoad<Cfg, kVarlen, kPaged>{params, scheduler, shared, pipe_k, pipe_v}.Run(launch_tile);
+    if (threadIdx.x >= (kGather ? 128 : kPaged ? 32 : 1)) return;
+    MainloopLoad<Cfg, kVarlen, kPaged, kGather>{params, scheduler, shared, pipe_k, pipe_v}.Run(
+        launch_tile);
   } else {
     // ---- Consumers -----------------------------------------------------------------------
     cutlass::arch::warpgroup_reg_alloc<Cfg::kConsumerRegs>();
@@ -103,8 +116,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
     const AccCoord coord(thread_in_wg);
     PipelineState read_k, read_v;  // run on across the tiles of a persistent CTA
-    Epilogue<Cfg, kVarlen> epilogue{params, scheduler, shared, coord, consumer, thread_in_wg,
-                                    epilogue_barrier};
+    Epilogue<Cfg, kVarlen, kPaged> epilogue{params, scheduler, shared, coord, consumer,
+                                            thread_in_wg, epilogue_barrier};
     // The first consumer goes first.
     auto start_turns = [&] {
       if (consumer == 1) cutlass::arch::NamedBarrier::arrive(kConsumerThreads, other_turn);
@@ -113,8 +126,36 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     // One work tile: main loop, then the epilogue. Q must be in smem. Returns the ordinal of the
     // next published tile (persistent). always_inline: NVVM outlines this lambda otherwise, and
     // ptxas then serializes every wgmma (C7520).
+    // PackGQA (scheduler.Pack() > 1): this warpgroup's 64 tile rows of Q, read from q row by
+    // row (tile row m: q row m / pack of q head tile.head * pack + m % pack; a TMA box cannot
+    // gather them for a group size that does not divide 64). Rows past the sequence get zeros.
+    [[maybe_unused]] auto load_q_rows = [&](WorkTile const& tile) {
+      constexpr int kChunks = Cfg::kHeadDim / 8;  // 16-byte chunks per row
+      const int pack = scheduler.Pack();
+      const int row0 = tile.m_block * kBlockM + consumer * kRows;
+      const int64_t row_stride = int64_t(params.num_heads) * Cfg::kHeadDim;
+      Tensor sQmine = sQ(_, _, consumer);
+#pragma unroll
+      for (int i = thread_in_wg; i < kRows * kChunks; i += 128) {
+        const int m = i / kChunks, c = i % kChunks;
+        const int token = (row0 + m) / pack, head = tile.head * pack + (row0 + m) % pack;
+        uint4 chunk = make_uint4(0, 0, 0, 0);
+        if (token < tile.q_len)
+          chunk = *reinterpret_cast<const uint4*>(
+              params.q + (int64_t(tile.q_row0) + token) * row_stride +
+              int64_t(head) * Cfg::kHeadDim + 8 * c);
+        // 16-byte chunks of a row stay whole under the 128-byte swizzle.
+        *reinterpret_cast<uint4*>(&sQmine(m, 8 * c)) = chunk;
+      }
+      cutlass::arch::fence_view_async_shared();  // generic-proxy writes -> wgmma reads
+      cutlass::arch::NamedBarrier::sync(128, epilogue_barrier);
+    };
+
     auto run_tile = [&](WorkTile const& tile, bool last_tile) __attribute__((always_inline)) {
       const KeyTiles tiles = scheduler.Keys(tile);
+      if constexpr (kPaged) {
+        if (scheduler.Pack() > 1 && !tiles.empty()) load_q_rows(tile);
+      }
       Tensor tSrQ = thr_qk.partition_fragment_A(sQ(_, _, consumer));
       const int row_base = tile.m_block * kBlockM + consumer * kRows + coord.row0;  // row of r = 0
       const int diag = scheduler.SeqlenK(tile) - scheduler.SeqlenQ(tile);
@@ -124,19 +165,34 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       // Masks keys past the end, right of the diagonal / window and left of the window, for key
       // tile n: each row r keeps the columns in [begin, end), so the test per element is two
       // compares + select, branch-free (a branch here would make ptxas wait for P V).
-      // Paged: keys of boxes from a bad page-table entry (holes: the K stage's bits, box i of
-      // the tile = elements i / 8 of each row's accumulator) are masked as well.
-      auto mask_holes = [&](auto& s, uint32_t holes) {
+      // Paged: keys from a bad page-table entry (holes, the K stage's words) are masked as well.
+      // TMA boxes: one bit per box in word 0, box i of the tile = elements i / 8 of each row's
+      // accumulator, read into a register before the stage is released. Gather: one bit per
+      // key, read here from smem (kGather releases the K stage after the mask).
+      auto mask_holes = [&](auto& s, uint32_t holes, int stage) {
+        if constexpr (kGather) {
+          uint32_t words[Cfg::kHoleWords];
 #pragma unroll
-        for (int i = 0; i < size(s); ++i)
-          if ((holes >> (AccCoord::Col(i) / Cfg::kPageBoxRows)) & 1u) s(i) = -INFINITY;
+          for (int w = 0; w < Cfg::kHoleWords; ++w)  // this thread's columns start at col0
+            words[w] = reinterpret_cast<volatile uint32_t const*>(shared.page_holes[stage])[w] >>
+                       coord.col0;
+#pragma unroll
+          for (int i = 0; i < size(s); ++i)
+            if ((words[AccCoord::Col(i) / 32] >> (AccCoord::Col(i) % 32)) & 1u) s(i) = -INFINITY;
+        } else {
+#pragma unroll
+          for (int i = 0; i < size(s); ++i)
+            if ((holes >> (AccCoord::Col(i) / Cfg::kPageBoxRows)) & 1u) s(i) = -INFINITY;
+        }
       };
-      auto mask = [&](auto& s, int n, uint32_t holes) {
-        if constexpr (kPaged) mask_holes(s, holes);
+      auto mask = [&](auto& s, int n, uint32_t holes, int stage) {
+        if constexpr (kPaged) mask_holes(s, holes, stage);
         int begin[2], end[2];
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          const int row_diag = row_base + 8 * r + diag;
+          // The q row of tile row r (PackGQA: the row it holds a head of), recomputed here: one
+          // more register live across the main loop made hd256 spill.
+          const int row_diag = (row_base + 8 * r) / scheduler.Pack() + diag;
           end[r] = key_end;
           if (params.window_right >= 0) end[r] = min(end[r], row_diag + params.window_right + 1);
           begin[r] = params.window_left >= 0 ? row_diag - params.window_left : 0;
@@ -177,11 +233,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         cutlass::arch::fence_view_async_shared();
         cutlass::arch::NamedBarrier::sync(128, epilogue_barrier);
       };
-      // The K stage's holes (paged), read before the stage is released; 0 otherwise.
+      // The K stage's holes (paged): TMA boxes, its box bits, read before the stage is
+      // released; gather, whether it has any (the mask reads the words). 0 otherwise.
       auto load_holes = [&]() -> uint32_t {
-        if constexpr (kPaged)
-          return reinterpret_cast<volatile uint32_t const*>(shared.page_holes)[read_k.index()];
-        else return 0u;
+        if constexpr (kPaged) {
+          auto words = reinterpret_cast<volatile uint32_t const*>(shared.page_holes[read_k.index()]);
+          uint32_t any = words[0];
+          if constexpr (kGather) {
+#pragma unroll
+            for (int w = 1; w < Cfg::kHoleWords; ++w) any |= words[w];
+          }
+          return any;
+        } else {
+          return 0u;
+        }
       };
       if (!tiles.empty()) {
         auto hand_over = [&](bool last) {
@@ -193,14 +258,22 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<kRows>, Int<kBlockN>>{});
         pipe_k.consumer_wait(read_k);
         const uint32_t holes0 = load_holes();
+        const int stage0 = read_k.index();
         cutlass::arch::NamedBarrier::sync(kConsumerThreads, my_turn);
         Gemm<true, false>(mma_qk, tSrQ, tSrK(_, _, _, read_k.index()), tSrS);
         hand_over(n == tiles.n_begin);
         warpgroup_wait<0>();
-        pipe_k.consumer_release(read_k);
-        ++read_k;
+        // Gather: the mask reads the stage's hole words, so the stage is released after it.
+        if constexpr (!kGather) {
+          pipe_k.consumer_release(read_k);
+          ++read_k;
+        }
         if constexpr (kSoftcap) apply_softcap(tSrS);
-        mask(tSrS, n, holes0);
+        mask(tSrS, n, holes0, stage0);
+        if constexpr (kGather) {
+          pipe_k.consumer_release(read_k);
+          ++read_k;
+        }
         if constexpr (kPaged) zero_v_tail(n);
         // Early rescale: the correction of the latest softmax step waits here until the next
         // step's S is issued (the first one scales O = 0: harmless).
@@ -210,9 +283,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
         // One step: S_n issued with P_{n+1} V_{n+1}; softmax of S_n while P V runs.
         auto step = [&](int n, auto masked) {
+          // Gather steps that test holes read them in the mask: the K stage is released after it.
+          constexpr bool kLateRelease = kGather && (decltype(masked)::value || !kHolesBranch);
           Tensor s = partition_fragment_C(mma_qk, Shape<Int<kRows>, Int<kBlockN>>{});
           pipe_k.consumer_wait(read_k);
           const uint32_t holes = load_holes();
+          [[maybe_unused]] const int stage = read_k.index();
           cutlass::arch::NamedBarrier::sync(kConsumerThreads, my_turn);
           Gemm<true, false>(mma_qk, tSrQ, tSrK(_, _, _, read_k.index()), s);
           // O is idle here (the last P V completed); the tensor cores are busy with S.
@@ -221,11 +297,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           Gemm<false, true>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
           hand_over(n == tiles.n_begin);
           warpgroup_wait<1>();
-          pipe_k.consumer_release(read_k);
-          ++read_k;
+          if constexpr (!kLateRelease) {
+            pipe_k.consumer_release(read_k);
+            ++read_k;
+          }
           if constexpr (kSoftcap) apply_softcap(s);
-          if constexpr (decltype(masked)::value) mask(s, n, holes);
-          else if constexpr (kPaged && !kHolesBranch) mask_holes(s, holes);
+          if constexpr (decltype(masked)::value) mask(s, n, holes, stage);
+          else if constexpr (kPaged && !kHolesBranch) mask_holes(s, holes, stage);
+          if constexpr (kLateRelease) {
+            pipe_k.consumer_release(read_k);
+            ++read_k;
+          }
           float corr[2];
           softmax.Step(s, corr);
           warpgroup_wait<0>();

@@ -24,6 +24,7 @@ struct KernelParams {
   int seqlen_k;
   int num_heads;
   int group;                         // num_heads / num_kv_heads
+  int tile_heads;                    // heads of the tile order: num_heads / pack
   float softmax_scale;               // 1 under softcap (the capped scores are already scaled)
   bool causal;                       // bottom-right aligned; orders the tiles (longest first)
   // Visible keys of query row i: i + diag - window_left <= j <= i + diag + window_right, with
@@ -73,6 +74,17 @@ struct KernelParams {
   int num_pages;
   int page_box_rows;                 // rows per TMA box: kPageBoxRowsWide where it divides
                                      // page_size and is wider, else kPageBoxRows
+  // Paged gather (the kGather instantiation; mainloop_load.cuh): the producer warpgroup copies
+  // K/V rows with cp.async through the page table instead of TMA boxes, for any page size.
+  // page_box_rows is then 1 (the loads zero-fill every row past the keys).
+  int page_size;
+  int pool_row;                      // elements from one pool row to the next
+  const Element_t<Cfg>* k_pool;      // [num_pages * page_size, num_kv_heads, head_dim]
+  const Element_t<Cfg>* v_pool;
+  // PackGQA (paged kernel only; TileScheduler::Pack): q heads per tile row group, 1 or group.
+  // pack > 1: the consumers load Q from q row by row and store O the same way.
+  int pack;
+  const Element_t<Cfg>* q;           // [total_q, num_heads, head_dim]
 };
 
 }  // namespace jax_sgl::cuda::sm90

@@ -62,15 +62,19 @@ cudaError_t LaunchFlashFwdSm90(const AttentionParams& p, void* scratch, cudaStre
   // Keys per sequence at most: paged sequences see up to max_pages pages (the kernel's seqlen_k,
   // from which VarlenTile clamps seqused_k).
   const int key_bound = paged ? p.max_pages * p.page_size : p.seqlen_k;
+  // PackGQA (paged only, Sm90PackGqa): a tile's rows are (q row, head of the GQA group) pairs,
+  // pack tile rows per q row, and the tiles go per kv head.
+  const int pack = paged && Sm90PackGqa(p) ? p.num_heads / p.num_kv_heads : 1;
+  const int tile_heads = p.num_heads / pack;
   // Varlen: the row blocks of all sequences together are at most ceil(total_q / kBlockM) + batch
   // (each sequence adds at most one partial block); dense q needs exactly batch x its blocks.
   const int num_m_blocks =
       !varlen ? (p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM
       : p.cu_seqlens_q != nullptr
-          ? int((p.total_q + Cfg::kBlockM - 1) / Cfg::kBlockM) + p.batch
-          : (p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM * p.batch;
+          ? int((p.total_q * pack + Cfg::kBlockM - 1) / Cfg::kBlockM) + p.batch
+          : (p.seqlen_q * pack + Cfg::kBlockM - 1) / Cfg::kBlockM * p.batch;
   const int tile_batches = varlen ? 1 : p.batch;
-  const int num_tiles = num_m_blocks * p.num_heads * tile_batches;
+  const int num_tiles = num_m_blocks * tile_heads * tile_batches;
   // Varlen views every tensor as packed rows (dense q or k alike: [batch * seqlen] rows).
   const int rows_q = varlen ? int(p.total_q) : p.seqlen_q;
   const int rows_k = varlen ? int(p.total_k) : p.seqlen_k;
@@ -83,12 +87,16 @@ cudaError_t LaunchFlashFwdSm90(const AttentionParams& p, void* scratch, cudaStre
   // leave the page descriptors empty: their kernels never read them.
   auto pool_k = sm90::PoolTensor<Cfg>(p.k, p.page_size, kHeadDim, p.num_kv_heads, p.num_pages);
   auto pool_v = sm90::PoolTensor<Cfg>(p.v, p.page_size, kHeadDim, p.num_kv_heads, p.num_pages);
+  // Paged: TMA boxes where the page size allows them, else the producer warpgroup's cp.async
+  // gather (mainloop_load.cuh GatherPages, its own instantiation).
+  const bool gather = paged && Sm90PagedGather(p);
   auto page_tma = [&](auto const& pool) {
-    return paged ? make_tma_copy(SM90_TMA_LOAD{}, pool, typename Cfg::SmemLayoutPageBox{},
-                                 typename Cfg::PageBox{}, _1{})
-                 : typename Cfg::TmaPage{};
+    return paged && !gather ? make_tma_copy(SM90_TMA_LOAD{}, pool,
+                                            typename Cfg::SmemLayoutPageBox{},
+                                            typename Cfg::PageBox{}, _1{})
+                            : typename Cfg::TmaPage{};
   };
-  const bool wide = paged && Cfg::kPageBoxRowsWide > Cfg::kPageBoxRows &&
+  const bool wide = paged && !gather && Cfg::kPageBoxRowsWide > Cfg::kPageBoxRows &&
                     p.page_size % Cfg::kPageBoxRowsWide == 0;
   auto wide_tma = [&](auto const& pool) {
     return wide ? make_tma_copy(SM90_TMA_LOAD{}, pool, typename Cfg::SmemLayoutPageBoxWide{},
@@ -136,6 +144,7 @@ cudaError_t LaunchFlashFwdSm90(const AttentionParams& p, void* scratch, cudaStre
       key_bound,
       p.num_heads,
       p.num_heads / p.num_kv_heads,
+      tile_heads,
       softcap ? 1.f : p.softmax_scale,
       p.causal,
       window_left,
@@ -166,16 +175,24 @@ cudaError_t LaunchFlashFwdSm90(const AttentionParams& p, void* scratch, cudaStre
       paged ? p.max_pages : 0,
       paged ? p.page_size / Cfg::kPageBoxRows : 1,
       paged ? p.num_pages : 0,
-      wide ? Cfg::kPageBoxRowsWide : Cfg::kPageBoxRows,
+      gather ? 1 : wide ? Cfg::kPageBoxRowsWide : Cfg::kPageBoxRows,
+      p.page_size,
+      p.num_kv_heads * kHeadDim,
+      static_cast<const typename Cfg::Element*>(p.k),
+      static_cast<const typename Cfg::Element*>(p.v),
+      pack,
+      static_cast<const typename Cfg::Element*>(p.q),
   };
   // Softcap has its own instantiations (kernel.cuh kSoftcap), so the plain ones carry none of it.
-  auto kernel = paged    ? (softcap ? sm90::FlashFwdSm90Kernel<Cfg, true, true, true>
+  auto kernel = gather   ? (softcap ? sm90::FlashFwdSm90Kernel<Cfg, true, true, true, true>
+                                     : sm90::FlashFwdSm90Kernel<Cfg, true, false, true, true>)
+                : paged  ? (softcap ? sm90::FlashFwdSm90Kernel<Cfg, true, true, true>
                                      : sm90::FlashFwdSm90Kernel<Cfg, true, false, true>)
                 : varlen ? (softcap ? sm90::FlashFwdSm90Kernel<Cfg, true, true>
                                     : sm90::FlashFwdSm90Kernel<Cfg, true, false>)
                          : (softcap ? sm90::FlashFwdSm90Kernel<Cfg, false, true>
                                     : sm90::FlashFwdSm90Kernel<Cfg, false, false>);
-  dim3 grid(num_m_blocks, p.num_heads, tile_batches);
+  dim3 grid(num_m_blocks, tile_heads, tile_batches);
   if constexpr (Cfg::kPersistent) {
     grid = dim3(std::min(num_items, num_sms));
     // The counter starts at 0 for every call (kernel.cuh NextTile).

@@ -52,6 +52,15 @@ inline TailSplit ChooseTailSplit(int units, int num_sms, int max_shares) {
   return r > 0 && 2 * r <= num_sms && splits >= 2 ? TailSplit{r, splits} : TailSplit{0, 0};
 }
 
+// Whether a paged call packs the q heads of each GQA group into the tile rows (PackGQA,
+// sm90/fwd/tile_scheduler.cuh): the tile then covers group x fewer q rows of all the group's
+// heads, and the K/V of a kv head load once for them.
+bool Sm90PackGqa(const AttentionParams& p);
+
+// Whether a paged call loads K/V with the producer warpgroup's cp.async gather rather than TMA
+// boxes (sm90/fwd/mainloop_load.cuh): pages that are not a multiple of a box.
+bool Sm90PagedGather(const AttentionParams& p);
+
 // Whether a call takes the tail split: a dense, non-causal call (measured +1.0-2.9% at S = 1k-8k).
 // Persistent kernels then run the tiles of the last, partial wave as key shares on every CTA,
 // merged by a second kernel.

@@ -8,13 +8,17 @@
 // each lane holds one page-table entry (PageWindow) and loads one TMA box of Cfg::kPageBoxRows
 // keys of a key tile; lane 0 issues Q and arrives on the barriers. Boxes past the keys or behind
 // an entry outside the pool load TMA's zero fill, so no byte outside the pool is read and the
-// ring's byte count is that of a dense tile.
+// ring's byte count is that of a dense tile. kGather (page sizes no TMA box fits: not a multiple
+// of Cfg::kPageBoxRows, a token pool among them): the producer is the whole warpgroup and copies
+// the tile row by row with cp.async instead (GatherPages).
 #pragma once
 
 #include <cute/tensor.hpp>
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
+#include "ffi/cuda/attention/common/mma.cuh"
 #include "ffi/cuda/attention/sm90/fwd/config.h"
+#include "ffi/cuda/attention/sm90/fwd/gemm.cuh"
 #include "ffi/cuda/attention/sm90/fwd/kernel_params.h"
 #include "ffi/cuda/attention/sm90/fwd/tile_scheduler.cuh"
 #include "ffi/cuda/attention/sm90/tma_load.h"
@@ -30,13 +34,14 @@ struct PageWindow {
   int page;
 };
 
-template <typename Cfg, bool kVarlen, bool kPaged = false>
+template <typename Cfg, bool kVarlen, bool kPaged = false, bool kGather = false>
 struct MainloopLoad {
   using Pipeline = typename Cfg::Pipeline;
   using PipelineState = cutlass::PipelineState<Cfg::kStages>;
-  using Scheduler = TileScheduler<Cfg, kVarlen, KernelParams<Cfg>>;
+  using Scheduler = TileScheduler<Cfg, kVarlen, KernelParams<Cfg>, kPaged>;
   static constexpr int kBlockN = Cfg::kBlockN;
   static_assert(!kPaged || kVarlen, "paged K/V is a varlen geometry");
+  static_assert(!kGather || kPaged, "the gather loads pages");
 
   KernelParams<Cfg> const& params;
   Scheduler const& scheduler;
@@ -67,8 +72,72 @@ struct MainloopLoad {
     win.page = page >= 0 && page < params.num_pages ? page : params.num_pages;
   }
 
-  // The producer's whole run (one thread; a warp when kPaged): the launch tile (non-persistent),
-  // or the scheduler's tiles until none is left (persistent).
+  // Paged gather: key tile n of this sequence into stage `stage` of sKV by the 128 producer
+  // threads, one 16-byte cp.async per (row, chunk), completing on the stage's full barrier
+  // (initialized for 128 asynchronous arrivals + the leader's, kernel.cuh). A K load
+  // (write_rows) first resolves each key's pool row through the page table, one key per thread,
+  // into its slot of shared.gather_rows (-1: past the keys or a bad entry, loaded as zeros) and
+  // the stage's per-key hole words; the V load of the same tile, one K load later, reads the
+  // rows back. Three slots, by K load count: the K load after that V load writes another slot,
+  // and the one after it only once every thread has passed the producer barrier of the first,
+  // i.e. has finished that V load.
+  template <typename SKV>
+  __device__ __forceinline__ void GatherPages(WorkTile const& w, SKV const& sKV,
+                                              const Element_t<Cfg>* pool, uint64_t* bar, int n,
+                                              int stage, uint32_t k_load, bool write_rows) const {
+    constexpr int kChunks = Cfg::kHeadDim / 8;                  // 16-byte chunks per row
+    constexpr int kThreadsPerRow = kChunks < 16 ? kChunks : 16;  // 8 rows per pass from hd128
+    constexpr int kPerRow = kChunks / kThreadsPerRow;            // chunks per thread and row
+    constexpr int kRowsPerPass = 128 / kThreadsPerRow;           // a multiple of 8
+    static_assert(kRowsPerPass % 8 == 0 && Cfg::kBlockN % kRowsPerPass == 0);
+    static_assert(sizeof(Element_t<Cfg>) == 2, "128-byte swizzle rows of 64 elements");
+    const int t = int(threadIdx.x);
+    int* rows = shared.gather_rows[k_load % 3];
+    if (write_rows) {
+#pragma unroll 1
+      for (int r0 = 0; r0 < kBlockN; r0 += 128) {
+        const int r = r0 + t, key = n * kBlockN + r;
+        int row = -1;
+        if (r < kBlockN && key < w.k_len) {
+          const int entry = key / params.page_size;
+          const int page = params.page_table[int64_t(w.batch) * params.max_pages + entry];
+          if (page >= 0 && page < params.num_pages)
+            row = page * params.page_size + (key - entry * params.page_size);
+        }
+        if (r < kBlockN) rows[r] = row;
+        const uint32_t bad = __ballot_sync(0xffffffffu, row < 0);
+        if (t % 32 == 0 && r < kBlockN)
+          *reinterpret_cast<volatile uint32_t*>(&shared.page_holes[stage][r / 32]) = bad;
+      }
+      cutlass::arch::NamedBarrier::sync(128, uint32_t(Barrier::kProducer));
+    }
+    // Thread t copies chunks c and c + 16, c + 32, ... (kPerRow of them) of rows t / kThreadsPerRow
+    // + kRowsPerPass j: every row it copies has the same row % 8, so under the 128-byte swizzle
+    // (16-byte chunk index ^ row % 8) its smem address moves by 128 bytes a row, and a chunk 16 to
+    // the right is two 64-column blocks of the tile further. The producer has 24 registers.
+    const int chunk = t % kThreadsPerRow;
+    const uint32_t smem = cute::cast_smem_ptr_to_uint(&sKV(t / kThreadsPerRow, 8 * chunk, stage));
+    const Element_t<Cfg>* head = pool + int64_t(scheduler.KvHead(w)) * Cfg::kHeadDim + 8 * chunk;
+#pragma unroll 1
+    for (int j = 0; j < kBlockN / kRowsPerPass; ++j) {
+      const int row = rows[t / kThreadsPerRow + kRowsPerPass * j];
+      const Element_t<Cfg>* src = head + int64_t(max(row, 0)) * params.pool_row;
+#pragma unroll
+      for (int k = 0; k < kPerRow; ++k)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(
+                         smem + j * (kRowsPerPass * 128) + k * 2 * (kBlockN * 128)),
+                     "l"(src + 128 * k), "r"(row >= 0 ? 16 : 0)
+                     : "memory");
+    }
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(
+                     cute::cast_smem_ptr_to_uint(bar))
+                 : "memory");
+    // The +1 arrival: after the hole words (written before the producer barrier above).
+    if (t == 0) cutlass::arch::ClusterBarrier::arrive(bar);
+  }
+
+  // The producer's whole run (one thread; a warp when kPaged; the warpgroup when gathering): the
+  // launch tile (non-persistent), or the scheduler's tiles until none is left (persistent).
   __device__ __forceinline__ void Run(WorkTile const& launch_tile) {
     // The thread that issues loads and arrives on barriers (PipelineTmaAsync's is_leader).
     const bool leader = !kPaged || threadIdx.x == 0;
@@ -89,7 +158,7 @@ struct MainloopLoad {
     // pairs, then V[first]. claim_q() runs just before Q is written (persistent: waits for the
     // consumers to be done with the previous Q, then publishes the tile).
     auto load_tile = [&](WorkTile const& w, KeyTiles const& tiles, auto&& claim_q) {
-      const int kv_head = w.head / params.group;
+      const int kv_head = scheduler.KvHead(w);
       // [64, D, m/64] rows of this (batch, head); [N, D, n] keys of this (batch, kv head).
       // Varlen: boxes that run past a sequence's end read the next sequence's rows (or TMA's
       // zero fill past the buffer): masked as keys past k_len, unused as q rows past q_len.
@@ -162,11 +231,15 @@ struct MainloopLoad {
       auto load_k = [&](int n) {
         const PipelineState write_k = write_state(k_loads++);
         pipe_k.producer_acquire(write_k);
-        if constexpr (kPaged)
-          load_pages(params.tma_k_page, params.tma_k_page_wide, sK, win_k,
-                     pipe_k.producer_get_barrier(write_k), n, write_k.index(),
-                     &shared.page_holes[write_k.index()]);
-        else
+        if constexpr (kPaged) {
+          if constexpr (kGather)
+            GatherPages(w, sK, params.k_pool, pipe_k.producer_get_barrier(write_k), n,
+                        write_k.index(), k_loads - 1, true);
+          else
+            load_pages(params.tma_k_page, params.tma_k_page_wide, sK, win_k,
+                       pipe_k.producer_get_barrier(write_k), n, write_k.index(),
+                       shared.page_holes[write_k.index()]);
+        } else
           copy(NoCacheHint(params.tma_k.with(*pipe_k.producer_get_barrier(write_k))), tKg(_, n),
                tKs(_, write_k.index()));
       };
@@ -174,20 +247,29 @@ struct MainloopLoad {
       auto load_v = [&](int n, uint32_t behind) {
         const PipelineState write_v = write_state(k_loads - behind);
         pipe_v.producer_acquire(write_v);
-        if constexpr (kPaged)
-          load_pages(params.tma_v_page, params.tma_v_page_wide, sV, win_v,
-                     pipe_v.producer_get_barrier(write_v), n, write_v.index(), nullptr);
-        else
+        if constexpr (kPaged) {
+          // V of tile n: the K load of tile n was `behind` K loads ago, into this stage index.
+          if constexpr (kGather)
+            GatherPages(w, sV, params.v_pool, pipe_v.producer_get_barrier(write_v), n,
+                        write_v.index(), k_loads - behind, false);
+          else
+            load_pages(params.tma_v_page, params.tma_v_page_wide, sV, win_v,
+                       pipe_v.producer_get_barrier(write_v), n, write_v.index(), nullptr);
+        } else
           copy(NoCacheHint(params.tma_v.with(*pipe_v.producer_get_barrier(write_v))), tVg(_, n),
                tVs(_, write_v.index()));
       };
       if (!tiles.empty()) load_k(tiles.n_end - 1);
       claim_q();
       if (leader) {
-        shared.barrier_q.arrive_and_expect_tx(2 * Cfg::kQHalfBytes);
-        for (int half = 0; half < Cfg::kConsumers; ++half)
-          copy(NoCacheHint(params.tma_q.with(reinterpret_cast<uint64_t&>(shared.barrier_q))),
-               tQg(_, 2 * w.m_block + half), tQs(_, half));
+        if (scheduler.Pack() > 1) {
+          shared.barrier_q.arrive();  // PackGQA: the consumers load Q themselves
+        } else {
+          shared.barrier_q.arrive_and_expect_tx(2 * Cfg::kQHalfBytes);
+          for (int half = 0; half < Cfg::kConsumers; ++half)
+            copy(NoCacheHint(params.tma_q.with(reinterpret_cast<uint64_t&>(shared.barrier_q))),
+                 tQg(_, 2 * w.m_block + half), tQs(_, half));
+        }
       }
       // Rolled: nvcc unrolled it 4x, and the addresses of the unrolled copies did not fit the
       // producer's 24 registers (varlen spilled); the producer waits on the ring anyway.
@@ -206,10 +288,22 @@ struct MainloopLoad {
       // zeros), and a final -1 tells the consumers to stop. Item ordinal iter may write Q once
       // the consumers released ordinal iter - 1.
       int iter = 0;
-      // Paged: lane 0 takes the next tile (a counter must be read once) and tells the warp.
+      // Paged: thread 0 takes the next tile (a counter must be read once) and tells the warp,
+      // or the warpgroup through smem (gather; the second sync keeps the next write behind
+      // every read).
       auto next = [&](int t) {
-        if constexpr (kPaged) return __shfl_sync(0xffffffffu, leader ? scheduler.Next(t) : 0, 0);
-        else return scheduler.Next(t);
+        if constexpr (kPaged) {
+          if constexpr (kGather) {
+            if (leader) shared.next_tile = scheduler.Next(t);
+            cutlass::arch::NamedBarrier::sync(128, uint32_t(Barrier::kProducer));
+            const int next_t = *reinterpret_cast<volatile int*>(&shared.next_tile);
+            cutlass::arch::NamedBarrier::sync(128, uint32_t(Barrier::kProducer));
+            return next_t;
+          }
+          return __shfl_sync(0xffffffffu, leader ? scheduler.Next(t) : 0, 0);
+        } else {
+          return scheduler.Next(t);
+        }
       };
       for (int t = scheduler.First();; t = next(t)) {
         const bool valid = scheduler.Valid(t);

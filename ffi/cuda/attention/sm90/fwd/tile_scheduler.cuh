@@ -16,11 +16,14 @@ namespace jax_sgl::cuda::sm90 {
 // of q head `head` as a work tile, or false past the last sequence's last block. An O(batch) scan
 // of cu_seqlens per tile instead of a prefix-sum pass: batch is small next to a tile's work.
 // Lengths clamp like attention_seq.h GetSeqBounds, so bad index arrays never leave the buffers.
+// pack: tile rows per q row (PackGQA, TileScheduler::Pack), so a sequence of q_len rows has
+// ceil(q_len * pack / block_m) blocks.
 template <typename Params>
-__device__ bool VarlenTile(Params const& params, int lin, int head, int block_m, WorkTile& w) {
+__device__ bool VarlenTile(Params const& params, int lin, int head, int block_m, int pack,
+                           WorkTile& w) {
   w.head = head;
   if (params.cu_seqlens_q == nullptr) {
-    const int blocks = (params.seqlen_q + block_m - 1) / block_m;
+    const int blocks = (params.seqlen_q * pack + block_m - 1) / block_m;
     w.batch = lin / blocks;
     w.m_block = lin % blocks;
     w.q_row0 = w.batch * params.seqlen_q;
@@ -30,7 +33,7 @@ __device__ bool VarlenTile(Params const& params, int lin, int head, int block_m,
     for (; b < params.batch; ++b) {
       const RowRange r = ClampedRows(params.cu_seqlens_q[b], params.cu_seqlens_q[b + 1],
                                      params.total_q);
-      const int blocks = (int(r.len) + block_m - 1) / block_m;
+      const int blocks = (int(r.len) * pack + block_m - 1) / block_m;
       if (lin < acc + blocks) {
         w.m_block = lin - acc;
         w.q_row0 = int(r.begin);
@@ -81,12 +84,13 @@ struct KeyTiles {
   int n_end;         // <= n_begin: no visible key at all (the rows get 0 and LSE -inf)
   int n_mask_begin;
   int n_mask_end;
-  __device__ KeyTiles(int m0, int block_m, int block_n, int seqlen_q, int seqlen_k, int left,
-                      int right) {
+  // q rows [row_first, row_last] are the CTA's (its tile's first and last).
+  __device__ KeyTiles(int row_first, int row_last, int block_n, int seqlen_q, int seqlen_k,
+                      int left, int right) {
     // Row i sees keys [i + diag - left, i + diag + right]: the CTA's last row bounds the range
     // above, its first row below; every row sees [last - left, first + right] unmasked.
     const int diag = seqlen_k - seqlen_q;
-    const int first = m0 + diag, last = m0 + block_m - 1 + diag;
+    const int first = row_first + diag, last = row_last + diag;
     const int hi = right < 0 ? seqlen_k : min(seqlen_k, max(0, last + right + 1));
     const int lo = left < 0 ? 0 : max(0, first - left);
     n_begin = lo / block_n;
@@ -114,10 +118,10 @@ struct KeyTiles {
 template <typename Params>
 __device__ __forceinline__ WorkTile ItemTile(Params const& params, int t) {
   if (t < params.num_whole_tiles)
-    return DecodeTile(t, params.num_m_blocks, params.num_heads, params.causal);
+    return DecodeTile(t, params.num_m_blocks, params.tile_heads, params.causal);
   const int u = t - params.num_whole_tiles;
   WorkTile w = DecodeTile(params.num_whole_tiles + u / params.tail_splits, params.num_m_blocks,
-                          params.num_heads, params.causal);
+                          params.tile_heads, params.causal);
   w.split = u % params.tail_splits;
   return w;
 }
@@ -149,10 +153,23 @@ static_assert(sizeof(HeldTile) == 9 * sizeof(int));
 
 // The scheduler of one kernel instantiation: tile geometry for the producer and the consumers.
 // kVarlen: packed sequences (cu_seqlens_q / cu_seqlens_k, seqused_k), each tile with its own
-// geometry (VarlenTile); else the call's dense geometry.
-template <typename Cfg, bool kVarlen, typename Params>
+// geometry (VarlenTile); else the call's dense geometry. kPack (the paged kernel): the call may
+// pack the q heads of a GQA group into the tile rows (params.pack, launch.cuh).
+template <typename Cfg, bool kVarlen, typename Params, bool kPack = false>
 struct TileScheduler {
   Params const& params;
+
+  // PackGQA: tile row m is q row m / Pack() of q head w.head * Pack() + m % Pack(), so a tile
+  // holds the rows of all the q heads that share one kv head (w.head is then that kv head) and
+  // calls of few q rows per sequence still fill its 128 rows. 1: row m is q row m of q head
+  // w.head.
+  __device__ __forceinline__ int Pack() const {
+    if constexpr (kPack) return params.pack;
+    else return 1;
+  }
+  __device__ __forceinline__ int KvHead(WorkTile const& w) const {
+    return w.head * Pack() / params.group;
+  }
 
   // Non-persistent: the CTA's one tile; causal CTAs with more rows have more key tiles, launch
   // them first.
@@ -169,7 +186,7 @@ struct TileScheduler {
   // Persistent and varlen: tile indices name (linear row block, head); the sequence comes from
   // VarlenTile. Blocks past the last sequence's rows (the grid is a bound) do nothing: false.
   __device__ __forceinline__ bool Resolve(WorkTile& w) const {
-    if constexpr (kVarlen) return VarlenTile(params, w.m_block, w.head, Cfg::kBlockM, w);
+    if constexpr (kVarlen) return VarlenTile(params, w.m_block, w.head, Cfg::kBlockM, Pack(), w);
     else return true;
   }
   // The sequence geometry of a tile: the call's (dense) or the tile's own (varlen).
@@ -181,8 +198,9 @@ struct TileScheduler {
   }
   // The key tiles of a work tile (its share of them under the tail split).
   __device__ __forceinline__ KeyTiles Keys(WorkTile const& w) const {
-    KeyTiles tiles(w.m_block * Cfg::kBlockM, Cfg::kBlockM, Cfg::kBlockN, SeqlenQ(w), SeqlenK(w),
-                   params.window_left, params.window_right);
+    const int row0 = w.m_block * Cfg::kBlockM;
+    KeyTiles tiles(row0 / Pack(), (row0 + Cfg::kBlockM - 1) / Pack(), Cfg::kBlockN, SeqlenQ(w),
+                   SeqlenK(w), params.window_left, params.window_right);
     if constexpr (Cfg::kPersistent && !kVarlen) {
       if (w.split >= 0) tiles.Split(w.split, params.tail_splits);
     }
