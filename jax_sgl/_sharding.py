@@ -17,7 +17,8 @@ Supported shardings (taken from the operands, no data moved):
                    (cu_seqlens hold global offsets).
   rope_pool_fused  KV heads: q heads, k/v heads and the pools' head axis split together; tokens,
                    positions, slots and the pools' slot axis replicated, so each pool shard
-                   receives every token's write for its heads.
+                   receives every token's write for its heads. A fused kv_buffer runs
+                   replicated (every operand whole on each device).
 Every other sharding (the sequence/token axis, head_dim, the pools' slot or page axis, a head
 split not dividing num_kv_heads, varlen batch) is resharded by XLA to the supported one before the
 op (an all-gather of that operand) and the result is correct; only speed is lost. Token-sharded
@@ -305,27 +306,44 @@ def partition_attention_bwd(prim: Primitive, abstract_eval: Callable) -> Primiti
 # --------------------------------------------------------------------------------------------
 # rope_pool_fused
 # --------------------------------------------------------------------------------------------
-# Operands q, k, v, positions, slots, k_pool, v_pool. Factors: t tokens, n slots, k KV heads,
-# g group, d head_dim.
+# Operands q, k, v, positions, slots, inv_freq, then k_pool and v_pool or one fused kv_buffer.
+# Factors: t tokens, i frequencies, n slots, k KV heads, g group, d head_dim. A fused kv_buffer is
+# kept whole (factors b0.. all replicated): its head axis interleaves K and V, and in the 5-D form
+# it is split over two dimensions.
 
 
 def _rope_rule(params):
   spec = params["spec"]
-  h = _heads(spec.num_qo_heads // spec.num_kv_heads)
-  operands = [f"t {h} d", "t k d", "t k d", "t", "t", "n k d", "n k d"]
-  results = [f"t {h} d", "t k d", "n k d", "n k d"]
-  return _rule(operands, results, ["t", "n", "d"], spec.num_qo_heads // spec.num_kv_heads)
+  g = spec.num_qo_heads // spec.num_kv_heads
+  h = _heads(g)
+  if spec.kv_buffer_ndim:
+    buf = " ".join(f"b{i}" for i in range(spec.kv_buffer_ndim))
+    operands = [f"t {h} d", "t k d", "t k d", "t", "t", "i", buf]
+    results = [f"t {h} d", "t k d", buf]
+    replicated = ["t", "i", "d", "k", "g"] + buf.split()
+  else:
+    operands = [f"t {h} d", "t k d", "t k d", "t", "t", "i", "n k d", "n k d"]
+    results = [f"t {h} d", "t k d", "n k d", "n k d"]
+    replicated = ["t", "i", "n", "d"]
+  return _rule(operands, results, replicated, g)
 
 
 def _rope_plan(params, mesh, arg_shapes):
   spec = params["spec"]
-  candidates = [_dim_axes(arg_shapes[i], 1) for i in (0, 1, 5)]   # q, k, k_pool head axes
+  if spec.kv_buffer_ndim:
+    return _Plan(heads=(), batch=())
+  candidates = [_dim_axes(arg_shapes[i], 1) for i in (0, 1, 6)]   # q, k, k_pool head axes
   return _Plan(heads=_pick(mesh, candidates, (spec.num_kv_heads,)), batch=())
 
 
 def _rope_shardings(params, mesh, plan):
+  spec = params["spec"]
   heads = P(None, _entry(plan.heads), None)
-  return [heads, heads, heads, P(None), P(None), heads, heads], [heads] * 4
+  flat = [heads, heads, heads, P(None), P(None), P(None)]
+  if spec.kv_buffer_ndim:
+    buffer = P(*([None] * spec.kv_buffer_ndim))
+    return flat + [buffer], [heads, heads, buffer]
+  return flat + [heads, heads], [heads] * 4
 
 
 def _rope_local_params(params, mesh, plan):

@@ -60,14 +60,20 @@ def _f32(a):
 # --------------------------------------------------------------------------------------------
 
 def _run_rope_pool(q, k, v, positions, slots, k_pool, v_pool, dtype, rope_base, rotary_dim,
-                   is_neox):
+                   is_neox, inv_freq=None):
+  """v_pool None: k_pool is a fused kv_buffer; returns (q_rot, k_rot, kv_buffer) then."""
   q_rot = np.full_like(q, np.nan)
   k_rot = np.full_like(k, np.nan)
-  k_out, v_out = k_pool.copy(), v_pool.copy()  # the kernel writes the (aliased) pools in place
-  emu.rope_pool(_emu_view(q), _emu_view(k), _emu_view(v), positions, slots, _emu_view(q_rot),
-                _emu_view(k_rot), _emu_view(k_out), _emu_view(v_out), dtype=DTYPES[dtype][0],
-                rope_base=rope_base, rotary_dim=rotary_dim, is_neox=is_neox)
-  return q_rot, k_rot, k_out, v_out
+  if inv_freq is None:
+    inv_freq = reference.rope_inv_freq(rotary_dim, rope_base)
+  # The kernel writes the (aliased) pools in place; an empty v_pool says "fused kv_buffer".
+  k_out = k_pool.copy()
+  v_out = np.zeros(0, k_pool.dtype) if v_pool is None else v_pool.copy()
+  emu.rope_pool(_emu_view(q), _emu_view(k), _emu_view(v), positions, slots,
+                np.ascontiguousarray(inv_freq, np.float32), _emu_view(q_rot), _emu_view(k_rot),
+                _emu_view(k_out), _emu_view(v_out), dtype=DTYPES[dtype][0],
+                rotary_dim=rotary_dim, is_neox=is_neox)
+  return (q_rot, k_rot, k_out) if v_pool is None else (q_rot, k_rot, k_out, v_out)
 
 
 # Each reference shape costs a jit compile: sizes and index dtypes are paired, not crossed.
