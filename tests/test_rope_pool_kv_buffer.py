@@ -16,8 +16,7 @@ import pytest
 
 import jax_sgl
 from jax_sgl import reference
-
-TOL = {jnp.float32: 2e-5, jnp.float16: 2e-3, jnp.bfloat16: 1.6e-2}
+from test_rope_pool import TOL
 UINT = {jnp.float32: np.uint32, jnp.float16: np.uint16, jnp.bfloat16: np.uint16}
 PACKING = 2   # sglang-jax's packing axis in the 5-D form (a reshape of the head axis)
 

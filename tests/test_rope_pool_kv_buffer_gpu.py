@@ -14,18 +14,10 @@ import pytest
 
 import jax_sgl
 from jax_sgl import reference
-from test_rope_pool_kv_buffer import buffer_shape, llama3_inv_freq, rows
+from test_rope_pool_gpu import TARGET, gpu  # noqa: F401 (gpu: the device fixture)
+from test_rope_pool_kv_buffer import TOL, UINT, buffer_shape, llama3_inv_freq, rows
 
 pytestmark = pytest.mark.gpu
-
-TARGET = "jax_sgl_rope_pool_fwd"
-TOL = {jnp.float32: 2e-5, jnp.float16: 2e-3, jnp.bfloat16: 1.6e-2}
-UINT = {jnp.float32: np.uint32, jnp.float16: np.uint16, jnp.bfloat16: np.uint16}
-
-
-@pytest.fixture(scope="module")
-def gpu():
-  return jax.devices("cuda")[0]
 
 
 def make_case(gpu, seed, num_tokens, hq, hkv, d, d_pad, num_pages, page_size, form, dtype):
