@@ -51,6 +51,7 @@ class RopePoolSpec:
   rotary_dim: int
   is_neox: bool
   kv_buffer_ndim: int  # 0: separate k_pool / v_pool; 3, 4 or 5: one fused kv_buffer of that rank
+  kv_buffer_packing: int = 1  # the 5-D kv_buffer's packing axis (sharding needs it), else 1
 
 
 def _check_pool_form(k_pool, v_pool, kv_buffer) -> None:
@@ -96,6 +97,10 @@ def _check_inv_freq(inv_freq, rope_base, rotary_dim: int) -> None:
                     f"got {type(rope_base).__name__}") from None
   if not base > 0 or not math.isfinite(base):
     raise ValueError(f"{ROPE_FN}: rope_base must be a positive finite float, got {base}")
+
+
+def _is_5d(kv_buffer) -> bool:
+  return kv_buffer is not None and kv_buffer.ndim == 5
 
 
 def check_rope_pool(q, k, v, positions, slots, k_pool, v_pool, *, head_dim: int | None,
@@ -149,7 +154,8 @@ def check_rope_pool(q, k, v, positions, slots, k_pool, v_pool, *, head_dim: int 
   return RopePoolSpec(num_tokens=q_shape[0], num_qo_heads=num_qo_heads,
                       num_kv_heads=num_kv_heads, head_dim=head_dim, num_slots=num_slots,
                       rotary_dim=rotary_dim, is_neox=bool(is_neox),
-                      kv_buffer_ndim=0 if kv_buffer is None else kv_buffer.ndim)
+                      kv_buffer_ndim=0 if kv_buffer is None else kv_buffer.ndim,
+                      kv_buffer_packing=_shape(kv_buffer)[3] if _is_5d(kv_buffer) else 1)
 
 
 # --------------------------------------------------------------------------------------------
