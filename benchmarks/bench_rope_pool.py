@@ -5,7 +5,10 @@
   jax plain   the same work in jitted JAX: the reference rotary in jnp, then
               pool.at[slots].set(...) with the pools donated;
   jax tuned   as plain, with .at[slots].set(..., unique_indices=True, mode='promise_in_bounds');
-  jax_sgl     jax_sgl.rope_pool_fused, pools donated.
+  jax_sgl     jax_sgl.rope_pool_fused, pools donated;
+  kv_buffer   jax_sgl.rope_pool_fused into one fused K/V buffer as sglang-jax keeps it
+              ([num_slots, 1, Hkv, 2, D]: K and V interleaved on the head axis), donated. Same
+              bytes moved; its pool rows are the K/V halves of one buffer row.
 
 Problem (issue 9): 8192 and 65536 tokens, 32 q heads / 8 kv heads, head_dim 128, bf16, pools of
 1M slots, distinct random slots, random positions below 32768. Bytes counted per call: q, k, v
@@ -57,7 +60,7 @@ def copy_bandwidth(batches, words):
 
 
 def jax_rope_pool(q, k, v, positions, slots, k_pool, v_pool, tuned):
-  cos, sin = reference.rope_cos_sin(positions, D, 10000.0)
+  cos, sin = reference.rope_cos_sin(positions, reference.rope_inv_freq(D, 10000.0))
   q_rot = reference.apply_rope(q, cos, sin, rotary_dim=D, is_neox=True)
   k_rot = reference.apply_rope(k, cos, sin, rotary_dim=D, is_neox=True)
   kw = dict(unique_indices=True, mode="promise_in_bounds") if tuned else {}
@@ -93,6 +96,17 @@ def check_once(fn, inputs, k_pool, v_pool):
                                rtol=1.6e-2, atol=1.6e-2)
 
 
+def check_kv_buffer_once(fn, inputs, kv_buffer):
+  """As check_once, for the fused buffer: its K and V heads at the written slots."""
+  q_rot, k_rot, out = fn(*inputs, jnp.copy(kv_buffer))
+  want = reference.rope_pool_fused(*inputs, kv_buffer=kv_buffer)
+  slots = inputs[4]
+  rows = lambda b: b.reshape(b.shape[0], 2 * HKV, D)[slots]
+  for got, ref in ((q_rot, want[0]), (k_rot, want[1]), (rows(out), rows(want[2]))):
+    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(ref, np.float32),
+                               rtol=1.6e-2, atol=1.6e-2)
+
+
 def run(num_tokens, num_slots, copy_bw, batches, rng):
   sets = make_sets(rng, num_tokens, num_slots)
   pools = (normal(rng, num_slots, HKV, D), normal(rng, num_slots, HKV, D))
@@ -111,6 +125,14 @@ def run(num_tokens, num_slots, copy_bw, batches, rng):
     t, out = median_seconds(step, (None, None) + pools, calls, batches)
     pools = (out[2], out[3])
     rows[name] = t
+  del pools, out
+  # sglang-jax's 5-D form at its default page size 1: [pages, page_size, 2 * Hkv // 2, 2, D].
+  kv_buffer = normal(rng, num_slots, 1, HKV, 2, D)
+  fused = jax.jit(lambda q, k, v, p, s, b: jax_sgl.rope_pool_fused(q, k, v, p, s, kv_buffer=b),
+                  donate_argnums=5)
+  check_kv_buffer_once(fused, sets[0], kv_buffer)
+  step = lambda i, s: fused(*sets[i % len(sets)], s[2])
+  rows["kv_buffer"], _ = median_seconds(step, (None, None, kv_buffer), calls, batches)
   print(f"\nrope_pool_fused, {num_tokens} tokens, Hq={HQ} Hkv={HKV} D={D} bf16, "
         f"{num_slots} slots, {nbytes / 1e6:.1f} MB per call, {len(sets)} input sets")
   print(f"{'impl':<10} {'us':>9} {'GB/s':>8} {'% copy':>7} {'vs jax_sgl':>10}")
@@ -122,6 +144,9 @@ def run(num_tokens, num_slots, copy_bw, batches, rng):
   print(f"SUMMARY rope_pool T={num_tokens}: {t * 1e6:.1f} us, {nbytes / t / 1e9:.0f} GB/s = "
         f"{100 * nbytes / t / copy_bw:.1f}% of copy; {rows['jax plain'] / t:.2f}x jax plain, "
         f"{rows['jax tuned'] / t:.2f}x jax tuned")
+  t = rows["kv_buffer"]
+  print(f"SUMMARY rope_pool kv_buffer T={num_tokens}: {t * 1e6:.1f} us, "
+        f"{nbytes / t / 1e9:.0f} GB/s = {100 * nbytes / t / copy_bw:.1f}% of copy")
 
 
 def main():

@@ -15,6 +15,7 @@ from typing import Any
 import jax.numpy as jnp
 
 from jax_sgl._dtypes import FLOAT_DTYPES, FP8_DTYPES, INDEX_DTYPES, is_fp8, names
+from jax_sgl._kv_buffer import kv_buffer_shape
 
 # Head dims the kernels are built for: multiples of 8 (16-byte rows of bf16) up to 256.
 MAX_HEAD_DIM = 256
@@ -37,6 +38,7 @@ def _check_index(fn: str, name: str, x, ndim: int) -> None:
 # --------------------------------------------------------------------------------------------
 
 ROPE_FN = "jax_sgl.rope_pool_fused"
+DEFAULT_ROPE_BASE = 10000.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,22 +47,73 @@ class RopePoolSpec:
   num_qo_heads: int
   num_kv_heads: int
   head_dim: int
-  num_slots: int
+  num_slots: int       # pool rows: num_pages * page_size with a kv_buffer
   rotary_dim: int
   is_neox: bool
-  rope_base: float
+  kv_buffer_ndim: int  # 0: separate k_pool / v_pool; 3, 4 or 5: one fused kv_buffer of that rank
+  kv_buffer_packing: int = 1  # the 5-D kv_buffer's packing axis (sharding needs it), else 1
+
+
+def _check_pool_form(k_pool, v_pool, kv_buffer) -> None:
+  if kv_buffer is not None:
+    if k_pool is not None or v_pool is not None:
+      raise ValueError(f"{ROPE_FN}: give k_pool/v_pool or kv_buffer, not both")
+  elif k_pool is None or v_pool is None:
+    raise ValueError(f"{ROPE_FN}: needs k_pool and v_pool, or kv_buffer= (one fused K/V buffer)")
+  elif k_pool.ndim != 3 or v_pool.ndim != 3:
+    raise ValueError("rope_pool_fused expects pool tensors to be 3-D")
+
+
+def _check_kv_buffer(kv_buffer, k_shape, num_kv_heads: int, head_dim: int) -> int:
+  """The fused buffer holds k's heads with room for head_dim; returns its rows (slots)."""
+  geo = kv_buffer_shape(ROPE_FN, kv_buffer)
+  if geo.num_kv_heads != num_kv_heads:
+    raise ValueError(f"{ROPE_FN}: kv_buffer holds {geo.num_kv_heads} KV heads (K and V "
+                     f"interleaved on its head axis) but k has {num_kv_heads}: k {k_shape}, "
+                     f"kv_buffer {_shape(kv_buffer)}")
+  if geo.head_dim_pad < head_dim:
+    raise ValueError(f"{ROPE_FN}: kv_buffer's head dim {geo.head_dim_pad} is smaller than "
+                     f"q/k/v's {head_dim}: kv_buffer {_shape(kv_buffer)}")
+  return geo.num_slots
+
+
+def _check_inv_freq(inv_freq, rope_base, rotary_dim: int) -> None:
+  """Frequencies: rope_base (a static float) or the caller's inv_freq table, not both."""
+  if inv_freq is not None:
+    if rope_base is not None:
+      raise ValueError(f"{ROPE_FN}: give rope_base or inv_freq, not both (inv_freq already "
+                       "holds the frequencies)")
+    if jnp.dtype(inv_freq.dtype) != jnp.float32:
+      raise TypeError(f"{ROPE_FN}: inv_freq must be float32, got {inv_freq.dtype} with shape "
+                      f"{_shape(inv_freq)}")
+    if _shape(inv_freq) != (rotary_dim // 2,):
+      raise ValueError(f"{ROPE_FN}: inv_freq must have shape [rotary_dim // 2] = "
+                       f"({rotary_dim // 2},), got {_shape(inv_freq)}")
+    return
+  try:
+    base = DEFAULT_ROPE_BASE if rope_base is None else float(rope_base)
+  except TypeError:
+    raise TypeError(f"{ROPE_FN}: rope_base must be a Python float (a static value), "
+                    f"got {type(rope_base).__name__}") from None
+  if not base > 0 or not math.isfinite(base):
+    raise ValueError(f"{ROPE_FN}: rope_base must be a positive finite float, got {base}")
+
+
+def _is_5d(kv_buffer) -> bool:
+  return kv_buffer is not None and kv_buffer.ndim == 5
 
 
 def check_rope_pool(q, k, v, positions, slots, k_pool, v_pool, *, head_dim: int | None,
                     num_qo_heads: int | None, num_kv_heads: int | None, rope_base: Any,
-                    rotary_dim: int | None, is_neox: bool) -> RopePoolSpec:
-  """SGLang's checks in SGLang's order, then jax_sgl's own (dtypes, index types, rotary_dim)."""
+                    rotary_dim: int | None, is_neox: bool, inv_freq=None,
+                    kv_buffer=None) -> RopePoolSpec:
+  """SGLang's checks in SGLang's order, then jax_sgl's own (the fused kv_buffer, dtypes, index
+  types, rotary_dim, frequencies)."""
   if q.ndim != 3 or k.ndim != 3 or v.ndim != 3:
     raise ValueError("rope_pool_fused expects q/k/v to be 3-D")
   if positions.ndim != 1 or slots.ndim != 1:
     raise ValueError("rope_pool_fused expects positions/slots to be 1-D")
-  if k_pool.ndim != 3 or v_pool.ndim != 3:
-    raise ValueError("rope_pool_fused expects pool tensors to be 3-D")
+  _check_pool_form(k_pool, v_pool, kv_buffer)
   q_shape, k_shape = _shape(q), _shape(k)
   head_dim = q_shape[2] if head_dim is None else int(head_dim)
   num_qo_heads = q_shape[1] if num_qo_heads is None else int(num_qo_heads)
@@ -73,14 +126,19 @@ def check_rope_pool(q, k, v, positions, slots, k_pool, v_pool, *, head_dim: int 
     raise ValueError(f"v shape must match k shape, got {_shape(v)} vs {k_shape}")
   if _shape(positions) != (q_shape[0],) or _shape(slots) != (q_shape[0],):
     raise ValueError("positions/slots must have one entry per token")
-  if _shape(k_pool)[1:] != (num_kv_heads, head_dim):
-    raise ValueError(f"k_pool has incompatible shape {_shape(k_pool)}")
-  if _shape(v_pool) != _shape(k_pool):
-    raise ValueError(
-        f"v_pool shape must match k_pool shape, got {_shape(v_pool)} vs {_shape(k_pool)}")
+  if kv_buffer is None:
+    if _shape(k_pool)[1:] != (num_kv_heads, head_dim):
+      raise ValueError(f"k_pool has incompatible shape {_shape(k_pool)}")
+    if _shape(v_pool) != _shape(k_pool):
+      raise ValueError(
+          f"v_pool shape must match k_pool shape, got {_shape(v_pool)} vs {_shape(k_pool)}")
+    num_slots, pool_dtypes = _shape(k_pool)[0], (k_pool.dtype, v_pool.dtype)
+  else:
+    num_slots = _check_kv_buffer(kv_buffer, k_shape, num_kv_heads, head_dim)
+    pool_dtypes = (kv_buffer.dtype,)
   if q.dtype != k.dtype or q.dtype != v.dtype:
     raise ValueError("q/k/v dtypes must match")
-  if k_pool.dtype != q.dtype or v_pool.dtype != q.dtype:
+  if any(d != q.dtype for d in pool_dtypes):
     raise ValueError("pool dtypes must match q/k/v dtype")
 
   if jnp.dtype(q.dtype) not in FLOAT_DTYPES:
@@ -92,17 +150,12 @@ def check_rope_pool(q, k, v, positions, slots, k_pool, v_pool, *, head_dim: int 
   if rotary_dim <= 0 or rotary_dim > head_dim or rotary_dim % 2:
     raise ValueError(f"{ROPE_FN}: rotary_dim must be even and in (0, head_dim={head_dim}], "
                      f"got {rotary_dim}")
-  try:
-    base = float(rope_base)
-  except TypeError:
-    raise TypeError(f"{ROPE_FN}: rope_base must be a Python float (a static value), "
-                    f"got {type(rope_base).__name__}") from None
-  if not base > 0 or not math.isfinite(base):
-    raise ValueError(f"{ROPE_FN}: rope_base must be a positive finite float, got {base}")
+  _check_inv_freq(inv_freq, rope_base, rotary_dim)
   return RopePoolSpec(num_tokens=q_shape[0], num_qo_heads=num_qo_heads,
-                      num_kv_heads=num_kv_heads, head_dim=head_dim,
-                      num_slots=_shape(k_pool)[0], rotary_dim=rotary_dim, is_neox=bool(is_neox),
-                      rope_base=base)
+                      num_kv_heads=num_kv_heads, head_dim=head_dim, num_slots=num_slots,
+                      rotary_dim=rotary_dim, is_neox=bool(is_neox),
+                      kv_buffer_ndim=0 if kv_buffer is None else kv_buffer.ndim,
+                      kv_buffer_packing=_shape(kv_buffer)[3] if _is_5d(kv_buffer) else 1)
 
 
 # --------------------------------------------------------------------------------------------

@@ -26,6 +26,11 @@ class KvBufferShape:
   head_dim_pad: int   # the row length of one head in the buffer (>= the head dim read)
 
   @property
+  def num_slots(self) -> int:
+    """Token rows: slot s is page s // page_size, offset s % page_size."""
+    return self.num_pages * self.page_size
+
+  @property
   def row_stride(self) -> int:
     """Elements from one token's row to the next (K and V heads of one token are adjacent)."""
     return 2 * self.num_kv_heads * self.head_dim_pad

@@ -17,7 +17,9 @@ Supported shardings (taken from the operands, no data moved):
                    (cu_seqlens hold global offsets).
   rope_pool_fused  KV heads: q heads, k/v heads and the pools' head axis split together; tokens,
                    positions, slots and the pools' slot axis replicated, so each pool shard
-                   receives every token's write for its heads.
+                   receives every token's write for its heads. A fused kv_buffer splits on its
+                   head axis (K and V of a head stay together); a 5-D one with a packing other
+                   than 1 or 2 runs replicated.
 Every other sharding (the sequence/token axis, head_dim, the pools' slot or page axis, a head
 split not dividing num_kv_heads, varlen batch) is resharded by XLA to the supported one before the
 op (an all-gather of that operand) and the result is correct; only speed is lost. Token-sharded
@@ -305,27 +307,72 @@ def partition_attention_bwd(prim: Primitive, abstract_eval: Callable) -> Primiti
 # --------------------------------------------------------------------------------------------
 # rope_pool_fused
 # --------------------------------------------------------------------------------------------
-# Operands q, k, v, positions, slots, k_pool, v_pool. Factors: t tokens, n slots, k KV heads,
-# g group, d head_dim.
+# Operands q, k, v, positions, slots, inv_freq, then k_pool and v_pool or one fused kv_buffer.
+# Factors: t tokens, i frequencies, n slots (or pages), r page size, k KV heads, g group, d head_dim,
+# e the buffer's padded head dim, c = 2 (K and V of one head, adjacent on the buffer's head axis),
+# u a packing axis of size 1. The buffer's head axis is (k c): split over k it hands each device
+# whole KV heads, K and V together.
+
+
+def _kv_buffer_factors(spec):
+  """The fused buffer's factor string and the index of the dimension that carries k, or None when
+  its head axis cannot be split with k (a 5-D packing other than 1 or 2: kept whole)."""
+  if spec.kv_buffer_ndim == 3:
+    return "n (k c) e", 1
+  if spec.kv_buffer_ndim == 4:
+    return "n r (k c) e", 2
+  if spec.kv_buffer_packing == 1:
+    return "n r (k c) u e", 2
+  if spec.kv_buffer_packing == 2:   # [pages, page_size, Hkv, 2, Dp]: K and V on the packing axis
+    return "n r k c e", 2
+  return "n r b2 b3 e", None
 
 
 def _rope_rule(params):
   spec = params["spec"]
-  h = _heads(spec.num_qo_heads // spec.num_kv_heads)
-  operands = [f"t {h} d", "t k d", "t k d", "t", "t", "n k d", "n k d"]
-  results = [f"t {h} d", "t k d", "n k d", "n k d"]
-  return _rule(operands, results, ["t", "n", "d"], spec.num_qo_heads // spec.num_kv_heads)
+  g = spec.num_qo_heads // spec.num_kv_heads
+  h = _heads(g)
+  flat = [f"t {h} d", "t k d", "t k d", "t", "t", "i"]
+  if spec.kv_buffer_ndim:
+    buf, head_dim = _kv_buffer_factors(spec)
+    operands, results = flat + [buf], [f"t {h} d", "t k d", buf]
+    replicated = ["t", "i", "n", "r", "c", "u", "d", "e", "b2", "b3"] + \
+        ([] if head_dim is not None else ["k", "g"])
+  else:
+    operands = flat + ["n k d", "n k d"]
+    results = [f"t {h} d", "t k d", "n k d", "n k d"]
+    replicated = ["t", "i", "n", "d"]
+  rule, kwargs = _rule(operands, results, replicated, g)
+  if "(k c)" in rule:   # c's size is given only where it shares a dimension with k
+    kwargs["c"] = 2
+  return rule, kwargs
+
+
+def _rope_pool_head_dim(spec):
+  """The head axis of the pool operand (6): 1 for k_pool, the buffer's k dimension, or None."""
+  return _kv_buffer_factors(spec)[1] if spec.kv_buffer_ndim else 1
 
 
 def _rope_plan(params, mesh, arg_shapes):
   spec = params["spec"]
-  candidates = [_dim_axes(arg_shapes[i], 1) for i in (0, 1, 5)]   # q, k, k_pool head axes
+  pool_dim = _rope_pool_head_dim(spec)
+  if pool_dim is None:
+    return _Plan(heads=(), batch=())
+  candidates = [_dim_axes(arg_shapes[0], 1), _dim_axes(arg_shapes[1], 1),
+                _dim_axes(arg_shapes[6], pool_dim)]   # q, k and pool head axes
   return _Plan(heads=_pick(mesh, candidates, (spec.num_kv_heads,)), batch=())
 
 
 def _rope_shardings(params, mesh, plan):
+  spec = params["spec"]
   heads = P(None, _entry(plan.heads), None)
-  return [heads, heads, heads, P(None), P(None), heads, heads], [heads] * 4
+  flat = [heads, heads, heads, P(None), P(None), P(None)]
+  if spec.kv_buffer_ndim:
+    pool_dim = _rope_pool_head_dim(spec)
+    buffer = P(*[_entry(plan.heads) if i == pool_dim else None
+                 for i in range(spec.kv_buffer_ndim)])
+    return flat + [buffer], [heads, heads, buffer]
+  return flat + [heads, heads], [heads] * 4
 
 
 def _rope_local_params(params, mesh, plan):

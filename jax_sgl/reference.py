@@ -14,20 +14,28 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from jax_sgl._checks import KV_DENSE, KV_VARLEN
+from jax_sgl._checks import DEFAULT_ROPE_BASE, KV_DENSE, KV_VARLEN
+from jax_sgl._kv_buffer import kv_buffer_shape
 
 
 # --------------------------------------------------------------------------------------------
 # RoPE + pool write
 # --------------------------------------------------------------------------------------------
 
-def rope_cos_sin(positions, rotary_dim: int, rope_base: float):
-  """cos/sin [num_tokens, rotary_dim // 2] in float32, angle_i = pos * base^(-2i / rotary_dim)."""
-  # inv_freq in float64 rounded once to float32, as every native kernel does (rope_math.h).
+def rope_inv_freq(rotary_dim: int, rope_base: float | None = None) -> np.ndarray:
+  """inv_freq_i = base^(-2i / rotary_dim), float32 [rotary_dim // 2], base 10000 by default:
+  evaluated in float64 and rounded once, the table every backend reads when the caller gives no
+  inv_freq (a one-ulp difference would move the angle of position 4096 by ~2e-4 rad, far above
+  float32 noise)."""
+  rope_base = DEFAULT_ROPE_BASE if rope_base is None else float(rope_base)
   i = np.arange(rotary_dim // 2, dtype=np.float64)
   log2_base = np.float64(np.log2(np.float64(np.float32(rope_base))))
-  inv_freq = jnp.asarray(np.exp2(-(2.0 * i / rotary_dim) * log2_base).astype(np.float32))
-  angle = positions.astype(jnp.float32)[:, None] * inv_freq[None, :]
+  return np.exp2(-(2.0 * i / rotary_dim) * log2_base).astype(np.float32)
+
+
+def rope_cos_sin(positions, inv_freq):
+  """cos/sin [num_tokens, rotary_dim // 2] in float32, angle_i = float32(pos) * inv_freq_i."""
+  angle = positions.astype(jnp.float32)[:, None] * jnp.asarray(inv_freq, jnp.float32)[None, :]
   return jnp.cos(angle), jnp.sin(angle)
 
 
@@ -45,16 +53,35 @@ def apply_rope(x, cos, sin, *, rotary_dim: int, is_neox: bool):
   return jnp.concatenate([rot, rest], axis=-1).astype(x.dtype)
 
 
-def rope_pool_fused(q, k, v, positions, slots, k_pool, v_pool, *, rope_base: float = 10000.0,
-                    rotary_dim: int | None = None, is_neox: bool = True):
-  """Returns (q_rot, k_rot, k_pool, v_pool) with rotated k and v written at `slots`."""
+def _write_kv_buffer(kv_buffer, idx, k_rot, v):
+  """Rows idx of the fused buffer, read as [num_slots, 2 * Hkv, Dp]: K heads at even positions of
+  the head axis, V heads at odd ones, features [0, D) of each; the pad columns stay as they are."""
+  geo = kv_buffer_shape("jax_sgl.reference.rope_pool_fused", kv_buffer)
+  d = k_rot.shape[-1]
+  rows = kv_buffer.reshape(geo.num_slots, 2 * geo.num_kv_heads, geo.head_dim_pad)
+  rows = rows.at[idx, 0::2, :d].set(k_rot.astype(rows.dtype), mode="drop")
+  rows = rows.at[idx, 1::2, :d].set(v.astype(rows.dtype), mode="drop")
+  return rows.reshape(kv_buffer.shape)
+
+
+def rope_pool_fused(q, k, v, positions, slots, k_pool=None, v_pool=None, *,
+                    rope_base: float | None = None, rotary_dim: int | None = None,
+                    is_neox: bool = True, inv_freq=None, kv_buffer=None):
+  """Returns (q_rot, k_rot, k_pool, v_pool) with rotated k and v written at `slots`, or
+  (q_rot, k_rot, kv_buffer) with a fused kv_buffer. Frequencies: inv_freq, else rope_base
+  (default 10000)."""
   rotary_dim = q.shape[-1] if rotary_dim is None else rotary_dim
-  cos, sin = rope_cos_sin(positions, rotary_dim, rope_base)
+  if inv_freq is None:
+    inv_freq = rope_inv_freq(rotary_dim, rope_base)
+  cos, sin = rope_cos_sin(positions, inv_freq)
   q_rot = apply_rope(q, cos, sin, rotary_dim=rotary_dim, is_neox=is_neox)
   k_rot = apply_rope(k, cos, sin, rotary_dim=rotary_dim, is_neox=is_neox)
-  num_slots = k_pool.shape[0]
+  num_slots = k_pool.shape[0] if kv_buffer is None else \
+      kv_buffer_shape("jax_sgl.reference.rope_pool_fused", kv_buffer).num_slots
   # Negative slots would wrap around in .at[]: send them past the end, where mode="drop" skips.
   idx = jnp.where(slots < 0, num_slots, slots)
+  if kv_buffer is not None:
+    return q_rot, k_rot, _write_kv_buffer(kv_buffer, idx, k_rot, v)
   k_pool = k_pool.at[idx].set(k_rot.astype(k_pool.dtype), mode="drop")
   v_pool = v_pool.at[idx].set(v.astype(v_pool.dtype), mode="drop")
   return q_rot, k_rot, k_pool, v_pool

@@ -260,6 +260,36 @@ def rope_pool_token_sharding_is_resharded():
   run_sharded(ROPE, args, (P(),) * 5 + (P("data", None, None),) * 2, supported=False)
 
 
+ROPE_KV = lambda q, k, v, p, s, buf: jax_sgl.rope_pool_fused(q, k, v, p, s, kv_buffer=buf)
+
+
+@case
+def rope_pool_kv_buffer_heads_donated():
+  """The fused buffer split on its (K, V interleaved) head axis: each device holds whole KV heads
+  (K and V of each), in every form; the write stays local and in place."""
+  rng = np.random.default_rng(12)
+  q, k, v, positions, slots, _, _ = _rope_inputs(rng, 19, 8, 4, 16, 96)
+  for shape, head_dim in (((96, 8, 32), 1), ((24, 4, 8, 32), 2), ((24, 4, 4, 2, 32), 2),
+                          ((24, 4, 8, 1, 32), 2)):
+    buf = rand(rng, *shape)
+    spec = P(*[("model" if i == head_dim else None) for i in range(len(shape))])
+    run_sharded(ROPE_KV, (q, k, v, positions, slots, buf), (HEADS,) * 3 + (P(), P(), spec),
+                donate=(5,), want_specs=(HEADS, HEADS, spec))
+
+
+@case
+def rope_pool_kv_buffer_replicated_donated():
+  """Replicated operands stay replicated, also for a 5-D packing (4) whose head axis the op keeps
+  whole; heads split over such a buffer are gathered first (correct, not free)."""
+  rng = np.random.default_rng(13)
+  q, k, v, positions, slots, _, _ = _rope_inputs(rng, 7, 8, 2, 16, 40)
+  for shape in ((10, 4, 2, 2, 128), (10, 4, 1, 4, 128)):
+    run_sharded(ROPE_KV, (q, k, v, positions, slots, rand(rng, *shape)), (P(),) * 6,
+                donate=(5,))
+  run_sharded(ROPE_KV, (q, k, v, positions, slots, rand(rng, 10, 4, 1, 4, 128)),
+              (P(None, "data", None),) * 3 + (P(),) * 3, supported=False)
+
+
 # --------------------------------------------------------------------------------------------
 # a decoder layer: rope_pool_fused then paged attention over the pools, heads sharded
 # --------------------------------------------------------------------------------------------

@@ -33,6 +33,10 @@ NP_DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes
 # The reference runs jitted: op-by-op it costs far more than the emulated kernels.
 _ref_rope_pool = jax.jit(reference.rope_pool_fused,
                          static_argnames=("rope_base", "rotary_dim", "is_neox"))
+_ref_rope_pool_kv = jax.jit(
+    lambda q, k, v, p, s, inv_freq, buf, **kw: reference.rope_pool_fused(
+        q, k, v, p, s, inv_freq=inv_freq, kv_buffer=buf, **kw),
+    static_argnames=("rotary_dim", "is_neox"))
 _ref_attention = jax.jit(reference.attention, static_argnames=(
     "kv_layout", "varlen_q", "batch", "softmax_scale", "softcap", "causal", "window_left",
     "window_right"))
@@ -60,21 +64,28 @@ def _f32(a):
 # --------------------------------------------------------------------------------------------
 
 def _run_rope_pool(q, k, v, positions, slots, k_pool, v_pool, dtype, rope_base, rotary_dim,
-                   is_neox):
+                   is_neox, inv_freq=None):
+  """v_pool None: k_pool is a fused kv_buffer; returns (q_rot, k_rot, kv_buffer) then."""
   q_rot = np.full_like(q, np.nan)
   k_rot = np.full_like(k, np.nan)
-  k_out, v_out = k_pool.copy(), v_pool.copy()  # the kernel writes the (aliased) pools in place
-  emu.rope_pool(_emu_view(q), _emu_view(k), _emu_view(v), positions, slots, _emu_view(q_rot),
-                _emu_view(k_rot), _emu_view(k_out), _emu_view(v_out), dtype=DTYPES[dtype][0],
-                rope_base=rope_base, rotary_dim=rotary_dim, is_neox=is_neox)
-  return q_rot, k_rot, k_out, v_out
+  if inv_freq is None:
+    inv_freq = reference.rope_inv_freq(rotary_dim, rope_base)
+  # The kernel writes the (aliased) pools in place; an empty v_pool says "fused kv_buffer".
+  k_out = k_pool.copy()
+  v_out = np.zeros(0, k_pool.dtype) if v_pool is None else v_pool.copy()
+  emu.rope_pool(_emu_view(q), _emu_view(k), _emu_view(v), positions, slots,
+                np.ascontiguousarray(inv_freq, np.float32), _emu_view(q_rot), _emu_view(k_rot),
+                _emu_view(k_out), _emu_view(v_out), dtype=DTYPES[dtype][0],
+                rotary_dim=rotary_dim, is_neox=is_neox)
+  return (q_rot, k_rot, k_out) if v_pool is None else (q_rot, k_rot, k_out, v_out)
 
 
 # Each reference shape costs a jit compile: sizes and index dtypes are paired, not crossed.
 @pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("num_tokens,head_dim,index_dtype",
                          [(1, 64, np.int32), (7, 80, np.int64), (33, 128, np.int32)])
-@pytest.mark.parametrize("is_neox,partial", [(True, False), (False, False), (True, True)])
+@pytest.mark.parametrize("is_neox,partial", [(True, False), (False, False), (True, True),
+                                            (False, True)])
 def test_rope_pool(dtype, num_tokens, head_dim, index_dtype, is_neox, partial):
   rng = np.random.default_rng(num_tokens * 131 + head_dim)
   hq, hkv, num_slots = 4, 2, 3 * num_tokens + 5
@@ -107,6 +118,46 @@ def test_rope_pool(dtype, num_tokens, head_dim, index_dtype, is_neox, partial):
   # Unrotated tail features are copied exactly.
   np.testing.assert_array_equal(got[0][..., rotary_dim:].view(np.uint8),
                                 q[..., rotary_dim:].view(np.uint8))
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("shape,d,is_neox,partial", [
+    ((9, 5, 4, 128), 80, True, False),        # 4-D, page size 5, head dim padded 80 -> 128
+    ((6, 16, 2, 2, 128), 64, False, True),    # sglang-jax's 5-D form, interleaved, partial
+    ((40, 4, 128), 128, True, True),          # 3-D token pool, unpadded
+])
+def test_rope_pool_kv_buffer(dtype, shape, d, is_neox, partial):
+  """The fused K/V buffer (K head h at head index 2h, V at 2h + 1, pad columns untouched) with a
+  llama3-style inv_freq table, against the reference; the buffer is NaN-poisoned and every element
+  the kernel must not write is compared bit for bit."""
+  rng = np.random.default_rng(len(shape) * 7 + d)
+  num_tokens, hq, hkv = 23, 4, 2
+  rotary_dim = d // 2 if partial else d
+  q = _rand(rng, (num_tokens, hq, d), dtype)
+  k = _rand(rng, (num_tokens, hkv, d), dtype)
+  v = _rand(rng, (num_tokens, hkv, d), dtype)
+  num_slots = shape[0] if len(shape) == 3 else shape[0] * shape[1]
+  positions = rng.integers(0, 65536, num_tokens).astype(np.int32)
+  slots = (rng.permutation(num_slots + 6)[:num_tokens] - 3).astype(np.int32)
+  kv_buffer = np.full(shape, np.nan, NP_DTYPES[dtype])
+  # A llama3-like table: the low frequencies divided by 8 (any float32 table will do here).
+  inv_freq = reference.rope_inv_freq(rotary_dim, 500000.0)
+  inv_freq[rotary_dim // 4:] /= 8
+  got = _run_rope_pool(q, k, v, positions, slots, kv_buffer, None, dtype, None, rotary_dim,
+                       is_neox, inv_freq=inv_freq)
+  want = _ref_rope_pool_kv(*map(jnp.asarray, (q, k, v, positions, slots, inv_freq, kv_buffer)),
+                           rotary_dim=rotary_dim, is_neox=is_neox)
+  tol = DTYPES[dtype][1]
+  for name, g, w in zip(("q_rot", "k_rot"), got, want):
+    np.testing.assert_allclose(_f32(g), _f32(w), atol=tol, rtol=tol, err_msg=name)
+  rows = lambda x: np.asarray(x).reshape(num_slots, 2 * hkv, shape[-1])
+  expect = rows(kv_buffer).copy()
+  valid = (slots >= 0) & (slots < num_slots)
+  expect[slots[valid], 0::2, :d] = got[1][valid]   # the kernel's own k_rot, checked above
+  expect[slots[valid], 1::2, :d] = v[valid]
+  np.testing.assert_array_equal(rows(got[2]).view(np.uint8), expect.view(np.uint8))
+  np.testing.assert_allclose(_f32(rows(got[2])), _f32(rows(want[2])), atol=tol, rtol=tol,
+                             equal_nan=True)
 
 
 def test_rope_pool_only_padding_writes_nothing():

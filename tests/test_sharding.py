@@ -31,6 +31,8 @@ CASE_NAMES = [
     "rope_pool_kv_heads_donated",
     "rope_pool_gqa_partial_rotary_interleaved_heads_over_both_axes",
     "rope_pool_token_sharding_is_resharded",
+    "rope_pool_kv_buffer_heads_donated",
+    "rope_pool_kv_buffer_replicated_donated",
     "layer_rope_then_paged_attention_heads",
 ]
 

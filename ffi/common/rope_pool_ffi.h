@@ -1,15 +1,19 @@
-// The FFI signature of jax_sgl_rope_pool_fwd, shared by the CPU and CUDA handlers so both bind the
-// same operands, results and attributes in the same order, and both fill RopePoolParams one way.
+// The FFI signature of jax_sgl_rope_pool_fwd, shared by the CPU, CUDA and Metal handlers so all
+// bind the same operands, results and attributes in the same order, and all fill RopePoolParams
+// one way. The pools come in one of two layouts (rope_pool_params.h): separate k_pool and v_pool,
+// or one fused kv_buffer, told apart by whether a v_pool operand follows.
 #pragma once
 
-#include <cmath>
+#include <cstddef>
+#include <cstdint>
 
 #include "ffi/common/ffi_helpers.h"
 #include "ffi/common/rope_pool_params.h"
 
 namespace jax_sgl {
 
-// Appends the operands, results and attributes to a binding that already holds the platform context.
+// Appends the operands, results and attributes to a binding that already holds the platform
+// context.
 template <typename Binding>
 auto BindRopePool(Binding binding) {
   return std::move(binding)
@@ -18,61 +22,109 @@ auto BindRopePool(Binding binding) {
       .template Arg<ffi::AnyBuffer>()        // v [T, Hkv, D]
       .template Arg<ffi::AnyBuffer>()        // positions [T] int32/int64
       .template Arg<ffi::AnyBuffer>()        // slots [T] int32/int64
-      .template Arg<ffi::AnyBuffer>()        // k_pool [N, Hkv, D] (aliased with result 2)
-      .template Arg<ffi::AnyBuffer>()        // v_pool [N, Hkv, D] (aliased with result 3)
+      .template Arg<ffi::AnyBuffer>()        // inv_freq [rotary_dim / 2] float32
+      .template Arg<ffi::AnyBuffer>()        // k_pool [N, Hkv, D], or the fused kv_buffer
+                                             // [..., 2 * Hkv, Dp] (aliased with result 2)
+      .RemainingArgs()                       // v_pool [N, Hkv, D] (aliased with result 3);
+                                             // absent with a fused kv_buffer
       .template Ret<ffi::AnyBuffer>()        // q_rot
       .template Ret<ffi::AnyBuffer>()        // k_rot
-      .template Ret<ffi::AnyBuffer>()        // k_pool out
-      .template Ret<ffi::AnyBuffer>()        // v_pool out
-      .template Attr<float>("rope_base")
+      .template Ret<ffi::AnyBuffer>()        // k_pool / kv_buffer out
+      .RemainingRets()                       // v_pool out (separate pools only)
       .template Attr<int64_t>("rotary_dim")
       .template Attr<bool>("is_neox");
 }
 
-// Validates what abstract eval cannot guarantee for a direct FFI caller and fills the params.
+// The pool buffers of a call, as the handlers copy them when XLA did not alias an output with its
+// input (no donation): one fused buffer or the k and v pools.
+struct RopePoolBuffers {
+  int count = 0;
+  const void* in[2] = {};
+  void* out[2] = {};
+  size_t bytes[2] = {};
+
+  bool fused() const { return count == 1; }
+};
+
+// Validates what abstract eval cannot guarantee for a direct FFI caller, fills the params and
+// names the pool buffers.
 inline ffi::Error MakeRopePoolParams(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
                                      ffi::AnyBuffer positions, ffi::AnyBuffer slots,
+                                     ffi::AnyBuffer inv_freq, ffi::AnyBuffer pool_in,
+                                     ffi::RemainingArgs v_pool_in,
                                      ffi::Result<ffi::AnyBuffer> q_rot,
                                      ffi::Result<ffi::AnyBuffer> k_rot,
-                                     ffi::Result<ffi::AnyBuffer> k_pool,
-                                     ffi::Result<ffi::AnyBuffer> v_pool, float rope_base,
-                                     int64_t rotary_dim, bool is_neox, RopePoolParams* p) {
+                                     ffi::Result<ffi::AnyBuffer> pool_out,
+                                     ffi::RemainingRets v_pool_out, int64_t rotary_dim,
+                                     bool is_neox, RopePoolParams* p, RopePoolBuffers* pools) {
   auto qd = q.dimensions();
   auto kd = k.dimensions();
-  auto pd = k_pool->dimensions();
-  if (qd.size() != 3 || kd.size() != 3 || pd.size() != 3)
-    return InvalidArgument("rope_pool_fused expects q/k/v and pools to be 3-D");
+  auto pd = pool_in.dimensions();
+  if (qd.size() != 3 || kd.size() != 3)
+    return InvalidArgument("rope_pool_fused expects q/k/v to be 3-D");
   DType dt;
   if (!ToDType(q.element_type(), &dt) || dt == DType::kF8E4M3 || dt == DType::kF8E5M2)
     return InvalidArgument("rope_pool_fused: unsupported dtype");
   if (k.element_type() != q.element_type() || v.element_type() != q.element_type() ||
-      k_pool->element_type() != q.element_type() || v_pool->element_type() != q.element_type())
+      pool_in.element_type() != q.element_type())
     return InvalidArgument("q/k/v dtypes must match");
   auto it = positions.element_type();
   if (it != slots.element_type() ||
       (it != ffi::DataType::S32 && it != ffi::DataType::S64))
     return InvalidArgument("rope_pool_fused: positions and slots must both be int32 or int64");
-  const int64_t head_dim = qd[2];
+  const int64_t head_dim = qd[2], hkv = kd[1];
   if (rotary_dim <= 0 || rotary_dim > head_dim || rotary_dim % 2 != 0)
     return InvalidArgument("rope_pool_fused: rotary_dim must be even and in (0, head_dim]");
+  if (inv_freq.element_type() != ffi::DataType::F32 ||
+      int64_t(inv_freq.element_count()) != rotary_dim / 2)
+    return InvalidArgument("rope_pool_fused: inv_freq must be float32 [rotary_dim / 2]");
+  if (v_pool_in.size() != v_pool_out.size() || v_pool_in.size() > 1)
+    return InvalidArgument("rope_pool_fused: expects k_pool and v_pool, or one kv_buffer");
+
+  p->num_kv_heads = int(hkv);
+  p->head_dim = int(head_dim);
+  void* pool = pool_out->untyped_data();
+  pools->in[0] = pool_in.untyped_data();
+  pools->out[0] = pool;
+  pools->bytes[0] = pool_in.size_bytes();
+  if (v_pool_in.size() == 1) {  // separate pools [N, Hkv, D]
+    auto v_in = v_pool_in.get<ffi::AnyBuffer>(0);
+    auto v_out = v_pool_out.get<ffi::AnyBuffer>(0);
+    if (v_in.has_error() || v_out.has_error())
+      return InvalidArgument("rope_pool_fused: v_pool must be a buffer");
+    if (pd.size() != 3 || v_in->dimensions().size() != 3)
+      return InvalidArgument("rope_pool_fused expects pool tensors to be 3-D");
+    if (pd[1] != hkv || pd[2] != head_dim || v_in->element_count() != pool_in.element_count() ||
+        v_in->element_type() != q.element_type())
+      return InvalidArgument("rope_pool_fused: k_pool/v_pool must both be [num_slots, Hkv, D]");
+    pools->count = 2;
+    pools->in[1] = v_in->untyped_data();
+    pools->out[1] = (*v_out)->untyped_data();
+    pools->bytes[1] = v_in->size_bytes();
+    SetSeparatePools(p, pool, pools->out[1], pd[0]);
+  } else {  // fused [..., 2 * Hkv, Dp]: any rank, read as [num_slots, 2 * Hkv, Dp]
+    const int64_t d_pad = pd.size() >= 3 ? pd.back() : 0;
+    if (pd.size() < 3 || d_pad < head_dim || d_pad == 0 || hkv == 0 ||
+        int64_t(pool_in.element_count()) % (2 * hkv * d_pad) != 0)
+      return InvalidArgument("rope_pool_fused: kv_buffer must be [..., 2 * num_kv_heads, "
+                             "head_dim_pad] with head_dim_pad >= head_dim");
+    pools->count = 1;
+    SetFusedPool(p, pool, int64_t(pool_in.element_count()), d_pad,
+                 int64_t(ffi::ByteWidth(pool_in.element_type())));
+  }
 
   p->q = q.untyped_data();
   p->k = k.untyped_data();
   p->v = v.untyped_data();
   p->positions = positions.untyped_data();
   p->slots = slots.untyped_data();
+  p->inv_freq = static_cast<const float*>(inv_freq.untyped_data());
   p->q_rot = q_rot->untyped_data();
   p->k_rot = k_rot->untyped_data();
-  p->k_pool = k_pool->untyped_data();
-  p->v_pool = v_pool->untyped_data();
   p->num_tokens = qd[0];
-  p->num_slots = pd[0];
   p->num_qo_heads = int(qd[1]);
-  p->num_kv_heads = int(kd[1]);
-  p->head_dim = int(head_dim);
   p->rotary_dim = int(rotary_dim);
   p->is_neox = is_neox;
-  p->log2_base = std::log2(double(rope_base));
   p->dtype = dt;
   p->index_type = it == ffi::DataType::S32 ? IndexType::kI32 : IndexType::kI64;
   return ffi::Error::Success();

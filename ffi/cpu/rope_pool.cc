@@ -1,7 +1,10 @@
 // CPU rope_pool_fused: rotates q and k of each token (NeoX or interleaved pairs, the first
-// rotary_dim features) and writes rotated k and plain v into the pools at the token's slot.
-// Tokens are split into chunks over XLA's intra-op pool. Padding slots (< 0) and slots past the
-// pool are skipped, so a bad slot can never write outside the pool.
+// rotary_dim features) and writes rotated k and plain v into the pools at the token's slot, through
+// the pool strides of RopePoolParams (separate pools or one fused kv_buffer alike). Tokens are
+// split into chunks over XLA's intra-op pool. Padding slots (< 0) and slots past the pool are
+// skipped, so a bad slot can never write outside the pool.
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -31,8 +34,7 @@ void RotateRow(const T* x, T* out, int head_dim, int rotary_dim, bool is_neox, c
 template <typename T, typename I>
 void RopePoolTokens(const RopePoolParams& p, int64_t begin, int64_t end) {
   const int half = p.rotary_dim / 2;
-  std::vector<float> inv_freq(half), cos(half), sin(half);
-  for (int i = 0; i < half; ++i) inv_freq[i] = RopeInvFreq(i, p.rotary_dim, p.log2_base);
+  std::vector<float> cos(half), sin(half);
   const int64_t q_row = int64_t(p.num_qo_heads) * p.head_dim;
   const int64_t kv_row = int64_t(p.num_kv_heads) * p.head_dim;
   const auto* q = static_cast<const T*>(p.q);
@@ -48,7 +50,7 @@ void RopePoolTokens(const RopePoolParams& p, int64_t begin, int64_t end) {
   for (int64_t t = begin; t < end; ++t) {
     const float pos = float(positions[t]);
     for (int i = 0; i < half; ++i) {
-      const float angle = pos * inv_freq[i];
+      const float angle = pos * p.inv_freq[i];
       cos[i] = std::cos(angle);
       sin[i] = std::sin(angle);
     }
@@ -62,29 +64,32 @@ void RopePoolTokens(const RopePoolParams& p, int64_t begin, int64_t end) {
     }
     const int64_t slot = int64_t(slots[t]);
     if (slot < 0 || slot >= p.num_slots) continue;
-    std::copy(k_rot + t * kv_row, k_rot + (t + 1) * kv_row, k_pool + slot * kv_row);
-    std::copy(v + t * kv_row, v + (t + 1) * kv_row, v_pool + slot * kv_row);
+    for (int h = 0; h < p.num_kv_heads; ++h) {
+      const int64_t src = t * kv_row + int64_t(h) * p.head_dim;
+      const int64_t dst = slot * p.pool_row_stride + h * p.pool_head_stride;
+      std::copy_n(k_rot + src, p.head_dim, k_pool + dst);
+      std::copy_n(v + src, p.head_dim, v_pool + dst);
+    }
   }
 }
 
 ffi::Error RopePoolFwdImpl(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffer k,
                            ffi::AnyBuffer v, ffi::AnyBuffer positions, ffi::AnyBuffer slots,
-                           ffi::AnyBuffer k_pool_in, ffi::AnyBuffer v_pool_in,
-                           ffi::Result<ffi::AnyBuffer> q_rot, ffi::Result<ffi::AnyBuffer> k_rot,
-                           ffi::Result<ffi::AnyBuffer> k_pool, ffi::Result<ffi::AnyBuffer> v_pool,
-                           float rope_base, int64_t rotary_dim, bool is_neox) {
+                           ffi::AnyBuffer inv_freq, ffi::AnyBuffer pool_in,
+                           ffi::RemainingArgs v_pool_in, ffi::Result<ffi::AnyBuffer> q_rot,
+                           ffi::Result<ffi::AnyBuffer> k_rot, ffi::Result<ffi::AnyBuffer> pool_out,
+                           ffi::RemainingRets v_pool_out, int64_t rotary_dim, bool is_neox) {
   RopePoolParams p;
-  if (auto err = MakeRopePoolParams(q, k, v, positions, slots, q_rot, k_rot, k_pool, v_pool,
-                                    rope_base, rotary_dim, is_neox, &p);
+  RopePoolBuffers pools;
+  if (auto err = MakeRopePoolParams(q, k, v, positions, slots, inv_freq, pool_in, v_pool_in, q_rot,
+                                    k_rot, pool_out, v_pool_out, rotary_dim, is_neox, &p, &pools);
       err.failure())
     return err;
   // Without donation XLA gives the outputs their own buffers: start them from the input pools.
-  if (k_pool->untyped_data() != k_pool_in.untyped_data())
-    std::copy_n(static_cast<const char*>(k_pool_in.untyped_data()), k_pool_in.size_bytes(),
-                static_cast<char*>(k_pool->untyped_data()));
-  if (v_pool->untyped_data() != v_pool_in.untyped_data())
-    std::copy_n(static_cast<const char*>(v_pool_in.untyped_data()), v_pool_in.size_bytes(),
-                static_cast<char*>(v_pool->untyped_data()));
+  for (int i = 0; i < pools.count; ++i)
+    if (pools.out[i] != pools.in[i])
+      std::copy_n(static_cast<const char*>(pools.in[i]), pools.bytes[i],
+                  static_cast<char*>(pools.out[i]));
 
   // ~64 tokens per chunk keeps the per-chunk cos/sin setup negligible.
   const int64_t chunks = NumChunks(pool, p.num_tokens, 64);

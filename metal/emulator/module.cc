@@ -37,14 +37,16 @@ void Run(const char* name, const metal::Grid& g, void* const* buffers, const voi
   Launch(name, g.groups, g.threads, buffers, params);
 }
 
-void RopePool(Array q, Array k, Array v, Array positions, Array slots, Array q_rot, Array k_rot,
-              Array k_pool, Array v_pool, int dtype, float rope_base, int rotary_dim,
+// Operands as jax_sgl.rope_pool_fused's FFI call gets them: an empty v_pool means k_pool is a fused
+// kv_buffer [..., 2 * Hkv, Dp].
+void RopePool(Array q, Array k, Array v, Array positions, Array slots, Array inv_freq,
+              Array q_rot, Array k_rot, Array k_pool, Array v_pool, int dtype, int rotary_dim,
               bool is_neox) {
   RopePoolParams p{};
   p.dtype = static_cast<DType>(dtype);
   const int bytes = ElementBytes(p.dtype);
-  for (Array* a : {&q, &k, &v, &q_rot, &k_rot, &k_pool, &v_pool})
-    Check(a->ndim() == 3 && int(a->itemsize()) == bytes, "q/k/v/pools: 3-D arrays of the dtype");
+  for (Array* a : {&q, &k, &v, &q_rot, &k_rot})
+    Check(a->ndim() == 3 && int(a->itemsize()) == bytes, "q/k/v: 3-D arrays of the dtype");
   Check(positions.ndim() == 1 && slots.ndim() == 1 && positions.itemsize() == slots.itemsize() &&
             (positions.itemsize() == 4 || positions.itemsize() == 8),
         "positions/slots: 1-D int32 or int64");
@@ -52,18 +54,33 @@ void RopePool(Array q, Array k, Array v, Array positions, Array slots, Array q_r
   p.num_qo_heads = int(q.shape(1));
   p.head_dim = int(q.shape(2));
   p.num_kv_heads = int(k.shape(1));
-  p.num_slots = int64_t(k_pool.shape(0));
   Check(q_rot.size() == q.size() && k_rot.size() == k.size() && v.size() == k.size() &&
             int64_t(positions.shape(0)) == p.num_tokens && int64_t(slots.shape(0)) == p.num_tokens &&
-            int64_t(k.shape(0)) == p.num_tokens && v_pool.size() == k_pool.size() &&
-            int(k_pool.shape(1)) == p.num_kv_heads && int(k_pool.shape(2)) == p.head_dim,
+            int64_t(k.shape(0)) == p.num_tokens,
         "inconsistent shapes");
   Check(rotary_dim > 0 && rotary_dim <= p.head_dim && rotary_dim % 2 == 0, "rotary_dim");
+  Check(inv_freq.ndim() == 1 && inv_freq.itemsize() == 4 &&
+            int(inv_freq.shape(0)) == rotary_dim / 2,
+        "inv_freq: float32 [rotary_dim / 2]");
   p.rotary_dim = rotary_dim;
   p.is_neox = is_neox;
-  p.log2_base = std::log2(double(rope_base));
+  p.inv_freq = static_cast<const float*>(Data(inv_freq));
   p.index_type = positions.itemsize() == 4 ? IndexType::kI32 : IndexType::kI64;
+  const bool fused = v_pool.size() == 0;
+  Check(int(k_pool.itemsize()) == bytes && k_pool.ndim() >= 3, "pools: arrays of the dtype");
+  if (fused) {
+    const int64_t d_pad = int64_t(k_pool.shape(k_pool.ndim() - 1));
+    Check(d_pad >= p.head_dim && int64_t(k_pool.size()) % (2 * p.num_kv_heads * d_pad) == 0,
+          "kv_buffer: [..., 2 * Hkv, Dp] with Dp >= head_dim");
+    SetFusedPool(&p, Data(k_pool), int64_t(k_pool.size()), d_pad, bytes);
+  } else {
+    Check(k_pool.ndim() == 3 && v_pool.size() == k_pool.size() &&
+              int(k_pool.shape(1)) == p.num_kv_heads && int(k_pool.shape(2)) == p.head_dim,
+          "k_pool/v_pool: [num_slots, Hkv, D]");
+    SetSeparatePools(&p, Data(k_pool), Data(v_pool), int64_t(k_pool.shape(0)));
+  }
 
+  static float dummy = 0.f;
   void* buffers[kRopeParams] = {};
   buffers[kRopeQ] = Data(q);
   buffers[kRopeK] = Data(k);
@@ -72,11 +89,10 @@ void RopePool(Array q, Array k, Array v, Array positions, Array slots, Array q_r
   buffers[kRopeSlots] = Data(slots);
   buffers[kRopeQRot] = Data(q_rot);
   buffers[kRopeKRot] = Data(k_rot);
-  buffers[kRopeKPool] = Data(k_pool);
-  buffers[kRopeVPool] = Data(v_pool);
-  std::vector<float> inv_freq = metal::RopeInvFreqTable(p);
-  buffers[kRopeInvFreq] = inv_freq.data();
-  const MetalRopePoolParams mp = metal::ToMetalParams(p);
+  buffers[kRopeKPool] = p.k_pool;
+  buffers[kRopeVPool] = fused ? &dummy : p.v_pool;  // as the macOS handler binds them
+  buffers[kRopeInvFreq] = Data(inv_freq);
+  const MetalRopePoolParams mp = metal::ToMetalParams(p, fused);
   if (p.num_tokens == 0) return;
   nb::gil_scoped_release release;
   Run(metal::RopePoolKernelName(p.dtype, p.index_type), metal::RopePoolGrid(p), buffers, &mp);
@@ -187,8 +203,8 @@ NB_MODULE(_metal_emu, m) {
   m.def("kernel_names", &KernelNames);
   m.def("selftest", &Selftest, nb::arg("name"), nb::arg("out"), nb::arg("threads"));
   m.def("rope_pool", &RopePool, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("positions"),
-        nb::arg("slots"), nb::arg("q_rot"), nb::arg("k_rot"), nb::arg("k_pool"),
-        nb::arg("v_pool"), nb::arg("dtype"), nb::arg("rope_base"), nb::arg("rotary_dim"),
+        nb::arg("slots"), nb::arg("inv_freq"), nb::arg("q_rot"), nb::arg("k_rot"),
+        nb::arg("k_pool"), nb::arg("v_pool"), nb::arg("dtype"), nb::arg("rotary_dim"),
         nb::arg("is_neox"));
   m.def("attention", &Attention, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"),
         nb::arg("lse"), nb::arg("cu_seqlens_q"), nb::arg("cu_seqlens_k"), nb::arg("seqused_k"),

@@ -7,7 +7,6 @@
 #include <vector>
 
 #include "ffi/common/attention_params.h"
-#include "ffi/common/rope_math.h"
 #include "ffi/common/rope_pool_params.h"
 #include "metal/kernels/kernel_names.h"
 #include "metal/kernels/params.h"
@@ -16,7 +15,7 @@ namespace jax_sgl::metal {
 
 // The params travel by setBytes: host and MSL must lay them out alike (natural alignment, 64-bit
 // fields first). A field added on one side only changes these sizes.
-static_assert(sizeof(MetalRopePoolParams) == 40, "MetalRopePoolParams layout");  // 36 + padding
+static_assert(sizeof(MetalRopePoolParams) == 64, "MetalRopePoolParams layout");
 static_assert(sizeof(MetalAttentionParams) == 88, "MetalAttentionParams layout");
 
 struct Grid {
@@ -34,24 +33,24 @@ inline const char* RopePoolKernelName(DType t, IndexType i) {
   return nullptr;
 }
 
-inline MetalRopePoolParams ToMetalParams(const RopePoolParams& p) {
+// `fused`: the pools are one kv_buffer (v_pool points into k_pool's allocation).
+inline MetalRopePoolParams ToMetalParams(const RopePoolParams& p, bool fused) {
   MetalRopePoolParams m;
   m.num_tokens = p.num_tokens;
   m.num_slots = p.num_slots;
+  m.pool_row_stride = p.pool_row_stride;
+  m.pool_head_stride = p.pool_head_stride;
+  const int64_t element_bytes = p.dtype == DType::kF32 ? 4 : 2;
+  m.v_offset = fused ? (static_cast<const char*>(p.v_pool) - static_cast<const char*>(p.k_pool)) /
+                           element_bytes
+                     : 0;
+  m.v_in_k_pool = fused ? 1 : 0;
   m.num_qo_heads = p.num_qo_heads;
   m.num_kv_heads = p.num_kv_heads;
   m.head_dim = p.head_dim;
   m.rotary_dim = p.rotary_dim;
   m.is_neox = p.is_neox ? 1 : 0;
   return m;
-}
-
-// The kRopeInvFreq buffer: the CPU kernel's inverse frequencies (computed in double), so Metal's
-// angles match the CPU backend's bit for bit.
-inline std::vector<float> RopeInvFreqTable(const RopePoolParams& p) {
-  std::vector<float> t(size_t(p.rotary_dim / 2));
-  for (int i = 0; i < p.rotary_dim / 2; ++i) t[size_t(i)] = RopeInvFreq(i, p.rotary_dim, p.log2_base);
-  return t;
 }
 
 // One threadgroup per token up to 65535; the kernel grid-strides over the rest.

@@ -21,14 +21,15 @@ constexpr double kRopePoolAutoThreshold = 65536;
 
 ffi::Error RopePoolFwdMetalImpl(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
                                 ffi::AnyBuffer positions, ffi::AnyBuffer slots,
-                                ffi::AnyBuffer k_pool_in, ffi::AnyBuffer v_pool_in,
-                                ffi::Result<ffi::AnyBuffer> q_rot, ffi::Result<ffi::AnyBuffer> k_rot,
-                                ffi::Result<ffi::AnyBuffer> k_pool,
-                                ffi::Result<ffi::AnyBuffer> v_pool, float rope_base,
-                                int64_t rotary_dim, bool is_neox) {
+                                ffi::AnyBuffer inv_freq, ffi::AnyBuffer pool_in,
+                                ffi::RemainingArgs v_pool_in, ffi::Result<ffi::AnyBuffer> q_rot,
+                                ffi::Result<ffi::AnyBuffer> k_rot,
+                                ffi::Result<ffi::AnyBuffer> pool_out,
+                                ffi::RemainingRets v_pool_out, int64_t rotary_dim, bool is_neox) {
   RopePoolParams p;
-  if (auto err = MakeRopePoolParams(q, k, v, positions, slots, q_rot, k_rot, k_pool, v_pool,
-                                    rope_base, rotary_dim, is_neox, &p);
+  RopePoolBuffers pools;
+  if (auto err = MakeRopePoolParams(q, k, v, positions, slots, inv_freq, pool_in, v_pool_in, q_rot,
+                                    k_rot, pool_out, v_pool_out, rotary_dim, is_neox, &p, &pools);
       err.failure())
     return err;
   const char* name = RopePoolKernelName(p.dtype, p.index_type);
@@ -38,15 +39,17 @@ ffi::Error RopePoolFwdMetalImpl(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuff
     return ffi::Error::Success();
   }
   // Without donation XLA gives the outputs their own buffers: start them from the input pools.
-  if (k_pool->untyped_data() != k_pool_in.untyped_data())
-    std::memcpy(k_pool->untyped_data(), k_pool_in.untyped_data(), k_pool_in.size_bytes());
-  if (v_pool->untyped_data() != v_pool_in.untyped_data())
-    std::memcpy(v_pool->untyped_data(), v_pool_in.untyped_data(), v_pool_in.size_bytes());
+  for (int i = 0; i < pools.count; ++i)
+    if (pools.out[i] != pools.in[i]) std::memcpy(pools.out[i], pools.in[i], pools.bytes[i]);
 
-  const MetalRopePoolParams mp = ToMetalParams(p);
-  std::vector<float> inv_freq = RopeInvFreqTable(p);
+  const MetalRopePoolParams mp = ToMetalParams(p, pools.fused());
+  // With a fused kv_buffer the kernel writes V into the kRopeKPool buffer; kRopeVPool only needs
+  // something bound (Metal wants a buffer at every index the kernel declares).
+  static float dummy = 0.f;
+  void* v_binding = pools.fused() ? &dummy : pools.out[1];
+  const size_t v_bytes = pools.fused() ? sizeof(dummy) : pools.bytes[1];
   const std::vector<HostArg> args = {
-      {kRopeInvFreq, inv_freq.data(), inv_freq.size() * sizeof(float), false},
+      {kRopeInvFreq, inv_freq.untyped_data(), inv_freq.size_bytes(), false},
       {kRopeQ, q.untyped_data(), q.size_bytes(), false},
       {kRopeK, k.untyped_data(), k.size_bytes(), false},
       {kRopeV, v.untyped_data(), v.size_bytes(), false},
@@ -54,8 +57,8 @@ ffi::Error RopePoolFwdMetalImpl(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuff
       {kRopeSlots, slots.untyped_data(), slots.size_bytes(), false},
       {kRopeQRot, q_rot->untyped_data(), q_rot->size_bytes(), true},
       {kRopeKRot, k_rot->untyped_data(), k_rot->size_bytes(), true},
-      {kRopeKPool, k_pool->untyped_data(), k_pool->size_bytes(), true},
-      {kRopeVPool, v_pool->untyped_data(), v_pool->size_bytes(), true},
+      {kRopeKPool, pools.out[0], pools.bytes[0], true},
+      {kRopeVPool, v_binding, v_bytes, !pools.fused()},
   };
   const std::string error = Dispatch(name, RopePoolGrid(p), args, &mp, sizeof(mp), kRopeParams);
   if (!error.empty()) return ffi::Error::Internal("jax_sgl.rope_pool_fused (Metal): " + error);

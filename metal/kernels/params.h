@@ -20,8 +20,9 @@ namespace jax_sgl {
 // Buffer indices of jax_sgl_rope_pool_*.
 enum RopePoolBuffer {
   kRopeQ = 0, kRopeK, kRopeV, kRopePositions, kRopeSlots,
-  kRopeQRot, kRopeKRot, kRopeKPool, kRopeVPool,
-  kRopeInvFreq,  // float [rotary_dim / 2]: RopeInvFreq(i) from the host (MSL has no double)
+  kRopeQRot, kRopeKRot, kRopeKPool,
+  kRopeVPool,    // v_pool; a dummy with a fused kv_buffer (V lives in kRopeKPool, see v_in_k_pool)
+  kRopeInvFreq,  // float [rotary_dim / 2]: the caller's inv_freq table (ffi/common/rope_math.h)
   kRopeParams
 };
 
@@ -32,11 +33,17 @@ JAX_SGL_METAL_CONST int kRopePoolThreads = 64;
 struct MetalRopePoolParams {
   JAX_SGL_METAL_I64 num_tokens;
   JAX_SGL_METAL_I64 num_slots;
+  JAX_SGL_METAL_I64 pool_row_stride;   // RopePoolParams' pool strides, in elements
+  JAX_SGL_METAL_I64 pool_head_stride;
+  JAX_SGL_METAL_I64 v_offset;          // elements from the V buffer's start to V of slot 0, head 0
   int num_qo_heads;
   int num_kv_heads;
   int head_dim;
   int rotary_dim;   // even, <= head_dim
   int is_neox;
+  // 1 with a fused kv_buffer: V is written into the kRopeKPool buffer (at v_offset), because one
+  // host allocation cannot be bound as two Metal buffers without staging one over the other.
+  int v_in_k_pool;
 };
 
 // Buffer indices of jax_sgl_attention_fwd_* and jax_sgl_attention_clear_*. Absent index arrays

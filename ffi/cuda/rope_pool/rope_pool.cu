@@ -5,13 +5,15 @@
 // all its rows (memory-level parallelism), then the block computes cos/sin once per (token, pair)
 // into a small shared table (sincosf of the same float32 angle as every backend,
 // ffi/common/rope_math.h), each thread takes its kVec cos/sin into registers, rotates, and writes
-// q_rot, k_rot and, for slots in [0, num_slots), the k/v pool rows. Every byte of q, k, v is read
-// once and every output byte written once, with 16-byte accesses when the row layout allows it;
-// other layouts (odd head_dim, unaligned rotary_dim) take the same kernel with kVec = 1.
+// q_rot, k_rot and, for slots in [0, num_slots), the k/v pool rows (through the pool strides of
+// RopePoolParams: separate pools and a fused kv_buffer take the same code). Every byte of q, k, v
+// is read once and every output byte written once, with 16-byte accesses when the row layout
+// allows it; other layouts (odd head_dim, unaligned rotary_dim, a pool stride that is not a whole
+// number of vectors) take the same kernel with kVec = 1.
 //
 // Why the table: computing cos/sin per thread (12 threads per token share each pair at
 // Hq=32/Hkv=8) cost half the bandwidth on the H200 (50% of copy -> 95% with the table; see
-// benchmarks/RESULTS.md), the double-precision inv_freq being the expensive part.
+// benchmarks/RESULTS.md). inv_freq is the caller's float32 table (rope_math.h).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -160,15 +162,15 @@ __global__ void __launch_bounds__(kBlockThreads) RopePoolKernel(RopePoolParams p
   }
 
   // cos/sin once per (token, pair) for the whole block instead of once per thread: every
-  // thread of a token shares them, and sincosf / the double-precision inv_freq are the only
-  // arithmetic here that is not trivially cheap.
+  // thread of a token shares them, and sincosf is the only arithmetic here that is not trivially
+  // cheap.
   const int threads = blockDim.x * blockDim.y;
   for (int e = threadIdx.y * blockDim.x + threadIdx.x; e < int(blockDim.y) * half; e += threads) {
     const int64_t te = int64_t(blockIdx.x) * blockDim.y + e / half;
     if (te >= p.num_tokens) break;
     const float pos = float(static_cast<const I*>(p.positions)[te]);
     float s, c;
-    sincosf(pos * RopeInvFreq(e % half, p.rotary_dim, p.log2_base), &s, &c);
+    sincosf(pos * p.inv_freq[e % half], &s, &c);
     cos_sin[e] = make_float2(c, s);
   }
   __syncthreads();
@@ -203,9 +205,12 @@ __global__ void __launch_bounds__(kBlockThreads) RopePoolKernel(RopePoolParams p
       dst = static_cast<T*>(p.q_rot) + t * q_row + h * d;
     } else if (!is_v) {
       dst = static_cast<T*>(p.k_rot) + t * kv_row + (h - hq) * d;
-      if (write_pool) pool_dst = static_cast<T*>(p.k_pool) + slot * kv_row + (h - hq) * d;
+      if (write_pool)
+        pool_dst = static_cast<T*>(p.k_pool) + slot * p.pool_row_stride +
+                   (h - hq) * p.pool_head_stride;
     } else {
-      dst = static_cast<T*>(p.v_pool) + slot * kv_row + (h - hq - hkv) * d;
+      dst = static_cast<T*>(p.v_pool) + slot * p.pool_row_stride +
+            (h - hq - hkv) * p.pool_head_stride;
     }
     *reinterpret_cast<V*>(dst + off0) = y0;
     if (has_second) *reinterpret_cast<V*>(dst + off1) = y1;
@@ -242,6 +247,7 @@ template <typename T, typename I>
 cudaError_t LaunchForLayout(cudaStream_t stream, const RopePoolParams& p) {
   constexpr int kVec = kAccessBytes / sizeof(T);
   const bool vectorizable = p.head_dim % kVec == 0 && p.rotary_dim % (2 * kVec) == 0 &&
+                            p.pool_row_stride % kVec == 0 && p.pool_head_stride % kVec == 0 &&
                             Aligned(p.q, kAccessBytes) && Aligned(p.k, kAccessBytes) &&
                             Aligned(p.v, kAccessBytes) && Aligned(p.q_rot, kAccessBytes) &&
                             Aligned(p.k_rot, kAccessBytes) && Aligned(p.k_pool, kAccessBytes) &&

@@ -18,28 +18,25 @@ ffi::Error CudaError(const char* what, cudaError_t err) {
 
 // With donation the output pool is the input pool and nothing is copied: only the written rows
 // are touched. Without it XLA hands us a fresh buffer that must start as a copy of the input.
-cudaError_t CopyPoolIfNotAliased(cudaStream_t stream, ffi::AnyBuffer in,
-                                 ffi::Result<ffi::AnyBuffer>& out) {
-  if (out->untyped_data() == in.untyped_data() || in.size_bytes() == 0) return cudaSuccess;
-  return cudaMemcpyAsync(out->untyped_data(), in.untyped_data(), in.size_bytes(),
-                         cudaMemcpyDeviceToDevice, stream);
-}
-
 ffi::Error RopePoolFwdImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
                            ffi::AnyBuffer v, ffi::AnyBuffer positions, ffi::AnyBuffer slots,
-                           ffi::AnyBuffer k_pool_in, ffi::AnyBuffer v_pool_in,
-                           ffi::Result<ffi::AnyBuffer> q_rot, ffi::Result<ffi::AnyBuffer> k_rot,
-                           ffi::Result<ffi::AnyBuffer> k_pool, ffi::Result<ffi::AnyBuffer> v_pool,
-                           float rope_base, int64_t rotary_dim, bool is_neox) {
+                           ffi::AnyBuffer inv_freq, ffi::AnyBuffer pool_in,
+                           ffi::RemainingArgs v_pool_in, ffi::Result<ffi::AnyBuffer> q_rot,
+                           ffi::Result<ffi::AnyBuffer> k_rot, ffi::Result<ffi::AnyBuffer> pool_out,
+                           ffi::RemainingRets v_pool_out, int64_t rotary_dim, bool is_neox) {
   RopePoolParams p;
-  if (auto err = MakeRopePoolParams(q, k, v, positions, slots, q_rot, k_rot, k_pool, v_pool,
-                                    rope_base, rotary_dim, is_neox, &p);
+  RopePoolBuffers pools;
+  if (auto err = MakeRopePoolParams(q, k, v, positions, slots, inv_freq, pool_in, v_pool_in, q_rot,
+                                    k_rot, pool_out, v_pool_out, rotary_dim, is_neox, &p, &pools);
       err.failure())
     return err;
-  if (cudaError_t e = CopyPoolIfNotAliased(stream, k_pool_in, k_pool); e != cudaSuccess)
-    return CudaError("copying k_pool", e);
-  if (cudaError_t e = CopyPoolIfNotAliased(stream, v_pool_in, v_pool); e != cudaSuccess)
-    return CudaError("copying v_pool", e);
+  for (int i = 0; i < pools.count; ++i) {
+    if (pools.out[i] == pools.in[i] || pools.bytes[i] == 0) continue;
+    if (cudaError_t e = cudaMemcpyAsync(pools.out[i], pools.in[i], pools.bytes[i],
+                                        cudaMemcpyDeviceToDevice, stream);
+        e != cudaSuccess)
+      return CudaError("copying the pool", e);
+  }
   if (cudaError_t e = LaunchRopePool(stream, p); e != cudaSuccess)
     return CudaError("kernel launch", e);
   return ffi::Error::Success();
