@@ -6,7 +6,9 @@
 // Python layer passes):
 //   0 q             [B, Sq, H, D] or [total_q, H, D]
 //   1 k             [B, Sk, Hkv, D], [total_k, Hkv, D] or [P, page, Hkv, D]
-//   2 v             as k, with head_dim_v
+//   2 v             as k, with head_dim_v; with the kv_buffer attribute k and v are both the
+//                   fused buffer [P, page, 2 * Hkv, head_dim_pad] (one array bound twice: the
+//                   signature stays that of every layout, and XLA passes the same pointer)
 //   3 cu_seqlens_q  int32 [B + 1] or [0]
 //   4 cu_seqlens_k  int32 [B + 1] or [0]
 //   5 seqused_k     int32 [B] or [0]
@@ -42,6 +44,7 @@ struct AttentionAttrs {
   int64_t window_right;
   bool deterministic;    // backward: bitwise reproducible dQ
   int64_t disable;       // AttentionDisable bits
+  bool kv_buffer;        // k and v are one fused buffer [P, page, 2 * Hkv, head_dim_pad]
 };
 
 constexpr size_t kAttentionOperands = 11;
@@ -151,6 +154,25 @@ inline ffi::Error FillAttentionParams(const AttentionOperands& o, const Attentio
   p->head_dim = int(qd[q_rank - 1]);
   p->num_kv_heads = int(kd[kv_rank - 2]);
   p->head_dim_v = int(vd[kv_rank - 1]);
+  // Contiguous k/v: rows of Hkv heads of D (D_v) features.
+  p->k_row_stride = int64_t(p->num_kv_heads) * p->head_dim;
+  p->k_head_stride = p->head_dim;
+  p->v_row_stride = int64_t(p->num_kv_heads) * p->head_dim_v;
+  p->v_head_stride = p->head_dim_v;
+  if (attrs.kv_buffer) {
+    // One fused buffer: K head h at 2h, V head h at 2h + 1 of each row, q's head dim read out of
+    // the padded one (jax_sgl/_kv_buffer.py names this layout). Both pointers come from k (the
+    // Python layer binds the same array as v).
+    const int64_t heads_x2 = kd[kv_rank - 2], d_pad = kd[kv_rank - 1];
+    if (layout != KvLayout::kPaged || heads_x2 % 2 != 0 || p->head_dim > d_pad)
+      return InvalidArgument("jax_sgl.attention: kv_buffer must be one paged buffer "
+                             "[P, page, 2 * Hkv, head_dim_pad >= head_dim] bound as k and v");
+    p->num_kv_heads = int(heads_x2 / 2);
+    p->head_dim_v = p->head_dim;
+    p->k_row_stride = p->v_row_stride = heads_x2 * d_pad;
+    p->k_head_stride = p->v_head_stride = 2 * d_pad;
+    p->v = static_cast<const char*>(p->k) + d_pad * ffi::ByteWidth(k.element_type());
+  }
   if (p->num_kv_heads <= 0 || p->num_heads % p->num_kv_heads != 0)
     return InvalidArgument("jax_sgl.attention: num_heads must be a multiple of num_kv_heads");
   p->total_q = varlen_q ? qd[0] : qd[0] * qd[1];
@@ -252,7 +274,8 @@ XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(jax_sgl::AttentionAttrs,
                                       xla::ffi::StructMember<int64_t>("window_left"),
                                       xla::ffi::StructMember<int64_t>("window_right"),
                                       xla::ffi::StructMember<bool>("deterministic"),
-                                      xla::ffi::StructMember<int64_t>("disable"));
+                                      xla::ffi::StructMember<int64_t>("disable"),
+                                      xla::ffi::StructMember<bool>("kv_buffer"));
 
 namespace jax_sgl {
 

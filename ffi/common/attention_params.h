@@ -7,8 +7,15 @@
 //        varlen [total_k, num_kv_heads, head_dim(_v)] + cu_seqlens_k [batch + 1]
 //        paged  [num_pages, page_size, num_kv_heads, head_dim(_v)] + page_table [batch, max_pages]
 //               (a token pool [num_slots, Hkv, D] is the page_size == 1 case)
+//        fused  one buffer [num_pages, page_size, 2 * num_kv_heads, head_dim_pad] holding K and V
+//               interleaved on the head axis (K0, V0, K1, V1, ...; sglang-jax's pool,
+//               jax_sgl/_kv_buffer.py), paged: k points at it, v at its first V head
 //   out: q's layout with head_dim_v; lse float32 dense [batch, num_heads, seqlen_q] or
 //        varlen [num_heads, total_q], the sink included when sinks != nullptr.
+// K/V element (row r, kv head h, feature e) is k[r * k_row_stride + h * k_head_stride + e] (V
+// alike): every kernel addresses K and V only through these strides, which the handler sets for
+// every layout (contiguous ones get Hkv * D and D), so a fused buffer takes the same code path.
+// A row is one key: a dense/varlen row, or page * page_size + slot of a paged pool.
 // Index arrays come from user data: kernels clamp every range to the buffers they were given and
 // treat page-table entries outside [0, num_pages) as masked keys, so they never read out of bounds.
 #pragma once
@@ -57,6 +64,10 @@ struct AttentionParams {
   int head_dim;
   int head_dim_v;
   int page_size;   // paged only
+  int64_t k_row_stride;   // elements from key row r to r + 1 of k
+  int64_t k_head_stride;  // elements from kv head h to h + 1 of k
+  int64_t v_row_stride;   // as k's, for v
+  int64_t v_head_stride;
   int num_pages;   // paged only
   int max_pages;   // paged only: page_table row length
 
