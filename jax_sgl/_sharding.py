@@ -212,6 +212,12 @@ def _attn_factors(spec):
   return per_name, [f"{q_rows} {h} e", lse]
 
 
+def _attn_sizes(spec) -> dict[str, int]:
+  """Sizes Shardy cannot infer: a fused buffer's "(k i)" pair factor, and k, which with GQA q
+  "(k g)" appears in compound factors only."""
+  return {"k": spec.num_kv_heads, "i": 2} if spec.kv_buffer else {}
+
+
 def _attn_replicated(spec) -> list[str]:
   replicated = ["s", "n", "t", "m", "p", "r", "x", "c", "d", "e", "i", "w"]
   if not _attn_batch_split(spec):
@@ -223,7 +229,7 @@ def _attn_rule(params):
   spec = params["spec"]
   per_name, results = _attn_factors(spec)
   return _rule([per_name[n] for n in _attn_names(params)], results, _attn_replicated(spec),
-               spec.num_heads // spec.num_kv_heads, i=2)
+               spec.num_heads // spec.num_kv_heads, **_attn_sizes(spec))
 
 
 def _attn_plan(params, mesh, arg_shapes):
@@ -291,7 +297,7 @@ def _attn_bwd_rule(params):
   per_name.update(out=out, dout=out, lse=lse, dlse=lse)
   names = _attn_names(params) + list(_BWD_EXTRA)
   return _rule([per_name[n] for n in names], [per_name[n] for n in ("q", "k", "v")],
-               _attn_replicated(spec), spec.num_heads // spec.num_kv_heads, i=2)
+               _attn_replicated(spec), spec.num_heads // spec.num_kv_heads, **_attn_sizes(spec))
 
 
 def _attn_bwd_shardings(params, mesh, plan):

@@ -154,24 +154,18 @@ inline ffi::Error FillAttentionParams(const AttentionOperands& o, const Attentio
   p->head_dim = int(qd[q_rank - 1]);
   p->num_kv_heads = int(kd[kv_rank - 2]);
   p->head_dim_v = int(vd[kv_rank - 1]);
-  // Contiguous k/v: rows of Hkv heads of D (D_v) features.
-  p->k_row_stride = int64_t(p->num_kv_heads) * p->head_dim;
-  p->k_head_stride = p->head_dim;
-  p->v_row_stride = int64_t(p->num_kv_heads) * p->head_dim_v;
-  p->v_head_stride = p->head_dim_v;
+  SetContiguousKvStrides(p);
   if (attrs.kv_buffer) {
-    // One fused buffer: K head h at 2h, V head h at 2h + 1 of each row, q's head dim read out of
-    // the padded one (jax_sgl/_kv_buffer.py names this layout). Both pointers come from k (the
+    // One fused buffer, K and V interleaved on its head axis; both pointers come from k (the
     // Python layer binds the same array as v).
     const int64_t heads_x2 = kd[kv_rank - 2], d_pad = kd[kv_rank - 1];
-    if (layout != KvLayout::kPaged || heads_x2 % 2 != 0 || p->head_dim > d_pad)
+    // head_dim_pad % 8: every row and the V offset stay 16-byte aligned (the GPU kernels'
+    // vector and TMA loads), as the Python check guarantees.
+    if (layout != KvLayout::kPaged || heads_x2 % 2 != 0 || p->head_dim > d_pad || d_pad % 8 != 0)
       return InvalidArgument("jax_sgl.attention: kv_buffer must be one paged buffer "
-                             "[P, page, 2 * Hkv, head_dim_pad >= head_dim] bound as k and v");
-    p->num_kv_heads = int(heads_x2 / 2);
-    p->head_dim_v = p->head_dim;
-    p->k_row_stride = p->v_row_stride = heads_x2 * d_pad;
-    p->k_head_stride = p->v_head_stride = 2 * d_pad;
-    p->v = static_cast<const char*>(p->k) + d_pad * ffi::ByteWidth(k.element_type());
+                             "[P, page, 2 * Hkv, head_dim_pad >= head_dim, a multiple of 8] "
+                             "bound as k and v");
+    SetFusedKvBuffer(p, heads_x2, d_pad, ffi::ByteWidth(k.element_type()));
   }
   if (p->num_kv_heads <= 0 || p->num_heads % p->num_kv_heads != 0)
     return InvalidArgument("jax_sgl.attention: num_heads must be a multiple of num_kv_heads");

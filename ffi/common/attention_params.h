@@ -85,6 +85,26 @@ struct AttentionParams {
   DType out_type;
 };
 
+// K/V strides of contiguous k and v: rows of num_kv_heads heads of head_dim (head_dim_v) features.
+inline void SetContiguousKvStrides(AttentionParams* p) {
+  p->k_row_stride = int64_t(p->num_kv_heads) * p->head_dim;
+  p->k_head_stride = p->head_dim;
+  p->v_row_stride = int64_t(p->num_kv_heads) * p->head_dim_v;
+  p->v_head_stride = p->head_dim_v;
+}
+
+// k (already pointing at the buffer) and v as views of one fused buffer [P, page, heads_x2,
+// d_pad]: K head h at 2h, V head h at 2h + 1 of each row, head_dim features read of d_pad
+// (jax_sgl/_kv_buffer.py names this layout). Sets num_kv_heads, head_dim_v and the strides.
+inline void SetFusedKvBuffer(AttentionParams* p, int64_t heads_x2, int64_t d_pad,
+                             size_t elem_bytes) {
+  p->num_kv_heads = int(heads_x2 / 2);
+  p->head_dim_v = p->head_dim;
+  p->k_row_stride = p->v_row_stride = heads_x2 * d_pad;
+  p->k_head_stride = p->v_head_stride = 2 * d_pad;
+  p->v = static_cast<const char*>(p->k) + d_pad * int64_t(elem_bytes);
+}
+
 // q is float16 or bfloat16 and k, v and out share its type: what every CUDA kernel computes.
 inline bool HalfPrecisionOperands(const AttentionParams& p) {
   return (p.q_type == DType::kBF16 || p.q_type == DType::kF16) && p.k_type == p.q_type &&
