@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import jax_sgl
+from attention_cases import reference_attention
 from kv_buffer_cases import check_buffer_case, make_buffer_case
 
 TOL = {jnp.dtype(jnp.float32): 2e-5, jnp.dtype(jnp.bfloat16): 2e-2, jnp.dtype(jnp.float16): 2e-3}
@@ -78,6 +79,22 @@ def test_fully_masked_and_empty_sequences():
   out, lse = _check(q, buf, k, v, arrays, causal=True)
   assert not np.asarray(out)[np.r_[0:5, 9:12]].any()
   assert np.isneginf(np.asarray(lse)[:, np.r_[0:5, 9:12]]).all()
+
+
+def test_fp8_buffer_with_descales():
+  """An e4m3 pool (CPU): q and the buffer e4m3 with per (sequence, kv head) descales, bf16 out."""
+  q, buf, k, v, arrays = make_buffer_case(seed=_seed("fp8"), q_lens=[3, 1, 9], k_lens=[20, 7, 9],
+                                          num_heads=4, num_kv_heads=2, page_size=5,
+                                          dtype=jnp.float8_e4m3fn, form="5d")
+  rng = np.random.default_rng(4)
+  scales = {n: jnp.asarray(rng.uniform(0.5, 2.0, (3, 2)), jnp.float32)
+            for n in ("q_descale", "k_descale", "v_descale")}
+  out = jax_sgl.attention(q, None, None, kv_buffer=buf, causal=True, **scales, **arrays)
+  want = reference_attention(q, k, v, causal=True, **scales, **arrays)
+  assert out.dtype == jnp.bfloat16
+  got = np.asarray(out, np.float32)
+  assert np.isfinite(got).all()
+  np.testing.assert_allclose(got, np.asarray(want, np.float32), rtol=2e-2, atol=2e-2)
 
 
 def test_jit_and_vmap():
@@ -162,22 +179,15 @@ def test_error_k_or_v_with_kv_buffer():
   _raises(ValueError, r"pass k=None and v=None .* v \(", q, None, v, **kw)
 
 
-def test_error_neither_k_nor_kv_buffer():
+@pytest.mark.parametrize("missing,match", [
+    ("kv_buffer", "k and v are required unless kv_buffer"),
+    ("page_table", r"kv_buffer .* needs page_table"),
+    ("seqused_k", "needs seqused_k"),
+])
+def test_error_missing_argument(missing, match):
   q, kw, _, _ = _args()
-  del kw["kv_buffer"]
-  _raises(ValueError, "k and v are required unless kv_buffer", q, None, None, **kw)
-
-
-def test_error_missing_page_table():
-  q, kw, _, _ = _args()
-  del kw["page_table"]
-  _raises(ValueError, r"kv_buffer .* needs page_table", q, None, None, **kw)
-
-
-def test_error_missing_seqused_k():
-  q, kw, _, _ = _args()
-  del kw["seqused_k"]
-  _raises(ValueError, "needs seqused_k", q, None, None, **kw)
+  del kw[missing]
+  _raises(ValueError, match, q, None, None, **kw)
 
 
 def test_error_cu_seqlens_k_with_kv_buffer():
