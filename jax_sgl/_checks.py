@@ -135,6 +135,8 @@ class AttentionSpec:
   # k and v are one fused buffer [num_pages, page_size, 2 * Hkv, head_dim_pad] (_kv_buffer.py),
   # passed as both operands; the kernels read K and V in place through strides.
   kv_buffer: bool = False
+  # Paged k/v (or kv_buffer) given as a token pool [num_slots, Hkv, D], rank 3, page size 1.
+  token_pool: bool = False
 
 
 def _check_head_dim(name: str, d: int) -> None:
@@ -227,8 +229,8 @@ def check_attention(q, k, v, *, causal: bool, softmax_scale, window, softcap, cu
     buf = _check_kv_buffer(q, k, v, kv_buffer, page_table)
     # From here on the buffer stands for both: the rules below see K and V as the views the
     # kernels read (heads Hkv, q's head dim, the buffer's page size).
-    k = v = jax.ShapeDtypeStruct((buf.num_pages, buf.page_size, buf.num_kv_heads, _shape(q)[-1]),
-                                 kv_buffer.dtype)
+    views = (buf.num_pages,) + ((buf.page_size,) if kv_buffer.ndim != 3 else ())
+    k = v = jax.ShapeDtypeStruct(views + (buf.num_kv_heads, _shape(q)[-1]), kv_buffer.dtype)
   elif k is None or v is None:
     raise ValueError(f"{ATTN_FN}: k and v are required unless kv_buffer is given")
   out_dtype = check_attention_dtypes(q, k, v, q_descale, k_descale, v_descale)
@@ -334,7 +336,7 @@ def check_attention(q, k, v, *, causal: bool, softmax_scale, window, softcap, cu
       num_kv_heads=num_kv_heads, head_dim=head_dim, head_dim_v=head_dim_v, softmax_scale=scale,
       softcap=softcap, causal=bool(causal), window_left=left, window_right=right,
       out_dtype=out_dtype, page_size=(_shape(k)[1] if paged and k.ndim == 4 else 1),
-      deterministic=deterministic, kv_buffer=buf is not None)
+      deterministic=deterministic, kv_buffer=buf is not None, token_pool=paged and k.ndim == 3)
 
 
 # --------------------------------------------------------------------------------------------

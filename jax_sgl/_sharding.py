@@ -203,8 +203,9 @@ def _attn_batch_split(spec) -> bool:
 def _attn_factors(spec):
   h = _heads(spec.num_heads // spec.num_kv_heads)
   q_rows = "n" if spec.varlen_q else "b s"
-  kv = {KV_DENSE: "b t k", KV_VARLEN: "m k", KV_PAGED: "p r k"}[spec.kv_layout]
-  k, v = (("p r (k i) w",) * 2) if spec.kv_buffer else (f"{kv} d", f"{kv} e")
+  pages = "p" if spec.token_pool else "p r"
+  kv = {KV_DENSE: "b t k", KV_VARLEN: "m k", KV_PAGED: f"{pages} k"}[spec.kv_layout]
+  k, v = ((f"{pages} (k i) w",) * 2) if spec.kv_buffer else (f"{kv} d", f"{kv} e")
   per_name = {"q": f"{q_rows} {h} d", "k": k, "v": v, "cu_seqlens_q": "c",
               "cu_seqlens_k": "c", "seqused_k": "b", "page_table": "b x", "q_descale": "b k",
               "k_descale": "b k", "v_descale": "b k", "sinks": h}
@@ -250,7 +251,7 @@ def _attn_shardings(params, mesh, plan):
   h, b = _entry(plan.heads), _entry(plan.batch)
   q = P(None, h, None) if spec.varlen_q else P(b, None, h, None)
   kv = {KV_DENSE: P(b, None, h, None), KV_VARLEN: P(None, h, None),
-        KV_PAGED: P(None, None, h, None)}[spec.kv_layout]
+        KV_PAGED: P(None, h, None) if spec.token_pool else P(None, None, h, None)}[spec.kv_layout]
   per_name = {"q": q, "k": kv, "v": kv, "cu_seqlens_q": P(None), "cu_seqlens_k": P(None),
               "seqused_k": P(b), "page_table": P(b, None), "q_descale": P(b, h),
               "k_descale": P(b, h), "v_descale": P(b, h), "sinks": P(h)}

@@ -90,6 +90,8 @@ def _attention_fwd_reference(q, k, v, *optional, spec, present):
   given = {name: x for name, x, p in zip(OPTIONAL, optional, present) if p}
   if spec.kv_buffer:   # k and v are both the fused buffer; the reference reads sliced views
     k, v = reference.split_kv_buffer(k, spec.head_dim)
+  if spec.token_pool:  # [num_slots, Hkv, D]: pages of one token
+    k, v = k[:, None], v[:, None]
   return reference.attention(
       q, k, v, kv_layout=spec.kv_layout, varlen_q=spec.varlen_q, batch=spec.batch,
       softmax_scale=spec.softmax_scale, softcap=spec.softcap, causal=spec.causal,
@@ -403,13 +405,14 @@ def attention(q, k=None, v=None, *, causal=False, softmax_scale=None, window=(-1
                          k_descale=k_descale, v_descale=v_descale, sinks=sinks,
                          deterministic=deterministic, kv_buffer=kv_buffer)
   if spec.kv_buffer:
-    # One 4-D view [pages, page_size, 2 * Hkv, head_dim_pad], passed as both k and v: merging the
-    # packing axis or adding a unit page axis is a bitcast in XLA, no copy of the pool.
+    # Passed as both k and v: a page pool as [pages, page_size, 2 * Hkv, head_dim_pad] (merging
+    # the packing axis is a bitcast in XLA), a token pool as it is. Token pools (fused or not)
+    # keep their rank: inserting a unit page axis makes jax 0.10's XLA copy the whole pool.
     buf = kv_buffer_shape(ATTN_FN, kv_buffer)
-    k = v = kv_buffer.reshape(buf.num_pages, buf.page_size, 2 * buf.num_kv_heads,
-                              buf.head_dim_pad)
-  elif spec.kv_layout == KV_PAGED and k.ndim == 3:   # token pool: pages of one token
-    k, v = k[:, None], v[:, None]
+    if kv_buffer.ndim != 3:
+      kv_buffer = kv_buffer.reshape(buf.num_pages, buf.page_size, 2 * buf.num_kv_heads,
+                                    buf.head_dim_pad)
+    k = v = kv_buffer
   given = dict(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k,
                page_table=page_table, q_descale=q_descale, k_descale=k_descale,
                v_descale=v_descale, sinks=sinks)

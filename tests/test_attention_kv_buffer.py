@@ -156,6 +156,19 @@ def test_compiled_hlo_reads_the_pool_in_place(form, page_size):
       assert f"[{','.join(map(str, shape))}]" not in hlo, shape
 
 
+def test_compiled_hlo_passes_a_plain_token_pool_in_place():
+  """Separate k/v token pools [slots, Hkv, D] keep their rank down to the custom call (a unit
+  page axis added in JAX made jax 0.10's XLA copy both pools)."""
+  q, _, k, v, arrays = make_buffer_case(seed=7, q_lens=[4, 1], k_lens=[30, 7], page_size=1,
+                                        form="3d")
+  f = lambda q, k, v, pt, su, cu: jax_sgl.attention(q, k, v, page_table=pt, seqused_k=su,
+                                                    cu_seqlens_q=cu, causal=True)
+  hlo = jax.jit(f).lower(q, k, v, arrays["page_table"], arrays["seqused_k"],
+                         arrays["cu_seqlens_q"]).compile().as_text()
+  assert "jax_sgl_attention_fwd" in hlo
+  assert not [l for l in hlo.splitlines() if re.search(r"\bcopy\(", l)]
+
+
 # --------------------------------------------------------------------------------------------
 # trace-time errors
 # --------------------------------------------------------------------------------------------

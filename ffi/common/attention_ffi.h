@@ -5,7 +5,7 @@
 // Operands, in this order (absent optional ones arrive as empty int32/float32 arrays, which the
 // Python layer passes):
 //   0 q             [B, Sq, H, D] or [total_q, H, D]
-//   1 k             [B, Sk, Hkv, D], [total_k, Hkv, D] or [P, page, Hkv, D]
+//   1 k             [B, Sk, Hkv, D], [total_k, Hkv, D], [P, page, Hkv, D] or [slots, Hkv, D]
 //   2 v             as k, with head_dim_v; with the kv_buffer attribute k and v are both the
 //                   fused buffer [P, page, 2 * Hkv, head_dim_pad] (one array bound twice: the
 //                   signature stays that of every layout, and XLA passes the same pointer)
@@ -131,7 +131,10 @@ inline ffi::Error FillAttentionParams(const AttentionOperands& o, const Attentio
     return InvalidArgument("jax_sgl.attention: unknown kv_layout");
   const auto layout = static_cast<KvLayout>(kv_layout);
   const size_t q_rank = varlen_q ? 3 : 4;
-  const size_t kv_rank = layout == KvLayout::kVarlen ? 3 : 4;
+  // Paged k/v may be a token pool [num_slots, Hkv, D] (page size 1), passed at its own rank: a
+  // unit page axis added in JAX makes older XLA copy the pool.
+  const bool token_pool = layout == KvLayout::kPaged && kd.size() == 3;
+  const size_t kv_rank = layout == KvLayout::kVarlen || token_pool ? 3 : 4;
   if (qd.size() != q_rank || kd.size() != kv_rank || vd.size() != kv_rank)
     return InvalidArgument("jax_sgl.attention: operand ranks do not match the layout");
   if (!ToDType(q.element_type(), &p->q_type) || !ToDType(k.element_type(), &p->k_type) ||
@@ -198,9 +201,9 @@ inline ffi::Error FillAttentionParams(const AttentionOperands& o, const Attentio
         return InvalidArgument("jax_sgl.attention: page_table must be [batch, max_pages]");
       p->page_table = page_table.typed_data();
       p->num_pages = int(kd[0]);
-      p->page_size = int(kd[1]);
+      p->page_size = token_pool ? 1 : int(kd[1]);
       p->max_pages = int(pt[1]);
-      p->total_k = kd[0] * kd[1];
+      p->total_k = kd[0] * p->page_size;
       break;
     }
   }
