@@ -354,7 +354,6 @@ def attention(q, k=None, v=None, *, causal=False, softmax_scale=None, window=(-1
             page pool [num_pages, page_size, Hkv, D]; page_table [batch, max_pages] int32 maps
             each sequence's pages (token pool: slots); seqused_k [batch] gives its length. q is
             dense or varlen. Entries outside [0, num_pages) are masked keys, never read.
-  seqused_k also limits the keys of dense and varlen sequences.
     fused:  `kv_buffer` instead of k and v (pass k=None, v=None): a serving engine's one buffer
             per layer with K and V interleaved on the head axis (K0, V0, K1, V1, ...), as
             sglang-jax's MHATokenToKVPool keeps it: [num_pages, page_size, 2 * Hkv // packing,
@@ -363,6 +362,7 @@ def attention(q, k=None, v=None, *, causal=False, softmax_scale=None, window=(-1
             required), q's dtype, and the kernels read K and V in place, the first D = q's head
             dim features of each padded head (D <= head_dim_pad; head_dim_v = D), never copying
             the pool. Forward-only: jax.grad raises NotImplementedError.
+  seqused_k also limits the keys of dense and varlen sequences.
 
   Masks: `causal` aligns the last query with the last key (bottom-right, as FlashAttention), so
   decode and chunked prefill see their whole prefix. `window=(left, right)` keeps keys within
