@@ -12,10 +12,11 @@ import dataclasses
 import math
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 
 from jax_sgl._dtypes import FLOAT_DTYPES, FP8_DTYPES, INDEX_DTYPES, is_fp8, names
-from jax_sgl._kv_buffer import kv_buffer_shape
+from jax_sgl._kv_buffer import KvBufferShape, kv_buffer_shape
 
 # Head dims the kernels are built for: multiples of 8 (16-byte rows of bf16) up to 256.
 MAX_HEAD_DIM = 256
@@ -183,6 +184,11 @@ class AttentionSpec:
   out_dtype: Any       # q's dtype, bfloat16 for fp8 q
   page_size: int       # paged only (1 for a token pool)
   deterministic: bool  # backward: bitwise reproducible dQ (no float atomics)
+  # k and v are one fused buffer [num_pages, page_size, 2 * Hkv, head_dim_pad] (_kv_buffer.py),
+  # passed as both operands; the kernels read K and V in place through strides.
+  kv_buffer: bool = False
+  # Paged k/v (or kv_buffer) given as a token pool [num_slots, Hkv, D], rank 3, page size 1.
+  token_pool: bool = False
 
 
 def _check_head_dim(name: str, d: int) -> None:
@@ -235,13 +241,50 @@ def check_attention_dtypes(q, k, v, q_descale, k_descale, v_descale) -> Any:
   return jnp.dtype(jnp.bfloat16) if is_fp8(q.dtype) else jnp.dtype(q.dtype)
 
 
+def _check_kv_buffer(q, k, v, kv_buffer, page_table) -> KvBufferShape:
+  """The kv_buffer form: no k/v beside it, a page table, and q's head dim within the padded one."""
+  buf = kv_buffer_shape(ATTN_FN, kv_buffer)
+  if k is not None or v is not None:
+    given = ", ".join(f"{n} {_shape(x)}" for n, x in (("k", k), ("v", v)) if x is not None)
+    raise ValueError(f"{ATTN_FN}: kv_buffer {_shape(kv_buffer)} holds K and V; pass k=None and "
+                     f"v=None with it, got {given}")
+  if page_table is None:
+    raise ValueError(f"{ATTN_FN}: kv_buffer {_shape(kv_buffer)} is a paged pool and needs "
+                     "page_table [batch, max_pages] and seqused_k [batch] (a 3-D token pool: "
+                     "page_table holds slots)")
+  # K shares q's dtype (SGLang's rule), and V is the same buffer: one dtype for all three. The
+  # seed's words first, then which argument.
+  if q.dtype != kv_buffer.dtype:
+    raise TypeError(f"Type mismatch: {q.dtype} != {kv_buffer.dtype} ({ATTN_FN}: kv_buffer "
+                    f"{_shape(kv_buffer)} must have q's dtype, q {_shape(q)})")
+  head_dim = _shape(q)[-1]
+  if head_dim > buf.head_dim_pad:
+    raise ValueError(f"{ATTN_FN}: q's head_dim {head_dim} (q {_shape(q)}) exceeds kv_buffer's "
+                     f"padded head dim {buf.head_dim_pad} (kv_buffer {_shape(kv_buffer)})")
+  # Every K/V row and the V offset must stay 16-byte aligned (the GPU kernels' vector loads and
+  # TMA boxes): head_dim_pad a multiple of 8 elements (sglang-jax pads to 128).
+  if buf.head_dim_pad % HEAD_DIM_MULTIPLE:
+    raise ValueError(f"{ATTN_FN}: kv_buffer's padded head dim must be a multiple of "
+                     f"{HEAD_DIM_MULTIPLE}, got shape {_shape(kv_buffer)}")
+  return buf
+
+
 def check_attention(q, k, v, *, causal: bool, softmax_scale, window, softcap, cu_seqlens_q,
                     cu_seqlens_k, seqused_k, page_table, q_descale, k_descale,
-                    v_descale, sinks=None, deterministic=False) -> AttentionSpec:
+                    v_descale, sinks=None, deterministic=False, kv_buffer=None) -> AttentionSpec:
   # A traced or numpy bool would be silently truthy or fail later; the flag selects a kernel.
   if not isinstance(deterministic, bool):
     raise TypeError(f"{ATTN_FN}: deterministic must be a Python bool, got {deterministic!r} "
                     f"({type(deterministic).__name__})")
+  buf = None
+  if kv_buffer is not None:
+    buf = _check_kv_buffer(q, k, v, kv_buffer, page_table)
+    # From here on the buffer stands for both: the rules below see K and V as the views the
+    # kernels read (heads Hkv, q's head dim, the buffer's page size).
+    views = (buf.num_pages,) + ((buf.page_size,) if kv_buffer.ndim != 3 else ())
+    k = v = jax.ShapeDtypeStruct(views + (buf.num_kv_heads, _shape(q)[-1]), kv_buffer.dtype)
+  elif k is None or v is None:
+    raise ValueError(f"{ATTN_FN}: k and v are required unless kv_buffer is given")
   out_dtype = check_attention_dtypes(q, k, v, q_descale, k_descale, v_descale)
 
   # Layout.
@@ -345,7 +388,7 @@ def check_attention(q, k, v, *, causal: bool, softmax_scale, window, softcap, cu
       num_kv_heads=num_kv_heads, head_dim=head_dim, head_dim_v=head_dim_v, softmax_scale=scale,
       softcap=softcap, causal=bool(causal), window_left=left, window_right=right,
       out_dtype=out_dtype, page_size=(_shape(k)[1] if paged and k.ndim == 4 else 1),
-      deterministic=deterministic)
+      deterministic=deterministic, kv_buffer=buf is not None, token_pool=paged and k.ndim == 3)
 
 
 # --------------------------------------------------------------------------------------------

@@ -11,7 +11,8 @@ batch divided. No collective runs inside the op.
 Supported shardings (taken from the operands, no data moved):
   attention        heads: q's head axis and k/v's KV head axis over the same mesh axes, which
                    must divide num_kv_heads (so every device holds whole GQA groups: its q heads
-                   [i*H/n, (i+1)*H/n) and their KV heads [i*Hkv/n, (i+1)*Hkv/n)).
+                   [i*H/n, (i+1)*H/n) and their KV heads [i*Hkv/n, (i+1)*Hkv/n)). A fused
+                   kv_buffer splits its 2 * Hkv head axis the same way: whole K/V pairs.
                    batch: dense layout, and paged KV with dense q (page_table/seqused_k split on
                    batch, the pools replicated on their page axis). Varlen q/k keep the batch whole
                    (cu_seqlens hold global offsets).
@@ -153,12 +154,14 @@ def _heads(g: int) -> str:
   return "(k g)" if g > 1 else "k"
 
 
-def _rule(operands, results, replicated, g):
+def _rule(operands, results, replicated, g, **sizes):
+  """`sizes`: the sizes of other inner factors of compound dimensions (as g is q's)."""
   text = " ".join(operands + results).replace("(", " ").replace(")", " ").split()
   factors = list(dict.fromkeys(text))   # Shardy numbers factors by first use and wants the
   kwargs = {"need_replication_factors": tuple(f for f in factors if f in replicated)}  # order
   if g > 1:
     kwargs["g"] = g
+  kwargs.update({f: n for f, n in sizes.items() if f in factors})
   return ", ".join(operands) + " -> " + ", ".join(results), kwargs
 
 
@@ -166,7 +169,9 @@ def _rule(operands, results, replicated, g):
 # attention
 # --------------------------------------------------------------------------------------------
 # Factors: b batch, s/n query rows (dense/packed), t/m key rows (dense/packed), p pages, r page
-# size, x max pages, c batch + 1, k KV heads, g group, d head_dim, e head_dim_v.
+# size, x max pages, c batch + 1, k KV heads, g group, d head_dim, e head_dim_v; a fused kv_buffer
+# [p, r, 2 * Hkv, head_dim_pad] is "p r (k i) w": i the K/V pair (2, innermost, so a head split
+# keeps whole pairs on a device), w the padded head dim.
 
 _ATTN_OPTIONAL = ("cu_seqlens_q", "cu_seqlens_k", "seqused_k", "page_table", "q_descale",
                   "k_descale", "v_descale", "sinks")
@@ -200,16 +205,24 @@ def _attn_batch_split(spec) -> bool:
 def _attn_factors(spec):
   h = _heads(spec.num_heads // spec.num_kv_heads)
   q_rows = "n" if spec.varlen_q else "b s"
-  kv = {KV_DENSE: "b t k", KV_VARLEN: "m k", KV_PAGED: "p r k"}[spec.kv_layout]
-  per_name = {"q": f"{q_rows} {h} d", "k": f"{kv} d", "v": f"{kv} e", "cu_seqlens_q": "c",
+  pages = "p" if spec.token_pool else "p r"
+  kv = {KV_DENSE: "b t k", KV_VARLEN: "m k", KV_PAGED: f"{pages} k"}[spec.kv_layout]
+  k, v = ((f"{pages} (k i) w",) * 2) if spec.kv_buffer else (f"{kv} d", f"{kv} e")
+  per_name = {"q": f"{q_rows} {h} d", "k": k, "v": v, "cu_seqlens_q": "c",
               "cu_seqlens_k": "c", "seqused_k": "b", "page_table": "b x", "q_descale": "b k",
               "k_descale": "b k", "v_descale": "b k", "sinks": h}
   lse = f"{h} n" if spec.varlen_q else f"b {h} s"
   return per_name, [f"{q_rows} {h} e", lse]
 
 
+def _attn_sizes(spec) -> dict[str, int]:
+  """Sizes Shardy cannot infer: a fused buffer's "(k i)" pair factor, and k, which with GQA q
+  "(k g)" appears in compound factors only."""
+  return {"k": spec.num_kv_heads, "i": 2} if spec.kv_buffer else {}
+
+
 def _attn_replicated(spec) -> list[str]:
-  replicated = ["s", "n", "t", "m", "p", "r", "x", "c", "d", "e"]
+  replicated = ["s", "n", "t", "m", "p", "r", "x", "c", "d", "e", "i", "w"]
   if not _attn_batch_split(spec):
     replicated.append("b")
   return replicated
@@ -219,7 +232,7 @@ def _attn_rule(params):
   spec = params["spec"]
   per_name, results = _attn_factors(spec)
   return _rule([per_name[n] for n in _attn_names(params)], results, _attn_replicated(spec),
-               spec.num_heads // spec.num_kv_heads)
+               spec.num_heads // spec.num_kv_heads, **_attn_sizes(spec))
 
 
 def _attn_plan(params, mesh, arg_shapes):
@@ -240,7 +253,7 @@ def _attn_shardings(params, mesh, plan):
   h, b = _entry(plan.heads), _entry(plan.batch)
   q = P(None, h, None) if spec.varlen_q else P(b, None, h, None)
   kv = {KV_DENSE: P(b, None, h, None), KV_VARLEN: P(None, h, None),
-        KV_PAGED: P(None, None, h, None)}[spec.kv_layout]
+        KV_PAGED: P(None, h, None) if spec.token_pool else P(None, None, h, None)}[spec.kv_layout]
   per_name = {"q": q, "k": kv, "v": kv, "cu_seqlens_q": P(None), "cu_seqlens_k": P(None),
               "seqused_k": P(b), "page_table": P(b, None), "q_descale": P(b, h),
               "k_descale": P(b, h), "v_descale": P(b, h), "sinks": P(h)}
@@ -287,7 +300,7 @@ def _attn_bwd_rule(params):
   per_name.update(out=out, dout=out, lse=lse, dlse=lse)
   names = _attn_names(params) + list(_BWD_EXTRA)
   return _rule([per_name[n] for n in names], [per_name[n] for n in ("q", "k", "v")],
-               _attn_replicated(spec), spec.num_heads // spec.num_kv_heads)
+               _attn_replicated(spec), spec.num_heads // spec.num_kv_heads, **_attn_sizes(spec))
 
 
 def _attn_bwd_shardings(params, mesh, plan):

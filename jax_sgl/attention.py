@@ -25,6 +25,7 @@ from jax_sgl import _disable, reference
 from jax_sgl._checks import (ATTN_FN, KV_PAGED, AttentionSpec, check_attention,
                              check_attention_cuda)
 from jax_sgl._dtypes import is_fp8
+from jax_sgl._kv_buffer import kv_buffer_shape
 from jax_sgl._primitive import (at_front, batch_size, ffi_rule, register_lowerings,
                                 warn_reference_once)
 from jax_sgl._registration import warn_if_sm90_absent
@@ -78,7 +79,7 @@ def _ffi_attrs(ctx, spec: AttentionSpec) -> dict:
       softmax_scale=np.float32(spec.softmax_scale), softcap=np.float32(spec.softcap),
       causal=np.bool_(spec.causal), window_left=np.int64(spec.window_left),
       window_right=np.int64(spec.window_right), deterministic=np.bool_(spec.deterministic),
-      disable=np.int64(_disable.disable_mask()))
+      disable=np.int64(_disable.disable_mask()), kv_buffer=np.bool_(spec.kv_buffer))
 
 
 def _attention_fwd_lowering(ctx, *args, spec, present):
@@ -87,6 +88,10 @@ def _attention_fwd_lowering(ctx, *args, spec, present):
 
 def _attention_fwd_reference(q, k, v, *optional, spec, present):
   given = {name: x for name, x, p in zip(OPTIONAL, optional, present) if p}
+  if spec.kv_buffer:   # k and v are both the fused buffer; the reference reads sliced views
+    k, v = reference.split_kv_buffer(k, spec.head_dim)
+  if spec.token_pool:  # [num_slots, Hkv, D]: pages of one token
+    k, v = k[:, None], v[:, None]
   return reference.attention(
       q, k, v, kv_layout=spec.kv_layout, varlen_q=spec.varlen_q, batch=spec.batch,
       softmax_scale=spec.softmax_scale, softcap=spec.softcap, causal=spec.causal,
@@ -279,6 +284,11 @@ register_lowerings(_attention_bwd_local_p, BWD_TARGET, _attention_bwd_lowering,
 
 def _check_differentiable(spec: AttentionSpec, q, v) -> None:
   """Paged KV and fp8 are inference paths: say so at trace time rather than fail in a kernel."""
+  if spec.kv_buffer:
+    raise NotImplementedError(
+        f"{ATTN_FN}: gradients through kv_buffer are not supported: a serving engine's fused KV "
+        "cache is forward-only (inference), and the backward kernels take no dq-only path for "
+        "it. Train with dense or varlen k/v.")
   if spec.kv_layout == KV_PAGED:
     raise NotImplementedError(
         f"{ATTN_FN}: gradients through paged KV are not supported; paged KV (page_table) is "
@@ -330,10 +340,10 @@ def _attention_diff_bwd(spec, present, residuals, cotangents):
 _attention_diff.defvjp(_attention_diff_fwd, _attention_diff_bwd)
 
 
-def attention(q, k, v, *, causal=False, softmax_scale=None, window=(-1, -1), softcap=0.0,
+def attention(q, k=None, v=None, *, causal=False, softmax_scale=None, window=(-1, -1), softcap=0.0,
               cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None, page_table=None,
               return_lse=False, q_descale=None, k_descale=None, v_descale=None, sinks=None,
-              deterministic=False):
+              deterministic=False, kv_buffer=None):
   """Flash attention (forward, and backward under jax.grad).
 
   Layouts:
@@ -344,6 +354,14 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, window=(-1, -1), sof
             page pool [num_pages, page_size, Hkv, D]; page_table [batch, max_pages] int32 maps
             each sequence's pages (token pool: slots); seqused_k [batch] gives its length. q is
             dense or varlen. Entries outside [0, num_pages) are masked keys, never read.
+    fused:  `kv_buffer` instead of k and v (pass k=None, v=None): a serving engine's one buffer
+            per layer with K and V interleaved on the head axis (K0, V0, K1, V1, ...), as
+            sglang-jax's MHATokenToKVPool keeps it: [num_pages, page_size, 2 * Hkv // packing,
+            packing, head_dim_pad], [num_pages, page_size, 2 * Hkv, head_dim_pad], or a 3-D token
+            pool [num_slots, 2 * Hkv, head_dim_pad]. It is paged (page_table and seqused_k
+            required), q's dtype, and the kernels read K and V in place, the first D = q's head
+            dim features of each padded head (D <= head_dim_pad; head_dim_v = D), never copying
+            the pool. Forward-only: jax.grad raises NotImplementedError.
   seqused_k also limits the keys of dense and varlen sequences.
 
   Masks: `causal` aligns the last query with the last key (bottom-right, as FlashAttention), so
@@ -385,9 +403,16 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, window=(-1, -1), sof
                          softcap=softcap, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                          seqused_k=seqused_k, page_table=page_table, q_descale=q_descale,
                          k_descale=k_descale, v_descale=v_descale, sinks=sinks,
-                         deterministic=deterministic)
-  if spec.kv_layout == KV_PAGED and k.ndim == 3:   # token pool: pages of one token
-    k, v = k[:, None], v[:, None]
+                         deterministic=deterministic, kv_buffer=kv_buffer)
+  if spec.kv_buffer:
+    # Passed as both k and v: a page pool as [pages, page_size, 2 * Hkv, head_dim_pad] (merging
+    # the packing axis is a bitcast in XLA), a token pool as it is. Token pools (fused or not)
+    # keep their rank: inserting a unit page axis makes jax 0.10's XLA copy the whole pool.
+    buf = kv_buffer_shape(ATTN_FN, kv_buffer)
+    if kv_buffer.ndim != 3:
+      kv_buffer = kv_buffer.reshape(buf.num_pages, buf.page_size, 2 * buf.num_kv_heads,
+                                    buf.head_dim_pad)
+    k = v = kv_buffer
   given = dict(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k,
                page_table=page_table, q_descale=q_descale, k_descale=k_descale,
                v_descale=v_descale, sinks=sinks)

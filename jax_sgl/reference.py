@@ -97,6 +97,13 @@ def _clamped_ranges(cu, total):
   return begin, end - begin
 
 
+def split_kv_buffer(kv_buffer, head_dim: int):
+  """K and V sliced out of a fused buffer [pages, page_size, 2 * Hkv, head_dim_pad] (K at even
+  heads, V at odd ones, the first head_dim features): copies, as an oracle may; the kernels read
+  the buffer in place."""
+  return kv_buffer[..., 0::2, :head_dim], kv_buffer[..., 1::2, :head_dim]
+
+
 def attention(q, k, v, *, kv_layout: int, varlen_q: bool, batch: int, softmax_scale: float,
               softcap: float = 0.0, causal: bool = False, window_left: int = -1,
               window_right: int = -1, out_dtype=None, cu_seqlens_q=None, cu_seqlens_k=None,
@@ -174,6 +181,11 @@ def attention(q, k, v, *, kv_layout: int, varlen_q: bool, batch: int, softmax_sc
   s = jnp.einsum("bqhd,bkhd->bhqk", qf, kf_, precision="highest") * np.float32(softmax_scale)
   if softcap > 0:
     s = softcap * jnp.tanh(s / softcap)
+
+  # Keys no sequence may read (page tails past seqused_k, masked pages) hold whatever the pool
+  # holds, NaN included: their V rows become zeros so that P = 0 never meets them in P V.
+  readable = key_ok & (jnp.arange(sk)[None, :] < k_len[:, None])             # [B, Sk]
+  vf_ = jnp.where(readable[:, :, None, None], vf_, 0.0)
 
   i = jnp.arange(sq)[None, :, None]
   jj = jnp.arange(sk)[None, None, :]

@@ -206,6 +206,34 @@ def attention_token_pool_varlen_q_heads():
 
 
 @case
+def attention_kv_buffer_decode_batch_and_heads():
+  """sglang-jax's fused 5-D pool [P, page, 2 * Hkv // packing, packing, D_pad] split on its head
+  axis: each device holds whole K/V pairs of its kv heads and reads them in place."""
+  rng = np.random.default_rng(8)
+  k, _, table, used = _paged_inputs(rng, 4, 8, 16, 8, 32)      # [16, 8, 2 * Hkv = 8, 32]
+  buf = k.reshape(16, 8, 4, 2, 32)                              # packing 2
+  q = rand(rng, 4, 1, 8, 16)                                    # D = 16 of D_pad = 32
+  fn = lambda q, b, t, u: jax_sgl.attention(q, None, None, kv_buffer=b, causal=True,
+                                            page_table=t, seqused_k=u, return_lse=True)
+  run_sharded(fn, (q, buf, table, used),
+              (BSHD, P(None, None, "model", None, None), P("data", None), P("data")),
+              want_specs=(BSHD, P("data", "model", None)))
+
+
+@case
+def attention_kv_buffer_token_pool_varlen_q_heads():
+  rng = np.random.default_rng(9)
+  k, _, table, used = _paged_inputs(rng, 2, 1, 40, 8, 16)       # token pool [40, 8, 16]
+  cu_q = jnp.asarray([0, 3, 7], jnp.int32)
+  used = jnp.maximum(used, 4)
+  q = rand(rng, 7, 8, 16)
+  fn = lambda q, b, cq, t, u: jax_sgl.attention(q, None, None, kv_buffer=b, causal=True,
+                                                cu_seqlens_q=cq, page_table=t, seqused_k=u)
+  heads = P(None, "model", None)
+  run_sharded(fn, (q, k, cu_q, table, used), (heads, heads, P(), P(), P()), want_specs=(heads,))
+
+
+@case
 def attention_unsupported_shardings_are_resharded():
   """Sequence and head_dim splits, and a head split not dividing num_kv_heads: still exact."""
   rng = np.random.default_rng(7)

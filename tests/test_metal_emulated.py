@@ -177,8 +177,9 @@ def test_rope_pool_only_padding_writes_nothing():
 
 def _run_attention(q, k, v, *, dtype, kv_layout, varlen_q, batch, max_seqlen_q, scale,
                    softcap=0.0, causal=False, window=(-1, -1), cu_seqlens_q=None,
-                   cu_seqlens_k=None, seqused_k=None, page_table=None, sinks=None):
-  num_heads, head_dim_v = q.shape[-2], v.shape[-1]
+                   cu_seqlens_k=None, seqused_k=None, page_table=None, sinks=None,
+                   kv_buffer=False):
+  num_heads, head_dim_v = q.shape[-2], q.shape[-1] if kv_buffer else v.shape[-1]
   out = np.full(q.shape[:-1] + (head_dim_v,), np.nan, NP_DTYPES[dtype])
   total_q = q.shape[0] if varlen_q else q.shape[0] * q.shape[1]
   lse = np.full((num_heads, total_q) if varlen_q else (batch, num_heads, q.shape[1]), np.nan,
@@ -191,7 +192,7 @@ def _run_attention(q, k, v, *, dtype, kv_layout, varlen_q, batch, max_seqlen_q, 
                 dtype=DTYPES[dtype][0],
                 kv_layout=kv_layout, varlen_q=varlen_q, batch=batch, max_seqlen_q=max_seqlen_q,
                 softmax_scale=scale, softcap=softcap, causal=causal, window_left=window[0],
-                window_right=window[1])
+                window_right=window[1], kv_buffer=kv_buffer)
   return out, lse
 
 
@@ -330,6 +331,34 @@ def test_attention_token_pool_decode():
   _check_attention(q, pool_k, pool_v, dtype="float16", kv_layout=KV_PAGED, varlen_q=False,
                    batch=b, causal=True, seqused_k=np.array([23, 1, 7, 16], np.int32),
                    page_table=page_table)
+
+
+@pytest.mark.parametrize("page_size,head_dim,head_dim_pad,dtype", [
+    (1, 64, 128, "bfloat16"), (5, 128, 128, "float32"), (16, 64, 256, "float16")])
+def test_attention_kv_buffer(page_size, head_dim, head_dim_pad, dtype):
+  """sglang-jax's fused pool [P, page, 2 * Hkv, head_dim_pad] bound as both k and v, read through
+  the strides (NaN in its padding, unnamed pages and page tails), against the reference on K/V
+  sliced out of it."""
+  from kv_buffer_cases import make_buffer_case
+  q, buf, k, v, arrays = make_buffer_case(
+      seed=page_size, q_lens=[3, 1, 17], k_lens=[40, 9, 17], num_heads=4, num_kv_heads=2,
+      head_dim=head_dim, head_dim_pad=head_dim_pad, page_size=page_size,
+      dtype=NP_DTYPES[dtype])
+  q, buf = np.array(q), np.array(buf)   # writable copies: the emulator binds writable arrays
+  if k.ndim == 3:
+    k, v = k[:, None], v[:, None]
+  cu_q, table, used = (np.array(arrays[n]) for n in ("cu_seqlens_q", "page_table", "seqused_k"))
+  scale = float(head_dim) ** -0.5
+  out, lse = _run_attention(q, buf, buf, dtype=dtype, kv_layout=KV_PAGED, varlen_q=True, batch=3,
+                            max_seqlen_q=17, scale=scale, causal=True, cu_seqlens_q=cu_q,
+                            seqused_k=used, page_table=table, kv_buffer=True)
+  want_out, want_lse = _ref_attention(
+      jnp.asarray(q), k, v, kv_layout=KV_PAGED, varlen_q=True, batch=3, softmax_scale=scale,
+      causal=True, window_right=0, cu_seqlens_q=jnp.asarray(cu_q), page_table=jnp.asarray(table),
+      seqused_k=jnp.asarray(used))
+  tol = DTYPES[dtype][1]
+  np.testing.assert_allclose(_f32(out), _f32(want_out), atol=tol, rtol=tol, err_msg="out")
+  np.testing.assert_allclose(lse, np.asarray(want_lse), atol=1e-4, rtol=1e-4, err_msg="lse")
 
 
 @pytest.mark.parametrize("layout", ["dense", "varlen", "paged"])

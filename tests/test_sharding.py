@@ -27,6 +27,8 @@ CASE_NAMES = [
     "attention_varlen_heads",
     "attention_paged_decode_batch_and_heads",
     "attention_token_pool_varlen_q_heads",
+    "attention_kv_buffer_decode_batch_and_heads",
+    "attention_kv_buffer_token_pool_varlen_q_heads",
     "attention_unsupported_shardings_are_resharded",
     "rope_pool_kv_heads_donated",
     "rope_pool_gqa_partial_rotary_interleaved_heads_over_both_axes",

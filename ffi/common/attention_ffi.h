@@ -5,8 +5,10 @@
 // Operands, in this order (absent optional ones arrive as empty int32/float32 arrays, which the
 // Python layer passes):
 //   0 q             [B, Sq, H, D] or [total_q, H, D]
-//   1 k             [B, Sk, Hkv, D], [total_k, Hkv, D] or [P, page, Hkv, D]
-//   2 v             as k, with head_dim_v
+//   1 k             [B, Sk, Hkv, D], [total_k, Hkv, D], [P, page, Hkv, D] or [slots, Hkv, D]
+//   2 v             as k, with head_dim_v; with the kv_buffer attribute k and v are both the
+//                   fused buffer [P, page, 2 * Hkv, head_dim_pad] (one array bound twice: the
+//                   signature stays that of every layout, and XLA passes the same pointer)
 //   3 cu_seqlens_q  int32 [B + 1] or [0]
 //   4 cu_seqlens_k  int32 [B + 1] or [0]
 //   5 seqused_k     int32 [B] or [0]
@@ -42,6 +44,7 @@ struct AttentionAttrs {
   int64_t window_right;
   bool deterministic;    // backward: bitwise reproducible dQ
   int64_t disable;       // AttentionDisable bits
+  bool kv_buffer;        // k and v are one fused buffer [P, page, 2 * Hkv, head_dim_pad]
 };
 
 constexpr size_t kAttentionOperands = 11;
@@ -128,7 +131,10 @@ inline ffi::Error FillAttentionParams(const AttentionOperands& o, const Attentio
     return InvalidArgument("jax_sgl.attention: unknown kv_layout");
   const auto layout = static_cast<KvLayout>(kv_layout);
   const size_t q_rank = varlen_q ? 3 : 4;
-  const size_t kv_rank = layout == KvLayout::kVarlen ? 3 : 4;
+  // Paged k/v may be a token pool [num_slots, Hkv, D] (page size 1), passed at its own rank: a
+  // unit page axis added in JAX makes older XLA copy the pool.
+  const bool token_pool = layout == KvLayout::kPaged && kd.size() == 3;
+  const size_t kv_rank = layout == KvLayout::kVarlen || token_pool ? 3 : 4;
   if (qd.size() != q_rank || kd.size() != kv_rank || vd.size() != kv_rank)
     return InvalidArgument("jax_sgl.attention: operand ranks do not match the layout");
   if (!ToDType(q.element_type(), &p->q_type) || !ToDType(k.element_type(), &p->k_type) ||
@@ -151,6 +157,19 @@ inline ffi::Error FillAttentionParams(const AttentionOperands& o, const Attentio
   p->head_dim = int(qd[q_rank - 1]);
   p->num_kv_heads = int(kd[kv_rank - 2]);
   p->head_dim_v = int(vd[kv_rank - 1]);
+  SetContiguousKvStrides(p);
+  if (attrs.kv_buffer) {
+    // One fused buffer, K and V interleaved on its head axis; both pointers come from k (the
+    // Python layer binds the same array as v).
+    const int64_t heads_x2 = kd[kv_rank - 2], d_pad = kd[kv_rank - 1];
+    // head_dim_pad % 8: every row and the V offset stay 16-byte aligned (the GPU kernels'
+    // vector and TMA loads), as the Python check guarantees.
+    if (layout != KvLayout::kPaged || heads_x2 % 2 != 0 || p->head_dim > d_pad || d_pad % 8 != 0)
+      return InvalidArgument("jax_sgl.attention: kv_buffer must be one paged buffer "
+                             "[P, page, 2 * Hkv, head_dim_pad >= head_dim, a multiple of 8] "
+                             "bound as k and v");
+    SetFusedKvBuffer(p, heads_x2, d_pad, ffi::ByteWidth(k.element_type()));
+  }
   if (p->num_kv_heads <= 0 || p->num_heads % p->num_kv_heads != 0)
     return InvalidArgument("jax_sgl.attention: num_heads must be a multiple of num_kv_heads");
   p->total_q = varlen_q ? qd[0] : qd[0] * qd[1];
@@ -182,9 +201,9 @@ inline ffi::Error FillAttentionParams(const AttentionOperands& o, const Attentio
         return InvalidArgument("jax_sgl.attention: page_table must be [batch, max_pages]");
       p->page_table = page_table.typed_data();
       p->num_pages = int(kd[0]);
-      p->page_size = int(kd[1]);
+      p->page_size = token_pool ? 1 : int(kd[1]);
       p->max_pages = int(pt[1]);
-      p->total_k = kd[0] * kd[1];
+      p->total_k = kd[0] * p->page_size;
       break;
     }
   }
@@ -252,7 +271,8 @@ XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(jax_sgl::AttentionAttrs,
                                       xla::ffi::StructMember<int64_t>("window_left"),
                                       xla::ffi::StructMember<int64_t>("window_right"),
                                       xla::ffi::StructMember<bool>("deterministic"),
-                                      xla::ffi::StructMember<int64_t>("disable"));
+                                      xla::ffi::StructMember<int64_t>("disable"),
+                                      xla::ffi::StructMember<bool>("kv_buffer"));
 
 namespace jax_sgl {
 

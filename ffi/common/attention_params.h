@@ -7,8 +7,15 @@
 //        varlen [total_k, num_kv_heads, head_dim(_v)] + cu_seqlens_k [batch + 1]
 //        paged  [num_pages, page_size, num_kv_heads, head_dim(_v)] + page_table [batch, max_pages]
 //               (a token pool [num_slots, Hkv, D] is the page_size == 1 case)
+//        fused  one buffer [num_pages, page_size, 2 * num_kv_heads, head_dim_pad] holding K and V
+//               interleaved on the head axis (K0, V0, K1, V1, ...; sglang-jax's pool,
+//               jax_sgl/_kv_buffer.py), paged: k points at it, v at its first V head
 //   out: q's layout with head_dim_v; lse float32 dense [batch, num_heads, seqlen_q] or
 //        varlen [num_heads, total_q], the sink included when sinks != nullptr.
+// K/V element (row r, kv head h, feature e) is k[r * k_row_stride + h * k_head_stride + e] (V
+// alike): every kernel addresses K and V only through these strides, which the handler sets for
+// every layout (contiguous ones get Hkv * D and D), so a fused buffer takes the same code path.
+// A row is one key: a dense/varlen row, or page * page_size + slot of a paged pool.
 // Index arrays come from user data: kernels clamp every range to the buffers they were given and
 // treat page-table entries outside [0, num_pages) as masked keys, so they never read out of bounds.
 #pragma once
@@ -57,6 +64,10 @@ struct AttentionParams {
   int head_dim;
   int head_dim_v;
   int page_size;   // paged only
+  int64_t k_row_stride;   // elements from key row r to r + 1 of k
+  int64_t k_head_stride;  // elements from kv head h to h + 1 of k
+  int64_t v_row_stride;   // as k's, for v
+  int64_t v_head_stride;
   int num_pages;   // paged only
   int max_pages;   // paged only: page_table row length
 
@@ -73,6 +84,26 @@ struct AttentionParams {
   DType v_type;
   DType out_type;
 };
+
+// K/V strides of contiguous k and v: rows of num_kv_heads heads of head_dim (head_dim_v) features.
+inline void SetContiguousKvStrides(AttentionParams* p) {
+  p->k_row_stride = int64_t(p->num_kv_heads) * p->head_dim;
+  p->k_head_stride = p->head_dim;
+  p->v_row_stride = int64_t(p->num_kv_heads) * p->head_dim_v;
+  p->v_head_stride = p->head_dim_v;
+}
+
+// k (already pointing at the buffer) and v as views of one fused buffer [P, page, heads_x2,
+// d_pad]: K head h at 2h, V head h at 2h + 1 of each row, head_dim features read of d_pad
+// (jax_sgl/_kv_buffer.py names this layout). Sets num_kv_heads, head_dim_v and the strides.
+inline void SetFusedKvBuffer(AttentionParams* p, int64_t heads_x2, int64_t d_pad,
+                             size_t elem_bytes) {
+  p->num_kv_heads = int(heads_x2 / 2);
+  p->head_dim_v = p->head_dim;
+  p->k_row_stride = p->v_row_stride = heads_x2 * d_pad;
+  p->k_head_stride = p->v_head_stride = 2 * d_pad;
+  p->v = static_cast<const char*>(p->k) + d_pad * int64_t(elem_bytes);
+}
 
 // q is float16 or bfloat16 and k, v and out share its type: what every CUDA kernel computes.
 inline bool HalfPrecisionOperands(const AttentionParams& p) {

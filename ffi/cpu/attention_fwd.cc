@@ -39,8 +39,6 @@ void AttendBlock(const AttentionParams& p, int b, int kh, const SeqBounds& s, in
   const int d = p.head_dim, dv = p.head_dim_v;
   const int64_t q_row_stride = int64_t(p.num_heads) * d;
   const int64_t o_row_stride = int64_t(p.num_heads) * dv;
-  const int64_t k_row_stride = int64_t(p.num_kv_heads) * d;
-  const int64_t v_row_stride = int64_t(p.num_kv_heads) * dv;
   const auto* q = static_cast<const TQ*>(p.q);
   const auto* k = static_cast<const TK*>(p.k);
   const auto* v = static_cast<const TV*>(p.v);
@@ -79,8 +77,8 @@ void AttendBlock(const AttentionParams& p, int b, int kh, const SeqBounds& s, in
         std::fill_n(&vf[size_t(c) * dv], dv, 0.f);
         continue;
       }
-      LoadRow(k + row * k_row_stride + int64_t(kh) * d, &kf[size_t(c) * d], d, 1.f);
-      LoadRow(v + row * v_row_stride + int64_t(kh) * dv, &vf[size_t(c) * dv], dv, 1.f);
+      LoadRow(k + row * p.k_row_stride + kh * p.k_head_stride, &kf[size_t(c) * d], d, 1.f);
+      LoadRow(v + row * p.v_row_stride + kh * p.v_head_stride, &vf[size_t(c) * dv], dv, 1.f);
     }
     // Transposed after conversion, feature by feature: contiguous stores, and the conversion
     // loops above stay vectorized.

@@ -99,12 +99,13 @@ void RopePool(Array q, Array k, Array v, Array positions, Array slots, Array inv
 }
 
 // Operands as jax_sgl.attention's FFI call gets them (absent index arrays are empty int32, absent
-// sinks empty float32).
+// sinks empty float32); with kv_buffer, k and v are both the fused buffer [P, page, 2 * Hkv,
+// head_dim_pad].
 void Attention(Array q, Array k, Array v, Array out, Array lse, Array cu_seqlens_q,
                Array cu_seqlens_k, Array seqused_k, Array page_table, Array sinks, int dtype,
                int kv_layout,
                bool varlen_q, int batch, int max_seqlen_q, float softmax_scale, float softcap,
-               bool causal, int window_left, int window_right) {
+               bool causal, int window_left, int window_right, bool kv_buffer) {
   AttentionParams p{};
   p.q_type = p.k_type = p.v_type = p.out_type = static_cast<DType>(dtype);
   const int bytes = ElementBytes(p.q_type);
@@ -121,6 +122,15 @@ void Attention(Array q, Array k, Array v, Array out, Array lse, Array cu_seqlens
   p.head_dim = int(q.shape(q_rank - 1));
   p.num_kv_heads = int(k.shape(kv_rank - 2));
   p.head_dim_v = int(v.shape(kv_rank - 1));
+  p.k = Data(k);
+  p.v = Data(v);
+  SetContiguousKvStrides(&p);
+  if (kv_buffer) {
+    Check(p.kv_layout == KvLayout::kPaged && Data(k) == Data(v) && k.shape(2) % 2 == 0 &&
+              int64_t(k.shape(3)) >= p.head_dim,
+          "kv_buffer: one paged buffer [P, page, 2 * Hkv, head_dim_pad] bound as k and v");
+    SetFusedKvBuffer(&p, int64_t(k.shape(2)), int64_t(k.shape(3)), size_t(bytes));
+  }
   p.total_q = varlen_q ? int64_t(q.shape(0)) : int64_t(q.shape(0) * q.shape(1));
   p.seqlen_q = varlen_q ? max_seqlen_q : int(q.shape(1));
   Check(out.size() == size_t(p.total_q) * p.num_heads * p.head_dim_v, "out size");
@@ -147,7 +157,7 @@ void Attention(Array q, Array k, Array v, Array out, Array lse, Array cu_seqlens
       p.total_k = int64_t(k.shape(0) * k.shape(1));
       break;
   }
-  Check(k.size() / p.head_dim == v.size() / p.head_dim_v, "k/v rows");
+  Check(kv_buffer || k.size() / p.head_dim == v.size() / p.head_dim_v, "k/v rows");
   p.seqused_k = seqused_k.size() > 0 ? static_cast<const int32_t*>(Data(seqused_k)) : nullptr;
   Check(!p.seqused_k || int(seqused_k.size()) == batch, "seqused_k size");
   p.sinks = sinks.size() > 0 ? static_cast<const float*>(Data(sinks)) : nullptr;
@@ -175,7 +185,7 @@ void Attention(Array q, Array k, Array v, Array out, Array lse, Array cu_seqlens
   buffers[kAttnSequsedK] = index_or_dummy(seqused_k);
   buffers[kAttnPageTable] = index_or_dummy(page_table);
   buffers[kAttnSinks] = p.sinks ? Data(sinks) : &dummy_sinks;
-  const MetalAttentionParams mp = metal::ToMetalParams(p);
+  const MetalAttentionParams mp = metal::ToMetalParams(p, Data(v));
   nb::gil_scoped_release release;
   if (p.cu_seqlens_q && p.total_q > 0)
     Run(metal::AttentionClearKernelName(p.out_type), metal::AttentionClearGrid(p), buffers, &mp);
@@ -210,5 +220,6 @@ NB_MODULE(_metal_emu, m) {
         nb::arg("lse"), nb::arg("cu_seqlens_q"), nb::arg("cu_seqlens_k"), nb::arg("seqused_k"),
         nb::arg("page_table"), nb::arg("sinks"), nb::arg("dtype"), nb::arg("kv_layout"), nb::arg("varlen_q"),
         nb::arg("batch"), nb::arg("max_seqlen_q"), nb::arg("softmax_scale"), nb::arg("softcap"),
-        nb::arg("causal"), nb::arg("window_left"), nb::arg("window_right"));
+        nb::arg("causal"), nb::arg("window_left"), nb::arg("window_right"),
+        nb::arg("kv_buffer") = false);
 }

@@ -32,7 +32,7 @@ ffi::Error AttentionFwdMetalImpl(ffi::RemainingArgs args, ffi::RemainingRets ret
     MarkDeclined();
     return ffi::Error::Success();
   }
-  const MetalAttentionParams mp = ToMetalParams(p);
+  const MetalAttentionParams mp = ToMetalParams(p, o.v->untyped_data());
   const std::vector<HostArg> buffers = {
       {kAttnQ, o.q->untyped_data(), o.q->size_bytes(), false},
       {kAttnK, o.k->untyped_data(), o.k->size_bytes(), false},

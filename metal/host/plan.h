@@ -16,7 +16,7 @@ namespace jax_sgl::metal {
 // The params travel by setBytes: host and MSL must lay them out alike (natural alignment, 64-bit
 // fields first). A field added on one side only changes these sizes.
 static_assert(sizeof(MetalRopePoolParams) == 64, "MetalRopePoolParams layout");
-static_assert(sizeof(MetalAttentionParams) == 88, "MetalAttentionParams layout");
+static_assert(sizeof(MetalAttentionParams) == 128, "MetalAttentionParams layout");
 
 struct Grid {
   uint32_t groups[3];  // threadgroups per grid (x, y, z)
@@ -89,10 +89,17 @@ inline const char* AttentionUnsupported(const AttentionParams& p) {
   return nullptr;
 }
 
-inline MetalAttentionParams ToMetalParams(const AttentionParams& p) {
+// v_bound: the buffer bound at kAttnV (p.v itself, or the fused buffer that p.v points into).
+inline MetalAttentionParams ToMetalParams(const AttentionParams& p, const void* v_bound) {
   MetalAttentionParams m;
   m.total_q = p.total_q;
   m.total_k = p.total_k;
+  m.k_row_stride = p.k_row_stride;
+  m.k_head_stride = p.k_head_stride;
+  m.v_row_stride = p.v_row_stride;
+  m.v_head_stride = p.v_head_stride;
+  m.v_offset = (static_cast<const char*>(p.v) - static_cast<const char*>(v_bound)) /
+               (p.v_type == DType::kF32 ? 4 : 2);
   m.kv_layout = int(p.kv_layout);
   m.varlen_q = p.cu_seqlens_q ? 1 : 0;
   m.has_seqused_k = p.seqused_k ? 1 : 0;

@@ -145,7 +145,6 @@ void attention_fwd_impl(const device T* q, const device T* k, const device T* v,
   const int d = p.head_dim, dv = p.head_dim_v;
   const int d_pad = (d + kFrag - 1) / kFrag * kFrag, dv_pad = (dv + kFrag - 1) / kFrag * kFrag;
   const long q_stride = long(p.num_heads) * d, o_stride = long(p.num_heads) * dv;
-  const long k_stride = long(p.num_kv_heads) * d, v_stride = long(p.num_kv_heads) * dv;
   const SeqGeometry g = GetSeqGeometry(p, cu_seqlens_q, cu_seqlens_k, seqused_k, b);
 
   // Query blocks are grid-strided: a varlen sequence longer than the dispatch assumed is still
@@ -173,7 +172,7 @@ void attention_fwd_impl(const device T* q, const device T* k, const device T* v,
       if (tid < uint(kAttnBlockN))
         t.key_row[tid] = int(tid) < cols ? KeyRowOf(p, page_table, b, g, n0 + int(tid)) : -1;
       threadgroup_barrier(metal::mem_flags::mem_threadgroup);
-      LoadKeyTile(t.kv, k, t.key_row, k_stride, long(kh) * d, d, tid);
+      LoadKeyTile(t.kv, k, t.key_row, p.k_row_stride, kh * p.k_head_stride, d, tid);
       threadgroup_barrier(metal::mem_flags::mem_threadgroup);
 
       // S = Q K^T: fragment (fm, fn) of S sums d_pad / 8 products.
@@ -198,7 +197,8 @@ void attention_fwd_impl(const device T* q, const device T* k, const device T* v,
             VisibleKeys(m0 + r, g.q_len, g.k_len, p.window_left, p.window_right);
         OnlineSoftmaxRow(t, p, r, r < rows, span, n0, cols);
       }
-      LoadKeyTile(t.kv, v, t.key_row, v_stride, long(kh) * dv, dv, tid);
+      LoadKeyTile(t.kv, v, t.key_row, p.v_row_stride, p.v_offset + kh * p.v_head_stride, dv,
+                  tid);
       threadgroup_barrier(metal::mem_flags::mem_threadgroup);
 
       // O = diag(corr) O + P V, fragment (fm, fe) of O.

@@ -68,6 +68,14 @@ JAX_SGL_METAL_CONST int kAttnClearThreads = 64;
 struct MetalAttentionParams {
   JAX_SGL_METAL_I64 total_q;  // rows of q/out
   JAX_SGL_METAL_I64 total_k;  // rows of k/v (paged: num_pages * page_size)
+  // K/V element (row r, kv head h, feature e) at k[r * k_row_stride + h * k_head_stride + e] and
+  // v[v_offset + r * v_row_stride + h * v_head_stride + e] (AttentionParams' strides; v_offset
+  // is where V starts in the buffer bound as v: the fused buffer's first V head, else 0).
+  JAX_SGL_METAL_I64 k_row_stride;
+  JAX_SGL_METAL_I64 k_head_stride;
+  JAX_SGL_METAL_I64 v_row_stride;
+  JAX_SGL_METAL_I64 v_head_stride;
+  JAX_SGL_METAL_I64 v_offset;
   int kv_layout;              // KvLayout: 0 dense, 1 varlen, 2 paged
   int varlen_q;               // cu_seqlens_q bound
   int has_seqused_k;

@@ -124,8 +124,8 @@ struct DecodeCta {
     const T* v = static_cast<const T*>(p.v);
     const int r = threadIdx.x / Cfg::kThreadsPerRow, c0 = threadIdx.x % Cfg::kThreadsPerRow;
     const bool ok = row >= 0;
-    const T* ksrc = ok ? k + (row * p.num_kv_heads + kv_head) * p.head_dim : k;
-    const T* vsrc = ok ? v + (row * p.num_kv_heads + kv_head) * p.head_dim_v : v;
+    const T* ksrc = ok ? k + row * p.k_row_stride + kv_head * p.k_head_stride : k;
+    const T* vsrc = ok ? v + row * p.v_row_stride + kv_head * p.v_head_stride : v;
     T* sk = StageK(st) + r * Cfg::kStride;
     T* sv = StageV(st) + r * Cfg::kStride;
 #pragma unroll

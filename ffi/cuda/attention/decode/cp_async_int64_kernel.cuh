@@ -55,6 +55,9 @@ __global__ void __launch_bounds__(kDecodeWarpThreads, kD <= 128 ? 2 : 1)
                     warp * kDecodeMaxStages;
   const T* k = static_cast<const T*>(p.k);
   const T* v = static_cast<const T*>(p.v);
+  // This kv head's column of K and V; rows follow at the params' row strides.
+  const T* k_head = k + kv_head * p.k_head_stride;
+  const T* v_head = v + kv_head * p.v_head_stride;
 
   auto source_row = [&](int i, int key) -> int64_t {
     if (i >= my_tiles || key >= kKeys) return -1;
@@ -70,11 +73,10 @@ __global__ void __launch_bounds__(kDecodeWarpThreads, kD <= 128 ? 2 : 1)
       const int key = idx / kChunks, c = (idx % kChunks) * 8;
       const int64_t row = __shfl_sync(0xffffffffu, my_row, lane0 + key);
       const bool ok = row >= 0;
-      const int64_t head_row = row * p.num_kv_heads + kv_head;
       const bool kok = ok && c < p.head_dim, vok = ok && c < p.head_dim_v;
-      CpAsync16<kD * 2>(sk + key * kStride + c, kok ? k + head_row * p.head_dim + c : k,
+      CpAsync16<kD * 2>(sk + key * kStride + c, kok ? k_head + row * p.k_row_stride + c : k,
                         kok ? 16 : 0);
-      CpAsync16<kD * 2>(sv + key * kStride + c, vok ? v + head_row * p.head_dim_v + c : v,
+      CpAsync16<kD * 2>(sv + key * kStride + c, vok ? v_head + row * p.v_row_stride + c : v,
                         vok ? 16 : 0);
     }
     const uint32_t valid = __ballot_sync(0xffffffffu, my_row >= 0) >> lane0;

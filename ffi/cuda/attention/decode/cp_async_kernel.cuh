@@ -120,12 +120,14 @@ __global__ void __launch_bounds__(kDecodeWarpThreads, kD <= 128 ? 3 : 1)
   const int c = (lane % kChunks) * 8;
   const int key_lane = lane / kChunks;
   const int ck = c < p.head_dim ? c : 0, cv = c < p.head_dim_v ? c : 0;
+  // Strides from the params (attention_params.h), so a fused K/V buffer is read in place; a row
+  // stride is a few KiB at most (2 * Hkv * head_dim_pad elements), so 32 bits hold it in bytes.
   const uint64_t k_base = Opaque(reinterpret_cast<uint64_t>(p.k) +
-                                 uint64_t(int64_t(kv_head) * p.head_dim + ck) * sizeof(T));
+                                 uint64_t(kv_head * p.k_head_stride + ck) * sizeof(T));
   const uint64_t v_base = Opaque(reinterpret_cast<uint64_t>(p.v) +
-                                 uint64_t(int64_t(kv_head) * p.head_dim_v + cv) * sizeof(T));
-  const uint32_t k_stride = uint32_t(p.num_kv_heads) * p.head_dim * sizeof(T);
-  const uint32_t v_stride = uint32_t(p.num_kv_heads) * p.head_dim_v * sizeof(T);
+                                 uint64_t(kv_head * p.v_head_stride + cv) * sizeof(T));
+  const uint32_t k_stride = uint32_t(p.k_row_stride * sizeof(T));
+  const uint32_t v_stride = uint32_t(p.v_row_stride * sizeof(T));
   const uint32_t ring_lane =
       SmemAddr(ring) + uint32_t((key_lane * kStride + c) * int(sizeof(T)));
   constexpr uint32_t kStageBytes = 2 * kTileElems * sizeof(T);

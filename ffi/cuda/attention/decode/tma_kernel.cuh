@@ -254,10 +254,12 @@ __global__ void __launch_bounds__(kDecodeWarpThreads, 3)
 // on the H200.
 inline constexpr CUtensorMapL2promotion kL2Promotion = CU_TENSOR_MAP_L2_PROMOTION_L2_128B;
 
-// A 3-D tiled map of one K/V buffer: (head dim, kv head, row), box (64, 1, 16), 128-byte swizzle;
+// A 3-D tiled map of one K/V buffer: (head dim, kv head, row), box (64, 1, 16), 128-byte swizzle,
+// with the params' element strides of a kv head and a row (a fused K/V buffer is read in place);
 // false when the driver refuses it (the dispatch checked the shapes it needs).
 inline bool EncodeMap(CUtensorMap* map, CUtensorMapDataType type, const void* base, int head_dim,
-                      int num_kv_heads, int64_t rows, CUtensorMapL2promotion promotion) {
+                      int num_kv_heads, int64_t rows, int64_t head_stride, int64_t row_stride,
+                      CUtensorMapL2promotion promotion) {
   static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult status;
@@ -269,8 +271,7 @@ inline bool EncodeMap(CUtensorMap* map, CUtensorMapDataType type, const void* ba
   }();
   if (encode == nullptr) return false;
   const cuuint64_t dims[3] = {cuuint64_t(head_dim), cuuint64_t(num_kv_heads), cuuint64_t(rows)};
-  const cuuint64_t strides[2] = {cuuint64_t(head_dim) * 2,
-                                 cuuint64_t(num_kv_heads) * cuuint64_t(head_dim) * 2};
+  const cuuint64_t strides[2] = {cuuint64_t(head_stride) * 2, cuuint64_t(row_stride) * 2};
   const cuuint32_t box[3] = {64, 1, kKeys};
   const cuuint32_t element_strides[3] = {1, 1, 1};
   return encode(map, type, 3, const_cast<void*>(base), dims, strides, box, element_strides,
@@ -286,8 +287,10 @@ cudaError_t Launch(const FlashDecodeArgs& args, cudaStream_t stream) {
   const CUtensorMapDataType type = std::is_same_v<T, bf16_t> ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
                                                              : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
   const CUtensorMapL2promotion promotion = kL2Promotion;
-  if (!EncodeMap(&prm.k_map, type, p.k, p.head_dim, p.num_kv_heads, p.total_k, promotion) ||
-      !EncodeMap(&prm.v_map, type, p.v, p.head_dim_v, p.num_kv_heads, p.total_k, promotion))
+  if (!EncodeMap(&prm.k_map, type, p.k, p.head_dim, p.num_kv_heads, p.total_k, p.k_head_stride,
+                 p.k_row_stride, promotion) ||
+      !EncodeMap(&prm.v_map, type, p.v, p.head_dim_v, p.num_kv_heads, p.total_k, p.v_head_stride,
+                 p.v_row_stride, promotion))
     return cudaErrorInvalidValue;
   return decode_warp_mma::LaunchWithSmem(FlashDecodeTmaKernel<T, kD>, prm, args,
                                          DecodeWarpTmaSmemBytes(kD, args.stages), stream);

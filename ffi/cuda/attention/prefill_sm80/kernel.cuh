@@ -87,14 +87,17 @@ __device__ __forceinline__ void LoadKV(const AttentionParams& p, int b, const Se
                                        uint8_t* flags) {
   const T* k = static_cast<const T*>(p.k);
   const T* v = static_cast<const T*>(p.v);
+  // This kv head's column of K and V; rows follow at the params' row strides (attention_params.h).
+  const T* k_head = k + kv_head * p.k_head_stride;
+  const T* v_head = v + kv_head * p.v_head_stride;
   const int tr = threadIdx.x / 4, tc = threadIdx.x % 4;
 #pragma unroll
   for (int r = tr; r < Cfg::kBlockN; r += Cfg::kRowsPerPass) {
     const int j = n0 + r;
     const int64_t row = j < n_end ? KeyRow(p, b, s, j) : -1;
     const bool ok = row >= 0;
-    const T* ksrc = ok ? k + (row * p.num_kv_heads + kv_head) * p.head_dim : k;
-    const T* vsrc = ok ? v + (row * p.num_kv_heads + kv_head) * p.head_dim_v : v;
+    const T* ksrc = ok ? k_head + row * p.k_row_stride : k;
+    const T* vsrc = ok ? v_head + row * p.v_row_stride : v;
 #pragma unroll
     for (int i = 0; i < Cfg::kChunksPerThread; ++i) {
       const int c = tc + 4 * i;

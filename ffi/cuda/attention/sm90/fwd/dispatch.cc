@@ -91,7 +91,8 @@ const char* Sm90Unsupported(const AttentionParams& p) {
   // TMA descriptors need every dimension >= 1 (an empty KV runs on the sm80 kernel) and byte
   // strides below 2^40; the grid's y/z take heads and batch.
   if (!varlen && (p.seqlen_q < 1 || p.seqlen_k < 1)) return "sm90 kernel: non-empty q and k";
-  if ((p.total_q * p.num_heads + p.total_k * p.num_kv_heads) * p.head_dim >= (int64_t(1) << 38))
+  // K/V span total_k rows at their row stride (a fused K/V buffer: both halves and the padding).
+  if (p.total_q * p.num_heads * p.head_dim + p.total_k * p.k_row_stride >= (int64_t(1) << 38))
     return "sm90 kernel: tensors below 2^38 elements";
   if (p.num_heads > 65535 || p.batch > 65535) return "sm90 kernel: batch and heads <= 65535";
   // TMA wants 16-byte aligned bases (XLA's buffers are).

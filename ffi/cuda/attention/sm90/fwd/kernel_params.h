@@ -78,9 +78,12 @@ struct KernelParams {
   // K/V rows with cp.async through the page table instead of TMA boxes, for any page size.
   // page_box_rows is then 1 (the loads zero-fill every row past the keys).
   int page_size;
-  int pool_row;                      // elements from one pool row to the next
-  const Element_t<Cfg>* k_pool;      // [num_pages * page_size, num_kv_heads, head_dim]
+  // K / V of (pool row r, kv head h) at pool + r * row_stride + h * head_stride (AttentionParams'
+  // strides: a fused K/V buffer too).
+  const Element_t<Cfg>* k_pool;
   const Element_t<Cfg>* v_pool;
+  int64_t k_row_stride, k_head_stride;
+  int64_t v_row_stride, v_head_stride;
   // PackGQA (paged kernel only; TileScheduler::Pack): q heads per tile row group, 1 or group.
   // pack > 1: the consumers load Q from q row by row and store O the same way.
   int pack;

@@ -21,15 +21,17 @@ template <typename T> struct CutlassType;
 template <> struct CutlassType<bf16_t> { using type = cutlass::bfloat16_t; };
 template <> struct CutlassType<f16_t> { using type = cutlass::half_t; };
 
-// [page_size, head_dim, kv heads, pages] view of a page pool [pages, page_size, kv heads,
-// head_dim]: the paged kernel loads one box of rows of one page at a time (mainloop_load.cuh).
+// [rows, head_dim, kv heads, blocks] view of K or V at the params' strides (attention_params.h):
+// a dense [batch, rows, kv heads, head_dim] buffer or packed rows (blocks = batch), or a page pool
+// [pages, page_size, kv heads, head_dim] (rows = page_size, blocks = pages; the paged kernel loads
+// one box of rows of one page at a time, mainloop_load.cuh). A fused K/V buffer is either too.
 template <typename Cfg>
-auto PoolTensor(const void* ptr, int page_size, int head_dim, int heads, int pages) {
+auto KvTensor(const void* ptr, int rows, int head_dim, int heads, int blocks, int64_t row,
+              int64_t head) {
   using E = typename Cfg::Element;
-  const int64_t row = int64_t(heads) * head_dim;
   return make_tensor(make_gmem_ptr(static_cast<E*>(const_cast<void*>(ptr))),
-                     make_shape(page_size, head_dim, heads, pages),
-                     make_stride(row, _1{}, int64_t(head_dim), row * page_size));
+                     make_shape(rows, head_dim, heads, blocks),
+                     make_stride(row, _1{}, head, row * rows));
 }
 
 // [rows, head_dim, heads, batch] view of a dense [batch, rows, heads, head_dim] buffer.
@@ -79,14 +81,18 @@ cudaError_t LaunchFlashFwdSm90(const AttentionParams& p, void* scratch, cudaStre
   const int rows_q = varlen ? int(p.total_q) : p.seqlen_q;
   const int rows_k = varlen ? int(p.total_k) : p.seqlen_k;
   auto q = sm90::DenseTensor<Cfg>(p.q, rows_q, kHeadDim, p.num_heads, tile_batches);
-  auto k = sm90::DenseTensor<Cfg>(p.k, rows_k, kHeadDim, p.num_kv_heads, tile_batches);
-  auto v = sm90::DenseTensor<Cfg>(p.v, rows_k, kHeadDim, p.num_kv_heads, tile_batches);
+  auto k = sm90::KvTensor<Cfg>(p.k, rows_k, kHeadDim, p.num_kv_heads, tile_batches,
+                               p.k_row_stride, p.k_head_stride);
+  auto v = sm90::KvTensor<Cfg>(p.v, rows_k, kHeadDim, p.num_kv_heads, tile_batches,
+                               p.v_row_stride, p.v_head_stride);
   auto o = sm90::DenseTensor<Cfg>(p.out, rows_q, kHeadDim, p.num_heads, tile_batches);
   using KVTile = Shape<Int<Cfg::kBlockN>, Int<kHeadDim>>;
   // Paged: the pool's page view (dispatch.cc checked page_size % kPageBoxRows == 0). Other calls
   // leave the page descriptors empty: their kernels never read them.
-  auto pool_k = sm90::PoolTensor<Cfg>(p.k, p.page_size, kHeadDim, p.num_kv_heads, p.num_pages);
-  auto pool_v = sm90::PoolTensor<Cfg>(p.v, p.page_size, kHeadDim, p.num_kv_heads, p.num_pages);
+  auto pool_k = sm90::KvTensor<Cfg>(p.k, p.page_size, kHeadDim, p.num_kv_heads, p.num_pages,
+                                    p.k_row_stride, p.k_head_stride);
+  auto pool_v = sm90::KvTensor<Cfg>(p.v, p.page_size, kHeadDim, p.num_kv_heads, p.num_pages,
+                                    p.v_row_stride, p.v_head_stride);
   // Paged: TMA boxes where the page size allows them, else the producer warpgroup's cp.async
   // gather (mainloop_load.cuh GatherPages, its own instantiation).
   const bool gather = paged && Sm90PagedGather(p);
@@ -177,9 +183,12 @@ cudaError_t LaunchFlashFwdSm90(const AttentionParams& p, void* scratch, cudaStre
       paged ? p.num_pages : 0,
       gather ? 1 : wide ? Cfg::kPageBoxRowsWide : Cfg::kPageBoxRows,
       p.page_size,
-      p.num_kv_heads * kHeadDim,
       static_cast<const typename Cfg::Element*>(p.k),
       static_cast<const typename Cfg::Element*>(p.v),
+      p.k_row_stride,
+      p.k_head_stride,
+      p.v_row_stride,
+      p.v_head_stride,
       pack,
       static_cast<const typename Cfg::Element*>(p.q),
   };

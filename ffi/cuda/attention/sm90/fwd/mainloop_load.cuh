@@ -83,7 +83,8 @@ struct MainloopLoad {
   // i.e. has finished that V load.
   template <typename SKV>
   __device__ __forceinline__ void GatherPages(WorkTile const& w, SKV const& sKV,
-                                              const Element_t<Cfg>* pool, uint64_t* bar, int n,
+                                              const Element_t<Cfg>* pool, int64_t row_stride,
+                                              int64_t head_stride, uint64_t* bar, int n,
                                               int stage, uint32_t k_load, bool write_rows) const {
     constexpr int kChunks = Cfg::kHeadDim / 8;                  // 16-byte chunks per row
     constexpr int kThreadsPerRow = kChunks < 16 ? kChunks : 16;  // 8 rows per pass from hd128
@@ -117,11 +118,11 @@ struct MainloopLoad {
     // the right is two 64-column blocks of the tile further. The producer has 24 registers.
     const int chunk = t % kThreadsPerRow;
     const uint32_t smem = cute::cast_smem_ptr_to_uint(&sKV(t / kThreadsPerRow, 8 * chunk, stage));
-    const Element_t<Cfg>* head = pool + int64_t(scheduler.KvHead(w)) * Cfg::kHeadDim + 8 * chunk;
+    const Element_t<Cfg>* head = pool + scheduler.KvHead(w) * head_stride + 8 * chunk;
 #pragma unroll 1
     for (int j = 0; j < kBlockN / kRowsPerPass; ++j) {
       const int row = rows[t / kThreadsPerRow + kRowsPerPass * j];
-      const Element_t<Cfg>* src = head + int64_t(max(row, 0)) * params.pool_row;
+      const Element_t<Cfg>* src = head + max(row, 0) * row_stride;
 #pragma unroll
       for (int k = 0; k < kPerRow; ++k)
         asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(
@@ -233,7 +234,8 @@ struct MainloopLoad {
         pipe_k.producer_acquire(write_k);
         if constexpr (kPaged) {
           if constexpr (kGather)
-            GatherPages(w, sK, params.k_pool, pipe_k.producer_get_barrier(write_k), n,
+            GatherPages(w, sK, params.k_pool, params.k_row_stride, params.k_head_stride,
+                        pipe_k.producer_get_barrier(write_k), n,
                         write_k.index(), k_loads - 1, true);
           else
             load_pages(params.tma_k_page, params.tma_k_page_wide, sK, win_k,
@@ -250,7 +252,8 @@ struct MainloopLoad {
         if constexpr (kPaged) {
           // V of tile n: the K load of tile n was `behind` K loads ago, into this stage index.
           if constexpr (kGather)
-            GatherPages(w, sV, params.v_pool, pipe_v.producer_get_barrier(write_v), n,
+            GatherPages(w, sV, params.v_pool, params.v_row_stride, params.v_head_stride,
+                        pipe_v.producer_get_barrier(write_v), n,
                         write_v.index(), k_loads - behind, false);
           else
             load_pages(params.tma_v_page, params.tma_v_page_wide, sV, win_v,
