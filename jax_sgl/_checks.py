@@ -65,7 +65,7 @@ def _check_pool_form(k_pool, v_pool, kv_buffer) -> None:
     raise ValueError("rope_pool_fused expects pool tensors to be 3-D")
 
 
-def _check_kv_buffer(kv_buffer, k_shape, num_kv_heads: int, head_dim: int) -> int:
+def _check_rope_kv_buffer(kv_buffer, k_shape, num_kv_heads: int, head_dim: int) -> int:
   """The fused buffer holds k's heads with room for head_dim; returns its rows (slots)."""
   geo = kv_buffer_shape(ROPE_FN, kv_buffer)
   if geo.num_kv_heads != num_kv_heads:
@@ -135,7 +135,7 @@ def check_rope_pool(q, k, v, positions, slots, k_pool, v_pool, *, head_dim: int 
           f"v_pool shape must match k_pool shape, got {_shape(v_pool)} vs {_shape(k_pool)}")
     num_slots, pool_dtypes = _shape(k_pool)[0], (k_pool.dtype, v_pool.dtype)
   else:
-    num_slots = _check_kv_buffer(kv_buffer, k_shape, num_kv_heads, head_dim)
+    num_slots = _check_rope_kv_buffer(kv_buffer, k_shape, num_kv_heads, head_dim)
     pool_dtypes = (kv_buffer.dtype,)
   if q.dtype != k.dtype or q.dtype != v.dtype:
     raise ValueError("q/k/v dtypes must match")
@@ -241,7 +241,7 @@ def check_attention_dtypes(q, k, v, q_descale, k_descale, v_descale) -> Any:
   return jnp.dtype(jnp.bfloat16) if is_fp8(q.dtype) else jnp.dtype(q.dtype)
 
 
-def _check_kv_buffer(q, k, v, kv_buffer, page_table) -> KvBufferShape:
+def _check_attention_kv_buffer(q, k, v, kv_buffer, page_table) -> KvBufferShape:
   """The kv_buffer form: no k/v beside it, a page table, and q's head dim within the padded one."""
   buf = kv_buffer_shape(ATTN_FN, kv_buffer)
   if k is not None or v is not None:
@@ -278,7 +278,7 @@ def check_attention(q, k, v, *, causal: bool, softmax_scale, window, softcap, cu
                     f"({type(deterministic).__name__})")
   buf = None
   if kv_buffer is not None:
-    buf = _check_kv_buffer(q, k, v, kv_buffer, page_table)
+    buf = _check_attention_kv_buffer(q, k, v, kv_buffer, page_table)
     # From here on the buffer stands for both: the rules below see K and V as the views the
     # kernels read (heads Hkv, q's head dim, the buffer's page size).
     views = (buf.num_pages,) + ((buf.page_size,) if kv_buffer.ndim != 3 else ())
