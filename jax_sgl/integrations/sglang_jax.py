@@ -41,6 +41,15 @@ class JaxSglMetadata:
   page_table: jax.Array = None    # [batch, max_pages] int32: page ids in the layer's fused buffer
   seqused_k: jax.Array = None     # [batch] int32: request r's keys (its whole sequence)
 
+  # sglang-jax's names for the same offsets (its tests and tools read them off any backend).
+  @property
+  def cu_q_lens(self):
+    return self.cu_seqlens_q
+
+  @property
+  def cu_kv_lens(self):
+    return jnp.concatenate([jnp.zeros(1, jnp.int32), jnp.cumsum(self.seqused_k, dtype=jnp.int32)])
+
   def tree_flatten(self):
     return (self.cu_seqlens_q, self.page_table, self.seqused_k), None
 
