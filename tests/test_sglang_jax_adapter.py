@@ -104,3 +104,117 @@ class TestGQAOnJaxSgl(_OnJaxSgl, gqa.TestFlashAttentionGQA):
 
 class TestMiscOnJaxSgl(_OnJaxSgl, misc.TestFlashAttentionMisc):
   pass
+
+
+# --- against NativeAttention -------------------------------------------------------------------
+
+POOL_SLOTS = 256  # the test pool; slots are drawn from 1..POOL_SLOTS (0 is NativeAttention's pad)
+
+
+def _native_vs_adapter(mode, reqs, *, num_heads=8, num_kv_heads=2, head_dim=128, pad_tokens=3,
+                       window=0, sinks=False, dtype=jnp.float32, seed=0):
+  """One layer step of `reqs` [(prefix_len, extend_len)] with each backend on the same pool:
+  (native out [T, H, Dpool], adapter out [T, H, D], native buffer, adapter buffer, real tokens)."""
+  rng = np.random.default_rng(seed)
+  prefix = np.array([p for p, _ in reqs], np.int32)
+  extend = np.array([e for _, e in reqs], np.int32)
+  seq_lens = prefix + extend
+  pool = MHATokenToKVPool(size=POOL_SLOTS, page_size=1, dtype=dtype, head_num=num_kv_heads,
+                          head_dim=-(-head_dim // 128) * 128, layer_num=1, mesh=fc.mesh)
+  slots = np.split(1 + rng.permutation(POOL_SLOTS)[:seq_lens.sum()], np.cumsum(seq_lens)[:-1])
+
+  def randn(*shape):
+    return jnp.asarray(rng.standard_normal(shape), dtype)
+
+  prefix_loc = np.concatenate([s[:p] for s, p in zip(slots, prefix)]).astype(np.int32)
+  pool.kv_buffer[0] = pool.set_kv_buffer_legacy(
+      0, jnp.asarray(prefix_loc), randn(len(prefix_loc), num_kv_heads, head_dim),
+      randn(len(prefix_loc), num_kv_heads, head_dim))
+
+  real = int(extend.sum())
+  tokens = real + pad_tokens
+  q, k, v = (randn(tokens, h, head_dim) for h in (num_heads, num_kv_heads, num_kv_heads))
+  out_cache_loc = np.concatenate([np.concatenate([s[p:] for s, p in zip(slots, prefix)]),
+                                  np.full(pad_tokens, -1)]).astype(np.int32)
+  cache_loc = np.concatenate(slots + [np.zeros(5, np.int64)]).astype(np.int32)  # bucket tail
+  decode = mode == ForwardMode.DECODE
+  layer = RadixAttention(num_heads=num_heads, head_dim=head_dim, scaling=head_dim**-0.5,
+                         num_kv_heads=num_kv_heads, layer_id=0, sliding_window_size=window)
+  sink = jnp.asarray(rng.uniform(-1, 2, num_heads), jnp.float32) if sinks else None
+
+  adapter = JaxSglAttention(num_heads, num_kv_heads, head_dim, page_size=1, mesh=fc.mesh)
+  adapter.forward_metadata = adapter.get_forward_metadata(types.SimpleNamespace(
+      forward_mode=mode, seq_lens=seq_lens, extend_seq_lens=None if decode else extend,
+      cache_loc=cache_loc, dp_size=1, spec_info_padded=None))
+  native = NativeAttention(num_heads, num_kv_heads, fc.mesh)
+
+  def step(backend):
+    batch = ForwardBatch(
+        bid=1, forward_mode=mode, batch_size=len(reqs), input_ids=jnp.zeros(tokens, jnp.int32),
+        req_pool_indices=jnp.arange(len(reqs), dtype=jnp.int32), seq_lens=jnp.asarray(seq_lens),
+        out_cache_loc=jnp.asarray(out_cache_loc), positions=jnp.zeros(tokens, jnp.int32),
+        attn_backend=backend, cache_loc=jnp.asarray(cache_loc),
+        extend_prefix_lens=None if decode else jnp.asarray(prefix),
+        extend_seq_lens=None if decode else jnp.asarray(extend))
+    run = jax.jit(lambda q, k, v, batch, pool: layer(q, k, v, batch, pool, attention_sink=sink))
+    out, buf = run(q, k, v, batch, pool)
+    return np.asarray(out.astype(jnp.float32)).reshape(tokens, num_heads, -1), np.asarray(buf)
+
+  (out_n, buf_n), (out_a, buf_a) = step(native), step(adapter)
+  return out_n, out_a, buf_n, buf_a, real
+
+
+MIXED = [(0, 7), (5, 3), (20, 1), (0, 1), (9, 1)]  # prefill, chunked prefill, decode requests
+CASES = {
+    "prefill": (ForwardMode.EXTEND, [(0, 19), (0, 5)], {}),
+    "mixed": (ForwardMode.EXTEND, MIXED, {}),
+    "decode": (ForwardMode.DECODE, [(6, 1), (30, 1), (1, 1)], {}),
+    "mha": (ForwardMode.EXTEND, MIXED, dict(num_kv_heads=8)),
+    "window": (ForwardMode.EXTEND, MIXED, dict(window=4)),
+    "decode_window": (ForwardMode.DECODE, [(6, 1), (30, 1)], dict(window=4)),
+    "sinks": (ForwardMode.EXTEND, MIXED, dict(sinks=True)),
+    "decode_sinks": (ForwardMode.DECODE, [(6, 1), (30, 1)], dict(sinks=True, num_kv_heads=1)),
+    "head_dim_64_in_128": (ForwardMode.EXTEND, MIXED, dict(head_dim=64)),
+    "bf16": (ForwardMode.EXTEND, MIXED, dict(dtype=jnp.bfloat16)),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_matches_native_attention(case):
+  mode, reqs, flags = CASES[case]
+  out_n, out_a, buf_n, buf_a, real = _native_vs_adapter(mode, reqs, **flags)
+  tol = 2e-2 if flags.get("dtype") == jnp.bfloat16 else 2e-5
+  head_dim = out_a.shape[-1]
+  # NativeAttention returns the pool's padded head dim (zeros past head_dim there).
+  np.testing.assert_allclose(out_a[:real], out_n[:real, :, :head_dim], atol=tol, rtol=tol)
+  assert not out_a[real:].any(), "token-bucket padding rows must be zero"
+  np.testing.assert_array_equal(buf_a, buf_n)
+
+
+def test_mixed_mode_is_extend():
+  """ForwardMode.MIXED (extend requests next to decode ones) maps as EXTEND does."""
+  from jax_sgl.integrations.sglang_jax import build_metadata
+  args = (np.array([7, 8, 21]), np.array([7, 3, 1]), np.arange(1, 40), 1)
+  for a, b in zip(build_metadata(ForwardMode.MIXED, *args), build_metadata(ForwardMode.EXTEND,
+                                                                           *args)):
+    np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("page_size", [1, 4, 16])
+def test_metadata_from_cache_loc(page_size):
+  """page_table names each request's pages by the first slot of each page in cache_loc."""
+  from jax_sgl.integrations.sglang_jax import build_metadata
+  seq_lens = np.array([5, 0, 17, 1])
+  num_pages = -(-seq_lens // page_size)
+  ids = np.random.default_rng(page_size).permutation(100)[:num_pages.sum()]
+  pages = np.split(ids, np.cumsum(num_pages)[:-1])
+  per_req = [(p[:, None] * page_size + np.arange(page_size)).ravel() for p in pages]
+  cache_loc = np.concatenate(per_req + [np.zeros(3 * page_size, int)])
+  cu, table, used = build_metadata(ForwardMode.EXTEND, seq_lens, np.array([2, 0, 17, 1]),
+                                   cache_loc, page_size)
+  np.testing.assert_array_equal(cu, [0, 2, 2, 19, 20])
+  np.testing.assert_array_equal(used, seq_lens)
+  for r, p in enumerate(pages):
+    np.testing.assert_array_equal(table[r, :len(p)], p)
+  _, decode_table, _ = build_metadata(ForwardMode.DECODE, seq_lens, None, cache_loc, page_size)
+  np.testing.assert_array_equal(decode_table, table)
