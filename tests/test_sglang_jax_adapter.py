@@ -218,3 +218,36 @@ def test_metadata_from_cache_loc(page_size):
     np.testing.assert_array_equal(table[r, :len(p)], p)
   _, decode_table, _ = build_metadata(ForwardMode.DECODE, seq_lens, None, cache_loc, page_size)
   np.testing.assert_array_equal(decode_table, table)
+
+
+def test_install_routes_jax_sgl_and_leaves_other_backends():
+  """install() makes ModelRunner build JaxSglAttention for "jax_sgl" and nothing else changes."""
+  from sgl_jax.srt.model_executor.model_runner import ModelRunner
+
+  from jax_sgl.integrations import sglang_jax
+
+  original = ModelRunner._get_attention_backend
+  try:
+    sglang_jax.install()
+    sglang_jax.install()   # idempotent: wraps once
+    wrapped = ModelRunner._get_attention_backend
+    assert wrapped is not original and wrapped._jax_sgl
+    runner = types.SimpleNamespace(
+        server_args=types.SimpleNamespace(attention_backend="jax_sgl", device="gpu"),
+        use_mla_backend=False, num_attn_heads=8, num_kv_heads=2, page_size=16, mesh=fc.mesh,
+        model_config=types.SimpleNamespace(head_dim=128), linear_recurrent_config=None)
+    backend = wrapped(runner)
+    assert isinstance(backend, JaxSglAttention)
+    assert (backend.num_heads, backend.num_kv_heads, backend.head_dim, backend.page_size) == (
+        8, 2, 128, 16)
+    runner.server_args.attention_backend = "native"
+    assert isinstance(wrapped(runner), NativeAttention)
+  finally:
+    ModelRunner._get_attention_backend = original
+
+
+def test_import_jax_sgl_does_not_import_sglang_jax():
+  import subprocess
+  import sys
+  code = "import sys, jax_sgl; assert 'sgl_jax' not in sys.modules and 'flax' not in sys.modules"
+  subprocess.run([sys.executable, "-P", "-c", code], check=True)
