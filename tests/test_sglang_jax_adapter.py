@@ -17,6 +17,11 @@ its TPU backend, and the adapter against sglang-jax's NativeAttention on the sam
    and DECODE batches with prefixes already in the pool, shuffled slots, token-bucket padding
    (out_cache_loc -1), GQA, a sliding window, sinks; outputs close on the real tokens and the
    updated fused buffers equal (both write through the pool's own set_kv_buffer_legacy).
+3. A tiny random-weight Qwen3 from sglang-jax's own model code (QWen3Model built from a config;
+   logits through its tied embedding): prefill, decode, mixed (a new prompt next to decode
+   requests) and decode again, each step with NativeAttention and with the adapter, each on its
+   own pool: logits close and greedy tokens equal. Head dim 128: NativeAttention returns the
+   pool's padded head dim, which the model's o_proj cannot take for smaller head dims.
 
 Skips as a whole where sglang-jax or its dependencies (flax, ...) are absent: sglang-jax's source
 is at ../shared/clients/sglang-jax/python (put it on PYTHONPATH), docs/sglang_jax.md says what to
@@ -251,3 +256,78 @@ def test_import_jax_sgl_does_not_import_sglang_jax():
   import sys
   code = "import sys, jax_sgl; assert 'sgl_jax' not in sys.modules and 'flax' not in sys.modules"
   subprocess.run([sys.executable, "-P", "-c", code], check=True)
+
+
+# --- a tiny random-weight Qwen3 ----------------------------------------------------------------
+
+REGION = 64  # request r owns slots 1 + REGION * r ...: shuffled enough, and never slot 0
+
+
+def _qwen3_step(model, backend, pool, mode, steps, pad_tokens=2):
+  """One forward pass of `steps` [(request, prefix_len, new_ids)]: last-token logits [B, vocab]."""
+  prefix = np.array([p for _, p, _ in steps], np.int32)
+  extend = np.array([len(ids) for _, _, ids in steps], np.int32)
+  seq_lens = prefix + extend
+  slots = [1 + REGION * r + np.arange(n) for (r, _, _), n in zip(steps, seq_lens)]
+  tokens = int(extend.sum()) + pad_tokens
+  ids = np.zeros(tokens, np.int32)
+  ids[:extend.sum()] = np.concatenate([ids_ for _, _, ids_ in steps])
+  positions = np.zeros(tokens, np.int32)
+  positions[:extend.sum()] = np.concatenate([p + np.arange(e) for p, e in zip(prefix, extend)])
+  out_cache_loc = np.full(tokens, -1, np.int32)
+  out_cache_loc[:extend.sum()] = np.concatenate([s[p:] for s, p in zip(slots, prefix)])
+  cache_loc = np.concatenate(slots).astype(np.int32)
+  decode = mode == ForwardMode.DECODE
+  if isinstance(backend, JaxSglAttention):
+    backend.forward_metadata = backend.get_forward_metadata(types.SimpleNamespace(
+        forward_mode=mode, seq_lens=seq_lens, extend_seq_lens=None if decode else extend,
+        cache_loc=cache_loc, dp_size=1, spec_info_padded=None))
+  batch = ForwardBatch(
+      bid=1, forward_mode=mode, batch_size=len(steps), input_ids=jnp.asarray(ids),
+      req_pool_indices=jnp.arange(len(steps), dtype=jnp.int32), seq_lens=jnp.asarray(seq_lens),
+      out_cache_loc=jnp.asarray(out_cache_loc), positions=jnp.asarray(positions),
+      attn_backend=backend, cache_loc=jnp.asarray(cache_loc),
+      extend_prefix_lens=None if decode else jnp.asarray(prefix),
+      extend_seq_lens=None if decode else jnp.asarray(extend))
+  hidden, _, layers_kv, _ = model(batch, pool)
+  pool.kv_buffer = list(layers_kv)   # what ModelRunner does with the returned buffers
+  last = np.cumsum(extend) - 1
+  return np.asarray(hidden)[last] @ np.asarray(model.embed_tokens.embedding.value).T
+
+
+def test_tiny_qwen3_prefill_decode_mixed():
+  from sgl_jax.srt.models.qwen3 import QWen3Model
+  from transformers import Qwen3Config
+
+  heads, kv_heads, head_dim = 4, 2, 128
+  config = Qwen3Config(vocab_size=101, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                       num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim,
+                       max_position_embeddings=4 * REGION, rms_norm_eps=1e-6,
+                       attention_bias=False, tie_word_embeddings=True)
+  model = QWen3Model(config, mesh=fc.mesh, dtype=jnp.float32)   # random weights
+  backends = {
+      "native": NativeAttention(heads, kv_heads, fc.mesh),
+      "jax_sgl": JaxSglAttention(heads, kv_heads, head_dim, page_size=1, mesh=fc.mesh)}
+  pools = {name: MHATokenToKVPool(size=4 * REGION, page_size=1, dtype=jnp.float32,
+                                  head_num=kv_heads, head_dim=head_dim, layer_num=2, mesh=fc.mesh)
+           for name in backends}
+  rng = np.random.default_rng(0)
+  seqs = {0: list(rng.integers(0, 101, 9)), 1: list(rng.integers(0, 101, 14))}
+
+  def step(mode, plan):
+    """plan [(request, new_ids)]; every request's earlier tokens are its prefix."""
+    steps = [(r, len(seqs[r]) - len(new), np.array(new, np.int32)) for r, new in plan]
+    logits = {name: _qwen3_step(model, backends[name], pools[name], mode, steps)
+              for name in backends}
+    np.testing.assert_allclose(logits["jax_sgl"], logits["native"], atol=1e-3, rtol=1e-3)
+    greedy = logits["native"].argmax(-1)
+    np.testing.assert_array_equal(logits["jax_sgl"].argmax(-1), greedy)
+    assert logits["native"].std() > 0.1, "random weights expected"
+    for (r, _), token in zip(plan, greedy):
+      seqs[r].append(int(token))
+
+  step(ForwardMode.EXTEND, [(0, seqs[0]), (1, seqs[1])])                  # prefill
+  step(ForwardMode.DECODE, [(0, seqs[0][-1:]), (1, seqs[1][-1:])])        # decode
+  seqs[2] = list(rng.integers(0, 101, 6))
+  step(ForwardMode.EXTEND, [(2, seqs[2]), (0, seqs[0][-1:]), (1, seqs[1][-1:])])  # mixed
+  step(ForwardMode.DECODE, [(r, seqs[r][-1:]) for r in (0, 1, 2)])        # decode
