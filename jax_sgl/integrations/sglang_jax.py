@@ -158,12 +158,19 @@ class JaxSglAttention(AttentionBackend):
     if attention_sink is not None and hasattr(attention_sink, "value"):
       attention_sink = attention_sink.value   # an nnx.Param in the models
     md = self.forward_metadata
-    out = jax_sgl.attention(
-        q.reshape(tokens, -1, head_dim), None, None, kv_buffer=kv_buffer,
-        cu_seqlens_q=md.cu_seqlens_q, page_table=md.page_table, seqused_k=md.seqused_k,
-        causal=causal, window=window, softcap=float(layer.logit_cap or 0.0),
-        sinks=attention_sink,
-        softmax_scale=head_dim**-0.5 if layer.scaling is None else layer.scaling)
+    flags = dict(kv_buffer=kv_buffer, page_table=md.page_table, seqused_k=md.seqused_k,
+                 causal=causal, window=window, softcap=float(layer.logit_cap or 0.0),
+                 sinks=attention_sink,
+                 softmax_scale=head_dim**-0.5 if layer.scaling is None else layer.scaling)
+    q = q.reshape(tokens, -1, head_dim)
+    if forward_batch.forward_mode.is_decode():
+      # One row per request as a dense q [batch, 1, H, D]: the call shape jax_sgl's paged decode
+      # kernels serve (a varlen q is planned for up to all its rows in one sequence).
+      batch = md.seqused_k.shape[0]
+      out = jax_sgl.attention(q[:batch, None], None, None, **flags)[:, 0]
+      out = jnp.pad(out, ((0, tokens - batch), (0, 0), (0, 0)))   # token-bucket padding rows
+    else:
+      out = jax_sgl.attention(q, None, None, cu_seqlens_q=md.cu_seqlens_q, **flags)
     # Split K/V dims (v_head_dim < head_dim) store V zero-padded to head_dim, as merge_kv does.
     out = out[:, :, :layer.v_head_dim]
     return out.reshape(tokens, -1), kv_buffer
