@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import PartitionSpec as P
 from jax.tree_util import register_pytree_node_class
 from sgl_jax.srt.layers.attention.base_attn_backend import AttentionBackend
 from sgl_jax.srt.model_executor.forward_batch_info import ForwardMode
@@ -158,7 +159,14 @@ class JaxSglAttention(AttentionBackend):
     if attention_sink is not None and hasattr(attention_sink, "value"):
       attention_sink = attention_sink.value   # an nnx.Param in the models
     md = self.forward_metadata
-    flags = dict(kv_buffer=kv_buffer, page_table=md.page_table, seqused_k=md.seqused_k,
+    attn_buffer = kv_buffer
+    if kv_buffer.shape[1] == 1:
+      # Page size 1: handed over as the 3-D token pool it is (the reshape sglang-jax's own write
+      # does, a bitcast); as a 4-D pool with a unit page axis, XLA copies the whole pool.
+      attn_buffer = jax.lax.reshape(
+          kv_buffer, (kv_buffer.shape[0], int(np.prod(kv_buffer.shape[2:-1])), kv_buffer.shape[-1]),
+          out_sharding=P(None, getattr(token_to_kv_pool, "kv_partition_axis", None), None))
+    flags = dict(kv_buffer=attn_buffer, page_table=md.page_table, seqused_k=md.seqused_k,
                  causal=causal, window=window, softcap=float(layer.logit_cap or 0.0),
                  sinks=attention_sink,
                  softmax_scale=head_dim**-0.5 if layer.scaling is None else layer.scaling)
