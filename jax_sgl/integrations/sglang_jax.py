@@ -116,6 +116,8 @@ class JaxSglAttention(AttentionBackend):
 
   def __init__(self, num_attn_heads, num_kv_heads, head_dim, page_size: int = 1, mesh=None,
                **unused):
+    # `unused`: FlashAttention's partition-axis arguments, accepted so that this class can stand
+    # wherever sglang-jax builds FlashAttention (its tests do); one device's view needs none.
     self.num_heads = num_attn_heads
     self.num_kv_heads = num_attn_heads if num_kv_heads is None else num_kv_heads
     self.head_dim = head_dim
