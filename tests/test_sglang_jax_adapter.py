@@ -12,6 +12,9 @@ its TPU backend, and the adapter against sglang-jax's NativeAttention on the sam
      log2(position); no jax_sgl kernel applies it.
    - `test_v6_custom_mask_caps_query_tiles`: a block-size rule of the TPU kernel, no backend run.
    - test_flashattention_dp.py: data-parallel attention (dp_size > 1) is not mapped.
+   Two substitutions let the harness run on the CPU without changing a case: its prefix write
+   (a TPU-only Pallas kernel) runs as the same scatter in plain JAX, and its pool holds 16384
+   slots instead of 200,000 (a size no result depends on).
 2. Against NativeAttention (page size 1, the layout it supports; real slots >= 1 since it takes
    slot 0 as padding): EXTEND, MIXED (chunked prefill next to decode requests of extend length 1)
    and DECODE batches with prefixes already in the pool, shuffled slots, token-bucket padding
@@ -22,6 +25,9 @@ its TPU backend, and the adapter against sglang-jax's NativeAttention on the sam
    requests) and decode again, each step with NativeAttention and with the adapter, each on its
    own pool: logits close and greedy tokens equal. Head dim 128: NativeAttention returns the
    pool's padded head dim, which the model's o_proj cannot take for smaller head dims.
+4. The rest: the metadata built from cache_loc (page sizes 1, 4, 16), install(), that
+   `import jax_sgl` imports no sglang-jax, and the compiled layer step's HLO (the pool reaches
+   the custom call with no slice or gather).
 
 Skips as a whole where sglang-jax or its dependencies (flax, ...) are absent: sglang-jax's source
 is at ../shared/clients/sglang-jax/python (put it on PYTHONPATH), docs/sglang_jax.md says what to
