@@ -86,4 +86,17 @@ __device__ __forceinline__ void UpdateRowMax(float (&m_run)[2], const float (&bl
   }
 }
 
+// The O accumulator (kDT n8 tiles of this lane's two rows) rescaled by the rows' corr factors
+// (UpdateRowMax): what was accumulated under the old max.
+template <int kDT>
+__device__ __forceinline__ void ScaleAccRows(float (&o)[kDT][4], const float (&corr)[2]) {
+#pragma unroll
+  for (int t = 0; t < kDT; ++t) {
+    o[t][0] *= corr[0];
+    o[t][1] *= corr[0];
+    o[t][2] *= corr[1];
+    o[t][3] *= corr[1];
+  }
+}
+
 }  // namespace jax_sgl::cuda::flash

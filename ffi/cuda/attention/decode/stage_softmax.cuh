@@ -37,15 +37,8 @@ __device__ __forceinline__ void SoftmaxPvAt(float (&sc)[2][4], const float (&blk
       l_run[e / 2] += pe;
     }
   }
-  if (!kSkipSettled || __any_sync(0xffffffffu, corr[0] != 1.f || corr[1] != 1.f)) {
-#pragma unroll
-    for (int t = 0; t < kDT; ++t) {
-      o[t][0] *= corr[0];
-      o[t][1] *= corr[0];
-      o[t][2] *= corr[1];
-      o[t][3] *= corr[1];
-    }
-  }
+  if (!kSkipSettled || __any_sync(0xffffffffu, corr[0] != 1.f || corr[1] != 1.f))
+    flash::ScaleAccRows(o, corr);
   const uint32_t pa[4] = {Elem<T>::Pack(sc[0][0], sc[0][1]), Elem<T>::Pack(sc[0][2], sc[0][3]),
                           Elem<T>::Pack(sc[1][0], sc[1][1]), Elem<T>::Pack(sc[1][2], sc[1][3])};
 #pragma unroll

@@ -212,13 +212,7 @@ __global__ void __launch_bounds__(128) FlashFwdKernel(const FlashFwdArgs args) {
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) l_run[h] = l_run[h] * corr[h] + row_sum[h];
-#pragma unroll
-    for (int t = 0; t < kDT; ++t) {
-      o[t][0] *= corr[0];
-      o[t][1] *= corr[0];
-      o[t][2] *= corr[1];
-      o[t][3] *= corr[1];
-    }
+    ScaleAccRows(o, corr);
 
     // O += P V: the S accumulators are already the A fragments of P (two n8 tiles per k16 step).
 #pragma unroll
