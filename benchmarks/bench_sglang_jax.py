@@ -107,7 +107,7 @@ def main():
   model = QWen3Model(config, mesh=mesh, dtype=jnp.bfloat16)   # random weights
   graphdef, state = nnx.split(model)
   params = sum(x.size for x in jax.tree.leaves(state))
-  embed_t = np.asarray(model.embed_tokens.embedding.value, np.float32).T   # tied: the LM head
+  embed_t = np.asarray(model.embed_tokens.embedding[...], np.float32).T   # tied: the LM head
   print(f"model: Qwen3, {args.layers} layers, hidden {args.hidden}, {H}/{KVH} heads x {D}, "
         f"{params / 1e9:.2f}B parameters, bf16, random weights", flush=True)
 

@@ -164,6 +164,9 @@ def _native_vs_adapter(mode, reqs, *, num_heads=8, num_kv_heads=2, head_dim=128,
   layer = RadixAttention(num_heads=num_heads, head_dim=head_dim, scaling=head_dim**-0.5,
                          num_kv_heads=num_kv_heads, layer_id=0, sliding_window_size=window)
   sink = jnp.asarray(rng.uniform(-1, 2, num_heads), jnp.float32) if sinks else None
+  if sinks == "param":   # as the models hold it (gpt-oss): an nnx.Param
+    from flax import nnx
+    sink = nnx.Param(sink)
 
   adapter = JaxSglAttention(num_heads, num_kv_heads, head_dim, page_size=1, mesh=fc.mesh)
   adapter.forward_metadata = adapter.get_forward_metadata(types.SimpleNamespace(
@@ -196,7 +199,7 @@ CASES = {
     "window": (ForwardMode.EXTEND, MIXED, dict(window=4)),
     "decode_window": (ForwardMode.DECODE, [(6, 1), (30, 1)], dict(window=4)),
     "sinks": (ForwardMode.EXTEND, MIXED, dict(sinks=True)),
-    "decode_sinks": (ForwardMode.DECODE, [(6, 1), (30, 1)], dict(sinks=True, num_kv_heads=1)),
+    "decode_sinks": (ForwardMode.DECODE, [(6, 1), (30, 1)], dict(sinks="param", num_kv_heads=1)),
     "head_dim_64_in_128": (ForwardMode.EXTEND, MIXED, dict(head_dim=64)),
     "bf16": (ForwardMode.EXTEND, MIXED, dict(dtype=jnp.bfloat16)),
 }
@@ -317,7 +320,7 @@ def _qwen3_step(model, backend, pool, mode, steps, pad_tokens=2, region=REGION, 
   hidden, _, layers_kv, _ = model(batch, pool)
   pool.kv_buffer = list(layers_kv)   # what ModelRunner does with the returned buffers
   last = np.cumsum(extend) - 1
-  embed = np.asarray(model.embed_tokens.embedding.value, np.float32)
+  embed = np.asarray(model.embed_tokens.embedding[...], np.float32)
   return np.asarray(hidden, np.float32)[last] @ embed.T
 
 

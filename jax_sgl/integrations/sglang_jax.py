@@ -158,8 +158,8 @@ class JaxSglAttention(AttentionBackend):
     window = (-1, -1)
     if layer.sliding_window_size:
       window = (layer.sliding_window_size - 1, 0 if causal else -1)
-    if attention_sink is not None and hasattr(attention_sink, "value"):
-      attention_sink = attention_sink.value   # an nnx.Param in the models
+    if isinstance(attention_sink, nnx.Variable):
+      attention_sink = attention_sink[...]   # an nnx.Param in the models (`.value` is deprecated)
     md = self.forward_metadata
     attn_buffer = kv_buffer
     if kv_buffer.shape[1] == 1:
