@@ -324,6 +324,17 @@ def _qwen3_step(model, backend, pool, mode, steps, pad_tokens=2, region=REGION, 
   return np.asarray(hidden, np.float32)[last] @ embed.T
 
 
+def _prefill_decode_mixed(step, seqs, new_prompt):
+  """The steps of the model tests: prefill of requests 0 and 1, decode, a mixed batch (request 2's
+  `new_prompt` beside decodes of 0 and 1), decode of all three. step(mode, [(request, new ids)])
+  appends each request's greedy token to seqs."""
+  step(ForwardMode.EXTEND, [(0, seqs[0]), (1, seqs[1])])
+  step(ForwardMode.DECODE, [(0, seqs[0][-1:]), (1, seqs[1][-1:])])
+  seqs[2] = new_prompt
+  step(ForwardMode.EXTEND, [(2, seqs[2]), (0, seqs[0][-1:]), (1, seqs[1][-1:])])
+  step(ForwardMode.DECODE, [(r, seqs[r][-1:]) for r in (0, 1, 2)])
+
+
 def test_tiny_qwen3_prefill_decode_mixed():
   from sgl_jax.srt.models.qwen3 import QWen3Model
   from transformers import Qwen3Config
@@ -355,11 +366,7 @@ def test_tiny_qwen3_prefill_decode_mixed():
     for (r, _), token in zip(plan, greedy):
       seqs[r].append(int(token))
 
-  step(ForwardMode.EXTEND, [(0, seqs[0]), (1, seqs[1])])                  # prefill
-  step(ForwardMode.DECODE, [(0, seqs[0][-1:]), (1, seqs[1][-1:])])        # decode
-  seqs[2] = list(rng.integers(0, 101, 6))
-  step(ForwardMode.EXTEND, [(2, seqs[2]), (0, seqs[0][-1:]), (1, seqs[1][-1:])])  # mixed
-  step(ForwardMode.DECODE, [(r, seqs[r][-1:]) for r in (0, 1, 2)])        # decode
+  _prefill_decode_mixed(step, seqs, list(rng.integers(0, 101, 6)))
 
 
 @pytest.mark.gpu
@@ -419,11 +426,7 @@ def test_qwen3_on_the_gpu_against_a_float32_oracle(page_size):
     for (r, _), token in zip(plan, greedy):
       seqs[r].append(int(token))
 
-  step(ForwardMode.EXTEND, [(0, seqs[0]), (1, seqs[1])])                  # prefill
-  step(ForwardMode.DECODE, [(0, seqs[0][-1:]), (1, seqs[1][-1:])])        # decode
-  seqs[2] = list(rng.integers(0, 1024, 200))
-  step(ForwardMode.EXTEND, [(2, seqs[2]), (0, seqs[0][-1:]), (1, seqs[1][-1:])])  # mixed
-  step(ForwardMode.DECODE, [(r, seqs[r][-1:]) for r in (0, 1, 2)])        # decode
+  _prefill_decode_mixed(step, seqs, list(rng.integers(0, 1024, 200)))
 
 
 # --- no copy of the pool -----------------------------------------------------------------------
