@@ -19,7 +19,9 @@ pool-sized slices / gathers / copies in its HLO.
     python3 benchmarks/bench_sglang_jax.py [--page-sizes 1 16] [--sglang-jax PATH]
 
 sglang-jax is found at --sglang-jax (default ../shared/clients/sglang-jax/python beside the repo) and
-needs flax 0.12.4 and transformers (tests/requirements-sglang-jax.txt).
+needs flax (0.12.4 under jax 0.10, 0.12.10 under jax 0.11) and transformers; the other packages its
+modules import are in tests/requirements-sglang-jax.txt. On the GPU machine (no network):
+benchmarks/RESULTS.md, "sglang-jax model steps".
 """
 
 from __future__ import annotations
