@@ -143,15 +143,16 @@ def main():
 
     def make(mode, nreq, extend):
       seq_lens = np.full(nreq, args.context, np.int32)
+      extend_lens = np.full(nreq, extend, np.int32)
       prefix = seq_lens - extend
       tokens = nreq * extend
+      req_slots = [slots_of(r, args.context) for r in range(nreq)]
       # sglang-jax pads each request's cache_loc to a page multiple; NativeAttention takes the
       # request boundaries from seq_lens, so it gets them unpadded (page size 1, its layout).
-      padded = np.concatenate([np.pad(slots_of(r, args.context),
-                                      (0, pages_per_req * page - args.context))
-                               for r in range(nreq)]).astype(np.int32)
-      unpadded = np.concatenate([slots_of(r, args.context) for r in range(nreq)]).astype(np.int32)
-      out_loc = np.concatenate([slots_of(r, args.context)[prefix[r]:] for r in range(nreq)])
+      padded = np.concatenate([np.pad(s, (0, pages_per_req * page - args.context))
+                               for s in req_slots]).astype(np.int32)
+      unpadded = np.concatenate(req_slots).astype(np.int32)
+      out_loc = np.concatenate([s[p:] for s, p in zip(req_slots, prefix)]).astype(np.int32)
       positions = np.concatenate([p + np.arange(extend) for p in prefix]).astype(np.int32)
       ids = rng.integers(0, args.vocab, tokens).astype(np.int32)
       decode = mode == ForwardMode.DECODE
@@ -159,7 +160,7 @@ def main():
       for name in args.backends:
         cache_loc = unpadded if name == "native" else padded
         meta_in = types.SimpleNamespace(forward_mode=mode, seq_lens=seq_lens,
-                                        extend_seq_lens=None if decode else np.full(nreq, extend),
+                                        extend_seq_lens=None if decode else extend_lens,
                                         cache_loc=cache_loc, dp_size=1, spec_info_padded=None)
         backend = {"native": lambda: NativeAttention(H, KVH, mesh),
                    "jax_sgl": lambda: JaxSglAttention(H, KVH, D, page_size=page, mesh=mesh),
@@ -168,11 +169,11 @@ def main():
         batches[name] = ForwardBatch(
             bid=1, forward_mode=mode, batch_size=nreq, input_ids=jnp.asarray(ids),
             req_pool_indices=jnp.arange(nreq, dtype=jnp.int32), seq_lens=jnp.asarray(seq_lens),
-            out_cache_loc=jnp.asarray(out_loc.astype(np.int32)), positions=jnp.asarray(positions),
+            out_cache_loc=jnp.asarray(out_loc), positions=jnp.asarray(positions),
             attn_backend=backend, cache_loc=jnp.asarray(cache_loc),
             extend_prefix_lens=None if decode else jnp.asarray(prefix),
-            extend_seq_lens=None if decode else jnp.asarray(np.full(nreq, extend, np.int32)))
-      last = np.cumsum(np.full(nreq, extend)) - 1
+            extend_seq_lens=None if decode else jnp.asarray(extend_lens))
+      last = np.cumsum(extend_lens) - 1
       return batches, last, tokens
 
     workloads = [("decode", ForwardMode.DECODE, args.batch, 1),
@@ -194,7 +195,7 @@ def main():
           fn = lowered.compile()
           hidden, kv = fn(state, batches[name], pool)
           pool.kv_buffer = list(kv)
-          logits[name] = (np.asarray(hidden, np.float32)[last] @ embed_t).astype(np.float32)
+          logits[name] = np.asarray(hidden, np.float32)[last] @ embed_t
           compiled[name] = fn
           print(f"   {name}: compiled and ran in {time.perf_counter() - t0:.1f} s", flush=True)
         except Exception as e:   # NativeAttention's [tokens, heads, keys] logits can exceed memory

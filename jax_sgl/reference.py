@@ -53,10 +53,10 @@ def apply_rope(x, cos, sin, *, rotary_dim: int, is_neox: bool):
   return jnp.concatenate([rot, rest], axis=-1).astype(x.dtype)
 
 
-def _write_kv_buffer(kv_buffer, idx, k_rot, v):
-  """Rows idx of the fused buffer, read as [num_slots, 2 * Hkv, Dp]: K heads at even positions of
-  the head axis, V heads at odd ones, features [0, D) of each; the pad columns stay as they are."""
-  geo = kv_buffer_shape("jax_sgl.reference.rope_pool_fused", kv_buffer)
+def _write_kv_buffer(kv_buffer, geo, idx, k_rot, v):
+  """Rows idx of the fused buffer (its shape: geo), read as [num_slots, 2 * Hkv, Dp]: K heads at
+  even positions of the head axis, V heads at odd ones, features [0, D) of each; the pad columns
+  stay as they are."""
   d = k_rot.shape[-1]
   rows = kv_buffer.reshape(geo.num_slots, 2 * geo.num_kv_heads, geo.head_dim_pad)
   rows = rows.at[idx, 0::2, :d].set(k_rot.astype(rows.dtype), mode="drop")
@@ -76,12 +76,13 @@ def rope_pool_fused(q, k, v, positions, slots, k_pool=None, v_pool=None, *,
   cos, sin = rope_cos_sin(positions, inv_freq)
   q_rot = apply_rope(q, cos, sin, rotary_dim=rotary_dim, is_neox=is_neox)
   k_rot = apply_rope(k, cos, sin, rotary_dim=rotary_dim, is_neox=is_neox)
-  num_slots = k_pool.shape[0] if kv_buffer is None else \
-      kv_buffer_shape("jax_sgl.reference.rope_pool_fused", kv_buffer).num_slots
+  geo = None if kv_buffer is None else kv_buffer_shape("jax_sgl.reference.rope_pool_fused",
+                                                        kv_buffer)
+  num_slots = k_pool.shape[0] if geo is None else geo.num_slots
   # Negative slots would wrap around in .at[]: send them past the end, where mode="drop" skips.
   idx = jnp.where(slots < 0, num_slots, slots)
-  if kv_buffer is not None:
-    return q_rot, k_rot, _write_kv_buffer(kv_buffer, idx, k_rot, v)
+  if geo is not None:
+    return q_rot, k_rot, _write_kv_buffer(kv_buffer, geo, idx, k_rot, v)
   k_pool = k_pool.at[idx].set(k_rot.astype(k_pool.dtype), mode="drop")
   v_pool = v_pool.at[idx].set(v.astype(v_pool.dtype), mode="drop")
   return q_rot, k_rot, k_pool, v_pool

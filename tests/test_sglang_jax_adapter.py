@@ -326,13 +326,19 @@ def _qwen3_step(model, backend, pool, mode, steps, pad_tokens=2, region=REGION, 
 
 def _prefill_decode_mixed(step, seqs, new_prompt):
   """The steps of the model tests: prefill of requests 0 and 1, decode, a mixed batch (request 2's
-  `new_prompt` beside decodes of 0 and 1), decode of all three. step(mode, [(request, new ids)])
-  appends each request's greedy token to seqs."""
-  step(ForwardMode.EXTEND, [(0, seqs[0]), (1, seqs[1])])
-  step(ForwardMode.DECODE, [(0, seqs[0][-1:]), (1, seqs[1][-1:])])
+  `new_prompt` beside decodes of 0 and 1), decode of all three. step(mode, steps) gets
+  [(request, prefix length, new ids)] (each request's earlier tokens are its prefix) and returns
+  the requests' greedy tokens, which are appended to seqs."""
+  def run(mode, plan):   # plan [(request, new ids)]
+    steps = [(r, len(seqs[r]) - len(new), np.array(new, np.int32)) for r, new in plan]
+    for (r, _), token in zip(plan, step(mode, steps)):
+      seqs[r].append(int(token))
+
+  run(ForwardMode.EXTEND, [(0, seqs[0]), (1, seqs[1])])
+  run(ForwardMode.DECODE, [(0, seqs[0][-1:]), (1, seqs[1][-1:])])
   seqs[2] = new_prompt
-  step(ForwardMode.EXTEND, [(2, seqs[2]), (0, seqs[0][-1:]), (1, seqs[1][-1:])])
-  step(ForwardMode.DECODE, [(r, seqs[r][-1:]) for r in (0, 1, 2)])
+  run(ForwardMode.EXTEND, [(2, seqs[2]), (0, seqs[0][-1:]), (1, seqs[1][-1:])])
+  run(ForwardMode.DECODE, [(r, seqs[r][-1:]) for r in (0, 1, 2)])
 
 
 def test_tiny_qwen3_prefill_decode_mixed():
@@ -354,17 +360,14 @@ def test_tiny_qwen3_prefill_decode_mixed():
   rng = np.random.default_rng(0)
   seqs = {0: list(rng.integers(0, 101, 9)), 1: list(rng.integers(0, 101, 14))}
 
-  def step(mode, plan):
-    """plan [(request, new_ids)]; every request's earlier tokens are its prefix."""
-    steps = [(r, len(seqs[r]) - len(new), np.array(new, np.int32)) for r, new in plan]
+  def step(mode, steps):
     logits = {name: _qwen3_step(model, backends[name], pools[name], mode, steps)
               for name in backends}
     np.testing.assert_allclose(logits["jax_sgl"], logits["native"], atol=1e-3, rtol=1e-3)
     greedy = logits["native"].argmax(-1)
     np.testing.assert_array_equal(logits["jax_sgl"].argmax(-1), greedy)
     assert logits["native"].std() > 0.1, "random weights expected"
-    for (r, _), token in zip(plan, greedy):
-      seqs[r].append(int(token))
+    return greedy
 
   _prefill_decode_mixed(step, seqs, list(rng.integers(0, 101, 6)))
 
@@ -406,8 +409,7 @@ def test_qwen3_on_the_gpu_against_a_float32_oracle(page_size):
   rng = np.random.default_rng(1)
   seqs = {0: list(rng.integers(0, 1024, 300)), 1: list(rng.integers(0, 1024, 700))}
 
-  def step(mode, plan):
-    steps = [(r, len(seqs[r]) - len(new), np.array(new, np.int32)) for r, new in plan]
+  def step(mode, steps):
     logits = {}
     for name, (m, backend, _) in runs.items():
       with jax.default_matmul_precision("highest" if name == "oracle" else "default"):
@@ -423,8 +425,7 @@ def test_qwen3_on_the_gpu_against_a_float32_oracle(page_size):
     greedy = oracle.argmax(-1)
     np.testing.assert_array_equal(logits["jax_sgl"].argmax(-1)[decided], greedy[decided])
     assert scale > 1.0, "random weights expected"
-    for (r, _), token in zip(plan, greedy):
-      seqs[r].append(int(token))
+    return greedy
 
   _prefill_decode_mixed(step, seqs, list(rng.integers(0, 1024, 200)))
 
