@@ -47,6 +47,11 @@ cudaError_t Launch(DType t, int d, const AttentionParams& p, void* scratch, cuda
   return cudaErrorInvalidValue;
 }
 
+// Query rows per sequence: the average of a packed (varlen) q.
+int64_t QRowsPerSequence(const AttentionParams& p) {
+  return p.cu_seqlens_q ? p.total_q / std::max(p.batch, 1) : p.seqlen_q;
+}
+
 // What the varlen instantiation lacks for a call, or nullptr.
 const char* VarlenUnsupported(const AttentionParams& p) {
   if (p.kv_layout == KvLayout::kPaged) {
@@ -54,8 +59,8 @@ const char* VarlenUnsupported(const AttentionParams& p) {
     // Its 128-row tiles hold one sequence's rows, of one q head or, packed (Sm90PackGqa), of
     // the q heads of one kv head: below an average of 64 tile rows per sequence (decode-like
     // calls without GQA) they are mostly empty and the portable kernel runs the call.
-    const int64_t rows = (p.cu_seqlens_q ? p.total_q / std::max(p.batch, 1) : p.seqlen_q) *
-                         (Sm90PackGqa(p) ? p.num_heads / p.num_kv_heads : 1);
+    const int64_t rows =
+        QRowsPerSequence(p) * (Sm90PackGqa(p) ? p.num_heads / p.num_kv_heads : 1);
     if (rows < 64)
       return "sm90 kernel: paged k/v with at least 64 q rows per sequence on average";
     // PackGQA's tile rows (q rows x group) stay in int.
@@ -149,8 +154,7 @@ bool Sm90PagedGather(const AttentionParams& p) {
 
 bool Sm90PackGqa(const AttentionParams& p) {
   if (p.kv_layout != KvLayout::kPaged || p.num_heads == p.num_kv_heads) return false;
-  const int64_t rows = p.cu_seqlens_q ? p.total_q / std::max(p.batch, 1) : p.seqlen_q;
-  return rows < 128;
+  return QRowsPerSequence(p) < 128;
 }
 
 bool Sm90TailSplitRequested(const AttentionParams& p) {
