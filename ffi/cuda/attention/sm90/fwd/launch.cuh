@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "ffi/common/numeric.h"
+#include "ffi/cuda/attention/common/cutlass_type.h"
 #include "ffi/cuda/attention/common/device.h"
 #include "ffi/cuda/attention/common/launch.cuh"
 #include "ffi/cuda/attention/sm90/fwd/kernel.cuh"
@@ -16,10 +17,7 @@
 namespace jax_sgl::cuda {
 namespace sm90 {
 
-// jax_sgl's 16-bit storage types -> CUTLASS's (same bits).
-template <typename T> struct CutlassType;
-template <> struct CutlassType<bf16_t> { using type = cutlass::bfloat16_t; };
-template <> struct CutlassType<f16_t> { using type = cutlass::half_t; };
+using cuda::CutlassType;
 
 // [rows, head_dim, kv heads, blocks] view of K or V at the params' strides (attention_params.h):
 // a dense [batch, rows, kv heads, head_dim] buffer or packed rows (blocks = batch), or a page pool
