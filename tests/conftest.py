@@ -1,4 +1,5 @@
-"""Shared pytest setup: GPU tests (marked `gpu` / `multigpu`) skip cleanly without a CUDA device."""
+"""Shared pytest setup: GPU tests (marked `gpu` / `multigpu` / `blackwell`) skip cleanly without
+the CUDA device they need."""
 
 import jax
 import pytest
@@ -11,12 +12,26 @@ def _num_cuda_devices() -> int:
     return 0
 
 
+def _cuda_major() -> int:
+  """The compute capability major of the first CUDA device, 0 without one."""
+  try:
+    devices = jax.devices("cuda")
+  except RuntimeError:
+    return 0
+  cc = getattr(devices[0], "compute_capability", "") if devices else ""
+  return int(cc.split(".")[0]) if cc else 0
+
+
 def pytest_collection_modifyitems(config, items):
   n = _num_cuda_devices()
   skip_gpu = pytest.mark.skip(reason="needs an NVIDIA GPU (jax.devices('cuda') is empty)")
   skip_multi = pytest.mark.skip(reason="needs 2+ NVIDIA GPUs")
+  skip_blackwell = pytest.mark.skip(reason="needs a compute capability 10.x (Blackwell) GPU")
+  blackwell = _cuda_major() == 10 if any("blackwell" in i.keywords for i in items) else False
   for item in items:
     if "gpu" in item.keywords and n == 0:
       item.add_marker(skip_gpu)
     if "multigpu" in item.keywords and n < 2:
       item.add_marker(skip_multi)
+    if "blackwell" in item.keywords and not blackwell:
+      item.add_marker(skip_blackwell)

@@ -60,6 +60,7 @@ inline constexpr int kMaxSplits = 32;
 
 struct FlashPlan {
   bool sm90;             // the sm_90a kernel (sm90/) runs the call; the fields below are unused
+  bool sm100;            // the sm_100a forward (sm100/fwd/) runs the call; likewise
   int head_dim_cap;      // compiled head dim the call runs on
   bool decode_kernel;    // the dedicated decode kernel (decode/block_kernel.cuh) instead of sm80
   bool decode_warp;      // decode kernel: the warp-sliced kernels (decode/warp_launch.cuh)

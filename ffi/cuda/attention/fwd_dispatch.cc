@@ -10,6 +10,7 @@
 #include "ffi/common/attention_seq.h"
 #include "ffi/cuda/attention/decode/launch.h"
 #include "ffi/cuda/attention/flash_fwd_launch.h"
+#include "ffi/cuda/attention/sm100/fwd/launch.h"
 #include "ffi/cuda/attention/sm90/fwd/launch.h"
 
 namespace jax_sgl::cuda {
@@ -252,6 +253,7 @@ cudaError_t LaunchForType(const FlashPlan& plan, const FlashFwdArgs& args, cudaS
 
 const char* PlanFlashFwd(const AttentionParams& p, int num_sms, FlashPlan* plan) {
   plan->sm90 = false;
+  plan->sm100 = false;
   plan->decode_kernel = false;
   plan->decode_warp = false;
   plan->decode_warp_form = DecodeWarpForm::kCpAsync;
@@ -270,6 +272,14 @@ const char* PlanFlashFwd(const AttentionParams& p, int num_sms, FlashPlan* plan)
   }
   // The Hopper kernel on a 9.0 device, for what it covers unless JAX_SGL_DISABLE names sm90 (by default
   // the GPU-verified instantiations); everything else falls through to the portable sm80 kernel.
+#ifdef JAX_SGL_HAVE_SM100
+  // The Blackwell forward on a 10.0 device, for what it covers unless JAX_SGL_DISABLE names sm100.
+  if (Sm100FwdUnsupported(p) == nullptr && Sm100FwdEnabled(p)) {
+    plan->sm100 = true;
+    plan->scratch_bytes = 0;
+    return nullptr;
+  }
+#endif
 #ifdef JAX_SGL_HAVE_SM90
   if (Sm90Unsupported(p) == nullptr && Sm90Enabled(p)) {
     plan->sm90 = true;
@@ -307,6 +317,12 @@ const char* RunFlashFwd(const AttentionParams& p, const FlashPlan& plan, void* s
     if (cudaError_t err = LaunchClearUncoveredRows(p, stream); err != cudaSuccess)
       return cudaGetErrorString(err);
   }
+#ifdef JAX_SGL_HAVE_SM100
+  if (plan.sm100) {
+    const cudaError_t err = RunFlashFwdSm100(p, stream);
+    return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
+  }
+#endif
 #ifdef JAX_SGL_HAVE_SM90
   if (plan.sm90) {
     const cudaError_t err = RunFlashFwdSm90(p, scratch, stream);
