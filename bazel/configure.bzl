@@ -109,6 +109,10 @@ def _cuda(ctx, sources, cutlass):
     if "90a" in archs and cutlass and sm90_dims:
         sm90, sm90_guards = _instantiations(inst, "sm90", sm90_dims,
                                             _setting(ctx, "JAX_SGL_SM90_DTYPES", "bf16;fp16"))
+    # The sm100 family of instantiations.json (Blackwell, on the nvidia-cutlass wheel's
+    # 77_blackwell_fmha collectives, which //:cutlass does not carry) is not built by Bazel: without
+    # JAX_SGL_HAVE_SM100 the dispatch compiles it out and compute capability 10.0 devices run the
+    # portable kernels. The pip / CMake build (cmake/cuda.cmake) builds it.
     cuda = {
         "nvcc": nvcc,
         "archs": archs,

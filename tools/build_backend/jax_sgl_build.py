@@ -2,7 +2,7 @@
 
 Which requirements a build needs depends on the machine, which a static `build-system.requires`
 cannot say: an isolated `pip install .` on a machine with nvcc must still see the CuTe headers
-(nvidia-cutlass), or the Hopper kernels would be silently left out, and the toolkit-free build
+(nvidia-cutlass), or the Hopper and Blackwell kernels would be silently left out, and the toolkit-free build
 (`JAX_SGL_CUDA=pip`) needs nvcc, CCCL and the static cudart from PyPI. Everything else is
 scikit-build-core's, unchanged. CMakeLists.txt looks for nvcc by the same rule as `_system_nvcc`.
 """
@@ -65,8 +65,10 @@ def cuda_requires(config_settings=None) -> list[str]:
     requires = []
   else:
     raise ValueError(f"JAX_SGL_CUDA must be auto, pip or off, got {mode!r}")
-  if "90a" in archs.split(";") and not _setting("JAX_SGL_CUTLASS_INCLUDE_DIR", config_settings,
-                                                  ""):
+  # The sm90 and sm100 kernels both build on its headers (sm100: also its FMHA example's
+  # collectives, shipped in the same wheel).
+  if {"90a", "100a"} & set(archs.split(";")) and not _setting("JAX_SGL_CUTLASS_INCLUDE_DIR",
+                                                             config_settings, ""):
     requires.append(CUTLASS)
   return requires
 

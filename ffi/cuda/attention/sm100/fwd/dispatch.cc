@@ -3,10 +3,13 @@
 //
 // What it covers is what the collectives' forward computes exactly as jax_sgl defines it: dense
 // or varlen (cu_seqlens_q with cu_seqlens_k) q/k/v, bottom-right causal, GQA, LSE, float16 /
-// bfloat16, head dims 64 and 128. The collectives construct their mask as Mask{} with no run-time
-// state, and apply it without the batch index, so per-call values (a sliding window's bounds, the
-// softcap, seqused_k) cannot reach it: those calls, sinks, fp8 and paged K/V run on the other
-// kernels (the portable forward; paged decode on the decode kernels), as Sm100FwdUnsupported says.
+// bfloat16, head dims 64 and 128. The collectives construct their mask as Mask{} and hand it only
+// the per-sequence problem shape (no batch index, no params), so per-call values (a sliding
+// window's bounds, the softcap, seqused_k) cannot reach it. The one carrier left, a custom leaf
+// of that shape, does not survive the load collective's copy into its int problem shape (cute's
+// tuple has no converting assignment, and the head-dim leaf also feeds std::sqrt): tried
+// 2026-12-04, it does not compile. Those calls, sinks, fp8 and paged K/V run on the other kernels
+// (the portable forward; paged decode on the decode kernels), as Sm100FwdUnsupported says.
 #include <cstdint>
 #include <initializer_list>
 #include <string>

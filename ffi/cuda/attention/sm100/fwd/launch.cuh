@@ -70,34 +70,41 @@ typename Kernel::Arguments MakeArguments(const AttentionParams& p, const Shape& 
   return args;
 }
 
-template <typename E, int kHeadDim, typename Mask>
-cudaError_t LaunchMasked(const AttentionParams& p, cudaStream_t stream) {
+// A varlen call: ResidualMask only (dispatch.cc keeps varlen causal off this kernel).
+template <typename E, int kHeadDim>
+cudaError_t LaunchVarlen(const AttentionParams& p, cudaStream_t stream) {
   using namespace cute;
-  const int group = p.num_heads / p.num_kv_heads;
-  if (p.cu_seqlens_q != nullptr) {
-    using Kernel = typename FwdKernel<E, kHeadDim, VarlenShape, Mask>::Kernel;
-    // The collectives read the cumulative lengths as int*; they never write them. max_length
-    // sizes the grid (q) and the O store's row offsets; keys need only a bound.
-    VarlenShape shape{VariableLength{p.seqlen_q, const_cast<int*>(p.cu_seqlens_q), int(p.total_q)},
-                      VariableLength{int(p.total_k), const_cast<int*>(p.cu_seqlens_k),
-                                     int(p.total_k)},
-                      p.head_dim, make_tuple(make_tuple(group, p.num_kv_heads), p.batch)};
-    return RunKernel<Kernel>(MakeArguments<Kernel, E>(p, shape, int(p.total_q), true), stream);
-  }
+  using Kernel =
+      typename FwdKernel<E, kHeadDim, VarlenShape, cutlass::fmha::collective::ResidualMask>::Kernel;
+  // The collectives read the cumulative lengths as int*; they never write them. max_length
+  // sizes the grid (q) and the O store's row offsets; keys need only a bound.
+  VarlenShape shape{VariableLength{p.seqlen_q, const_cast<int*>(p.cu_seqlens_q), int(p.total_q)},
+                    VariableLength{int(p.total_k), const_cast<int*>(p.cu_seqlens_k), int(p.total_k)},
+                    p.head_dim,
+                    make_tuple(make_tuple(p.num_heads / p.num_kv_heads, p.num_kv_heads), p.batch)};
+  return RunKernel<Kernel>(MakeArguments<Kernel, E>(p, shape, int(p.total_q), true), stream);
+}
+
+template <typename E, int kHeadDim, typename Mask>
+cudaError_t LaunchDense(const AttentionParams& p, cudaStream_t stream) {
+  using namespace cute;
   using Kernel = typename FwdKernel<E, kHeadDim, DenseShape, Mask>::Kernel;
   DenseShape shape{p.seqlen_q, p.seqlen_k, p.head_dim,
-                   make_tuple(make_tuple(group, p.num_kv_heads), p.batch)};
+                   make_tuple(make_tuple(p.num_heads / p.num_kv_heads, p.num_kv_heads), p.batch)};
   return RunKernel<Kernel>(MakeArguments<Kernel, E>(p, shape, p.seqlen_q, false), stream);
 }
 
 }  // namespace sm100
 
+// Three kernels per (dtype, head dim): dense ResidualMask and CausalMask<false>, varlen
+// ResidualMask.
 template <typename T, int kHeadDim>
 cudaError_t LaunchFlashFwdSm100(const AttentionParams& p, cudaStream_t stream) {
   using E = typename CutlassType<T>::type;
   namespace collective = cutlass::fmha::collective;
-  return p.causal ? sm100::LaunchMasked<E, kHeadDim, collective::CausalMask<false>>(p, stream)
-                  : sm100::LaunchMasked<E, kHeadDim, collective::ResidualMask>(p, stream);
+  if (p.cu_seqlens_q != nullptr) return sm100::LaunchVarlen<E, kHeadDim>(p, stream);
+  return p.causal ? sm100::LaunchDense<E, kHeadDim, collective::CausalMask<false>>(p, stream)
+                  : sm100::LaunchDense<E, kHeadDim, collective::ResidualMask>(p, stream);
 }
 
 }  // namespace jax_sgl::cuda
