@@ -6,7 +6,7 @@ kernel was compiled here, never run: benchmarks/notes/NOTES_sm100.md). Every bui
 runs by default on compute capability 10.0 (JAX_SGL_DISABLE=sm100 turns it off; every test clears
 it through monkeypatch). What the kernel does not cover (sliding window, softcap, seqused_k,
 varlen causal, causal with q longer than k) runs on the portable kernel: those cases check that
-fallback. Outputs are poisoned beforehand so unwritten elements show up as NaN; besides the
+fallback. Sinks run on it (a pass over the finished rows). Outputs are poisoned beforehand so unwritten elements show up as NaN; besides the
 reference's tolerance, the error against the float64 oracle stays within 2x that of the same math
 done in the input precision (FlashAttention's rule).
 """
@@ -106,15 +106,15 @@ def _input_precision_out(q, k, v, arrays, causal):
 def _check(q, k, v, arrays, causal=False, window=(-1, -1), softcap=0.0):
   """The kernel against the reference (tolerance, every element written, lse -inf exactly where
   the reference's is), then against the float64 oracle: FlashAttention's rule, the error at most
-  2x that of the same math done in the input precision (window / softcap calls run on the portable
-  kernel and are held to the reference's budget, float32 math with the output rounded)."""
+  2x that of the same math done in the input precision (calls with a window, softcap, seqused_k or
+  sinks are held to the reference's budget, float32 math with the output rounded)."""
   kw = dict(causal=causal, window=window, softcap=softcap)
   want_out, want_lse = reference_attention(q, k, v, return_lse=True, **kw, **arrays)
   run = lambda: jax_sgl.attention(q, k, v, return_lse=True, **kw, **arrays)
   check_kernel_output(run, want_out, want_lse, q.dtype, TOL[jnp.dtype(q.dtype)])
   oracle = naive_attention(q, k, v, **kw, **{n: np.asarray(x) for n, x in arrays.items()})
   out = np.asarray(run()[0].astype(jnp.float32), np.float64)[:len(oracle)]
-  if window == (-1, -1) and not softcap and "seqused_k" not in arrays:
+  if window == (-1, -1) and not softcap and not {"seqused_k", "sinks"} & set(arrays):
     budget = np.asarray(_input_precision_out(q, k, v, arrays, causal), np.float64)
   else:
     budget = np.asarray(want_out.astype(jnp.float32), np.float64)[:len(oracle)]
@@ -144,6 +144,18 @@ def test_varlen_matches_reference(dtype, head_dim, case):
   _need(head_dim, dtype)
   q, k, v, arrays = _case("varlen", VARLEN[case], head_dim, dtype, seed=7 + list(VARLEN).index(case))
   _check(q, k, v, arrays)
+
+
+@pytest.mark.parametrize("layout", ("dense", "varlen"))
+@pytest.mark.gpu
+@pytest.mark.blackwell
+def test_sinks_match_reference(layout):
+  """Sinks fold into the finished rows in a second pass (sm100/fwd/sinks.cuh)."""
+  _need(128, jnp.bfloat16)
+  lens = VARLEN["ragged"] if layout == "varlen" else DENSE["ragged"]
+  q, k, v, arrays = _case(layout, lens, 128, jnp.bfloat16, seed=13)
+  sinks = jnp.asarray(np.random.default_rng(2).normal(size=lens[2]).astype(np.float32) * 2)
+  _check(q, k, v, dict(arrays, sinks=sinks), causal=layout == "dense")
 
 
 # Calls the kernel leaves to the portable one: the answer must not change.

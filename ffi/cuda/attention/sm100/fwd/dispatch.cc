@@ -3,13 +3,14 @@
 //
 // What it covers is what the collectives' forward computes exactly as jax_sgl defines it: dense
 // or varlen (cu_seqlens_q with cu_seqlens_k) q/k/v, bottom-right causal, GQA, LSE, float16 /
-// bfloat16, head dims 64 and 128. The collectives construct their mask as Mask{} and hand it only
-// the per-sequence problem shape (no batch index, no params), so per-call values (a sliding
-// window's bounds, the softcap, seqused_k) cannot reach it. The one carrier left, a custom leaf
-// of that shape, does not survive the load collective's copy into its int problem shape (cute's
-// tuple has no converting assignment, and the head-dim leaf also feeds std::sqrt): tried
-// 2026-12-04, it does not compile. Those calls, sinks, fp8 and paged K/V run on the other kernels
-// (the portable forward; paged decode on the decode kernels), as Sm100FwdUnsupported says.
+// bfloat16, head dims 64 and 128, and attention sinks (a pass over the finished rows, sinks.cuh).
+// The collectives construct their mask as Mask{} and hand it only the per-sequence problem shape
+// (no batch index, no params), so per-call values (a sliding window's bounds, the softcap,
+// seqused_k) cannot reach it. The one carrier left, a custom leaf of that shape, does not survive
+// the load collective's copy into its int problem shape (cute's tuple has no converting
+// assignment, and the head-dim leaf also feeds std::sqrt): tried 2026-12-04, it does not compile.
+// Those calls, fp8 and paged K/V run on the other kernels (the portable forward; paged decode on
+// the decode kernels), as Sm100FwdUnsupported says.
 #include <cstdint>
 #include <initializer_list>
 #include <string>
@@ -62,7 +63,6 @@ const char* Sm100FwdUnsupported(const AttentionParams& p) {
     return "sm100 forward: seqused_k (the collectives' mask has no batch index)";
   if (HasWindow(p)) return "sm100 forward: sliding window (the collectives' mask has no run-time state)";
   if (p.softcap != 0.0f) return "sm100 forward: softcap (the collectives' mask has no run-time state)";
-  if (p.sinks != nullptr) return "sm100 forward: attention sinks";
   // The collectives divide by the row sum: a causal row with no key would be NaN where jax_sgl
   // gives 0 and -inf. Dense calls with seqlen_q <= seqlen_k have none; varlen lengths live on the
   // device, so varlen causal calls stay on the portable kernel.

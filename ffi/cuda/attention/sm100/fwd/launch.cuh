@@ -14,6 +14,7 @@
 #include "ffi/cuda/attention/common/cutlass_type.h"
 #include "ffi/cuda/attention/sm100/fwd/config.h"
 #include "ffi/cuda/attention/sm100/fwd/launch.h"
+#include "ffi/cuda/attention/sm100/fwd/sinks.cuh"
 #include "device/fmha.hpp"
 
 namespace jax_sgl::cuda {
@@ -97,14 +98,20 @@ cudaError_t LaunchDense(const AttentionParams& p, cudaStream_t stream) {
 }  // namespace sm100
 
 // Three kernels per (dtype, head dim): dense ResidualMask and CausalMask<false>, varlen
-// ResidualMask.
+// ResidualMask; then, with sinks, their pass over the finished rows (sinks.cuh).
 template <typename T, int kHeadDim>
 cudaError_t LaunchFlashFwdSm100(const AttentionParams& p, cudaStream_t stream) {
   using E = typename CutlassType<T>::type;
   namespace collective = cutlass::fmha::collective;
-  if (p.cu_seqlens_q != nullptr) return sm100::LaunchVarlen<E, kHeadDim>(p, stream);
-  return p.causal ? sm100::LaunchDense<E, kHeadDim, collective::CausalMask<false>>(p, stream)
-                  : sm100::LaunchDense<E, kHeadDim, collective::ResidualMask>(p, stream);
+  cudaError_t err;
+  if (p.cu_seqlens_q != nullptr)
+    err = sm100::LaunchVarlen<E, kHeadDim>(p, stream);
+  else if (p.causal)
+    err = sm100::LaunchDense<E, kHeadDim, collective::CausalMask<false>>(p, stream);
+  else
+    err = sm100::LaunchDense<E, kHeadDim, collective::ResidualMask>(p, stream);
+  if (err != cudaSuccess || p.sinks == nullptr) return err;
+  return sm100::LaunchApplySinks<E>(p, stream);
 }
 
 }  // namespace jax_sgl::cuda
