@@ -108,6 +108,20 @@ def attention_dense_fp8_descale():
 
 
 @case
+def attention_dense_blockscaled_batch_and_heads():
+  """Block scales (qk_blockscaled) split as q and k: e8m0 [B, S, H, D/32] beside e4m3 q/k."""
+  rng = np.random.default_rng(4)
+  f8, e8m0 = jnp.float8_e4m3fn, jnp.float8_e8m0fnu
+  q, k = rand(rng, 2, 5, 8, 64, dtype=f8), rand(rng, 2, 6, 4, 64, dtype=f8)
+  v = rand(rng, 2, 6, 4, 64, dtype=jnp.bfloat16)
+  sq, sk = (jnp.asarray(rng.integers(123, 132, s).astype(np.uint8)).view(e8m0)
+            for s in ((2, 5, 8, 2), (2, 6, 4, 2)))
+  fn = lambda q, k, v, sq, sk: jax_sgl.attention(q, k, v, causal=True, q_descale=sq,
+                                                 k_descale=sk, return_lse=True)
+  run_sharded(fn, (q, k, v, sq, sk), (BSHD,) * 5, want_specs=(BSHD, P("data", "model", None)))
+
+
+@case
 def attention_dense_grad_batch_and_heads():
   rng = np.random.default_rng(11)
   q, k, v = rand(rng, 4, 19, 8, 16), rand(rng, 4, 23, 4, 16), rand(rng, 4, 23, 4, 16)
