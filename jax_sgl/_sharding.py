@@ -212,9 +212,8 @@ def _attn_factors(spec):
   per_name = {"q": f"{q_rows} {h} d", "k": k, "v": v, "cu_seqlens_q": "c",
               "cu_seqlens_k": "c", "seqused_k": "b", "page_table": "b x", "q_descale": "b k",
               "k_descale": "b k", "v_descale": "b k", "sinks": h}
-  if spec.qk_blockscaled:   # block scales: q's and K's factors, "f" the scale blocks
-    per_name["q_descale"] = f"{q_rows} {h} f"
-    per_name["k_descale"] = f"{pages} k f" if spec.kv_buffer else f"{kv} f"
+  if spec.qk_blockscaled:   # block scales: q's and K's factors (a fused buffer's K view: paged)
+    per_name["q_descale"], per_name["k_descale"] = f"{q_rows} {h} f", f"{kv} f"
   lse = f"{h} n" if spec.varlen_q else f"b {h} s"
   return per_name, [f"{q_rows} {h} e", lse]
 
@@ -261,10 +260,8 @@ def _attn_shardings(params, mesh, plan):
   per_name = {"q": q, "k": kv, "v": kv, "cu_seqlens_q": P(None), "cu_seqlens_k": P(None),
               "seqused_k": P(b), "page_table": P(b, None), "q_descale": P(b, h),
               "k_descale": P(b, h), "v_descale": P(b, h), "sinks": P(h)}
-  if spec.qk_blockscaled:   # block scales split as q and k (a fused buffer's K view: as k's)
-    k_view = P(None, h, None) if spec.token_pool else P(None, None, h, None)
-    per_name["q_descale"] = q
-    per_name["k_descale"] = k_view if spec.kv_buffer else kv
+  if spec.qk_blockscaled:   # block scales split as q and k (a fused buffer's K view as a pool)
+    per_name["q_descale"], per_name["k_descale"] = q, kv
   lse = P(h, None) if spec.varlen_q else P(b, h, None)
   return [per_name[n] for n in _attn_names(params)], [q, lse]
 

@@ -441,7 +441,7 @@ def attention(q, k=None, v=None, *, causal=False, softmax_scale=None, window=(-1
     x = given[name]
     dtype = jnp.int32 if name in _INDEX_OPTIONAL else jnp.float32
     if spec.qk_blockscaled and name in ("q_descale", "k_descale"):
-      dtype = x.dtype   # e8m0 block scales reach the kernel as stored (a quarter of float32's bytes)
+      dtype = x.dtype   # e8m0 block scales reach the kernel as stored (a quarter of the bytes)
     operands.append(jnp.zeros((0,), dtype) if x is None else jnp.asarray(x).astype(dtype))
   out, lse = _attention_diff(spec, present, q, k, v, tuple(operands))
   return (out, lse) if return_lse else out

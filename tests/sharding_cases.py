@@ -206,6 +206,23 @@ def attention_paged_decode_batch_and_heads():
 
 
 @case
+def attention_paged_blockscaled_decode_batch_and_heads():
+  """K's block scales are a pool beside K's [P, page, Hkv, D/32], split on its head axis as K."""
+  rng = np.random.default_rng(12)
+  k, v, table, used = _paged_inputs(rng, 4, 8, 16, 4, 64)
+  q = rand(rng, 4, 1, 8, 64, dtype=jnp.float8_e4m3fn)
+  k = k.astype(jnp.float8_e4m3fn)
+  sq, sk = (jnp.asarray(rng.uniform(0.5, 4, s), jnp.float32) for s in ((4, 1, 8, 2), (16, 8, 4, 2)))
+  fn = lambda q, k, v, t, u, sq, sk: jax_sgl.attention(q, k, v, causal=True, page_table=t,
+                                                      seqused_k=u, q_descale=sq, k_descale=sk,
+                                                      return_lse=True)
+  pool = P(None, None, "model", None)
+  run_sharded(fn, (q, k, v, table, used, sq, sk),
+              (BSHD, pool, pool, P("data", None), P("data"), BSHD, pool),
+              want_specs=(BSHD, P("data", "model", None)))
+
+
+@case
 def attention_token_pool_varlen_q_heads():
   rng = np.random.default_rng(6)
   k, v, table, used = _paged_inputs(rng, 2, 1, 40, 4, 16)

@@ -7,6 +7,8 @@ softcap, LSE and ragged sizes; the dequantization itself is checked to be exact;
 raise at trace time, e8m0's NaN encoding at run time, and CUDA lowering with NotImplementedError.
 """
 
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -341,6 +343,18 @@ def test_cuda_lowering_raises():
   with pytest.raises(NotImplementedError, match=msg):
     jax.export.export(jax.jit(lambda q, k, v: jax_sgl.attention(q, k, v, **arrays)),
                       platforms=["cuda"])(*args)
+
+
+@pytest.mark.parametrize("layout", ["paged_tokens", "paged_pages"])
+def test_reference_lowering_elsewhere(layout):
+  """On a platform with no kernel (TPU here, exported from the CPU) the call lowers to the
+  reference, which reads a token pool's block scales in its layout: no jax_sgl custom call."""
+  q, k, v, arrays = blockscaled_case(layout, seed=40, q_lens=[2, 3], k_lens=[5, 9])
+  f = lambda q, k, v, a: jax_sgl.attention(q, k, v, causal=True, **a)
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore", RuntimeWarning)   # the fallback's one-time warning
+    module = jax.export.export(jax.jit(f), platforms=["tpu"])(q, k, v, arrays).mlir_module()
+  assert "custom_call @jax_sgl" not in module
 
 
 # --------------------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ CASE_NAMES = [
     "attention_varlen_grad_heads",
     "attention_varlen_heads",
     "attention_paged_decode_batch_and_heads",
+    "attention_paged_blockscaled_decode_batch_and_heads",
     "attention_token_pool_varlen_q_heads",
     "attention_kv_buffer_decode_batch_and_heads",
     "attention_kv_buffer_token_pool_varlen_q_heads",
