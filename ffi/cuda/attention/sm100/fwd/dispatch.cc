@@ -85,21 +85,12 @@ const char* Sm100FwdUnsupported(const AttentionParams& p) {
   return nullptr;
 }
 
-bool Sm100FwdEnabled(const AttentionParams& p) {
+bool Sm100FwdEnabled(const AttentionParams& p, const DeviceInfo& dev) {
   // Not yet run on a Blackwell GPU (benchmarks/notes/NOTES_sm100.md): compiled from NVIDIA's
   // tested collectives, it runs by default on a 10.0 device, and JAX_SGL_DISABLE=sm100 routes
   // everything to the portable kernels if it misbehaves there.
   if (p.disable & kDisableSm100) return false;
-  return IsComputeCapability100();
-}
-
-bool IsComputeCapability100() {
-  int device = 0, major = 0, minor = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess)
-    return false;
-  return major == 10 && minor == 0;
+  return IsSm100(dev);
 }
 
 const char* Sm100FwdBuiltKernels() {

@@ -11,19 +11,17 @@
 #include <cuda_runtime_api.h>
 
 #include "ffi/common/attention_params.h"
+#include "ffi/cuda/attention/common/device.h"
 
 namespace jax_sgl::cuda {
 
 // nullptr when the sm100 forward covers the call, else what it lacks (the fallback decision).
 const char* Sm100FwdUnsupported(const AttentionParams& p);
 
-// Whether a call the sm100 forward covers runs on it: the current device is compute capability
-// 10.0 and JAX_SGL_DISABLE does not name sm100.
-bool Sm100FwdEnabled(const AttentionParams& p);
-
-// The current device is compute capability 10.0: sm_100a SASS runs on exactly that one (a 10.3
-// device would need sm_103a code, which this build does not carry; it runs the portable kernels).
-bool IsComputeCapability100();
+// Whether a call the sm100 forward covers runs on it: `dev` is compute capability 10.0 (IsSm100:
+// sm_100a code runs on no other device; a 10.3 one runs the portable kernels) and
+// JAX_SGL_DISABLE does not name sm100.
+bool Sm100FwdEnabled(const AttentionParams& p, const DeviceInfo& dev);
 
 // The instantiations this build holds, space separated with a leading space: each (head dim,
 // dtype) (" hdim128_bf16"), for jax_sgl.attention_backend_info().
