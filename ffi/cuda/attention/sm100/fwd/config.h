@@ -17,6 +17,8 @@
 #include "kernel/fmha_tile_scheduler.hpp"
 #include "kernel/sm100_fmha_fwd_kernel_tma_warpspecialized.hpp"
 
+#include "ffi/cuda/attention/sm100/fwd/varlen_tile_scheduler.hpp"
+
 namespace jax_sgl::cuda::sm100 {
 
 using cute::_0;
@@ -37,21 +39,24 @@ using DenseShape = cute::tuple<int, int, int, cute::tuple<cute::tuple<int, int>,
 using VarlenShape =
     cute::tuple<VariableLength, VariableLength, int, cute::tuple<cute::tuple<int, int>, int>>;
 
+inline constexpr int kFwdTileRows = 256;
 template <int kHeadDim>
-using FwdTile = cute::Shape<cute::_256, cute::_128, cute::Int<kHeadDim>>;
+using FwdTile = cute::Shape<cute::Int<kFwdTileRows>, cute::_128, cute::Int<kHeadDim>>;
 
-// The kernel of one (element type, head dim, problem shape, mask): the collective's TMA
-// warp-specialized mainloop (load, tcgen05 MMA into TMEM, two softmax warpgroups, correction)
-// and TMA-store epilogue, one CTA per (256-row q tile, q head, batch) (IndividualTileScheduler:
-// no workspace, no atomic tile counter; grid y/z take heads and batch).
-template <typename E, int kHeadDim, typename Shape, typename Mask>
+// The kernel of one (element type, head dim, problem shape, mask, tile scheduler): the
+// collective's TMA warp-specialized mainloop (load, tcgen05 MMA into TMEM, two softmax warpgroups,
+// correction) and TMA-store epilogue, one CTA per (256-row q tile, q head, sequence). Dense calls
+// take the collectives' IndividualTileScheduler (no workspace, no atomic tile counter; grid y/z
+// take heads and batch), varlen calls VarlenTileScheduler (varlen_tile_scheduler.hpp).
+template <typename E, int kHeadDim, typename Shape, typename Mask,
+          typename Scheduler = cutlass::fmha::kernel::IndividualTileScheduler>
 struct FwdKernel {
   using Mainloop = cutlass::fmha::collective::Sm100FmhaFwdMainloopTmaWarpspecialized<
       E, float, float, FwdTile<kHeadDim>, StrideQ, StrideKv, StrideKv, Mask>;
   using Epilogue = cutlass::fmha::collective::Sm100FmhaFwdEpilogueTmaWarpspecialized<
       E, float, typename Mainloop::TileShapePV, StrideQ, StrideLse>;
   using Kernel = cutlass::fmha::kernel::Sm100FmhaFwdKernelTmaWarpspecialized<
-      Shape, Mainloop, Epilogue, cutlass::fmha::kernel::IndividualTileScheduler>;
+      Shape, Mainloop, Epilogue, Scheduler>;
 };
 
 }  // namespace jax_sgl::cuda::sm100

@@ -76,6 +76,10 @@ const char* Sm100FwdUnsupported(const AttentionParams& p) {
   if (p.total_q * p.num_heads * p.head_dim > kIntMax || p.total_k * p.k_row_stride > kIntMax ||
       p.total_k * p.v_row_stride > kIntMax)
     return "sm100 forward: tensors below 2^31 elements";
+  // The varlen O store views the rows as (1 + batch) blocks of total_q rows (int; the epilogue
+  // collective offsets each sequence into them).
+  if (varlen && int64_t(p.total_q) * (int64_t(p.batch) + 1) > kIntMax)
+    return "sm100 forward: varlen total_q * (batch + 1) below 2^31";
   if (p.num_heads > 65535 || p.batch > 65535) return "sm100 forward: batch and heads <= 65535";
   // TMA wants 16-byte aligned bases and strides (XLA's buffers are; head_dim is 64 or 128).
   for (int64_t stride : {p.k_row_stride, p.k_head_stride, p.v_row_stride, p.v_head_stride})

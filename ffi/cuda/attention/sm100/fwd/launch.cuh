@@ -75,10 +75,10 @@ typename Kernel::Arguments MakeArguments(const AttentionParams& p, const Shape& 
 template <typename E, int kHeadDim>
 cudaError_t LaunchVarlen(const AttentionParams& p, cudaStream_t stream) {
   using namespace cute;
-  using Kernel =
-      typename FwdKernel<E, kHeadDim, VarlenShape, cutlass::fmha::collective::ResidualMask>::Kernel;
-  // The collectives read the cumulative lengths as int*; they never write them. max_length
-  // sizes the grid (q) and the O store's row offsets; keys need only a bound.
+  using Kernel = typename FwdKernel<E, kHeadDim, VarlenShape, cutlass::fmha::collective::ResidualMask,
+                                    VarlenTileScheduler<kFwdTileRows>>::Kernel;
+  // The collectives read the cumulative lengths as int*; they never write them. max_length (a
+  // bound: total_q) sets the O store's row offsets; keys need only a bound.
   VarlenShape shape{VariableLength{p.seqlen_q, const_cast<int*>(p.cu_seqlens_q), int(p.total_q)},
                     VariableLength{int(p.total_k), const_cast<int*>(p.cu_seqlens_k), int(p.total_k)},
                     p.head_dim,
