@@ -42,6 +42,9 @@ VARLEN = {
     "ragged": ([1, 19, 99, 989], [7, 19, 300, 989], 4, 2),
     "long_k": ([256, 17], [1024, 257], 8, 1),
     "empty_k": ([33, 5], [0, 40], 4, 4),
+    # Many short sequences: the varlen tile scheduler's walk from tile to (sequence, q tile).
+    "many_short": ([1 + (37 * i) % 100 for i in range(24)], [5 + (53 * i) % 150 for i in range(24)],
+                   4, 2),
 }
 
 
