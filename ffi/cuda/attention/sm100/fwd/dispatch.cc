@@ -59,6 +59,8 @@ const char* Sm100FwdUnsupported(const AttentionParams& p) {
   const bool varlen = p.cu_seqlens_q != nullptr;
   if (varlen != (p.kv_layout == KvLayout::kVarlen))
     return "sm100 forward: cu_seqlens_q and cu_seqlens_k together";
+  // The collectives read a zero scale as "1 / sqrt(head_dim)".
+  if (p.softmax_scale == 0.0f) return "sm100 forward: a non-zero softmax_scale";
   if (p.seqused_k != nullptr)
     return "sm100 forward: seqused_k (the collectives' mask has no batch index)";
   if (HasWindow(p)) return "sm100 forward: sliding window (the collectives' mask has no run-time state)";
