@@ -11,6 +11,7 @@ written for negative or too-large slots.
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -71,7 +72,9 @@ def quantize_e4m3(x, scale):
   """e4m3(x / scale) per KV head: x [T, Hkv, D], scale [] / [1] / [Hkv] float32. The quotient in
   float32, saturated at +-448 (the convert alone would make NaN of it), rounded to nearest even."""
   scale = jnp.reshape(jnp.asarray(scale, jnp.float32), (-1,))[None, :, None]
-  y = x.astype(jnp.float32) / scale
+  # XLA rewrites A / broadcast(B) as A * broadcast(1 / B), one ulp off the quotient at times: the
+  # barrier hands it a divisor of x's shape that it cannot see through.
+  y = x.astype(jnp.float32) / jax.lax.optimization_barrier(jnp.broadcast_to(scale, x.shape))
   return jnp.clip(y, -E4M3_MAX, E4M3_MAX).astype(jnp.float8_e4m3fn)
 
 
