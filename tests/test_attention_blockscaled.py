@@ -126,6 +126,15 @@ def test_fp8_v_with_v_descale():
   assert_matches(got, *want, varlen=False)
 
 
+def test_sinks():
+  """Attention sinks join the softmax of block-scaled scores as of any others."""
+  q, k, v, arrays = blockscaled_case("varlen", seed=14, q_lens=[3, 8], k_lens=[10, 8],
+                                     head_dim=96)
+  sinks = jnp.asarray(np.random.default_rng(15).uniform(-1, 2, 4), F32)
+  got = jax_sgl.attention(q, k, v, sinks=sinks, causal=True, return_lse=True, **arrays)
+  assert_matches(got, *oracle(q, k, v, sinks=sinks, causal=True, **arrays), varlen=True)
+
+
 def test_dequantization_is_exact():
   """With one visible key, lse is that key's score and out its V row: e4m3 values of exponent 0
   times scales 2^[-1, 1] keep every product and sum exact in float32, so kernel and reference
