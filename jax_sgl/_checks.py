@@ -54,6 +54,7 @@ class RopePoolSpec:
   is_neox: bool
   kv_buffer_ndim: int  # 0: separate k_pool / v_pool; 3, 4 or 5: one fused kv_buffer of that rank
   kv_buffer_packing: int = 1  # the 5-D kv_buffer's packing axis (sharding needs it), else 1
+  kv_scaled: bool = False     # an fp8 e4m3 pool, written as e4m3(x / scale) (check_rope_fp8_pool)
 
 
 def _check_pool_form(k_pool, v_pool, kv_buffer) -> None:
@@ -101,6 +102,40 @@ def _check_inv_freq(inv_freq, rope_base, rotary_dim: int) -> None:
     raise ValueError(f"{ROPE_FN}: rope_base must be a positive finite float, got {base}")
 
 
+def _check_rope_scale(name: str, x, num_kv_heads: int) -> None:
+  if jnp.dtype(x.dtype) != jnp.float32:
+    raise TypeError(f"{ROPE_FN}: {name} must be float32, got {x.dtype} with shape {_shape(x)}")
+  if _shape(x) not in ((), (1,), (num_kv_heads,)):
+    raise ValueError(f"{ROPE_FN}: {name} must be one scale per tensor ([] or [1]) or per KV "
+                     f"head [num_kv_heads] = ({num_kv_heads},), got {_shape(x)}")
+
+
+def check_rope_fp8_pool(q_dtype, pool_dtypes, k_scale, v_scale, num_kv_heads: int) -> bool:
+  """jax_sgl's fp8 KV cache: with k_scale and v_scale the pools may be float8_e4m3fn (the
+  rotated k and v stored as e4m3(x / scale)). Returns whether the pools are fp8. Without scales
+  the seed's rule stands, and its words are the error."""
+  if k_scale is None and v_scale is None:
+    if any(d != q_dtype for d in pool_dtypes):
+      raise ValueError("pool dtypes must match q/k/v dtype")
+    return False
+  if k_scale is None or v_scale is None:
+    raise ValueError(f"{ROPE_FN}: an fp8 pool needs both k_scale and v_scale, got only "
+                     f"{'k_scale' if v_scale is None else 'v_scale'}")
+  pool_dtype = jnp.dtype(pool_dtypes[0])
+  if any(jnp.dtype(d) != pool_dtype for d in pool_dtypes):
+    raise ValueError(f"{ROPE_FN}: k_pool and v_pool must have one dtype, got "
+                     f"{pool_dtypes[0]} and {pool_dtypes[1]}")
+  if pool_dtype == jnp.dtype(jnp.float8_e5m2):
+    raise NotImplementedError(f"{ROPE_FN}: fp8 pools are served in float8_e4m3fn only (k_scale/"
+                              f"v_scale given), got a {pool_dtype} pool")
+  if pool_dtype != jnp.dtype(jnp.float8_e4m3fn):
+    raise ValueError(f"{ROPE_FN}: k_scale/v_scale apply to a float8_e4m3fn pool only (they "
+                     f"quantize on write), got a {pool_dtype} pool with {q_dtype} q/k/v")
+  _check_rope_scale("k_scale", k_scale, num_kv_heads)
+  _check_rope_scale("v_scale", v_scale, num_kv_heads)
+  return True
+
+
 def _is_5d(kv_buffer) -> bool:
   return kv_buffer is not None and kv_buffer.ndim == 5
 
@@ -108,7 +143,7 @@ def _is_5d(kv_buffer) -> bool:
 def check_rope_pool(q, k, v, positions, slots, k_pool, v_pool, *, head_dim: int | None,
                     num_qo_heads: int | None, num_kv_heads: int | None, rope_base: Any,
                     rotary_dim: int | None, is_neox: bool, inv_freq=None,
-                    kv_buffer=None) -> RopePoolSpec:
+                    kv_buffer=None, k_scale=None, v_scale=None) -> RopePoolSpec:
   """SGLang's checks in SGLang's order, then jax_sgl's own (the fused kv_buffer, dtypes, index
   types, rotary_dim, frequencies)."""
   if q.ndim != 3 or k.ndim != 3 or v.ndim != 3:
@@ -140,8 +175,7 @@ def check_rope_pool(q, k, v, positions, slots, k_pool, v_pool, *, head_dim: int 
     pool_dtypes = (kv_buffer.dtype,)
   if q.dtype != k.dtype or q.dtype != v.dtype:
     raise ValueError("q/k/v dtypes must match")
-  if any(d != q.dtype for d in pool_dtypes):
-    raise ValueError("pool dtypes must match q/k/v dtype")
+  kv_scaled = check_rope_fp8_pool(q.dtype, pool_dtypes, k_scale, v_scale, num_kv_heads)
 
   if jnp.dtype(q.dtype) not in FLOAT_DTYPES:
     raise TypeError(f"{ROPE_FN}: q/k/v dtype {q.dtype} is not supported; "
@@ -157,7 +191,8 @@ def check_rope_pool(q, k, v, positions, slots, k_pool, v_pool, *, head_dim: int 
                       num_kv_heads=num_kv_heads, head_dim=head_dim, num_slots=num_slots,
                       rotary_dim=rotary_dim, is_neox=bool(is_neox),
                       kv_buffer_ndim=0 if kv_buffer is None else kv_buffer.ndim,
-                      kv_buffer_packing=_shape(kv_buffer)[3] if _is_5d(kv_buffer) else 1)
+                      kv_buffer_packing=_shape(kv_buffer)[3] if _is_5d(kv_buffer) else 1,
+                      kv_scaled=kv_scaled)
 
 
 # --------------------------------------------------------------------------------------------
@@ -206,14 +241,21 @@ def _check_head_dim(name: str, d: int) -> None:
         f"from {HEAD_DIM_MULTIPLE} to {MAX_HEAD_DIM}")
 
 
+def descale_shapes(batch: int, num_kv_heads: int) -> tuple[tuple[int, ...], ...]:
+  """Per-head descale shapes: per (batch, kv head), and, broadcast by jax_sgl.attention into that
+  operand, per kv head or per tensor (the shapes rope_pool_fused's k_scale / v_scale take)."""
+  return (batch, num_kv_heads), (num_kv_heads,), (1,), ()
+
+
 def _check_descale(name: str, x, batch: int, num_kv_heads: int) -> None:
   if jnp.dtype(x.dtype) != jnp.float32:
     raise TypeError(f"{ATTN_FN}: {name} must be float32, got {x.dtype} with shape {_shape(x)}")
-  if _shape(x) != (batch, num_kv_heads):
+  if _shape(x) not in descale_shapes(batch, num_kv_heads):
     block = "" if name == "v_descale" else \
         " (or, as block scales, the operand's shape with head_dim // 32 in place of head_dim)"
     raise ValueError(f"{ATTN_FN}: {name} must have shape [batch, num_kv_heads] = "
-                     f"{(batch, num_kv_heads)}{block}, got {_shape(x)}")
+                     f"{(batch, num_kv_heads)}, [num_kv_heads] = ({num_kv_heads},), [1] or []"
+                     f"{block}, got {_shape(x)}")
 
 
 def _is_block_scale(scale, x) -> bool:
@@ -246,6 +288,8 @@ def _check_sinks(x, num_heads: int) -> None:
 def check_attention_dtypes(q, k, v, q_descale, k_descale, v_descale) -> tuple[Any, bool]:
   """SGLang's dtype rules (flash_fwd_sm100), in its order; returns the output dtype and whether
   q/k are block-scaled (qk_blockscaled). Block-scale shapes are checked with the layout."""
+  if is_fp8_kv_cache_read(q, k, k_descale):
+    return _check_fp8_kv_cache_dtypes(q, k, v, q_descale, v_descale), False
   if q.dtype != k.dtype:
     raise TypeError(f"Type mismatch: {q.dtype} != {k.dtype}")
   v_dequant = is_fp8(v.dtype) and v_descale is not None
@@ -277,6 +321,34 @@ def check_attention_dtypes(q, k, v, q_descale, k_descale, v_descale) -> tuple[An
   return out_dtype, blockscaled
 
 
+def is_fp8_kv_cache_read(q, k, k_descale) -> bool:
+  """jax_sgl's fp8 KV cache (an extension of SGLang's rules): 16/32-bit q over fp8 k/v (an e4m3
+  pool rope_pool_fused wrote) with k_descale. Without k_descale, k's dtype must be q's."""
+  return k_descale is not None and is_fp8(k.dtype) and not is_fp8(q.dtype)
+
+
+def _check_fp8_kv_cache_dtypes(q, k, v, q_descale, v_descale) -> Any:
+  """The fp8 KV-cache read: k and v float8_e4m3fn, dequantized as stored * descale; returns q's
+  dtype, the output's."""
+  if jnp.dtype(q.dtype) not in FLOAT_DTYPES:
+    raise TypeError(f"{ATTN_FN}: q dtype {q.dtype} is not supported; supported: "
+                    f"{names(FLOAT_DTYPES + FP8_DTYPES)}")
+  if jnp.dtype(k.dtype) != jnp.dtype(jnp.float8_e4m3fn):
+    raise NotImplementedError(f"{ATTN_FN}: the fp8 KV cache ({q.dtype} q, k_descale) is served "
+                              f"in float8_e4m3fn only, got k {k.dtype}")
+  if v.dtype != k.dtype:
+    raise TypeError(f"Type mismatch: {k.dtype} != {v.dtype} ({ATTN_FN}: an fp8 KV cache holds "
+                    f"k and v in float8_e4m3fn)")
+  if v_descale is None:
+    raise ValueError(f"{ATTN_FN}: the fp8 KV cache (float8_e4m3fn k/v under {q.dtype} q) needs "
+                     "v_descale as well as k_descale (float32 [batch, num_kv_heads], "
+                     "[num_kv_heads], [1] or [])")
+  if q_descale is not None:
+    raise ValueError(f"{ATTN_FN}: q_descale applies to fp8 q only, got q {q.dtype} (the fp8 KV "
+                     "cache takes k_descale and v_descale)")
+  return jnp.dtype(q.dtype)
+
+
 def _check_blockscaled_dtypes(q, k, v, q_descale, k_descale) -> None:
   """qk_blockscaled: both scales are block scales, q/k are e4m3 (MXFP8 E4M3), v a float dtype or
   fp8 (with v_descale, checked by the caller)."""
@@ -293,7 +365,7 @@ def _check_blockscaled_dtypes(q, k, v, q_descale, k_descale) -> None:
                     f"supported: {names(FLOAT_DTYPES + FP8_DTYPES)}")
 
 
-def _check_attention_kv_buffer(q, k, v, kv_buffer, page_table) -> KvBufferShape:
+def _check_attention_kv_buffer(q, k, v, kv_buffer, page_table, k_descale) -> KvBufferShape:
   """The kv_buffer form: no k/v beside it, a page table, and q's head dim within the padded one."""
   buf = kv_buffer_shape(ATTN_FN, kv_buffer)
   if k is not None or v is not None:
@@ -306,7 +378,7 @@ def _check_attention_kv_buffer(q, k, v, kv_buffer, page_table) -> KvBufferShape:
                      "page_table holds slots)")
   # K shares q's dtype (SGLang's rule), and V is the same buffer: one dtype for all three. The
   # seed's words first, then which argument.
-  if q.dtype != kv_buffer.dtype:
+  if q.dtype != kv_buffer.dtype and not is_fp8_kv_cache_read(q, kv_buffer, k_descale):
     raise TypeError(f"Type mismatch: {q.dtype} != {kv_buffer.dtype} ({ATTN_FN}: kv_buffer "
                     f"{_shape(kv_buffer)} must have q's dtype, q {_shape(q)})")
   head_dim = _shape(q)[-1]
@@ -330,7 +402,7 @@ def check_attention(q, k, v, *, causal: bool, softmax_scale, window, softcap, cu
                     f"({type(deterministic).__name__})")
   buf = None
   if kv_buffer is not None:
-    buf = _check_attention_kv_buffer(q, k, v, kv_buffer, page_table)
+    buf = _check_attention_kv_buffer(q, k, v, kv_buffer, page_table, k_descale)
     # From here on the buffer stands for both: the rules below see K and V as the views the
     # kernels read (heads Hkv, q's head dim, the buffer's page size).
     views = (buf.num_pages,) + ((buf.page_size,) if kv_buffer.ndim != 3 else ())
@@ -477,10 +549,15 @@ def _check_blockscaled_shapes(q, k, q_descale, k_descale, head_dim: int, varlen_
 CUDA_ATTENTION_DTYPES = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
 
 
-def check_attention_cuda(q_dtype, v_dtype, qk_blockscaled: bool = False) -> None:
+def check_attention_cuda(q_dtype, v_dtype, qk_blockscaled: bool = False, k_dtype=None) -> None:
   """The CUDA kernel (ffi/cuda/attention) runs float16/bfloat16 q/k/v; float32 and fp8 have no GPU
   kernel yet. Every head dim the checks above accept is served (multiples of 8 up to 256, and
   head_dim_v != head_dim)."""
+  if k_dtype is not None and is_fp8(k_dtype) and not is_fp8(q_dtype):
+    raise NotImplementedError(
+        f"{ATTN_FN}: the fp8 KV-cache read runs on the CPU only: the CUDA decode kernels do not "
+        f"dequantize fp8 pages yet (q {jnp.dtype(q_dtype)}, k/v {jnp.dtype(k_dtype)} with "
+        "k_descale/v_descale)")
   if qk_blockscaled:
     # Hopper has no block-scaled MMA, and the Blackwell collectives we build on (CUTLASS's FMHA)
     # do not use tcgen05's block-scaled MMA: named first, it is what a caller must know.

@@ -325,8 +325,9 @@ def partition_attention_bwd(prim: Primitive, abstract_eval: Callable) -> Primiti
 # --------------------------------------------------------------------------------------------
 # rope_pool_fused
 # --------------------------------------------------------------------------------------------
-# Operands q, k, v, positions, slots, inv_freq, then k_pool and v_pool or one fused kv_buffer.
-# Factors: t tokens, i frequencies, n slots (or pages), r page size, k KV heads, g group, d head_dim,
+# Operands q, k, v, positions, slots, inv_freq, kv_scales, then k_pool and v_pool or one fused
+# kv_buffer. Factors: t tokens, i frequencies, j k's and v's scales of an fp8 pool ([2, Hkv]; z the
+# empty operand without one), n slots (or pages), r page size, k KV heads, g group, d head_dim,
 # e the buffer's padded head dim, c = 2 (K and V of one head, adjacent on the buffer's head axis),
 # u a packing axis of size 1. The buffer's head axis is (k c): split over k it hands each device
 # whole KV heads, K and V together.
@@ -350,16 +351,16 @@ def _rope_rule(params):
   spec = params["spec"]
   g = spec.num_qo_heads // spec.num_kv_heads
   h = _heads(g)
-  flat = [f"t {h} d", "t k d", "t k d", "t", "t", "i"]
+  flat = [f"t {h} d", "t k d", "t k d", "t", "t", "i", "j k" if spec.kv_scaled else "z"]
   if spec.kv_buffer_ndim:
     buf, head_dim = _kv_buffer_factors(spec)
     operands, results = flat + [buf], [f"t {h} d", "t k d", buf]
-    replicated = ["t", "i", "n", "r", "c", "u", "d", "e", "b2", "b3"] + \
+    replicated = ["t", "i", "j", "z", "n", "r", "c", "u", "d", "e", "b2", "b3"] + \
         ([] if head_dim is not None else ["k", "g"])
   else:
     operands = flat + ["n k d", "n k d"]
     results = [f"t {h} d", "t k d", "n k d", "n k d"]
-    replicated = ["t", "i", "n", "d"]
+    replicated = ["t", "i", "j", "z", "n", "d"]
   rule, kwargs = _rule(operands, results, replicated, g)
   if "(k c)" in rule:   # c's size is given only where it shares a dimension with k
     kwargs["c"] = 2
@@ -367,7 +368,7 @@ def _rope_rule(params):
 
 
 def _rope_pool_head_dim(spec):
-  """The head axis of the pool operand (6): 1 for k_pool, the buffer's k dimension, or None."""
+  """The head axis of the pool operand (7): 1 for k_pool, the buffer's k dimension, or None."""
   return _kv_buffer_factors(spec)[1] if spec.kv_buffer_ndim else 1
 
 
@@ -377,14 +378,15 @@ def _rope_plan(params, mesh, arg_shapes):
   if pool_dim is None:
     return _Plan(heads=(), batch=())
   candidates = [_dim_axes(arg_shapes[0], 1), _dim_axes(arg_shapes[1], 1),
-                _dim_axes(arg_shapes[6], pool_dim)]   # q, k and pool head axes
+                _dim_axes(arg_shapes[7], pool_dim)]   # q, k and pool head axes
   return _Plan(heads=_pick(mesh, candidates, (spec.num_kv_heads,)), batch=())
 
 
 def _rope_shardings(params, mesh, plan):
   spec = params["spec"]
   heads = P(None, _entry(plan.heads), None)
-  flat = [heads, heads, heads, P(None), P(None), P(None)]
+  scales = P(None, _entry(plan.heads)) if spec.kv_scaled else P(None)
+  flat = [heads, heads, heads, P(None), P(None), P(None), scales]
   if spec.kv_buffer_ndim:
     pool_dim = _rope_pool_head_dim(spec)
     buffer = P(*[_entry(plan.heads) if i == pool_dim else None

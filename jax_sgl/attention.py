@@ -70,7 +70,8 @@ def _ffi_attrs(ctx, spec: AttentionSpec) -> dict:
   """The attributes shared by the forward and backward FFI targets."""
   q_aval = ctx.avals_in[0]
   if "cuda" in ctx.module_context.platforms:
-    check_attention_cuda(q_aval.dtype, ctx.avals_in[2].dtype, spec.qk_blockscaled)
+    check_attention_cuda(q_aval.dtype, ctx.avals_in[2].dtype, spec.qk_blockscaled,
+                         k_dtype=ctx.avals_in[1].dtype)
     warn_if_sm90_absent()
   max_seqlen_q = q_aval.shape[0] if spec.varlen_q else q_aval.shape[1]
   return dict(
@@ -346,6 +347,19 @@ def _attention_diff_bwd(spec, present, residuals, cotangents):
 _attention_diff.defvjp(_attention_diff_fwd, _attention_diff_bwd)
 
 
+_PER_HEAD_DESCALES = ("q_descale", "k_descale", "v_descale")
+
+
+def _descale_operand(x, spec: AttentionSpec):
+  """A descale per kv head ([Hkv]) or per tensor ([1] / [], e.g. rope_pool_fused's k_scale /
+  v_scale) broadcast into the kernels' [batch, Hkv] operand (a few floats: the params stay as
+  they are)."""
+  x = jnp.asarray(x)
+  if x.ndim < 2:
+    x = jnp.broadcast_to(jnp.reshape(x, (-1,)), (spec.batch, spec.num_kv_heads))
+  return x
+
+
 def attention(q, k=None, v=None, *, causal=False, softmax_scale=None, window=(-1, -1), softcap=0.0,
               cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None, page_table=None,
               return_lse=False, q_descale=None, k_descale=None, v_descale=None, sinks=None,
@@ -442,6 +456,9 @@ def attention(q, k=None, v=None, *, causal=False, softmax_scale=None, window=(-1
     dtype = jnp.int32 if name in _INDEX_OPTIONAL else jnp.float32
     if spec.qk_blockscaled and name in ("q_descale", "k_descale"):
       dtype = x.dtype   # e8m0 block scales reach the kernel as stored (a quarter of the bytes)
+    if x is not None and name in _PER_HEAD_DESCALES and not (
+        spec.qk_blockscaled and name != "v_descale"):
+      x = _descale_operand(x, spec)
     operands.append(jnp.zeros((0,), dtype) if x is None else jnp.asarray(x).astype(dtype))
   out, lse = _attention_diff(spec, present, q, k, v, tuple(operands))
   return (out, lse) if return_lse else out

@@ -11,6 +11,7 @@ written for negative or too-large slots.
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -64,12 +65,27 @@ def _write_kv_buffer(kv_buffer, geo, idx, k_rot, v):
   return rows.reshape(kv_buffer.shape)
 
 
+E4M3_MAX = 448.0
+
+
+def quantize_e4m3(x, scale):
+  """e4m3(x / scale) per KV head: x [T, Hkv, D], scale [] / [1] / [Hkv] float32. The quotient in
+  float32, saturated at +-448 (the convert alone would make NaN of it), rounded to nearest even."""
+  scale = jnp.reshape(jnp.asarray(scale, jnp.float32), (-1,))[None, :, None]
+  # XLA rewrites A / broadcast(B) as A * broadcast(1 / B), one ulp off the quotient at times: the
+  # barrier hands it a divisor of x's shape that it cannot see through.
+  y = x.astype(jnp.float32) / jax.lax.optimization_barrier(jnp.broadcast_to(scale, x.shape))
+  return jnp.clip(y, -E4M3_MAX, E4M3_MAX).astype(jnp.float8_e4m3fn)
+
+
 def rope_pool_fused(q, k, v, positions, slots, k_pool=None, v_pool=None, *,
                     rope_base: float | None = None, rotary_dim: int | None = None,
-                    is_neox: bool = True, inv_freq=None, kv_buffer=None):
+                    is_neox: bool = True, inv_freq=None, kv_buffer=None, k_scale=None,
+                    v_scale=None):
   """Returns (q_rot, k_rot, k_pool, v_pool) with rotated k and v written at `slots`, or
   (q_rot, k_rot, kv_buffer) with a fused kv_buffer. Frequencies: inv_freq, else rope_base
-  (default 10000)."""
+  (default 10000). With k_scale / v_scale the pools are e4m3 and get quantize_e4m3 of k_rot and
+  v."""
   rotary_dim = q.shape[-1] if rotary_dim is None else rotary_dim
   if inv_freq is None:
     inv_freq = rope_inv_freq(rotary_dim, rope_base)
@@ -81,10 +97,13 @@ def rope_pool_fused(q, k, v, positions, slots, k_pool=None, v_pool=None, *,
   num_slots = k_pool.shape[0] if geo is None else geo.num_slots
   # Negative slots would wrap around in .at[]: send them past the end, where mode="drop" skips.
   idx = jnp.where(slots < 0, num_slots, slots)
+  k_new, v_new = k_rot, v
+  if k_scale is not None:
+    k_new, v_new = quantize_e4m3(k_rot, k_scale), quantize_e4m3(v, v_scale)
   if geo is not None:
-    return q_rot, k_rot, _write_kv_buffer(kv_buffer, geo, idx, k_rot, v)
-  k_pool = k_pool.at[idx].set(k_rot.astype(k_pool.dtype), mode="drop")
-  v_pool = v_pool.at[idx].set(v.astype(v_pool.dtype), mode="drop")
+    return q_rot, k_rot, _write_kv_buffer(kv_buffer, geo, idx, k_new, v_new)
+  k_pool = k_pool.at[idx].set(k_new.astype(k_pool.dtype), mode="drop")
+  v_pool = v_pool.at[idx].set(v_new.astype(v_pool.dtype), mode="drop")
   return q_rot, k_rot, k_pool, v_pool
 
 

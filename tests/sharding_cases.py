@@ -376,6 +376,36 @@ def layer_rope_then_paged_attention_heads():
               (HEADS,) * 3 + (P(), P()) + (HEADS,) * 2 + (P(),), donate=(5, 6))
 
 
+@case
+def layer_rope_into_fp8_pool_then_paged_attention_heads():
+  """The fp8 KV cache sharded over KV heads: per-head scales split with the heads, the e4m3 pools
+  written in place, attention reading them as a token pool (page_table holds slots) with the same
+  arrays as descales. (A reshape of an f8 pool into pages is a copy on XLA's CPU backend.)"""
+  rng = np.random.default_rng(14)
+  batch, page_size, num_pages, h, hkv, d = 4, 4, 16, 8, 4, 16
+  q, k, v = rand(rng, batch, h, d), rand(rng, batch, hkv, d), rand(rng, batch, hkv, d)
+  pages = rng.permutation(num_pages).reshape(batch, -1)
+  j = np.arange(pages.shape[1] * page_size)
+  table = jnp.asarray(pages[:, j // page_size] * page_size + j % page_size, jnp.int32)
+  lengths = jnp.asarray([0, 5, 11, 15], jnp.int32)
+  slots = table[jnp.arange(batch), lengths]
+  kp = rand(rng, num_pages * page_size, hkv, d, dtype=jnp.float8_e4m3fn)
+  vp = rand(rng, num_pages * page_size, hkv, d, dtype=jnp.float8_e4m3fn)
+  ks = jnp.asarray(rng.uniform(0.01, 0.1, hkv), jnp.float32)
+  vs = jnp.asarray(rng.uniform(0.01, 0.1, hkv), jnp.float32)
+
+  def layer(q, k, v, lengths, slots, kp, vp, table, ks, vs):
+    q, k, kp, vp = jax_sgl.rope_pool_fused(q, k, v, lengths, slots, kp, vp, k_scale=ks,
+                                           v_scale=vs)
+    out = jax_sgl.attention(q[:, None], kp, vp, causal=True, page_table=table,
+                            seqused_k=lengths + 1, k_descale=ks, v_descale=vs)
+    return out, kp, vp
+
+  run_sharded(layer, (q, k, v, lengths, slots, kp, vp, table, ks, vs),
+              (HEADS,) * 3 + (P(), P()) + (HEADS,) * 2 + (P(), P("model"), P("model")),
+              donate=(5, 6))
+
+
 def main(argv) -> int:
   if "--gspmd" in argv:
     jax.config.update("jax_use_shardy_partitioner", False)

@@ -234,8 +234,9 @@ def test_compiled_call_writes_the_buffer_in_place():
   buffer-sized copy; without donation XLA must copy it (the check would catch a copy)."""
   hlo, shape = _compiled_hlo(donate=True)
   assert "jax_sgl_rope_pool_fwd" in hlo
-  # Custom call output 2 is operand 6 (the buffer), and the program's output 2 is parameter 5.
-  assert re.search(r"output_to_operand_aliasing=\{\{2\}: \(6, \{\}\)\}", hlo), hlo
+  # Custom call output 2 is operand 7 (the buffer, after inv_freq and kv_scales), and the
+  # program's output 2 is parameter 5.
+  assert re.search(r"output_to_operand_aliasing=\{\{2\}: \(7, \{\}\)\}", hlo), hlo
   assert re.search(r"input_output_alias=\{ \{2\}: \(5, \{\}", hlo), hlo
   assert _buffer_copies(hlo, shape) == []
   hlo_copy, _ = _compiled_hlo(donate=False)

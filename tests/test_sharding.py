@@ -38,6 +38,7 @@ CASE_NAMES = [
     "rope_pool_kv_buffer_heads_donated",
     "rope_pool_kv_buffer_replicated_donated",
     "layer_rope_then_paged_attention_heads",
+    "layer_rope_into_fp8_pool_then_paged_attention_heads",
 ]
 
 

@@ -167,8 +167,9 @@ inline ffi::Error FillAttentionParams(const AttentionOperands& o, const Attentio
       !ToDType(v.element_type(), &p->v_type) || !ToDType(out.element_type(), &p->out_type))
     return InvalidArgument("jax_sgl.attention: unsupported dtype");
   // SGLang's rule (flash_fwd_sm100): K shares Q's dtype; V may differ only as the fp8 v_dequant
-  // path, which the Python checks gate on v_descale.
-  if (p->k_type != p->q_type)
+  // path, which the Python checks gate on v_descale. jax_sgl's fp8 KV cache (e4m3 k/v under
+  // 16/32-bit q) is the exception; its descales are checked with the others below.
+  if (p->k_type != p->q_type && !Fp8KvCacheTypes(*p))
     return InvalidArgument(std::string("Type mismatch: ") + DTypeName(p->q_type) + " != " +
                            DTypeName(p->k_type));
 
@@ -255,6 +256,9 @@ inline ffi::Error FillAttentionParams(const AttentionOperands& o, const Attentio
     }
   }
   p->v_descale = descale(o.v_descale->typed_data(), o.v_descale->element_count());
+  if (Fp8KvCacheTypes(*p) && (p->k_descale == nullptr || p->v_descale == nullptr))
+    return InvalidArgument("jax_sgl.attention: an fp8 KV cache (e4m3 k/v under 16/32-bit q) "
+                           "needs k_descale and v_descale [batch, num_kv_heads]");
   const ffi::Buffer<ffi::F32>& sinks = *o.sinks;
   if (sinks.element_count() > 0 && int64_t(sinks.element_count()) != p->num_heads)
     return InvalidArgument("jax_sgl.attention: sinks must have num_heads entries");

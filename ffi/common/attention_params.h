@@ -119,6 +119,13 @@ inline void SetFusedKvBuffer(AttentionParams* p, int64_t heads_x2, int64_t d_pad
   p->v = static_cast<const char*>(p->k) + d_pad * int64_t(elem_bytes);
 }
 
+// jax_sgl's fp8 KV cache: float32/16-bit q over e4m3 k and v (the pool rope_pool_fused writes),
+// dequantized as stored * k_descale / v_descale; out in q's type.
+inline bool Fp8KvCacheTypes(const AttentionParams& p) {
+  return (p.q_type == DType::kF32 || p.q_type == DType::kBF16 || p.q_type == DType::kF16) &&
+         p.k_type == DType::kF8E4M3 && p.v_type == DType::kF8E4M3;
+}
+
 // q is float16 or bfloat16 and k, v and out share its type: what every CUDA kernel computes.
 inline bool HalfPrecisionOperands(const AttentionParams& p) {
   return (p.q_type == DType::kBF16 || p.q_type == DType::kF16) && p.k_type == p.q_type &&

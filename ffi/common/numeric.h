@@ -70,7 +70,8 @@ JAX_SGL_HD f16_t FromFloatF16(float f) {
   return f16_t{uint16_t(sign | ((mant_round - 0x38000000u) >> 13))};
 }
 
-// float8_e4m3fn (no infinities; 0x7f/0xff are NaN). Inputs only: jax_sgl never writes fp8.
+// float8_e4m3fn (no infinities; 0x7f/0xff are NaN). Written only by rope_pool_fused into an fp8
+// KV pool (FromFloatE4m3).
 struct f8e4m3_t {
   uint8_t bits;
 };
@@ -85,6 +86,29 @@ JAX_SGL_HD float ToFloat(f8e4m3_t x) {
     return sign ? -v : v;
   }
   return BitsFloat(sign | ((exp + 120u) << 23) | (man << 20));
+}
+
+// float32 -> float8_e4m3fn, round to nearest even, saturating at +-448 (the largest finite value;
+// infinities too, as cvt.rn.satfinite does on the GPU, because the format has no infinity and a
+// NaN-poisoned KV page would mask far more than a clipped outlier); NaN -> 0x7f. The GPU's
+// __nv_cvt_float2_to_fp8x2(.., __NV_SATFINITE, __NV_E4M3) gives the same bits.
+JAX_SGL_HD f8e4m3_t FromFloatE4m3(float f) {
+  const uint32_t u = FloatBits(f);
+  const uint32_t sign = (u >> 24) & 0x80u;
+  const uint32_t abs = u & 0x7fffffffu;
+  if (abs > 0x7f800000u) return f8e4m3_t{0x7fu};
+  if (abs >= 0x43e00000u) return f8e4m3_t{uint8_t(sign | 0x7eu)};  // >= 448
+  if (abs < 0x3c800000u) {
+    // Below 2^-6, the smallest normal: the subnormal mantissa is round(|f| * 2^9), exact products.
+    const float scaled = BitsFloat(abs) * 512.0f;
+    uint32_t m = uint32_t(scaled);
+    const float rem = scaled - float(m);
+    if (rem > 0.5f || (rem == 0.5f && (m & 1u))) ++m;  // m == 8 is the smallest normal's bits
+    return f8e4m3_t{uint8_t(sign | m)};
+  }
+  // Keep 3 mantissa bits, rounding to nearest even; a carry moves into the exponent. Rebias 127 -> 7.
+  const uint32_t rounded = abs + 0x7ffffu + ((abs >> 20) & 1u);
+  return f8e4m3_t{uint8_t(sign | ((rounded - (120u << 23)) >> 20))};
 }
 
 // float8_e5m2: the top byte of an IEEE binary16.
@@ -115,5 +139,7 @@ template <>
 JAX_SGL_HD bf16_t FromFloat<bf16_t>(float f) { return FromFloatBf16(f); }
 template <>
 JAX_SGL_HD f16_t FromFloat<f16_t>(float f) { return FromFloatF16(f); }
+template <>
+JAX_SGL_HD f8e4m3_t FromFloat<f8e4m3_t>(float f) { return FromFloatE4m3(f); }
 
 }  // namespace jax_sgl

@@ -1,7 +1,8 @@
 // The FFI signature of jax_sgl_rope_pool_fwd, shared by the CPU, CUDA and Metal handlers so all
 // bind the same operands, results and attributes in the same order, and all fill RopePoolParams
 // one way. The pools come in one of two layouts (rope_pool_params.h): separate k_pool and v_pool,
-// or one fused kv_buffer, told apart by whether a v_pool operand follows.
+// or one fused kv_buffer, told apart by whether a v_pool operand follows. kv_scales is float32
+// [2, Hkv] (k's scales, then v's) with an fp8 e4m3 pool, else empty.
 #pragma once
 
 #include <cstddef>
@@ -23,6 +24,7 @@ auto BindRopePool(Binding binding) {
       .template Arg<ffi::AnyBuffer>()        // positions [T] int32/int64
       .template Arg<ffi::AnyBuffer>()        // slots [T] int32/int64
       .template Arg<ffi::AnyBuffer>()        // inv_freq [rotary_dim / 2] float32
+      .template Arg<ffi::AnyBuffer>()        // kv_scales [2, Hkv] float32 (fp8 pool), or [0]
       .template Arg<ffi::AnyBuffer>()        // k_pool [N, Hkv, D], or the fused kv_buffer
                                              // [..., 2 * Hkv, Dp] (aliased with result 2)
       .RemainingArgs()                       // v_pool [N, Hkv, D] (aliased with result 3);
@@ -50,7 +52,8 @@ struct RopePoolBuffers {
 // names the pool buffers.
 inline ffi::Error MakeRopePoolParams(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
                                      ffi::AnyBuffer positions, ffi::AnyBuffer slots,
-                                     ffi::AnyBuffer inv_freq, ffi::AnyBuffer pool_in,
+                                     ffi::AnyBuffer inv_freq, ffi::AnyBuffer kv_scales,
+                                     ffi::AnyBuffer pool_in,
                                      ffi::RemainingArgs v_pool_in,
                                      ffi::Result<ffi::AnyBuffer> q_rot,
                                      ffi::Result<ffi::AnyBuffer> k_rot,
@@ -65,9 +68,14 @@ inline ffi::Error MakeRopePoolParams(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::An
   DType dt;
   if (!ToDType(q.element_type(), &dt) || dt == DType::kF8E4M3 || dt == DType::kF8E5M2)
     return InvalidArgument("rope_pool_fused: unsupported dtype");
-  if (k.element_type() != q.element_type() || v.element_type() != q.element_type() ||
-      pool_in.element_type() != q.element_type())
+  if (k.element_type() != q.element_type() || v.element_type() != q.element_type())
     return InvalidArgument("q/k/v dtypes must match");
+  // The pool: q's dtype without scales, e4m3 with them (jax_sgl's fp8 KV cache).
+  const bool fp8_pool = kv_scales.element_count() > 0;
+  const ffi::DataType pool_type = fp8_pool ? ffi::DataType::F8E4M3FN : q.element_type();
+  if (pool_in.element_type() != pool_type)
+    return InvalidArgument(fp8_pool ? "rope_pool_fused: kv_scales need a float8_e4m3fn pool"
+                                    : "pool dtypes must match q/k/v dtype");
   auto it = positions.element_type();
   if (it != slots.element_type() ||
       (it != ffi::DataType::S32 && it != ffi::DataType::S64))
@@ -80,6 +88,9 @@ inline ffi::Error MakeRopePoolParams(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::An
     return InvalidArgument("rope_pool_fused: inv_freq must be float32 [rotary_dim / 2]");
   if (v_pool_in.size() != v_pool_out.size() || v_pool_in.size() > 1)
     return InvalidArgument("rope_pool_fused: expects k_pool and v_pool, or one kv_buffer");
+  if (fp8_pool && (kv_scales.element_type() != ffi::DataType::F32 ||
+                   int64_t(kv_scales.element_count()) != 2 * hkv))
+    return InvalidArgument("rope_pool_fused: kv_scales must be float32 [2, num_kv_heads]");
 
   p->num_kv_heads = int(hkv);
   p->head_dim = int(head_dim);
@@ -95,7 +106,7 @@ inline ffi::Error MakeRopePoolParams(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::An
     if (pd.size() != 3 || v_in->dimensions().size() != 3)
       return InvalidArgument("rope_pool_fused expects pool tensors to be 3-D");
     if (pd[1] != hkv || pd[2] != head_dim || v_in->element_count() != pool_in.element_count() ||
-        v_in->element_type() != q.element_type())
+        v_in->element_type() != pool_type)
       return InvalidArgument("rope_pool_fused: k_pool/v_pool must both be [num_slots, Hkv, D]");
     pools->count = 2;
     pools->in[1] = v_in->untyped_data();
@@ -126,6 +137,10 @@ inline ffi::Error MakeRopePoolParams(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::An
   p->rotary_dim = int(rotary_dim);
   p->is_neox = is_neox;
   p->dtype = dt;
+  p->pool_dtype = fp8_pool ? DType::kF8E4M3 : dt;
+  const float* scales = static_cast<const float*>(kv_scales.untyped_data());
+  p->k_scale = fp8_pool ? scales : nullptr;
+  p->v_scale = fp8_pool ? scales + hkv : nullptr;
   p->index_type = it == ffi::DataType::S32 ? IndexType::kI32 : IndexType::kI64;
   return ffi::Error::Success();
 }

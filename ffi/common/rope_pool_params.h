@@ -5,6 +5,9 @@
 //   fused kv_buffer one buffer [num_slots, 2 * Hkv, Dp] (sglang-jax's pool, K and V interleaved on
 //                   the head axis, Dp >= D): row stride 2 * Hkv * Dp, head stride 2 * Dp, and
 //                   v_pool = k_pool + Dp. Features D..Dp of each head are never touched.
+// An fp8 pool (pool_dtype kF8E4M3, q/k/v in `dtype`): the pool holds e4m3(x / scale) of rotated k
+// and v (FromFloatE4m3: round to nearest even, saturating at +-448), one scale per KV head; read
+// back as stored * scale, the same float32 arrays attention takes as k_descale / v_descale.
 #pragma once
 
 #include <cstdint>
@@ -27,6 +30,9 @@ struct RopePoolParams {
   // the same offset from v_pool. The pools are aliased with the input pools.
   void* k_pool;
   void* v_pool;
+  // fp8 pool only (else nullptr): float32 [num_kv_heads] each, the quantization scales.
+  const float* k_scale;
+  const float* v_scale;
 
   int64_t num_tokens;
   int64_t num_slots;
@@ -37,7 +43,8 @@ struct RopePoolParams {
   int head_dim;
   int rotary_dim;   // even, <= head_dim; features [rotary_dim, head_dim) are copied unrotated
   bool is_neox;     // true: pairs (i, i + rotary_dim/2); false: pairs (2i, 2i+1)
-  DType dtype;      // of q, k, v and the pools
+  DType dtype;      // of q, k, v (and of the pools unless they are fp8)
+  DType pool_dtype; // dtype, or kF8E4M3 with k_scale / v_scale
   IndexType index_type;
 };
 

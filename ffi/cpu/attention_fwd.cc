@@ -215,17 +215,21 @@ int RunAttention(ffi::ThreadPool& pool, const AttentionParams& p) {
         tasks.push_back({b, kh, m0, std::min(kBlockM, bounds[b].q_len - m0)});
   }
   std::atomic<int> nan_scales{0};
-  DispatchInput(p.q_type, [&](auto tq) {
-    DispatchInput(p.v_type, [&](auto tv) {
-      using TQ = typename decltype(tq)::type;
-      using TV = typename decltype(tv)::type;
-      ParallelFor(pool, int64_t(tasks.size()), [&](int64_t t) {
-        const Task& task = tasks[t];
-        if (int nan = AttendBlock<TQ, TQ, TV, TO>(p, task.b, task.kh, bounds[task.b], task.m0,
-                                                  task.rows))
-          nan_scales.fetch_or(nan, std::memory_order_relaxed);
-      });
+  auto run = [&](auto tq, auto tk, auto tv) {
+    using TQ = typename decltype(tq)::type;
+    using TK = typename decltype(tk)::type;
+    using TV = typename decltype(tv)::type;
+    ParallelFor(pool, int64_t(tasks.size()), [&](int64_t t) {
+      const Task& task = tasks[t];
+      if (int nan = AttendBlock<TQ, TK, TV, TO>(p, task.b, task.kh, bounds[task.b], task.m0,
+                                                task.rows))
+        nan_scales.fetch_or(nan, std::memory_order_relaxed);
     });
+  };
+  DispatchInput(p.q_type, [&](auto tq) {
+    if (Fp8KvCacheTypes(p))  // e4m3 pages under 16/32-bit q: K's type is not q's
+      return run(tq, TypeTag<f8e4m3_t>{}, TypeTag<f8e4m3_t>{});
+    DispatchInput(p.v_type, [&](auto tv) { run(tq, tq, tv); });
   });
   return nan_scales.load();
 }

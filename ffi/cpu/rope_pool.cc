@@ -2,10 +2,12 @@
 // rotary_dim features) and writes rotated k and plain v into the pools at the token's slot, through
 // the pool strides of RopePoolParams (separate pools or one fused kv_buffer alike). Tokens are
 // split into chunks over XLA's intra-op pool. Padding slots (< 0) and slots past the pool are
-// skipped, so a bad slot can never write outside the pool.
+// skipped, so a bad slot can never write outside the pool. An fp8 pool gets e4m3(x / scale) of the
+// rotated k (as returned in k_rot) and of v, per KV head (rope_pool_params.h).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "ffi/common/dispatch.h"
@@ -31,7 +33,17 @@ void RotateRow(const T* x, T* out, int head_dim, int rotary_dim, bool is_neox, c
   for (int i = rotary_dim; i < head_dim; ++i) out[i] = x[i];
 }
 
-template <typename T, typename I>
+// One head row into the pool: as is when the pool has the rows' type, quantized into an e4m3 pool.
+template <typename T, typename P>
+void StoreRow(const T* src, P* dst, int n, float scale) {
+  if constexpr (std::is_same_v<T, P>) {
+    std::copy_n(src, n, dst);
+  } else {
+    for (int i = 0; i < n; ++i) dst[i] = FromFloatE4m3(ToFloat(src[i]) / scale);
+  }
+}
+
+template <typename T, typename P, typename I>
 void RopePoolTokens(const RopePoolParams& p, int64_t begin, int64_t end) {
   const int half = p.rotary_dim / 2;
   std::vector<float> cos(half), sin(half);
@@ -42,8 +54,8 @@ void RopePoolTokens(const RopePoolParams& p, int64_t begin, int64_t end) {
   const auto* v = static_cast<const T*>(p.v);
   auto* q_rot = static_cast<T*>(p.q_rot);
   auto* k_rot = static_cast<T*>(p.k_rot);
-  auto* k_pool = static_cast<T*>(p.k_pool);
-  auto* v_pool = static_cast<T*>(p.v_pool);
+  auto* k_pool = static_cast<P*>(p.k_pool);
+  auto* v_pool = static_cast<P*>(p.v_pool);
   const auto* positions = static_cast<const I*>(p.positions);
   const auto* slots = static_cast<const I*>(p.slots);
 
@@ -67,21 +79,22 @@ void RopePoolTokens(const RopePoolParams& p, int64_t begin, int64_t end) {
     for (int h = 0; h < p.num_kv_heads; ++h) {
       const int64_t src = t * kv_row + int64_t(h) * p.head_dim;
       const int64_t dst = slot * p.pool_row_stride + h * p.pool_head_stride;
-      std::copy_n(k_rot + src, p.head_dim, k_pool + dst);
-      std::copy_n(v + src, p.head_dim, v_pool + dst);
+      StoreRow(k_rot + src, k_pool + dst, p.head_dim, p.k_scale ? p.k_scale[h] : 1.f);
+      StoreRow(v + src, v_pool + dst, p.head_dim, p.v_scale ? p.v_scale[h] : 1.f);
     }
   }
 }
 
 ffi::Error RopePoolFwdImpl(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffer k,
                            ffi::AnyBuffer v, ffi::AnyBuffer positions, ffi::AnyBuffer slots,
-                           ffi::AnyBuffer inv_freq, ffi::AnyBuffer pool_in,
+                           ffi::AnyBuffer inv_freq, ffi::AnyBuffer kv_scales,
+                           ffi::AnyBuffer pool_in,
                            ffi::RemainingArgs v_pool_in, ffi::Result<ffi::AnyBuffer> q_rot,
                            ffi::Result<ffi::AnyBuffer> k_rot, ffi::Result<ffi::AnyBuffer> pool_out,
                            ffi::RemainingRets v_pool_out, int64_t rotary_dim, bool is_neox) {
   RopePoolParams p;
   RopePoolBuffers pools;
-  if (auto err = MakeRopePoolParams(q, k, v, positions, slots, inv_freq, pool_in, v_pool_in, q_rot,
+  if (auto err = MakeRopePoolParams(q, k, v, positions, slots, inv_freq, kv_scales, pool_in, v_pool_in, q_rot,
                                     k_rot, pool_out, v_pool_out, rotary_dim, is_neox, &p, &pools);
       err.failure())
     return err;
@@ -95,16 +108,23 @@ ffi::Error RopePoolFwdImpl(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffe
   const int64_t chunks = NumChunks(pool, p.num_tokens, 64);
   DispatchFloat(p.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    auto run = [&](auto index_tag) {
+    auto run = [&](auto pool_tag, auto index_tag) {
+      using P = typename decltype(pool_tag)::type;
       using I = typename decltype(index_tag)::type;
       ParallelFor(pool, chunks, [&](int64_t c) {
-        RopePoolTokens<T, I>(p, p.num_tokens * c / chunks, p.num_tokens * (c + 1) / chunks);
+        RopePoolTokens<T, P, I>(p, p.num_tokens * c / chunks, p.num_tokens * (c + 1) / chunks);
       });
     };
+    auto with_pool = [&](auto index_tag) {
+      if (p.pool_dtype == DType::kF8E4M3)
+        run(TypeTag<f8e4m3_t>{}, index_tag);
+      else
+        run(TypeTag<T>{}, index_tag);
+    };
     if (p.index_type == IndexType::kI32)
-      run(TypeTag<int32_t>{});
+      with_pool(TypeTag<int32_t>{});
     else
-      run(TypeTag<int64_t>{});
+      with_pool(TypeTag<int64_t>{});
   });
   return ffi::Error::Success();
 }

@@ -21,20 +21,23 @@ constexpr double kRopePoolAutoThreshold = 65536;
 
 ffi::Error RopePoolFwdMetalImpl(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
                                 ffi::AnyBuffer positions, ffi::AnyBuffer slots,
-                                ffi::AnyBuffer inv_freq, ffi::AnyBuffer pool_in,
+                                ffi::AnyBuffer inv_freq, ffi::AnyBuffer kv_scales,
+                                ffi::AnyBuffer pool_in,
                                 ffi::RemainingArgs v_pool_in, ffi::Result<ffi::AnyBuffer> q_rot,
                                 ffi::Result<ffi::AnyBuffer> k_rot,
                                 ffi::Result<ffi::AnyBuffer> pool_out,
                                 ffi::RemainingRets v_pool_out, int64_t rotary_dim, bool is_neox) {
   RopePoolParams p;
   RopePoolBuffers pools;
-  if (auto err = MakeRopePoolParams(q, k, v, positions, slots, inv_freq, pool_in, v_pool_in, q_rot,
+  if (auto err = MakeRopePoolParams(q, k, v, positions, slots, inv_freq, kv_scales, pool_in, v_pool_in, q_rot,
                                     k_rot, pool_out, v_pool_out, rotary_dim, is_neox, &p, &pools);
       err.failure())
     return err;
   const char* name = RopePoolKernelName(p.dtype, p.index_type);
   const double work = double(p.num_tokens) * (p.num_qo_heads + p.num_kv_heads) * p.head_dim;
-  if (name == nullptr || p.num_tokens == 0 || !UseMetal(work, kRopePoolAutoThreshold)) {
+  // The fp8 pool (quantize on write) has no Metal kernel: the CPU kernel writes it.
+  if (name == nullptr || p.pool_dtype != p.dtype || p.num_tokens == 0 ||
+      !UseMetal(work, kRopePoolAutoThreshold)) {
     MarkDeclined();
     return ffi::Error::Success();
   }
