@@ -144,6 +144,50 @@ if("90a" IN_LIST JAX_SGL_CUDA_ARCHS AND TARGET jax_sgl_cutlass AND JAX_SGL_SM90_
                  "dtypes ${JAX_SGL_SM90_DTYPES}: ${_n} files")
 endif()
 
+# The FMHA collectives of CUTLASS's Blackwell example (77_blackwell_fmha: collective/, kernel/,
+# device/, common/), from the same wheel (cutlass_library/source/examples), included from there as
+# a published interface, never copied: the sm100 family builds on them.
+set(JAX_SGL_FMHA_SM100_INCLUDE_DIR "" CACHE PATH
+    "CUTLASS 77_blackwell_fmha example dir (default: from nvidia-cutlass)")
+if(NOT JAX_SGL_FMHA_SM100_INCLUDE_DIR AND JAX_SGL_CUTLASS_INCLUDE_DIR)
+  get_filename_component(_jax_sgl_fmha_dir
+    "${JAX_SGL_CUTLASS_INCLUDE_DIR}/../examples/77_blackwell_fmha" ABSOLUTE)
+  if(EXISTS "${_jax_sgl_fmha_dir}/collective/sm100_fmha_fwd_mainloop_tma_warpspecialized.hpp")
+    set(JAX_SGL_FMHA_SM100_INCLUDE_DIR "${_jax_sgl_fmha_dir}" CACHE PATH "" FORCE)
+  endif()
+endif()
+
+# Blackwell attention (ffi/cuda/attention/sm100, tcgen05 MMA + TMEM + TMA on the FMHA
+# collectives): built when 100a is among the archs and CuTe and the collectives are found, for
+# sm_100a only (its own object library, as sm90). One file per (kind, head dim, dtype) of
+# instantiations.json's sm100 family, for JAX_SGL_SM100_HEAD_DIMS x JAX_SGL_SM100_DTYPES; the
+# pairs left out get their guard defined, which the dispatch's list
+# (instantiations/sm100_kernels.inc) honours. At run time JAX_SGL_DISABLE=sm100 turns it off.
+set(JAX_SGL_SM100_HEAD_DIMS "64;128" CACHE STRING "sm100 attention head dims to build")
+set(JAX_SGL_SM100_DTYPES "bf16;fp16" CACHE STRING "sm100 attention dtypes to build")
+if("100a" IN_LIST JAX_SGL_CUDA_ARCHS AND TARGET jax_sgl_cutlass AND JAX_SGL_FMHA_SM100_INCLUDE_DIR
+   AND JAX_SGL_SM100_HEAD_DIMS)
+  jax_sgl_instantiations(sm100 "${JAX_SGL_SM100_HEAD_DIMS}" "${JAX_SGL_SM100_DTYPES}"
+                         _jax_sgl_sm100_sources _guards)
+  foreach(g ${_guards})
+    target_compile_definitions(_native PRIVATE ${g}=1)
+  endforeach()
+  add_library(jax_sgl_sm100 OBJECT ${_jax_sgl_sm100_sources})
+  set_target_properties(jax_sgl_sm100 PROPERTIES CUDA_ARCHITECTURES "100a-real"
+                                                 POSITION_INDEPENDENT_CODE ON)
+  target_include_directories(jax_sgl_sm100 PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})
+  target_include_directories(jax_sgl_sm100 SYSTEM PRIVATE "${JAX_SGL_FMHA_SM100_INCLUDE_DIR}")
+  target_link_libraries(jax_sgl_sm100 PRIVATE jax_sgl_cutlass jax_sgl_cudart)
+  target_compile_options(jax_sgl_sm100 PRIVATE ${JAX_SGL_CUDA_COPTS})
+  jax_sgl_sources(sm100 _jax_sgl_sm100_dispatch)
+  target_sources(_native PRIVATE ${_jax_sgl_sm100_dispatch} $<TARGET_OBJECTS:jax_sgl_sm100>)
+  target_compile_definitions(_native PRIVATE JAX_SGL_HAVE_SM100=1)
+  list(LENGTH _jax_sgl_sm100_sources _n)
+  message(STATUS "jax_sgl: sm100 attention: head dims ${JAX_SGL_SM100_HEAD_DIMS}, "
+                 "dtypes ${JAX_SGL_SM100_DTYPES}: ${_n} files "
+                 "(collectives: ${JAX_SGL_FMHA_SM100_INCLUDE_DIR})")
+endif()
+
 # A build for sm_90a without CuTe would fall back to the portable kernels at a third of the speed:
 # say so in one loud line, and let the module report it (attention_backend_info(), and a
 # one-time warning at the first call on a Hopper GPU).

@@ -33,6 +33,9 @@ const char* PortableBuiltHeadDims();  // ffi/cuda/attention/fwd_dispatch.cc
 const char* Sm90BuiltKernels();     // ffi/cuda/attention/sm90/fwd/dispatch.cc
 const char* Sm90BwdBuiltKernels();  // ffi/cuda/attention/sm90/bwd/dispatch.cc
 #endif
+#ifdef JAX_SGL_HAVE_SM100
+const char* Sm100BwdBuiltKernels();  // ffi/cuda/attention/sm100/bwd/dispatch.cc
+#endif
 }  // namespace jax_sgl::cuda
 
 namespace {
@@ -84,18 +87,23 @@ NB_MODULE(_native, m) {
   });
   // The CUDA attention kernels in this build (jax_sgl.attention_backend_info()), as
   // space-separated text: "portable" its head-dim capacities (" 64 128"), "sm90_fwd" and
-  // "sm90_bwd" their (head dim, dtype) instantiations (" hdim128_bf16"); empty when absent.
+  // "sm90_bwd", "sm100_bwd" their (head dim, dtype) instantiations (" hdim128_bf16"); empty when
+  // absent.
   m.def("attention_kernels", []() {
     nb::dict d;
     d["portable"] = std::string();
     d["sm90_fwd"] = std::string();
     d["sm90_bwd"] = std::string();
+    d["sm100_bwd"] = std::string();
 #ifdef JAX_SGL_HAVE_CUDA
     d["portable"] = std::string(jax_sgl::cuda::PortableBuiltHeadDims());
 #endif
 #ifdef JAX_SGL_HAVE_SM90
     d["sm90_fwd"] = std::string(jax_sgl::cuda::Sm90BuiltKernels());
     d["sm90_bwd"] = std::string(jax_sgl::cuda::Sm90BwdBuiltKernels());
+#endif
+#ifdef JAX_SGL_HAVE_SM100
+    d["sm100_bwd"] = std::string(jax_sgl::cuda::Sm100BwdBuiltKernels());
 #endif
     return d;
   });

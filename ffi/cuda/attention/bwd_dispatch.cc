@@ -1,6 +1,7 @@
 // Host side of the CUDA attention backward: which calls it serves, how much workspace they need,
-// and the launch sequence (clear unowned gradient rows, preprocess, dK/dV, dQ), on the sm_90a
-// kernels where they serve the call (sm90/bwd/launch.h) and the sm80 kernels otherwise. Host
+// and the launch sequence (clear unowned gradient rows, preprocess, dK/dV, dQ), on the sm_100a
+// kernels (sm100/bwd/launch.h) or the sm_90a ones (sm90/bwd/launch.h) where they serve the call
+// and the sm80 kernels otherwise. Host
 // code only: the kernels live in bwd_sm80/preprocess.cu and the generated instantiations/ files.
 #include <algorithm>
 
@@ -9,6 +10,9 @@
 #include "ffi/cuda/attention/flash_fwd_launch.h"  // HeadDimBuilt
 #ifdef JAX_SGL_HAVE_SM90
 #include "ffi/cuda/attention/sm90/bwd/launch.h"
+#endif
+#ifdef JAX_SGL_HAVE_SM100
+#include "ffi/cuda/attention/sm100/bwd/launch.h"
 #endif
 
 namespace jax_sgl::cuda {
@@ -60,7 +64,19 @@ const char* PlanFlashBwd(const AttentionParams& p, FlashBwdPlan* plan) {
 
   plan->sm90 = false;
   plan->sm90_dq = false;
+  plan->sm100 = false;
   plan->ws_rows = p.seqlen_q;
+#ifdef JAX_SGL_HAVE_SM100
+  // A 10.0 device: CUTLASS's Blackwell backward collective for what it covers (dense, no window,
+  // softcap or deterministic dQ: Sm100BwdUnsupported); the rest runs on the sm80 kernels.
+  if (Sm100BwdUnsupported(p) == nullptr && Sm100BwdEnabled(p)) {
+    plan->sm100 = true;
+    // softmax_d, lse_log2, then the dQ accumulator at the next 16 bytes (a TMA destination).
+    plan->scratch_bytes = (2 * size_t(p.batch) * p.num_heads * p.seqlen_q + 4 +
+                           Sm100BwdDqAccumFloats(p)) * sizeof(float);
+    return nullptr;
+  }
+#endif
 #ifdef JAX_SGL_HAVE_SM90
   // Anything the sm90 kernels do not cover (varlen, other head dims, d != d_v, ...) runs
   // on the sm80 kernels below: Sm90BwdUnsupported names it.
@@ -113,6 +129,7 @@ const char* RunFlashBwd(const AttentionBwdParams& bp, const FlashBwdPlan& plan, 
   args.lse_log2 = args.bp.softmax_d + ws_floats;
   args.group = p.num_heads / p.num_kv_heads;
   args.skip_dkdv = plan.sm90;
+  args.negated = plan.sm100;
   // Padding rows of the workspace (sm90: rows up to the row block) are read but masked: any
   // finite value does, zeros are cheapest.
   if (plan.ws_rows != p.seqlen_q) {
@@ -122,6 +139,13 @@ const char* RunFlashBwd(const AttentionBwdParams& bp, const FlashBwdPlan& plan, 
   }
   if (cudaError_t err = LaunchFlashBwdPreprocess(args, stream); err != cudaSuccess)
     return cudaGetErrorString(err);
+#ifdef JAX_SGL_HAVE_SM100
+  if (plan.sm100) {
+    float* dq_accum = args.bp.softmax_d + (2 * ws_floats + 3) / 4 * 4;
+    const cudaError_t err = RunFlashBwdSm100(args, dq_accum, stream);
+    return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
+  }
+#endif
 #ifdef JAX_SGL_HAVE_SM90
   if (plan.sm90) {
     float* dq_accum = plan.sm90_dq ? args.lse_log2 + ws_floats : nullptr;

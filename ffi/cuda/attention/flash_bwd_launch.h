@@ -41,6 +41,10 @@ struct FlashBwdArgs {
   // seqlen_q rounded up to its row block; varlen calls use lse's layout as it is.
   int ws_rows;
   bool skip_dkdv;   // LaunchFlashBwd runs the dQ kernel only (the sm90 kernel did dK, dV)
+  // The preprocess writes -D and -lse_log2 (+inf rows: -inf): the sign convention of CUTLASS's
+  // Blackwell backward collective, whose P = exp2(s * scale * log2(e) + lse) and
+  // dS = P * (dP + D) read them (sm100/bwd/launch.h).
+  bool negated = false;
   // sm90 tail split (Sm90BwdTailSplitRequested): Sm90BwdTailBytes of scratch for the float32
   // dK / dV shares, else nullptr.
   float* sm90_tail = nullptr;
@@ -58,9 +62,11 @@ struct FlashBwdPlan {
   bool sm90;             // dK/dV on the sm_90a kernel (sm90/bwd/launch.h), else on the sm80 one
   bool sm90_dq;          // sm90 only: dQ from its float32 reductions (fast, not bitwise
                          // reproducible); false (deterministic): the atomic-free sm90 dQ kernel
+  bool sm100;            // dK/dV and dQ on the sm_100a collective (sm100/bwd/launch.h)
   int ws_rows;           // dense calls: rows per (batch, head) of softmax_d and lse_log2
   size_t sm90_tail_bytes = 0;  // sm90 tail split's dK / dV shares (Sm90BwdTailBytes), or 0
-  size_t scratch_bytes;  // softmax_d, lse_log2, (sm90_dq) the float32 dQ accumulator, the shares
+  size_t scratch_bytes;  // softmax_d, lse_log2, (sm90_dq, sm100) the float32 dQ accumulator,
+                         // the shares
 };
 
 // Fills *plan and returns nullptr, or returns the reason the combination has no CUDA backward

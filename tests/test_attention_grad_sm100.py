@@ -1,0 +1,131 @@
+"""Gradients of jax_sgl.attention through the sm_100a backward (CUTLASS's Blackwell FMHA backward
+collective, ffi/cuda/attention/sm100/bwd/) on a compute capability 10.x GPU; skipped elsewhere
+(the `blackwell` marker, tests/conftest.py). The kernel is compiled and SASS-checked in this
+repository but has not yet run on Blackwell: these tests are what its first run on a B200 checks.
+
+FlashAttention's rule on fresh random inputs: each of dQ / dK / dV from the kernel is within 3x
+(plus a small floor) of the error that jax.grad of the pure-JAX reference makes in the input
+precision, both measured against a float64 oracle (the same reference under x64). Shapes are
+ragged (1, 19, 150, 989 rows; keys shorter than queries, so causal rows that see no key), GQA
+groups of 1, 3 and 8, causal bottom-right and none, with a loss on the LSE too (dlse) and with
+sinks (the saved LSE includes the sink). Calls the sm100 backward does not cover (deterministic,
+window, softcap, varlen) run on the portable backward: checked too, so a Blackwell run covers the
+whole dispatch. Gradient buffers are poisoned with NaN first, so an unwritten element fails.
+"""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_sgl
+from attention_cases import poison_allocator, reference_attention
+
+pytestmark = [pytest.mark.gpu, pytest.mark.blackwell]
+
+if "xla_gpu_autotune_level" not in os.environ.get("XLA_FLAGS", ""):
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                             " --xla_gpu_autotune_level=0").strip()
+
+DTYPES = (jnp.bfloat16, jnp.float16)
+HEAD_DIMS = (64, 128)
+# (batch, seqlen_q, seqlen_k, num_heads, num_kv_heads): decode-like, ragged tails of the 128-row
+# tiles, keys shorter than queries, MQA / GQA 3 / GQA 4 / MHA.
+SHAPES = [(3, 1, 300, 8, 1), (2, 19, 77, 6, 2), (1, 150, 130, 8, 2), (2, 989, 1000, 4, 4)]
+# The kernel's error may be 3x the reference's in the input precision, plus a floor for entries
+# that both round the same way (relative to the largest oracle entry).
+FACTOR, FLOOR = 3.0, 2e-3
+
+
+def _rand(key, shape, dtype):
+  return jax.random.normal(key, shape, jnp.float32).astype(dtype)
+
+
+def _inputs(shape, head_dim, dtype, seed):
+  b, sq, sk, h, hkv = shape
+  keys = jax.random.split(jax.random.PRNGKey(seed), 3)
+  return (_rand(keys[0], (b, sq, h, head_dim), dtype), _rand(keys[1], (b, sk, hkv, head_dim), dtype),
+          _rand(keys[2], (b, sk, hkv, head_dim), dtype))
+
+
+def _loss(attn, w_out, w_lse):
+  def loss(q, k, v):
+    out, lse = attn(q, k, v)
+    total = jnp.sum(out.astype(w_out.dtype) * w_out)
+    if w_lse is not None:   # rows that see no key have lse = -inf: leave them out
+      total += jnp.sum(jnp.where(jnp.isfinite(lse), lse, 0.0).astype(w_lse.dtype) * w_lse)
+    return total
+  return loss
+
+
+def _reference_grads(q, k, v, kw, w_out, w_lse):
+  fn = _loss(lambda q, k, v: reference_attention(q, k, v, return_lse=True, **kw), w_out, w_lse)
+  return jax.jit(jax.grad(fn, argnums=(0, 1, 2)))(q, k, v)
+
+
+def _check(q, k, v, kw, *, with_lse=False, deterministic=False):
+  rng = np.random.default_rng(7)
+  w_out = rng.standard_normal(q.shape[:-1] + (v.shape[-1],))
+  w_lse = rng.standard_normal((q.shape[0], q.shape[2], q.shape[1])) if with_lse else None
+  with jax.experimental.enable_x64():
+    f64 = [jnp.asarray(np.asarray(x.astype(jnp.float32)), jnp.float64) for x in (q, k, v)]
+    kw64 = {n: (jnp.asarray(x, jnp.float64) if n == "sinks" else x) for n, x in kw.items()}
+    want = [np.asarray(g) for g in _reference_grads(
+        *f64, kw64, jnp.asarray(w_out), None if w_lse is None else jnp.asarray(w_lse))]
+  w_out32 = jnp.asarray(w_out, jnp.float32)
+  w_lse32 = None if w_lse is None else jnp.asarray(w_lse, jnp.float32)
+  low = _reference_grads(q, k, v, kw, w_out32, w_lse32)   # the same math in the input dtype
+  poison_allocator(sum(x.size * x.dtype.itemsize for x in (q, k, v)))
+  fn = _loss(lambda q, k, v: jax_sgl.attention(q, k, v, return_lse=True,
+                                               deterministic=deterministic, **kw), w_out32, w_lse32)
+  got = jax.jit(jax.grad(fn, argnums=(0, 1, 2)))(q, k, v)
+  for name, x, g, lo, r in zip("qkv", (q, k, v), got, low, want):
+    assert g.shape == x.shape and g.dtype == x.dtype, name
+    g = np.asarray(g.astype(jnp.float32), np.float64)
+    lo = np.asarray(lo.astype(jnp.float32), np.float64)
+    assert np.isfinite(g).all(), f"d{name}: unwritten (NaN) or non-finite elements"
+    scale = max(float(np.max(np.abs(r))), 1e-6)
+    err = float(np.max(np.abs(g - r))) / scale
+    ref_err = float(np.max(np.abs(lo - r))) / scale
+    assert err <= FACTOR * ref_err + FLOOR, (
+        f"d{name}: error {err:.3g} > {FACTOR:g} x the reference's {ref_err:.3g} + {FLOOR:g}")
+
+
+def test_sm100_backward_is_built():
+  built = jax_sgl.attention_backend_info()["kernels"].get("sm100_bwd", {})
+  assert 128 in built.get("head_dims", ()), f"no sm100 backward in this build: {built}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_dense(shape, causal, head_dim, dtype):
+  q, k, v = _inputs(shape, head_dim, dtype, seed=head_dim + 2 * shape[1] + causal)
+  _check(q, k, v, {"causal": causal})
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_lse_cotangent(causal):
+  q, k, v = _inputs((2, 150, 70, 8, 2), 128, jnp.bfloat16, seed=11)
+  _check(q, k, v, {"causal": causal}, with_lse=True)
+
+
+def test_sinks():
+  q, k, v = _inputs((2, 19, 300, 6, 2), 128, jnp.bfloat16, seed=12)
+  sinks = jax.random.normal(jax.random.PRNGKey(5), (6,), jnp.float32)
+  _check(q, k, v, {"causal": True, "sinks": sinks})
+
+
+# Calls the sm100 backward leaves to the portable one (Sm100BwdUnsupported): still correct.
+@pytest.mark.parametrize("kw", [{"window": (37, 4)}, {"softcap": 5.0, "causal": True},
+                                {"deterministic": True}], ids=["window", "softcap", "deterministic"])
+def test_fallbacks(kw):
+  kw = dict(kw)
+  deterministic = kw.pop("deterministic", False)
+  q, k, v = _inputs((2, 150, 200, 8, 2), 128, jnp.bfloat16, seed=13)
+  _check(q, k, v, kw, deterministic=deterministic)
