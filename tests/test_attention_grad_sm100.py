@@ -67,18 +67,55 @@ def _reference_grads(q, k, v, kw, w_out, w_lse):
   return jax.jit(jax.grad(fn, argnums=(0, 1, 2)))(q, k, v)
 
 
+def _oracle_attention(q, k, v, causal, sinks):
+  """Dense attention in float64 (bottom-right causal, GQA, sinks joining the denominator
+  unscaled), independent of reference.py, which computes in float32. Returns (out, lse [B, H, Sq]);
+  a row that sees no key gives out 0 and lse -inf."""
+  _, sq, h, d = q.shape
+  sk, group = k.shape[1], h // k.shape[2]
+  kk, vv = jnp.repeat(k, group, axis=2), jnp.repeat(v, group, axis=2)
+  s = jnp.einsum("bqhd,bkhd->bhqk", q, kk) / np.sqrt(d)
+  if causal:
+    s = jnp.where(jnp.arange(sk)[None, :] <= jnp.arange(sq)[:, None] + sk - sq, s, -jnp.inf)
+  m = jnp.max(s, axis=-1, keepdims=True)
+  if sinks is not None:
+    m = jnp.maximum(m, sinks[None, :, None, None])
+  m = jnp.where(jnp.isfinite(m), m, 0.0)
+  e = jnp.exp(s - m)
+  z = jnp.sum(e, axis=-1, keepdims=True)
+  if sinks is not None:
+    z = z + jnp.exp(sinks[None, :, None, None] - m)
+  covered = z > 0
+  z_safe = jnp.where(covered, z, 1.0)
+  out = jnp.einsum("bhqk,bkhd->bqhd", e / z_safe, vv)
+  lse = jnp.where(covered, jnp.log(z_safe) + m, -jnp.inf)[..., 0]
+  return out, lse
+
+
+def _oracle_grads(q, k, v, kw, w_out, w_lse):
+  with jax.enable_x64(True):
+    f64 = [jnp.asarray(np.asarray(x.astype(jnp.float32)), jnp.float64) for x in (q, k, v)]
+    sinks = kw.get("sinks")
+    sinks = None if sinks is None else jnp.asarray(np.asarray(sinks), jnp.float64)
+    attn = lambda q, k, v: _oracle_attention(q, k, v, kw.get("causal", False), sinks)
+    w_lse = None if w_lse is None else jnp.asarray(w_lse)
+    grads = jax.grad(_loss(attn, jnp.asarray(w_out), w_lse), argnums=(0, 1, 2))(*f64)
+    return [np.asarray(g) for g in grads]
+
+
 def _check(q, k, v, kw, *, with_lse=False, deterministic=False):
   rng = np.random.default_rng(7)
   w_out = rng.standard_normal(q.shape[:-1] + (v.shape[-1],))
   w_lse = rng.standard_normal((q.shape[0], q.shape[2], q.shape[1])) if with_lse else None
-  with jax.experimental.enable_x64():
-    f64 = [jnp.asarray(np.asarray(x.astype(jnp.float32)), jnp.float64) for x in (q, k, v)]
-    kw64 = {n: (jnp.asarray(x, jnp.float64) if n == "sinks" else x) for n, x in kw.items()}
-    want = [np.asarray(g) for g in _reference_grads(
-        *f64, kw64, jnp.asarray(w_out), None if w_lse is None else jnp.asarray(w_lse))]
+  oracle_kw = {n: x for n, x in kw.items() if n in ("causal", "sinks")}
+  want = _oracle_grads(q, k, v, oracle_kw, w_out, w_lse) if len(oracle_kw) == len(kw) else None
   w_out32 = jnp.asarray(w_out, jnp.float32)
   w_lse32 = None if w_lse is None else jnp.asarray(w_lse, jnp.float32)
   low = _reference_grads(q, k, v, kw, w_out32, w_lse32)   # the same math in the input dtype
+  if want is None:   # masks the float64 oracle lacks (window, softcap): the float32 reference
+    with jax.default_matmul_precision("highest"):
+      want = [np.asarray(g, np.float64) for g in _reference_grads(
+          *(x.astype(jnp.float32) for x in (q, k, v)), kw, w_out32, w_lse32)]
   poison_allocator(sum(x.size * x.dtype.itemsize for x in (q, k, v)))
   fn = _loss(lambda q, k, v: jax_sgl.attention(q, k, v, return_lse=True,
                                                deterministic=deterministic, **kw), w_out32, w_lse32)
