@@ -6,7 +6,7 @@
 #include <type_traits>
 
 #include "ffi/cuda/attention/sm100/bwd/launch.h"
-#include "ffi/cuda/attention/sm100/kernel_list.h"
+#include "ffi/cuda/attention/sm90/kernel_list.h"  // the dtype tokens' types (Type_bf16, ...)
 
 namespace jax_sgl::cuda {
 namespace {
@@ -17,8 +17,8 @@ template <typename F>
 bool WithInstantiation(DType t, int d, F&& f) {
   (void)t, (void)d, (void)f;  // unused when no instantiation is built
 #define JAX_SGL_SM100_BWD(D, T)                                                    \
-  if (t == sm100::kDType_##T && d == D) {                                          \
-    f(static_cast<sm100::Type_##T*>(nullptr), std::integral_constant<int, D>{});   \
+  if (t == sm90::kDType_##T && d == D) {                                           \
+    f(static_cast<sm90::Type_##T*>(nullptr), std::integral_constant<int, D>{});    \
     return true;                                                                   \
   }
 #include "ffi/cuda/attention/instantiations/sm100_kernels.inc"
