@@ -1,9 +1,14 @@
 // jax_sgl._native: hands the FFI handlers to Python as capsules. jax_sgl/_registration.py registers the
 // "cpu" ones always and the "cuda" ones when the extension was built with CUDA.
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
+#include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "xla/ffi/api/c_api.h"
 
@@ -25,6 +30,10 @@ XLA_FFI_Error* JaxSglAttentionFwdApple(XLA_FFI_CallFrame*);
 #endif
 }
 
+#ifdef JAX_SGL_HAVE_CUDA
+#include "ffi/cuda/attention/plan_probe.h"
+#endif
+
 namespace jax_sgl::cuda {
 #ifdef JAX_SGL_HAVE_CUDA
 const char* PortableBuiltHeadDims();  // ffi/cuda/attention/fwd_dispatch.cc
@@ -44,6 +53,28 @@ template <typename Fn>
 nb::capsule Capsule(Fn* fn) {
   return nb::capsule(reinterpret_cast<void*>(fn));
 }
+
+#ifdef JAX_SGL_HAVE_CUDA
+// The lowered call's attribute dictionary (jax_sgl/attention.py _ffi_attrs) as XLA decodes it
+// into AttentionAttrs (attention_ffi.h's XLA_FFI_REGISTER_STRUCT_ATTR_DECODING list).
+jax_sgl::AttentionAttrs ToAttentionAttrs(const nb::dict& d) {
+  if (nb::len(d) != 12) throw nb::value_error("attention_plan: expected the 12 attention attributes");
+  jax_sgl::AttentionAttrs a;
+  a.kv_layout = nb::cast<int64_t>(d["kv_layout"]);
+  a.varlen_q = nb::cast<bool>(d["varlen_q"]);
+  a.batch = nb::cast<int64_t>(d["batch"]);
+  a.max_seqlen_q = nb::cast<int64_t>(d["max_seqlen_q"]);
+  a.softmax_scale = nb::cast<float>(d["softmax_scale"]);
+  a.softcap = nb::cast<float>(d["softcap"]);
+  a.causal = nb::cast<bool>(d["causal"]);
+  a.window_left = nb::cast<int64_t>(d["window_left"]);
+  a.window_right = nb::cast<int64_t>(d["window_right"]);
+  a.deterministic = nb::cast<bool>(d["deterministic"]);
+  a.disable = nb::cast<int64_t>(d["disable"]);
+  a.kv_buffer = nb::cast<bool>(d["kv_buffer"]);
+  return a;
+}
+#endif
 
 }  // namespace
 
@@ -107,4 +138,17 @@ NB_MODULE(_native, m) {
 #endif
     return d;
   });
+#ifdef JAX_SGL_HAVE_CUDA
+  // Which CUDA kernel an attention call would run on a device of the given compute capability
+  // (jax_sgl/_plan.py): operands are (dims, dtype name) of the forward's eleven operands, out and
+  // lse, as the lowered call carries them.
+  m.def("attention_plan",
+        [](bool backward, const std::vector<std::pair<std::vector<int64_t>, std::string>>& operands,
+           const nb::dict& attrs, int cc_major, int cc_minor, int num_sms) {
+          std::vector<jax_sgl::cuda::ProbeOperand> ops;
+          for (const auto& [dims, dtype] : operands) ops.push_back({dims, dtype});
+          return jax_sgl::cuda::ProbeAttentionKernel(backward, ops, ToAttentionAttrs(attrs),
+                                                     {cc_major, cc_minor, num_sms});
+        });
+#endif
 }

@@ -22,7 +22,7 @@ from scikit_build_core.build import (  # noqa: F401  (the rest of the PEP 517 in
     prepare_metadata_for_build_wheel,
 )
 
-# The CuTe / CUTLASS release the sm90 kernels are built and measured with (headers only; the
+# The CuTe / CUTLASS release the sm90 and sm100 kernels are built with (headers only; the
 # package's Python deps come along, the build never imports it).
 CUTLASS = "nvidia-cutlass==4.2.0.0"
 # The toolkit of the development and GPU machines (nvcc 13.0), as wheels: every piece pinned
@@ -65,8 +65,10 @@ def cuda_requires(config_settings=None) -> list[str]:
     requires = []
   else:
     raise ValueError(f"JAX_SGL_CUDA must be auto, pip or off, got {mode!r}")
-  if "90a" in archs.split(";") and not _setting("JAX_SGL_CUTLASS_INCLUDE_DIR", config_settings,
-                                                  ""):
+  # The Hopper kernels use CuTe; the Blackwell ones CUTLASS's FMHA collectives, which ship in the
+  # same wheel (cutlass_library/source/examples/77_blackwell_fmha).
+  cute_archs = {"90a", "100a"} & set(archs.split(";"))
+  if cute_archs and not _setting("JAX_SGL_CUTLASS_INCLUDE_DIR", config_settings, ""):
     requires.append(CUTLASS)
   return requires
 

@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 
 #include "ffi/common/attention_bwd_ffi.h"
+#include "ffi/cuda/attention/common/device.h"
 #include "ffi/cuda/attention/flash_bwd_launch.h"
 
 namespace jax_sgl::cuda {
@@ -17,7 +18,7 @@ ffi::Error AttentionBwdCuda(cudaStream_t stream, ffi::ScratchAllocator scratch,
   AttentionBwdParams bp;
   if (auto err = MakeAttentionBwdParams(args, rets, attrs, &bp); err.failure()) return err;
   FlashBwdPlan plan;
-  if (const char* why = PlanFlashBwd(bp.fwd, &plan))
+  if (const char* why = PlanFlashBwd(bp.fwd, CurrentDeviceInfo(), &plan))
     return ffi::Error(ffi::ErrorCode::kUnimplemented, why);
   void* workspace = nullptr;
   if (const size_t bytes = plan.scratch_bytes; bytes > 0) {

@@ -12,20 +12,13 @@
 namespace jax_sgl::cuda {
 namespace {
 
-// Streaming multiprocessors of the current device (the split-KV heuristic sizes grids by it).
-int NumSms() {
-  int sms = 0;
-  // An H100/H200 when unreadable; only the split count depends on it.
-  return CurrentSmCount(&sms) == cudaSuccess ? sms : 132;
-}
-
 ffi::Error AttentionFwdCuda(cudaStream_t stream, ffi::ScratchAllocator scratch,
                             ffi::RemainingArgs args, ffi::RemainingRets rets,
                             AttentionAttrs attrs) {
   AttentionParams p;
   if (auto err = MakeAttentionParams(args, rets, attrs, &p); err.failure()) return err;
   FlashPlan plan;
-  if (const char* why = PlanFlashFwd(p, NumSms(), &plan))
+  if (const char* why = PlanFlashFwd(p, CurrentDeviceInfo(), &plan))
     return ffi::Error(ffi::ErrorCode::kUnimplemented, why);
   void* workspace = nullptr;
   if (plan.scratch_bytes > 0) {

@@ -48,42 +48,59 @@ size_t Bytes(int64_t rows, int64_t heads, int dim, DType t) {
 
 }  // namespace
 
-const char* PlanFlashBwd(const AttentionParams& p, FlashBwdPlan* plan) {
+BwdChoice ChooseBwdKernel(const AttentionParams& p, const DeviceInfo& dev) {
+  BwdChoice c;
   if (!HalfPrecisionOperands(p))
-    return "jax_sgl.attention: the CUDA backward supports float16 and bfloat16 q/k/v only";
-  if (p.kv_layout == KvLayout::kPaged)
-    return "jax_sgl.attention: gradients through paged KV are not supported";
-  if (BwdHeadDimCap(p) == 0 || p.head_dim % 8 || p.head_dim_v % 8)
-    return "jax_sgl.attention: the CUDA backward supports head dims that are multiples of 8 up "
-           "to 128 (head_dim and head_dim_v); 192 and 256 have no CUDA backward yet";
-  if (!HeadDimBuilt(BwdHeadDimCap(p)))
-    return "jax_sgl.attention: this build left out the CUDA backward for the head dim "
-           "(JAX_SGL_ATTN_DISABLE_HDIM*)";
-  if (p.batch > 65535 || p.num_kv_heads > 65535)
-    return "jax_sgl.attention: the CUDA backward supports batch and num_kv_heads <= 65535";
-
-  plan->sm90 = false;
-  plan->sm90_dq = false;
-  plan->sm100 = false;
-  plan->ws_rows = p.seqlen_q;
+    c.why = "jax_sgl.attention: the CUDA backward supports float16 and bfloat16 q/k/v only";
+  else if (p.kv_layout == KvLayout::kPaged)
+    c.why = "jax_sgl.attention: gradients through paged KV are not supported";
+  else if (BwdHeadDimCap(p) == 0 || p.head_dim % 8 || p.head_dim_v % 8)
+    c.why = "jax_sgl.attention: the CUDA backward supports head dims that are multiples of 8 up "
+            "to 128 (head_dim and head_dim_v); 192 and 256 have no CUDA backward yet";
+  else if (!HeadDimBuilt(BwdHeadDimCap(p)))
+    c.why = "jax_sgl.attention: this build left out the CUDA backward for the head dim "
+            "(JAX_SGL_ATTN_DISABLE_HDIM*)";
+  else if (p.batch > 65535 || p.num_kv_heads > 65535)
+    c.why = "jax_sgl.attention: the CUDA backward supports batch and num_kv_heads <= 65535";
+  if (c.why != nullptr) return c;
+  c.kernel = BwdKernel::kPortable;
 #ifdef JAX_SGL_HAVE_SM100
   // A 10.0 device: CUTLASS's Blackwell backward collective for what it covers (dense, no window,
-  // softcap or deterministic dQ: Sm100BwdUnsupported); the rest runs on the sm80 kernels.
-  if (Sm100BwdUnsupported(p) == nullptr && Sm100BwdEnabled(p)) {
-    plan->sm100 = true;
-    // softmax_d, lse_log2, then the dQ accumulator at the next 16 bytes (a TMA destination).
-    plan->scratch_bytes = (2 * size_t(p.batch) * p.num_heads * p.seqlen_q + 4 +
-                           Sm100BwdDqAccumFloats(p)) * sizeof(float);
-    return nullptr;
+  // softcap, seqused_k or deterministic dQ: Sm100BwdUnsupported); the rest on the sm80 kernels.
+  if (Sm100BwdUnsupported(p) == nullptr && Sm100BwdEnabled(p, dev)) {
+    c.kernel = BwdKernel::kSm100;
+    return c;
   }
 #endif
 #ifdef JAX_SGL_HAVE_SM90
   // Anything the sm90 kernels do not cover (varlen, other head dims, d != d_v, ...) runs
-  // on the sm80 kernels below: Sm90BwdUnsupported names it.
-  if (Sm90BwdUnsupported(p) == nullptr && Sm90BwdEnabled(p)) {
-    plan->sm90 = true;
-    // deterministic=True: dQ from the atomic-free sm90 dQ kernel instead of float32 atomics.
-    plan->sm90_dq = !p.deterministic;
+  // on the sm80 kernels: Sm90BwdUnsupported names it. deterministic=True: dQ from the
+  // atomic-free sm90 dQ kernel instead of float32 reductions.
+  if (Sm90BwdUnsupported(p) == nullptr && Sm90BwdEnabled(p, dev))
+    c.kernel = p.deterministic ? BwdKernel::kSm90DqKernel : BwdKernel::kSm90;
+#endif
+  return c;
+}
+
+const char* BwdKernelName(const BwdChoice& choice) {
+  switch (choice.kernel) {
+    case BwdKernel::kSm90: return "sm90_bwd";
+    case BwdKernel::kSm90DqKernel: return "sm90_bwd_dq_kernel";
+    case BwdKernel::kSm100: return "sm100_bwd";
+    case BwdKernel::kPortable: return "portable_bwd";
+    case BwdKernel::kNone: break;
+  }
+  return "none";
+}
+
+const char* PlanFlashBwd(const AttentionParams& p, const DeviceInfo& dev, FlashBwdPlan* plan) {
+  plan->choice = ChooseBwdKernel(p, dev);
+  if (plan->choice.kernel == BwdKernel::kNone) return plan->choice.why;
+  const bool sm90 = plan->choice.kernel == BwdKernel::kSm90 ||
+                    plan->choice.kernel == BwdKernel::kSm90DqKernel;
+  plan->ws_rows = p.seqlen_q;
+#ifdef JAX_SGL_HAVE_SM90
+  if (sm90) {
     const int block = Sm90BwdRowBlock(p);
     plan->ws_rows = (p.seqlen_q + block - 1) / block * block;
   }
@@ -91,9 +108,16 @@ const char* PlanFlashBwd(const AttentionParams& p, FlashBwdPlan* plan) {
   // softmax_d and lse_log2: lse's layout, dense rows padded to ws_rows.
   const size_t rows = p.cu_seqlens_q ? size_t(p.total_q) : size_t(p.batch) * plan->ws_rows;
   plan->scratch_bytes = 2 * rows * size_t(p.num_heads) * sizeof(float);
+  plan->sm90_tail_bytes = 0;
+#ifdef JAX_SGL_HAVE_SM100
+  // Then the dQ accumulator, at the next 16 bytes (a TMA destination).
+  if (plan->choice.kernel == BwdKernel::kSm100)
+    plan->scratch_bytes += (4 + Sm100BwdDqAccumFloats(p)) * sizeof(float);
+#endif
 #ifdef JAX_SGL_HAVE_SM90
-  if (plan->sm90_dq) plan->scratch_bytes += Sm90BwdDqAccumFloats(p, plan->ws_rows) * sizeof(float);
-  plan->sm90_tail_bytes = plan->sm90 && Sm90BwdTailSplitRequested(p) ? Sm90BwdTailBytes(p) : 0;
+  if (plan->choice.kernel == BwdKernel::kSm90)
+    plan->scratch_bytes += Sm90BwdDqAccumFloats(p, plan->ws_rows) * sizeof(float);
+  if (sm90 && Sm90BwdTailSplitRequested(p)) plan->sm90_tail_bytes = Sm90BwdTailBytes(p, dev.num_sms);
   plan->scratch_bytes += plan->sm90_tail_bytes;
 #endif
   return nullptr;
@@ -128,8 +152,10 @@ const char* RunFlashBwd(const AttentionBwdParams& bp, const FlashBwdPlan& plan, 
   args.bp.softmax_d = static_cast<float*>(scratch);
   args.lse_log2 = args.bp.softmax_d + ws_floats;
   args.group = p.num_heads / p.num_kv_heads;
-  args.skip_dkdv = plan.sm90;
-  args.negated = plan.sm100;
+  const bool sm90 = plan.choice.kernel == BwdKernel::kSm90 ||
+                    plan.choice.kernel == BwdKernel::kSm90DqKernel;
+  args.skip_dkdv = sm90;
+  args.negated = plan.choice.kernel == BwdKernel::kSm100;
   // Padding rows of the workspace (sm90: rows up to the row block) are read but masked: any
   // finite value does, zeros are cheapest.
   if (plan.ws_rows != p.seqlen_q) {
@@ -140,20 +166,21 @@ const char* RunFlashBwd(const AttentionBwdParams& bp, const FlashBwdPlan& plan, 
   if (cudaError_t err = LaunchFlashBwdPreprocess(args, stream); err != cudaSuccess)
     return cudaGetErrorString(err);
 #ifdef JAX_SGL_HAVE_SM100
-  if (plan.sm100) {
+  if (plan.choice.kernel == BwdKernel::kSm100) {
     float* dq_accum = args.bp.softmax_d + (2 * ws_floats + 3) / 4 * 4;
     const cudaError_t err = RunFlashBwdSm100(args, dq_accum, stream);
     return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
   }
 #endif
 #ifdef JAX_SGL_HAVE_SM90
-  if (plan.sm90) {
-    float* dq_accum = plan.sm90_dq ? args.lse_log2 + ws_floats : nullptr;
+  if (sm90) {
+    const bool dq_reduced = plan.choice.kernel == BwdKernel::kSm90;
+    float* dq_accum = dq_reduced ? args.lse_log2 + ws_floats : nullptr;
     // The tail split's dK / dV shares follow the workspace and dq_accum.
     if (plan.sm90_tail_bytes > 0)
       args.sm90_tail = args.lse_log2 + ws_floats +
-                       (plan.sm90_dq ? Sm90BwdDqAccumFloats(p, plan.ws_rows) : 0);
-    const cudaError_t err = RunFlashBwdSm90(args, dq_accum, !plan.sm90_dq, stream);
+                       (dq_reduced ? Sm90BwdDqAccumFloats(p, plan.ws_rows) : 0);
+    const cudaError_t err = RunFlashBwdSm90(args, dq_accum, !dq_reduced, stream);
     return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
   }
 #endif

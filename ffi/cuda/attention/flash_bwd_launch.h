@@ -23,6 +23,7 @@
 #include "ffi/common/attention_seq.h"
 #include "ffi/common/host_device.h"
 #include "ffi/common/numeric.h"
+#include "ffi/cuda/attention/common/device.h"
 
 namespace jax_sgl::cuda {
 
@@ -56,24 +57,42 @@ JAX_SGL_HD int64_t WsIndex(const FlashBwdArgs& a, const SeqBounds& s, int b, int
   return p.cu_seqlens_q ? LseIndex(p, s, b, h, i) : (int64_t(b) * p.num_heads + h) * a.ws_rows + i;
 }
 
-// How one call's backward runs (PlanFlashBwd), decided from the shapes and the environment once
-// per call, so the workspace size and the launches agree.
+// The kernels a backward call runs (ChooseBwdKernel; docs/kernels.md).
+enum class BwdKernel {
+  kNone,      // no CUDA backward serves the call (BwdChoice::why)
+  kSm90,      // Hopper dK/dV + dQ by float32 reductions (sm90/bwd/kernel.cuh)
+  kSm90DqKernel,  // deterministic: Hopper dK/dV, dQ by the atomic-free sm90 dQ kernel
+  kSm100,     // Blackwell dK/dV + dQ on CUTLASS's FMHA backward collective (sm100/bwd/)
+  kPortable,  // mma.sync dK/dV and dQ kernels (bwd_sm80/kernel.cuh)
+};
+
+struct BwdChoice {
+  BwdKernel kernel = BwdKernel::kNone;
+  const char* why = nullptr;  // kNone only
+};
+
+// Which kernels run the backward of p on `dev` (the first decision of PlanFlashBwd, and what
+// jax_sgl/_plan.py reports for a made-up device).
+BwdChoice ChooseBwdKernel(const AttentionParams& p, const DeviceInfo& dev);
+
+// The choice's name as jax_sgl/_plan.py reports it ("sm90_bwd", "portable_bwd", ...).
+const char* BwdKernelName(const BwdChoice& choice);
+
+// How one call's backward runs (PlanFlashBwd), decided from the shapes and the device once per
+// call, so the workspace size and the launches agree.
 struct FlashBwdPlan {
-  bool sm90;             // dK/dV on the sm_90a kernel (sm90/bwd/launch.h), else on the sm80 one
-  bool sm90_dq;          // sm90 only: dQ from its float32 reductions (fast, not bitwise
-                         // reproducible); false (deterministic): the atomic-free sm90 dQ kernel
-  bool sm100;            // dK/dV and dQ on the sm_100a collective (sm100/bwd/launch.h)
+  BwdChoice choice;
   int ws_rows;           // dense calls: rows per (batch, head) of softmax_d and lse_log2
   size_t sm90_tail_bytes = 0;  // sm90 tail split's dK / dV shares (Sm90BwdTailBytes), or 0
-  size_t scratch_bytes;  // softmax_d, lse_log2, (sm90_dq, sm100) the float32 dQ accumulator,
+  size_t scratch_bytes;  // softmax_d, lse_log2, (kSm90, kSm100) the float32 dQ accumulator,
                          // the shares
 };
 
 // Fills *plan and returns nullptr, or returns the reason the combination has no CUDA backward
-// (names what is missing). The sm90 kernel serves a call when it covers it, the build has it and
-// JAX_SGL_DISABLE does not name sm90_bwd (p.disable, sm90/bwd/launch.h); p.deterministic
-// computes its dQ with the atomic-free sm90 dQ kernel.
-const char* PlanFlashBwd(const AttentionParams& p, FlashBwdPlan* plan);
+// (names what is missing). The sm90 kernel serves a call when it covers it, the build has it,
+// the device is compute capability 9.0 and JAX_SGL_DISABLE does not name sm90_bwd (p.disable,
+// sm90/bwd/launch.h); p.deterministic computes its dQ with the atomic-free sm90 dQ kernel.
+const char* PlanFlashBwd(const AttentionParams& p, const DeviceInfo& dev, FlashBwdPlan* plan);
 
 // Launches the backward of bp on stream; `scratch` holds plan.scratch_bytes. Returns nullptr
 // or an error text (a CUDA launch error).

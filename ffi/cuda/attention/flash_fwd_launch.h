@@ -19,6 +19,7 @@
 
 #include "ffi/common/attention_params.h"
 #include "ffi/common/numeric.h"
+#include "ffi/cuda/attention/common/device.h"
 
 namespace jax_sgl::cuda {
 
@@ -58,15 +59,34 @@ enum class DecodeWarpForm { kTma, kCpAsync, kCpAsyncInt64 };
 // Split-KV never uses more splits than one warp of the combine kernel reads at once.
 inline constexpr int kMaxSplits = 32;
 
+// The kernel a forward call runs (ChooseFwdKernel; docs/kernels.md has one row per kernel).
+enum class FwdKernel {
+  kNone,         // no CUDA kernel serves the call (FwdChoice::why says what is missing)
+  kDecodeWarp,   // warp-sliced decode (decode/warp_launch.cuh), FwdChoice::warp_form
+  kDecodeBlock,  // block-wide split-KV decode (decode/block_kernel.cuh)
+  kSm90,         // Hopper wgmma + TMA (sm90/fwd/)
+  kPortable,     // mma.sync prefill / decode layouts (prefill_sm80/kernel.cuh)
+};
+
+struct FwdChoice {
+  FwdKernel kernel = FwdKernel::kNone;
+  DecodeWarpForm warp_form = DecodeWarpForm::kCpAsync;  // kDecodeWarp only
+  int head_dim_cap = 0;      // compiled head dim of the decode and portable kernels
+  const char* why = nullptr;  // kNone only
+};
+
+// Which kernel runs the call on `dev`, from the shapes, the build and the device alone: the
+// first decision of PlanFlashFwd, and what jax_sgl/_plan.py reports for a made-up device.
+FwdChoice ChooseFwdKernel(const AttentionParams& p, const DeviceInfo& dev);
+
+// The kernel's name as jax_sgl/_plan.py reports it ("sm90", "decode_warp_tma", ...).
+const char* FwdKernelName(const FwdChoice& choice);
+
 struct FlashPlan {
-  bool sm90;             // the sm_90a kernel (sm90/) runs the call; the fields below are unused
-  int head_dim_cap;      // compiled head dim the call runs on
-  bool decode_kernel;    // the dedicated decode kernel (decode/block_kernel.cuh) instead of sm80
-  bool decode_warp;      // decode kernel: the warp-sliced kernels (decode/warp_launch.cuh)
-  int decode_stages;     // decode kernel: cp.async ring depth
-  int decode_m_tiles;    // decode kernel: m16 tiles of q per CTA (shared-memory sizing)
-  DecodeWarpForm decode_warp_form;  // warp-sliced kernels: which form
-  bool decode;           // sm80: decode warp layout (16 packed rows) instead of prefill (64)
+  FwdChoice choice;      // the kernel; the fields below size the decode and portable kernels
+  int decode_stages;     // decode kernels: ring depth
+  int decode_m_tiles;    // decode kernels: m16 tiles of q per CTA (shared-memory sizing)
+  bool decode;           // portable: decode warp layout (16 packed rows) instead of prefill (64)
   int block_m;           // packed rows per CTA
   int m_blocks;          // CTAs along packed rows per (sequence, kv head)
   int num_splits;        // CTAs along the key range; > 1 uses the scratch and the combine kernel
@@ -83,7 +103,7 @@ struct FlashFwdArgs {
 };
 
 // Fills *plan; returns nullptr, or the reason the combination has no CUDA kernel.
-const char* PlanFlashFwd(const AttentionParams& p, int num_sms, FlashPlan* plan);
+const char* PlanFlashFwd(const AttentionParams& p, const DeviceInfo& dev, FlashPlan* plan);
 
 // Launches the kernels of a plan on stream; `scratch` holds plan.scratch_bytes. Returns nullptr or
 // an error text (a failed internal check or a CUDA launch error).

@@ -1,8 +1,8 @@
 // Picks the CUDA attention kernel for a call and launches it: head-dim capacity, kernel (the
 // dedicated decode kernel for at most kDecodeMaxQLen q rows per sequence, else sm90 or the sm80
-// prefill / decode layouts), and the number of KV splits, from the shapes and the device alone (no
-// device reads), so the same plan holds when XLA replays the call. Host code only: the kernels
-// live in the generated instantiations/ files.
+// prefill / decode layouts), and the number of KV splits, from the shapes and the device's facts
+// alone (DeviceInfo; no device memory is read), so the same plan holds when XLA replays the
+// call. Host code only: the kernels live in the generated instantiations/ files.
 #include <algorithm>
 #include <string>
 #include <type_traits>
@@ -24,28 +24,20 @@ constexpr int kDecodeMinTilesPerSplit = 8;
 // registers up to d = 128, 160 at 192, 206 at 256); shared memory usually binds first.
 int DecodeMaxCtasPerSm(int cap) { return cap <= 128 ? 4 : (cap <= 192 ? 3 : 2); }
 
-int DeviceAttr(cudaDeviceAttr attr, int fallback) {
-  int device = 0, value = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&value, attr, device) != cudaSuccess)
-    return fallback;
-  return value;
-}
-
 // Whether the TMA form (decode/tma_kernel.cuh) can take the call: a device with the
 // tensor copy engine, whole 128-byte column blocks, 16-key stages that never straddle a page.
-bool DecodeTmaServes(const AttentionParams& p, int cap) {
+bool DecodeTmaServes(const AttentionParams& p, int cap, const DeviceInfo& dev) {
   if (cap != 64 && cap != 128) return false;
   if (p.kv_layout == KvLayout::kPaged && p.page_size % 16 != 0) return false;
-  return DeviceAttr(cudaDevAttrComputeCapabilityMajor, 0) >= 9;
+  return dev.cc_major >= 9;
 }
 
 // The warp-sliced form of a call: TMA where DecodeTmaServes (paged 0.96-1.00x cuDNN's contiguous
 // decode on the H200 with the 128-byte L2 promotion, against the cp.async form's 0.91-0.93x),
 // else cp.async. Both take 32-bit row indices: pools of 2^31 rows or more run the 64-bit form.
-DecodeWarpForm WarpForm(const AttentionParams& p, int cap) {
+DecodeWarpForm WarpForm(const AttentionParams& p, int cap, const DeviceInfo& dev) {
   if (p.total_k >= (int64_t(1) << 31)) return DecodeWarpForm::kCpAsyncInt64;
-  return DecodeTmaServes(p, cap) ? DecodeWarpForm::kTma : DecodeWarpForm::kCpAsync;
+  return DecodeTmaServes(p, cap, dev) ? DecodeWarpForm::kTma : DecodeWarpForm::kCpAsync;
 }
 
 // Keys per sequence at most (the split heuristic sizes by it; kernels clamp to the real lengths).
@@ -122,27 +114,24 @@ int DecodeSplits(int64_t base, int64_t slots, int waves, int64_t max_by_keys) {
 
 // The decode kernel's plan: rows per CTA, ring depth (shrunk if the device's shared memory per
 // block cannot hold it), and splits that fill every SM's CTA slots.
-void PlanDecodeKernel(const AttentionParams& p, int cap, int num_sms, FlashPlan* plan) {
+void PlanDecodeKernel(const AttentionParams& p, const DeviceInfo& dev, FlashPlan* plan) {
+  const int cap = plan->choice.head_dim_cap;
   const int group = p.num_heads / p.num_kv_heads;
   const int64_t rows = int64_t(p.seqlen_q) * group;
   const int64_t rows_cta = std::min<int64_t>(rows, kDecodeMaxRows);
-  plan->head_dim_cap = cap;
-  plan->decode_kernel = true;
-  plan->decode_warp = false;
   plan->decode = false;
   plan->block_m = kDecodeMaxRows;
   plan->m_blocks = int(std::max<int64_t>(1, (rows + kDecodeMaxRows - 1) / kDecodeMaxRows));
   plan->decode_m_tiles = rows_cta > 32 ? 4 : (rows_cta > 16 ? 2 : 1);
   int stages = kDecodeDefaultStages;
-  const int optin = DeviceAttr(cudaDevAttrMaxSharedMemoryPerBlockOptin, 227 * 1024);
-  while (stages > 2 && DecodeSmemBytes(cap, stages, plan->decode_m_tiles) > optin) --stages;
+  while (stages > 2 && DecodeSmemBytes(cap, stages, plan->decode_m_tiles) > dev.smem_optin)
+    --stages;
   plan->decode_stages = stages;
 
   const int smem = DecodeSmemBytes(cap, stages, plan->decode_m_tiles);
-  const int per_sm = DeviceAttr(cudaDevAttrMaxSharedMemoryPerMultiprocessor, 228 * 1024);
-  const int reserved = DeviceAttr(cudaDevAttrReservedSharedMemoryPerBlock, 1024);
-  const int ctas_per_sm = std::clamp(per_sm / (smem + reserved), 1, DecodeMaxCtasPerSm(cap));
-  const int64_t slots = int64_t(ctas_per_sm) * std::max(num_sms, 1);
+  const int ctas_per_sm =
+      std::clamp(dev.smem_per_sm / (smem + dev.smem_reserved), 1, DecodeMaxCtasPerSm(cap));
+  const int64_t slots = int64_t(ctas_per_sm) * std::max(dev.num_sms, 1);
   const int64_t base = int64_t(plan->m_blocks) * p.batch * p.num_kv_heads;
   const int64_t n_tiles = (KeyBound(p) + DecodeBlockN(cap) - 1) / DecodeBlockN(cap);
   plan->num_splits = DecodeSplits(base, slots, kDecodeWaves, n_tiles / kDecodeMinTilesPerSplit);
@@ -190,27 +179,24 @@ int DecodeWarpCtasPerSm(int cap, int stages, DecodeWarpForm form) {
 // kDecodeWarpMinStagesPerWarp stages per warp.
 constexpr int kDecodeWarpStages = 3;
 constexpr int kDecodeWarpMinStagesPerWarp = 4;
-void PlanDecodeWarpKernel(const AttentionParams& p, int cap, int num_sms, FlashPlan* plan) {
-  plan->head_dim_cap = cap;
-  plan->decode_kernel = true;
-  plan->decode_warp = true;
+void PlanDecodeWarpKernel(const AttentionParams& p, const DeviceInfo& dev, FlashPlan* plan) {
+  const int cap = plan->choice.head_dim_cap;
+  const DecodeWarpForm form = plan->choice.warp_form;
   plan->decode = false;
   plan->block_m = kDecodeWarpMmaMaxRows;
   plan->m_blocks = 1;
   plan->decode_m_tiles = kDecodeWarpMmaMaxRows;
-  plan->decode_warp_form = WarpForm(p, cap);
   int stages = kDecodeWarpStages;
-  const int optin = DeviceAttr(cudaDevAttrMaxSharedMemoryPerBlockOptin, 227 * 1024);
   auto smem = [&](int st) {
-    return plan->decode_warp_form == DecodeWarpForm::kTma ? DecodeWarpTmaSmemBytes(cap, st)
-                                                          : DecodeWarpMmaSmemBytes(cap, st);
+    return form == DecodeWarpForm::kTma ? DecodeWarpTmaSmemBytes(cap, st)
+                                        : DecodeWarpMmaSmemBytes(cap, st);
   };
-  while (stages > 2 && smem(stages) > optin) --stages;
+  while (stages > 2 && smem(stages) > dev.smem_optin) --stages;
   plan->decode_stages = stages;
   const int ctas_per_sm = p.q_type == DType::kBF16
-      ? DecodeWarpCtasPerSm<bf16_t>(cap, stages, plan->decode_warp_form)
-      : DecodeWarpCtasPerSm<f16_t>(cap, stages, plan->decode_warp_form);
-  const int64_t slots = int64_t(ctas_per_sm) * std::max(num_sms, 1);
+      ? DecodeWarpCtasPerSm<bf16_t>(cap, stages, form)
+      : DecodeWarpCtasPerSm<f16_t>(cap, stages, form);
+  const int64_t slots = int64_t(ctas_per_sm) * std::max(dev.num_sms, 1);
   const int64_t base = int64_t(p.batch) * p.num_kv_heads;
   const int waves = base < slots ? 0 : 1;
   const int64_t n_tiles = (KeyBound(p) + 15) / 16;  // 16-key stages
@@ -243,46 +229,82 @@ cudaError_t LaunchDecodeForType(int head_dim_cap, bool warp, const FlashDecodeAr
 
 template <typename T>
 cudaError_t LaunchForType(const FlashPlan& plan, const FlashFwdArgs& args, cudaStream_t stream) {
-  return WithHeadDimCap(plan.head_dim_cap, cudaErrorInvalidValue, [&](auto d) {
+  return WithHeadDimCap(plan.choice.head_dim_cap, cudaErrorInvalidValue, [&](auto d) {
     return LaunchForHeadDim<T, decltype(d)::value>(plan, args, stream);
   });
 }
 
 }  // namespace
 
-const char* PlanFlashFwd(const AttentionParams& p, int num_sms, FlashPlan* plan) {
-  plan->sm90 = false;
-  plan->decode_kernel = false;
-  plan->decode_warp = false;
-  plan->decode_warp_form = DecodeWarpForm::kCpAsync;
-  int cap = 0;
+FwdChoice ChooseFwdKernel(const AttentionParams& p, const DeviceInfo& dev) {
+  FwdChoice c;
   // Decode-shaped calls (a bound of kDecodeMaxQLen q rows per sequence: dense q, or varlen q
   // with that few rows in all) take the dedicated decode kernels: the warp-sliced ones for at
   // most kDecodeWarpMmaMaxRows packed rows, else the block-wide one.
   const bool decode_shape = p.seqlen_q >= 1 && p.seqlen_q <= kDecodeMaxQLen;
-  if (decode_shape && CheckSm80Support(p, &cap) == nullptr) {
+  if (decode_shape && CheckSm80Support(p, &c.head_dim_cap) == nullptr) {
     const int64_t rows = int64_t(p.seqlen_q) * (p.num_heads / p.num_kv_heads);
-    if (rows <= kDecodeWarpMmaMaxRows)
-      PlanDecodeWarpKernel(p, cap, num_sms, plan);
-    else
-      PlanDecodeKernel(p, cap, num_sms, plan);
-    return nullptr;
+    if (rows <= kDecodeWarpMmaMaxRows) {
+      c.kernel = FwdKernel::kDecodeWarp;
+      c.warp_form = WarpForm(p, c.head_dim_cap, dev);
+    } else {
+      c.kernel = FwdKernel::kDecodeBlock;
+    }
+    return c;
   }
-  // The Hopper kernel on a 9.0 device, for what it covers unless JAX_SGL_DISABLE names sm90 (by default
-  // the GPU-verified instantiations); everything else falls through to the portable sm80 kernel.
+  // The Hopper kernel on a 9.0 device, for what it covers unless JAX_SGL_DISABLE names sm90;
+  // everything else falls through to the portable sm80 kernel.
 #ifdef JAX_SGL_HAVE_SM90
-  if (Sm90Unsupported(p) == nullptr && Sm90Enabled(p)) {
-    plan->sm90 = true;
-    plan->scratch_bytes = Sm90ScratchBytes(p, num_sms);
-    return nullptr;
+  if (Sm90Unsupported(p) == nullptr && Sm90Enabled(p, dev)) {
+    c.kernel = FwdKernel::kSm90;
+    return c;
   }
 #endif
-  if (const char* why = CheckSm80Support(p, &cap)) return why;
-  if (int64_t(p.batch) * p.num_kv_heads > 65535)
-    return "jax_sgl.attention: the CUDA kernel supports batch * num_kv_heads <= 65535";
+  if ((c.why = CheckSm80Support(p, &c.head_dim_cap)) != nullptr) return c;
+  if (int64_t(p.batch) * p.num_kv_heads > 65535) {
+    c.why = "jax_sgl.attention: the CUDA kernel supports batch * num_kv_heads <= 65535";
+    return c;
+  }
+  c.kernel = FwdKernel::kPortable;
+  return c;
+}
+
+const char* FwdKernelName(const FwdChoice& choice) {
+  switch (choice.kernel) {
+    case FwdKernel::kDecodeWarp:
+      switch (choice.warp_form) {
+        case DecodeWarpForm::kTma: return "decode_warp_tma";
+        case DecodeWarpForm::kCpAsync: return "decode_warp_cp_async";
+        case DecodeWarpForm::kCpAsyncInt64: return "decode_warp_cp_async_int64";
+      }
+      break;
+    case FwdKernel::kDecodeBlock: return "decode_block";
+    case FwdKernel::kSm90: return "sm90";
+    case FwdKernel::kPortable: return "portable";
+    case FwdKernel::kNone: break;
+  }
+  return "none";
+}
+
+const char* PlanFlashFwd(const AttentionParams& p, const DeviceInfo& dev, FlashPlan* plan) {
+  plan->choice = ChooseFwdKernel(p, dev);
+  plan->num_splits = 1;
+  plan->scratch_bytes = 0;
+  switch (plan->choice.kernel) {
+    case FwdKernel::kNone: return plan->choice.why;
+    case FwdKernel::kDecodeWarp: PlanDecodeWarpKernel(p, dev, plan); return nullptr;
+    case FwdKernel::kDecodeBlock: PlanDecodeKernel(p, dev, plan); return nullptr;
+    case FwdKernel::kSm90:
+#ifdef JAX_SGL_HAVE_SM90
+      plan->scratch_bytes = Sm90ScratchBytes(p, dev.num_sms);
+#endif
+      return nullptr;
+    case FwdKernel::kPortable: break;
+  }
+  const int cap = plan->choice.head_dim_cap;
+  const int num_sms = dev.num_sms;
   const int group = p.num_heads / p.num_kv_heads;
   const int64_t rows = int64_t(p.seqlen_q) * group;  // packed rows per sequence (a bound)
-  plan->head_dim_cap = cap;
   plan->decode = rows <= 16;
   plan->block_m = plan->decode ? 16 : 64;
   plan->m_blocks = int(std::max<int64_t>(1, (rows + plan->block_m - 1) / plan->block_m));
@@ -308,7 +330,7 @@ const char* RunFlashFwd(const AttentionParams& p, const FlashPlan& plan, void* s
       return cudaGetErrorString(err);
   }
 #ifdef JAX_SGL_HAVE_SM90
-  if (plan.sm90) {
+  if (plan.choice.kernel == FwdKernel::kSm90) {
     const cudaError_t err = RunFlashFwdSm90(p, scratch, stream);
     return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
   }
@@ -325,12 +347,14 @@ const char* RunFlashFwd(const AttentionParams& p, const FlashPlan& plan, void* s
         args.o_partial + size_t(plan.num_splits) * p.total_q * p.num_heads * p.head_dim_v;
   }
   cudaError_t err;
-  if (plan.decode_kernel) {
+  const FwdKernel kernel = plan.choice.kernel;
+  if (kernel == FwdKernel::kDecodeWarp || kernel == FwdKernel::kDecodeBlock) {
+    const bool warp = kernel == FwdKernel::kDecodeWarp;
     FlashDecodeArgs d{args, plan.decode_stages, plan.decode_m_tiles, plan.m_blocks};
-    if (plan.decode_warp) d.warp_form = plan.decode_warp_form;
+    if (warp) d.warp_form = plan.choice.warp_form;
     err = p.q_type == DType::kBF16
-              ? LaunchDecodeForType<bf16_t>(plan.head_dim_cap, plan.decode_warp, d, stream)
-              : LaunchDecodeForType<f16_t>(plan.head_dim_cap, plan.decode_warp, d, stream);
+              ? LaunchDecodeForType<bf16_t>(plan.choice.head_dim_cap, warp, d, stream)
+              : LaunchDecodeForType<f16_t>(plan.choice.head_dim_cap, warp, d, stream);
   } else {
     err = p.q_type == DType::kBF16 ? LaunchForType<bf16_t>(plan, args, stream)
                                    : LaunchForType<f16_t>(plan, args, stream);

@@ -63,16 +63,11 @@ const char* Sm100BwdUnsupported(const AttentionParams& p) {
   return nullptr;
 }
 
-// sm_100a SASS runs on compute capability 10.0 only (10.3 would need sm_103a code). Not run on a
-// Blackwell GPU yet: compiled and SASS-checked (benchmarks/notes/NOTES_sm100.md).
-bool Sm100BwdEnabled(const AttentionParams& p) {
-  (void)p;
-  int device = 0, major = 0, minor = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess)
-    return false;
-  return major == 10 && minor == 0;
+// Not run on a Blackwell GPU yet (compiled and SASS-checked: benchmarks/notes/NOTES_sm100.md),
+// so JAX_SGL_DISABLE=sm100_bwd keeps the portable backward within reach on the first B200.
+bool Sm100BwdEnabled(const AttentionParams& p, const DeviceInfo& dev) {
+  if (p.disable & kDisableSm100Bwd) return false;
+  return IsSm100(dev);
 }
 
 size_t Sm100BwdDqAccumFloats(const AttentionParams& p) {

@@ -21,6 +21,7 @@
 
 #include <cstddef>
 
+#include "ffi/cuda/attention/common/device.h"
 #include "ffi/cuda/attention/flash_bwd_launch.h"
 
 namespace jax_sgl::cuda {
@@ -29,8 +30,8 @@ namespace jax_sgl::cuda {
 const char* Sm100BwdUnsupported(const AttentionParams& p);
 
 // Whether a covered call runs on it: the device is compute capability 10.0, the only one
-// sm_100a SASS runs on.
-bool Sm100BwdEnabled(const AttentionParams& p);
+// sm_100a SASS runs on, and JAX_SGL_DISABLE does not name sm100_bwd (p.disable).
+bool Sm100BwdEnabled(const AttentionParams& p, const DeviceInfo& dev);
 
 // Float32 elements of the dQ accumulator: [batch, num_heads, seqlen_q rounded up to 8, head_dim]
 // (the convert kernel's layout).

@@ -59,9 +59,9 @@ const char* Sm90BwdUnsupported(const AttentionParams& p) {
 // Every built instantiation passed the GPU gradient tests (hd64 / hd128 x bf16 / fp16, both dQ
 // modes; H100 and H200, 2026-12-02), so all run by default; JAX_SGL_DISABLE=sm90_bwd (a bit of
 // p.disable) turns them off.
-bool Sm90BwdEnabled(const AttentionParams& p) {
+bool Sm90BwdEnabled(const AttentionParams& p, const DeviceInfo& dev) {
   if (p.disable & kDisableSm90Bwd) return false;
-  return IsComputeCapability90();
+  return IsSm90(dev);
 }
 
 int Sm90BwdRowBlock(const AttentionParams& p) { return p.head_dim == 128 ? 64 : 128; }
@@ -85,9 +85,7 @@ bool Sm90BwdTailSplitRequested(const AttentionParams& p) {
          p.softcap <= 0.f;
 }
 
-size_t Sm90BwdTailBytes(const AttentionParams& p) {
-  int num_sms = 0;
-  if (CurrentSmCount(&num_sms) != cudaSuccess) return 0;
+size_t Sm90BwdTailBytes(const AttentionParams& p, int num_sms) {
   return size_t(num_sms) * 128 * size_t(p.head_dim) * 2 * sizeof(float);
 }
 

@@ -14,6 +14,7 @@
 
 #include <cstddef>
 
+#include "ffi/cuda/attention/common/device.h"
 #include "ffi/cuda/attention/flash_bwd_launch.h"
 
 namespace jax_sgl::cuda {
@@ -23,7 +24,7 @@ const char* Sm90BwdUnsupported(const AttentionParams& p);
 
 // Whether a covered call runs on it: compute capability 9.0, unless JAX_SGL_DISABLE names
 // sm90_bwd (p.disable).
-bool Sm90BwdEnabled(const AttentionParams& p);
+bool Sm90BwdEnabled(const AttentionParams& p, const DeviceInfo& dev);
 
 // Query rows per step of the kernel for p's head dim: the workspace's row padding.
 int Sm90BwdRowBlock(const AttentionParams& p);
@@ -36,7 +37,7 @@ size_t Sm90BwdDqAccumFloats(const AttentionParams& p, int ws_rows);
 bool Sm90BwdTailSplitRequested(const AttentionParams& p);
 // Scratch bytes of the tail split's float32 dK / dV shares: one 128-key block per SM each
 // (0 when the device's SM count cannot be read).
-size_t Sm90BwdTailBytes(const AttentionParams& p);
+size_t Sm90BwdTailBytes(const AttentionParams& p, int num_sms);
 
 // The backward instantiations this build holds (" hdim128_bf16 ..."; leading space).
 const char* Sm90BwdBuiltKernels();

@@ -106,22 +106,12 @@ const char* Sm90Unsupported(const AttentionParams& p) {
   return nullptr;
 }
 
-bool Sm90Enabled(const AttentionParams& p) {
+bool Sm90Enabled(const AttentionParams& p, const DeviceInfo& dev) {
   // Every instantiation passed the sm90 GPU tests on an H200 (benchmarks/notes/NOTES_sm90.md,
   // 2026-12-02), so all built ones run by default; JAX_SGL_DISABLE=sm90 (a bit of p.disable, set
   // when the call was lowered) routes everything to the portable kernel.
   if (p.disable & kDisableSm90) return false;
-  return IsComputeCapability90();
-}
-
-bool IsComputeCapability90() {
-  int device = 0, major = 0, minor = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess)
-    return false;
-  // sm_90a code runs on exactly compute capability 9.0.
-  return major == 9 && minor == 0;
+  return IsSm90(dev);
 }
 
 const char* Sm90BuiltKernels() {

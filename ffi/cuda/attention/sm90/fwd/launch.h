@@ -12,19 +12,16 @@
 #include <cstddef>
 
 #include "ffi/common/attention_params.h"
+#include "ffi/cuda/attention/common/device.h"
 
 namespace jax_sgl::cuda {
 
 // nullptr when the sm90 kernel covers the call, else what it lacks (the fallback decision).
 const char* Sm90Unsupported(const AttentionParams& p);
 
-// Whether a call the sm90 kernel covers runs on it: the current device is compute capability 9.0
-// and JAX_SGL_DISABLE does not name sm90 (p.disable, set when the call was lowered).
-bool Sm90Enabled(const AttentionParams& p);
-
-// The current device is compute capability 9.0, the only one sm_90a code runs on (the forward's
-// and the backward's switches both ask).
-bool IsComputeCapability90();
+// Whether a call the sm90 kernel covers runs on it: the device is compute capability 9.0 and
+// JAX_SGL_DISABLE does not name sm90 (p.disable, set when the call was lowered).
+bool Sm90Enabled(const AttentionParams& p, const DeviceInfo& dev);
 
 // The instantiations this build holds, space separated with a leading space: each (head dim,
 // dtype) (" hdim128_bf16"), for jax_sgl.attention_backend_info().

@@ -1,0 +1,248 @@
+"""The CUDA dispatch under a mocked compute capability, on any machine with the CUDA build.
+
+Each call is lowered for CUDA and planned by the handlers' own code (jax_sgl/_plan.py) for a
+made-up device, so the kernel choice of docs/kernels.md is checked for GPUs this machine does not
+have (and without one at all). Expectations for the Hopper kernels depend on what the build holds
+(CI trims them to hd128 bf16), so they read attention_backend_info().
+"""
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import jax_sgl
+from jax_sgl import _disable, _primitive
+
+pytestmark = pytest.mark.skipif(not jax_sgl.CUDA_TARGETS,
+                                reason="the dispatch is compiled with the CUDA build only")
+
+if jax_sgl.CUDA_TARGETS:
+  from jax_sgl._plan import cuda_attention_kernels
+
+HOPPER = (9, 0)
+AMPERE = (8, 0)
+ADA = (8, 9)
+BF16 = jnp.bfloat16
+
+
+def _sds(shape, dtype=BF16):
+  return jax.ShapeDtypeStruct(shape, dtype)
+
+
+def _built(family: str, head_dim: int, dtype=BF16) -> bool:
+  k = jax_sgl.attention_backend_info()["kernels"].get(family, {})
+  return head_dim in k.get("head_dims", []) and jnp.dtype(dtype).name in k.get("dtypes", [])
+
+
+def _fwd(cc, *args, **kwargs):
+  kernels = cuda_attention_kernels(lambda *a: jax_sgl.attention(*a, **kwargs), *args,
+                                   compute_capability=cc)
+  assert [d for d, _ in kernels] == ["fwd"], kernels
+  return kernels[0][1]
+
+
+def _dense(b=2, sq=1024, sk=1024, h=16, hkv=4, d=128, dtype=BF16):
+  return _sds((b, sq, h, d), dtype), _sds((b, sk, hkv, d), dtype), _sds((b, sk, hkv, d), dtype)
+
+
+def _paged(b=4, sq=1, h=32, hkv=8, d=128, page=16, pages=64, max_pages=16):
+  q = _sds((b, sq, h, d))
+  pool = _sds((pages, page, hkv, d)) if page > 1 else _sds((pages, hkv, d))
+  return q, pool, pool, _sds((b, max_pages), jnp.int32), _sds((b,), jnp.int32)
+
+
+def _paged_fwd(cc, q, k, v, page_table, seqused_k, **kwargs):
+  f = lambda q, k, v, pt, su: jax_sgl.attention(q, k, v, page_table=pt, seqused_k=su, **kwargs)
+  kernels = cuda_attention_kernels(f, q, k, v, page_table, seqused_k, compute_capability=cc)
+  assert [d for d, _ in kernels] == ["fwd"], kernels
+  return kernels[0][1]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_dense_prefill_runs_sm90_on_hopper_only(causal):
+  if not _built("sm90_fwd", 128):
+    pytest.skip("this build has no sm90 hd128 bf16 forward")
+  assert _fwd(HOPPER, *_dense(), causal=causal) == "sm90"
+  for cc in (AMPERE, ADA, (9, 1)):  # sm_90a code runs on exactly 9.0
+    assert _fwd(cc, *_dense(), causal=causal) == "portable"
+
+
+def test_disable_switch_routes_hopper_calls_to_the_portable_kernel(monkeypatch):
+  monkeypatch.setenv(_disable.ENV, "sm90")
+  assert _fwd(HOPPER, *_dense(), causal=True) == "portable"
+
+
+def test_head_dims_without_a_hopper_kernel_run_portable():
+  # 96 and 192 have no sm90 instantiation (docs/kernels.md); d != d_v neither. A build trimmed
+  # of their portable kernels (JAX_SGL_ATTN_HEAD_DIMS) says so instead of running anything.
+  portable = jax_sgl.attention_backend_info()["kernels"]["portable"]["head_dims"]
+  for d in (96, 192):
+    kernel = _fwd(HOPPER, *_dense(d=d), causal=True)
+    if d in portable:
+      assert kernel == "portable"
+    else:
+      assert kernel.startswith("none:") and "left out" in kernel, kernel
+  q, k, _ = _dense()
+  assert _fwd(HOPPER, q, k, _sds(k.shape[:-1] + (64,)), causal=True) == "portable"
+
+
+def test_varlen_prefill():
+  if not _built("sm90_fwd", 128):
+    pytest.skip("this build has no sm90 hd128 bf16 forward")
+  q, k = _sds((3000, 16, 128)), _sds((5000, 4, 128))
+  cu = _sds((4,), jnp.int32)
+  f = lambda q, k, v, cq, ck: jax_sgl.attention(q, k, v, cu_seqlens_q=cq, cu_seqlens_k=ck,
+                                                causal=True)
+  assert cuda_attention_kernels(f, q, k, k, cu, cu, compute_capability=HOPPER) == [
+      ("fwd", "sm90")]
+  assert cuda_attention_kernels(f, q, k, k, cu, cu, compute_capability=AMPERE) == [
+      ("fwd", "portable")]
+
+
+@pytest.mark.parametrize("page", [16, 64])
+def test_paged_decode_takes_the_tma_form_on_hopper(page):
+  args = _paged(page=page)
+  assert _paged_fwd(HOPPER, *args, causal=True) == "decode_warp_tma"
+  assert _paged_fwd(AMPERE, *args, causal=True) == "decode_warp_cp_async"
+
+
+@pytest.mark.parametrize("page", [1, 5])
+def test_paged_decode_on_pages_no_tma_stage_fits_uses_cp_async(page):
+  assert _paged_fwd(HOPPER, *_paged(page=page), causal=True) == "decode_warp_cp_async"
+
+
+def test_decode_over_a_huge_pool_uses_64_bit_rows():
+  # 2^31 rows or more: 32-bit slot indices would wrap (the pool is only a shape here).
+  q, _, _, pt, su = _paged(page=16)
+  pool = _sds((1 << 27, 16, 8, 128))
+  assert _paged_fwd(HOPPER, q, pool, pool, pt, su, causal=True) == "decode_warp_cp_async_int64"
+
+
+def test_many_packed_decode_rows_take_the_block_kernel():
+  # 8 q rows x a group of 4 = 32 packed rows: past the warp-sliced kernels' 16.
+  q, k, v, pt, su = _paged(sq=8, h=32, hkv=8, page=16)
+  assert _paged_fwd(AMPERE, q, k, v, pt, su, causal=True) == "decode_block"
+
+
+def test_paged_prefill_and_verify_run_sm90_on_hopper():
+  if not _built("sm90_fwd", 128):
+    pytest.skip("this build has no sm90 hd128 bf16 forward")
+  for page in (1, 5, 16, 64):  # TMA boxes, or the gather when no box fits the page
+    assert _paged_fwd(HOPPER, *_paged(sq=1024, page=page, pages=4096, max_pages=256),
+                      causal=True) == "sm90"
+  # Speculative verify: 32 drafts x a group of 4 fill 128 packed tile rows.
+  assert _paged_fwd(HOPPER, *_paged(sq=32, page=16, pages=4096, max_pages=256),
+                    causal=True) == "sm90"
+  assert _paged_fwd(AMPERE, *_paged(sq=1024, page=16, pages=4096, max_pages=256),
+                    causal=True) == "portable"
+
+
+def test_kv_buffer_plans_like_a_page_pool():
+  if not _built("sm90_fwd", 128):
+    pytest.skip("this build has no sm90 hd128 bf16 forward")
+  q = _sds((4, 1024, 32, 128))
+  buf = _sds((4096, 16, 16, 128))  # [pages, page, 2 * Hkv, head_dim_pad]
+  pt, su = _sds((4, 256), jnp.int32), _sds((4,), jnp.int32)
+  f = lambda q, b, pt, su: jax_sgl.attention(q, kv_buffer=b, page_table=pt, seqused_k=su,
+                                             causal=True)
+  assert cuda_attention_kernels(f, q, buf, pt, su, compute_capability=HOPPER) == [("fwd", "sm90")]
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float8_e4m3fn])
+def test_dtypes_without_a_cuda_kernel_raise_at_trace_time(dtype):
+  q, k, v = _dense(dtype=dtype)
+  kwargs = {}
+  if dtype == jnp.float8_e4m3fn:
+    descale = _sds((2, 4), jnp.float32)
+    f = lambda q, k, v, qd, kd, vd: jax_sgl.attention(q, k, v, q_descale=qd, k_descale=kd,
+                                                      v_descale=vd)
+    with pytest.raises(NotImplementedError, match="CPU"):
+      cuda_attention_kernels(f, q, k, v, descale, descale, descale, compute_capability=HOPPER)
+    return
+  with pytest.raises(NotImplementedError, match="CPU"):
+    _fwd(HOPPER, q, k, v, **kwargs)
+
+
+def _grad_kernels(cc, q, k, v, **kwargs):
+  loss = lambda q, k, v: jax_sgl.attention(q, k, v, **kwargs).astype(jnp.float32).sum()
+  return cuda_attention_kernels(jax.grad(loss, argnums=(0, 1, 2)), q, k, v,
+                                compute_capability=cc)
+
+
+@pytest.mark.parametrize("deterministic,kernel", [(False, "sm90_bwd"),
+                                                  (True, "sm90_bwd_dq_kernel")])
+def test_dense_backward_runs_sm90_on_hopper(deterministic, kernel):
+  if not _built("sm90_bwd", 128):
+    pytest.skip("this build has no sm90 hd128 bf16 backward")
+  args = _dense()
+  assert _grad_kernels(HOPPER, *args, causal=True, deterministic=deterministic) == [
+      ("fwd", "sm90"), ("bwd", kernel)]
+  assert _grad_kernels(AMPERE, *args, causal=True, deterministic=deterministic) == [
+      ("fwd", "portable"), ("bwd", "portable_bwd")]
+
+
+def test_backward_disable_switch(monkeypatch):
+  monkeypatch.setenv(_disable.ENV, "sm90_bwd")
+  kernels = _grad_kernels(HOPPER, *_dense(), causal=True)
+  assert kernels[1] == ("bwd", "portable_bwd")
+
+
+def test_varlen_backward_runs_portable():
+  q, k = _sds((3000, 16, 128)), _sds((5000, 4, 128))
+  cu = _sds((4,), jnp.int32)
+  loss = lambda q, k, v, cq, ck: jax_sgl.attention(q, k, v, cu_seqlens_q=cq, cu_seqlens_k=ck,
+                                                   causal=True).astype(jnp.float32).sum()
+  kernels = cuda_attention_kernels(jax.grad(loss, argnums=(0, 1, 2)), q, k, k, cu, cu,
+                                   compute_capability=HOPPER)
+  assert kernels[-1] == ("bwd", "portable_bwd")
+
+
+def test_head_dims_above_128_have_no_native_backward(monkeypatch):
+  monkeypatch.setattr(_primitive, "_warned", set())  # the warning is once per process
+  with pytest.warns(RuntimeWarning, match="reference"):
+    kernels = _grad_kernels(HOPPER, *_dense(d=256), causal=True)
+  assert [d for d, _ in kernels] == ["fwd"], kernels
+
+
+BLACKWELL = (10, 0)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_dense_backward_runs_sm100_on_blackwell_only(causal, head_dim):
+  if not _built("sm100_bwd", head_dim):
+    pytest.skip(f"this build has no sm100 hd{head_dim} bf16 backward")
+  args = _dense(sq=1000, sk=777, h=12, hkv=4, d=head_dim)
+  assert _grad_kernels(BLACKWELL, *args, causal=causal)[-1] == ("bwd", "sm100_bwd")
+  # sm_100a code runs on 10.0 only: a 10.3 device and Hopper take their own kernels.
+  assert _grad_kernels((10, 3), *args, causal=causal)[-1] == ("bwd", "portable_bwd")
+  assert _grad_kernels(HOPPER, *args, causal=causal)[-1] != ("bwd", "sm100_bwd")
+
+
+# What the Blackwell backward collective leaves to the portable backward (Sm100BwdUnsupported).
+@pytest.mark.parametrize("kwargs", [{"window": (64, 0)}, {"softcap": 30.0, "causal": True},
+                                    {"deterministic": True}],
+                         ids=["window", "softcap", "deterministic"])
+def test_sm100_backward_leaves_uncovered_calls_to_portable(kwargs):
+  assert _grad_kernels(BLACKWELL, *_dense(), **kwargs)[-1] == ("bwd", "portable_bwd")
+
+
+def test_sm100_backward_varlen_and_seqused_k_run_portable():
+  q, k = _sds((3000, 16, 128)), _sds((5000, 4, 128))
+  cu = _sds((4,), jnp.int32)
+  loss = lambda q, k, v, cq, ck: jax_sgl.attention(q, k, v, cu_seqlens_q=cq, cu_seqlens_k=ck,
+                                                   causal=True).astype(jnp.float32).sum()
+  kernels = cuda_attention_kernels(jax.grad(loss, argnums=(0, 1, 2)), q, k, k, cu, cu,
+                                   compute_capability=BLACKWELL)
+  assert kernels[-1] == ("bwd", "portable_bwd")
+  q, k, v = _dense()
+  su = _sds((2,), jnp.int32)
+  loss = lambda q, k, v, su: jax_sgl.attention(q, k, v, seqused_k=su).astype(jnp.float32).sum()
+  kernels = cuda_attention_kernels(jax.grad(loss, argnums=(0, 1, 2)), q, k, v, su,
+                                   compute_capability=BLACKWELL)
+  assert kernels[-1] == ("bwd", "portable_bwd")
+
+
+def test_sm100_backward_disable_switch(monkeypatch):
+  monkeypatch.setenv(_disable.ENV, "sm100_bwd")
+  assert _grad_kernels(BLACKWELL, *_dense(), causal=True)[-1] == ("bwd", "portable_bwd")
