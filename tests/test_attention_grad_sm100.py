@@ -132,6 +132,15 @@ def _check(q, k, v, kw, *, with_lse=False, deterministic=False):
         f"d{name}: error {err:.3g} > {FACTOR:g} x the reference's {ref_err:.3g} + {FLOOR:g}")
 
 
+def _bwd_kernel(q, k, v, kw):
+  """The backward kernel the dispatch picks for this device (jax_sgl/_plan.py)."""
+  from jax_sgl._plan import cuda_attention_kernels
+  cc = tuple(int(x) for x in jax.devices("cuda")[0].compute_capability.split("."))
+  loss = lambda q, k, v: jax_sgl.attention(q, k, v, **kw).astype(jnp.float32).sum()
+  return cuda_attention_kernels(jax.grad(loss, argnums=(0, 1, 2)), q, k, v,
+                                compute_capability=cc)[-1]
+
+
 def test_sm100_backward_is_built():
   built = jax_sgl.attention_backend_info()["kernels"].get("sm100_bwd", {})
   assert 128 in built.get("head_dims", ()), f"no sm100 backward in this build: {built}"
@@ -143,6 +152,11 @@ def test_sm100_backward_is_built():
 @pytest.mark.parametrize("shape", SHAPES)
 def test_dense(shape, causal, head_dim, dtype):
   q, k, v = _inputs(shape, head_dim, dtype, seed=head_dim + 2 * shape[1] + causal)
+  built = jax_sgl.attention_backend_info()["kernels"].get("sm100_bwd", {})
+  if head_dim in built.get("head_dims", ()) and jnp.dtype(dtype).name in built.get("dtypes", ()):
+    # A 10.0 device runs these on the sm100 backward (10.x others: the portable one).
+    if jax.devices("cuda")[0].compute_capability == "10.0":
+      assert _bwd_kernel(q, k, v, {"causal": causal}) == ("bwd", "sm100_bwd")
   _check(q, k, v, {"causal": causal})
 
 
@@ -165,4 +179,5 @@ def test_fallbacks(kw):
   kw = dict(kw)
   deterministic = kw.pop("deterministic", False)
   q, k, v = _inputs((2, 150, 200, 8, 2), 128, jnp.bfloat16, seed=13)
+  assert _bwd_kernel(q, k, v, dict(kw, deterministic=deterministic)) == ("bwd", "portable_bwd")
   _check(q, k, v, kw, deterministic=deterministic)
