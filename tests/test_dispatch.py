@@ -246,3 +246,11 @@ def test_sm100_backward_varlen_and_seqused_k_run_portable():
 def test_sm100_backward_disable_switch(monkeypatch):
   monkeypatch.setenv(_disable.ENV, "sm100_bwd")
   assert _grad_kernels(BLACKWELL, *_dense(), causal=True)[-1] == ("bwd", "portable_bwd")
+
+
+@pytest.mark.parametrize("page", [1, 16, 64])
+def test_paged_decode_on_blackwell_keeps_the_decode_kernels(page):
+  # CUTLASS's Blackwell generation kernel cannot hold 16-bit K/V in shared memory and writes no
+  # LSE (docs/kernels.md): 10.0 decodes on the same kernels as Hopper.
+  args = _paged(page=page)
+  assert _paged_fwd(BLACKWELL, *args, causal=True) == _paged_fwd(HOPPER, *args, causal=True)
