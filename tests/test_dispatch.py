@@ -20,6 +20,7 @@ if jax_sgl.CUDA_TARGETS:
   from jax_sgl._plan import cuda_attention_kernels
 
 HOPPER = (9, 0)
+BLACKWELL = (10, 0)
 AMPERE = (8, 0)
 ADA = (8, 9)
 BF16 = jnp.bfloat16
@@ -187,13 +188,14 @@ def test_backward_disable_switch(monkeypatch):
   assert kernels[1] == ("bwd", "portable_bwd")
 
 
-def test_varlen_backward_runs_portable():
+@pytest.mark.parametrize("cc", [HOPPER, BLACKWELL])
+def test_varlen_backward_runs_portable(cc):
   q, k = _sds((3000, 16, 128)), _sds((5000, 4, 128))
   cu = _sds((4,), jnp.int32)
   loss = lambda q, k, v, cq, ck: jax_sgl.attention(q, k, v, cu_seqlens_q=cq, cu_seqlens_k=ck,
                                                    causal=True).astype(jnp.float32).sum()
   kernels = cuda_attention_kernels(jax.grad(loss, argnums=(0, 1, 2)), q, k, k, cu, cu,
-                                   compute_capability=HOPPER)
+                                   compute_capability=cc)
   assert kernels[-1] == ("bwd", "portable_bwd")
 
 
@@ -203,8 +205,6 @@ def test_head_dims_above_128_have_no_native_backward(monkeypatch):
     kernels = _grad_kernels(HOPPER, *_dense(d=256), causal=True)
   assert [d for d, _ in kernels] == ["fwd"], kernels
 
-
-BLACKWELL = (10, 0)
 
 
 @pytest.mark.parametrize("head_dim", [64, 128])
@@ -227,14 +227,7 @@ def test_sm100_backward_leaves_uncovered_calls_to_portable(kwargs):
   assert _grad_kernels(BLACKWELL, *_dense(), **kwargs)[-1] == ("bwd", "portable_bwd")
 
 
-def test_sm100_backward_varlen_and_seqused_k_run_portable():
-  q, k = _sds((3000, 16, 128)), _sds((5000, 4, 128))
-  cu = _sds((4,), jnp.int32)
-  loss = lambda q, k, v, cq, ck: jax_sgl.attention(q, k, v, cu_seqlens_q=cq, cu_seqlens_k=ck,
-                                                   causal=True).astype(jnp.float32).sum()
-  kernels = cuda_attention_kernels(jax.grad(loss, argnums=(0, 1, 2)), q, k, k, cu, cu,
-                                   compute_capability=BLACKWELL)
-  assert kernels[-1] == ("bwd", "portable_bwd")
+def test_sm100_backward_leaves_seqused_k_to_portable():
   q, k, v = _dense()
   su = _sds((2,), jnp.int32)
   loss = lambda q, k, v, su: jax_sgl.attention(q, k, v, seqused_k=su).astype(jnp.float32).sum()
