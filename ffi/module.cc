@@ -58,7 +58,7 @@ nb::capsule Capsule(Fn* fn) {
 // The lowered call's attribute dictionary (jax_sgl/attention.py _ffi_attrs) as XLA decodes it
 // into AttentionAttrs (attention_ffi.h's XLA_FFI_REGISTER_STRUCT_ATTR_DECODING list).
 jax_sgl::AttentionAttrs ToAttentionAttrs(const nb::dict& d) {
-  if (nb::len(d) != 12) throw nb::value_error("attention_plan: expected the 12 attention attributes");
+  if (nb::len(d) != 13) throw nb::value_error("attention_plan: expected the 13 attention attributes");
   jax_sgl::AttentionAttrs a;
   a.kv_layout = nb::cast<int64_t>(d["kv_layout"]);
   a.varlen_q = nb::cast<bool>(d["varlen_q"]);
@@ -72,6 +72,7 @@ jax_sgl::AttentionAttrs ToAttentionAttrs(const nb::dict& d) {
   a.deterministic = nb::cast<bool>(d["deterministic"]);
   a.disable = nb::cast<int64_t>(d["disable"]);
   a.kv_buffer = nb::cast<bool>(d["kv_buffer"]);
+  a.qk_blockscaled = nb::cast<bool>(d["qk_blockscaled"]);
   return a;
 }
 #endif

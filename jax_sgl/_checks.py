@@ -15,7 +15,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jax_sgl._dtypes import FLOAT_DTYPES, FP8_DTYPES, INDEX_DTYPES, is_fp8, names
+from jax_sgl._dtypes import (BLOCK_SCALE_DTYPES, E8M0, FLOAT_DTYPES, FP8_DTYPES, INDEX_DTYPES,
+                             is_fp8, names)
 from jax_sgl._kv_buffer import KvBufferShape, kv_buffer_shape
 
 # Head dims the kernels are built for: multiples of 8 (16-byte rows of bf16) up to 256.
@@ -189,6 +190,13 @@ class AttentionSpec:
   kv_buffer: bool = False
   # Paged k/v (or kv_buffer) given as a token pool [num_slots, Hkv, D], rank 3, page size 1.
   token_pool: bool = False
+  # q_descale / k_descale are block scales (SGLang's qk_blockscaled): q's (k's) shape with
+  # head_dim // QK_SCALE_BLOCK features, e8m0 or float32; else per (batch, kv head) float32.
+  qk_blockscaled: bool = False
+
+
+# Features per q/k block scale: the OCP MX block size, which SGLang's qk_blockscaled uses.
+QK_SCALE_BLOCK = 32
 
 
 def _check_head_dim(name: str, d: int) -> None:
@@ -202,8 +210,28 @@ def _check_descale(name: str, x, batch: int, num_kv_heads: int) -> None:
   if jnp.dtype(x.dtype) != jnp.float32:
     raise TypeError(f"{ATTN_FN}: {name} must be float32, got {x.dtype} with shape {_shape(x)}")
   if _shape(x) != (batch, num_kv_heads):
+    block = "" if name == "v_descale" else \
+        " (or, as block scales, the operand's shape with head_dim // 32 in place of head_dim)"
     raise ValueError(f"{ATTN_FN}: {name} must have shape [batch, num_kv_heads] = "
-                     f"{(batch, num_kv_heads)}, got {_shape(x)}")
+                     f"{(batch, num_kv_heads)}{block}, got {_shape(x)}")
+
+
+def _is_block_scale(scale, x) -> bool:
+  """A q/k descale is a block scale when it has its operand's rank (per-head descales are 2-D and
+  q/k never are) or the MX scale dtype."""
+  return scale is not None and (scale.ndim == x.ndim or jnp.dtype(scale.dtype) == E8M0)
+
+
+def _check_block_scale(name: str, scale, x, x_name: str, layout: str) -> None:
+  """scale: x's shape with head_dim // QK_SCALE_BLOCK in place of head_dim, e8m0 or float32."""
+  if jnp.dtype(scale.dtype) not in BLOCK_SCALE_DTYPES:
+    raise TypeError(f"{ATTN_FN}: {name} (block scales) must be {names(BLOCK_SCALE_DTYPES)}, got "
+                    f"{scale.dtype} with shape {_shape(scale)}")
+  want = _shape(x)[:-1] + (_shape(x)[-1] // QK_SCALE_BLOCK,)
+  if _shape(scale) != want:
+    raise ValueError(f"{ATTN_FN}: {name} (block scales) must have {x_name}'s shape with "
+                     f"head_dim // {QK_SCALE_BLOCK} last, {layout} = {want}, got "
+                     f"{_shape(scale)} ({x_name} {_shape(x)})")
 
 
 def _check_sinks(x, num_heads: int) -> None:
@@ -215,19 +243,25 @@ def _check_sinks(x, num_heads: int) -> None:
                      f"got {_shape(x)}")
 
 
-def check_attention_dtypes(q, k, v, q_descale, k_descale, v_descale) -> Any:
-  """SGLang's dtype rules (flash_fwd_sm100); returns the output dtype."""
+def check_attention_dtypes(q, k, v, q_descale, k_descale, v_descale) -> tuple[Any, bool]:
+  """SGLang's dtype rules (flash_fwd_sm100), in its order; returns the output dtype and whether
+  q/k are block-scaled (qk_blockscaled). Block-scale shapes are checked with the layout."""
   if q.dtype != k.dtype:
     raise TypeError(f"Type mismatch: {q.dtype} != {k.dtype}")
   v_dequant = is_fp8(v.dtype) and v_descale is not None
-  if not v_dequant and q.dtype != v.dtype:
+  blockscaled = _is_block_scale(q_descale, q) or _is_block_scale(k_descale, k)
+  # Block-scaled q/k take a V of their own dtype (bf16, or fp8 with v_descale), as SGLang's does.
+  if not blockscaled and not v_dequant and q.dtype != v.dtype:
     raise TypeError(f"Type mismatch: {q.dtype} != {v.dtype}")
   if is_fp8(q.dtype):
     if q_descale is None or k_descale is None:
       raise ValueError(f"{ATTN_FN}: fp8 q/k ({q.dtype}) need q_descale and k_descale "
-                       "(float32 [batch, num_kv_heads])")
+                       "(float32 [batch, num_kv_heads], or block scales: q's and k's shapes with "
+                       f"head_dim // {QK_SCALE_BLOCK} last)")
     if q_descale.dtype != k_descale.dtype:
       raise TypeError(f"Type mismatch: {q_descale.dtype} != {k_descale.dtype}")
+    if blockscaled:
+      _check_blockscaled_dtypes(q, k, v, q_descale, k_descale)
     if is_fp8(v.dtype) and v_descale is None:
       raise ValueError(f"{ATTN_FN}: fp8 v ({v.dtype}) needs v_descale "
                        "(float32 [batch, num_kv_heads])")
@@ -235,10 +269,28 @@ def check_attention_dtypes(q, k, v, q_descale, k_descale, v_descale) -> Any:
     raise TypeError(f"{ATTN_FN}: q dtype {q.dtype} is not supported; supported: "
                     f"{names(FLOAT_DTYPES + FP8_DTYPES)}")
   elif q_descale is not None or k_descale is not None:
-    raise ValueError(f"{ATTN_FN}: q_descale/k_descale apply to fp8 q/k only, got q {q.dtype}")
+    raise ValueError(f"{ATTN_FN}: q_descale/k_descale (descales or block scales) apply to fp8 "
+                     f"q/k only, got q {q.dtype}")
   if v_descale is not None and not is_fp8(v.dtype):
     raise ValueError(f"{ATTN_FN}: v_descale applies to fp8 v only, got v {v.dtype}")
-  return jnp.dtype(jnp.bfloat16) if is_fp8(q.dtype) else jnp.dtype(q.dtype)
+  out_dtype = jnp.dtype(jnp.bfloat16) if is_fp8(q.dtype) else jnp.dtype(q.dtype)
+  return out_dtype, blockscaled
+
+
+def _check_blockscaled_dtypes(q, k, v, q_descale, k_descale) -> None:
+  """qk_blockscaled: both scales are block scales, q/k are e4m3 (MXFP8 E4M3), v a float dtype or
+  fp8 (with v_descale, checked by the caller)."""
+  if not (_is_block_scale(q_descale, q) and _is_block_scale(k_descale, k)):
+    raise ValueError(f"{ATTN_FN}: q_descale and k_descale must both be block scales (q's and k's "
+                     f"shapes with head_dim // {QK_SCALE_BLOCK} last) or both per (batch, kv "
+                     f"head) descales [batch, num_kv_heads]; got q_descale {_shape(q_descale)}, "
+                     f"k_descale {_shape(k_descale)} (q {_shape(q)}, k {_shape(k)})")
+  if jnp.dtype(q.dtype) != jnp.dtype(jnp.float8_e4m3fn):
+    raise NotImplementedError(f"{ATTN_FN}: block-scaled q/k (qk_blockscaled) are served for "
+                              f"float8_e4m3fn q/k only, got {q.dtype}")
+  if jnp.dtype(v.dtype) not in FLOAT_DTYPES + FP8_DTYPES:
+    raise TypeError(f"{ATTN_FN}: v dtype {v.dtype} is not supported with block-scaled q/k; "
+                    f"supported: {names(FLOAT_DTYPES + FP8_DTYPES)}")
 
 
 def _check_attention_kv_buffer(q, k, v, kv_buffer, page_table) -> KvBufferShape:
@@ -285,7 +337,7 @@ def check_attention(q, k, v, *, causal: bool, softmax_scale, window, softcap, cu
     k = v = jax.ShapeDtypeStruct(views + (buf.num_kv_heads, _shape(q)[-1]), kv_buffer.dtype)
   elif k is None or v is None:
     raise ValueError(f"{ATTN_FN}: k and v are required unless kv_buffer is given")
-  out_dtype = check_attention_dtypes(q, k, v, q_descale, k_descale, v_descale)
+  out_dtype, blockscaled = check_attention_dtypes(q, k, v, q_descale, k_descale, v_descale)
 
   # Layout.
   paged = page_table is not None
@@ -360,7 +412,11 @@ def check_attention(q, k, v, *, causal: bool, softmax_scale, window, softcap, cu
     if _shape(seqused_k) != (batch,):
       raise ValueError(f"{ATTN_FN}: seqused_k must be [batch={batch}], got shape "
                        f"{_shape(seqused_k)}")
-  for name, d in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
+  if blockscaled:
+    _check_blockscaled_shapes(q, k, q_descale, k_descale, head_dim, varlen_q, kv_layout)
+  per_head = (("v_descale", v_descale),) if blockscaled else \
+      (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale))
+  for name, d in per_head:
     if d is not None:
       _check_descale(name, d, batch, num_kv_heads)
   if sinks is not None:
@@ -388,7 +444,30 @@ def check_attention(q, k, v, *, causal: bool, softmax_scale, window, softcap, cu
       num_kv_heads=num_kv_heads, head_dim=head_dim, head_dim_v=head_dim_v, softmax_scale=scale,
       softcap=softcap, causal=bool(causal), window_left=left, window_right=right,
       out_dtype=out_dtype, page_size=(_shape(k)[1] if paged and k.ndim == 4 else 1),
-      deterministic=deterministic, kv_buffer=buf is not None, token_pool=paged and k.ndim == 3)
+      deterministic=deterministic, kv_buffer=buf is not None, token_pool=paged and k.ndim == 3,
+      qk_blockscaled=blockscaled)
+
+
+def _check_blockscaled_shapes(q, k, q_descale, k_descale, head_dim: int, varlen_q: bool,
+                              kv_layout: int) -> None:
+  """One scale per QK_SCALE_BLOCK features of every q and k row; paged K's scales are a pool
+  beside K's (same pages and slots), a fused kv_buffer's those of its K view."""
+  if head_dim % QK_SCALE_BLOCK:
+    raise ValueError(f"{ATTN_FN}: block-scaled q/k need head_dim a multiple of "
+                     f"{QK_SCALE_BLOCK} (one scale per {QK_SCALE_BLOCK} features), got head_dim "
+                     f"{head_dim} (q {_shape(q)})")
+  q_layout = ("[total_q, num_heads, head_dim // 32]" if varlen_q else
+              "[batch, seqlen_q, num_heads, head_dim // 32]")
+  if kv_layout == KV_DENSE:
+    k_layout = "[batch, seqlen_k, num_kv_heads, head_dim // 32]"
+  elif kv_layout == KV_VARLEN:
+    k_layout = "[total_k, num_kv_heads, head_dim // 32]"
+  elif k.ndim == 3:
+    k_layout = "[num_slots, num_kv_heads, head_dim // 32]"
+  else:
+    k_layout = "[num_pages, page_size, num_kv_heads, head_dim // 32]"
+  _check_block_scale("q_descale", q_descale, q, "q", q_layout)
+  _check_block_scale("k_descale", k_descale, k, "k", k_layout)
 
 
 # --------------------------------------------------------------------------------------------
@@ -398,10 +477,17 @@ def check_attention(q, k, v, *, causal: bool, softmax_scale, window, softcap, cu
 CUDA_ATTENTION_DTYPES = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
 
 
-def check_attention_cuda(q_dtype, v_dtype) -> None:
+def check_attention_cuda(q_dtype, v_dtype, qk_blockscaled: bool = False) -> None:
   """The CUDA kernel (ffi/cuda/attention) runs float16/bfloat16 q/k/v; float32 and fp8 have no GPU
   kernel yet. Every head dim the checks above accept is served (multiples of 8 up to 256, and
   head_dim_v != head_dim)."""
+  if qk_blockscaled:
+    # Hopper has no block-scaled MMA, and the Blackwell collectives we build on (CUTLASS's FMHA)
+    # do not use tcgen05's block-scaled MMA: named first, it is what a caller must know.
+    raise NotImplementedError(
+        f"{ATTN_FN}: block-scaled q/k (qk_blockscaled) runs on the CPU only: no CUDA kernel "
+        "applies e8m0 block scales yet (the Hopper kernels have no block-scaled MMA and the "
+        "Blackwell kernels' FMHA collectives do not use tcgen05's block-scaled MMA)")
   if jnp.dtype(q_dtype) not in CUDA_ATTENTION_DTYPES or jnp.dtype(v_dtype) != jnp.dtype(q_dtype):
     raise NotImplementedError(
         f"{ATTN_FN}: the CUDA kernel supports q/k/v in {names(CUDA_ATTENTION_DTYPES)}; got q "

@@ -21,7 +21,8 @@ from jax_sgl.attention import BWD_TARGET, TARGET
 
 # MLIR element types of the operands, as numpy names (plan_probe.cc's table).
 _ELEMENT_TYPES = {"bf16": "bfloat16", "f16": "float16", "f32": "float32", "i32": "int32",
-                  "f8E4M3FN": "float8_e4m3fn", "f8E5M2": "float8_e5m2"}
+                  "f8E4M3FN": "float8_e4m3fn", "f8E5M2": "float8_e5m2",
+                  "f8E8M0FNU": "float8_e8m0fnu"}
 _FWD_OPERANDS = 11  # q, k, v and the eight optional operands (attention.OPTIONAL)
 
 

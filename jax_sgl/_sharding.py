@@ -171,7 +171,8 @@ def _rule(operands, results, replicated, g, **sizes):
 # Factors: b batch, s/n query rows (dense/packed), t/m key rows (dense/packed), p pages, r page
 # size, x max pages, c batch + 1, k KV heads, g group, d head_dim, e head_dim_v; a fused kv_buffer
 # [p, r, 2 * Hkv, head_dim_pad] is "p r (k i) w": i the K/V pair (2, innermost, so a head split
-# keeps whole pairs on a device), w the padded head dim.
+# keeps whole pairs on a device), w the padded head dim; f the blocks of q/k block scales
+# (head_dim // 32).
 
 _ATTN_OPTIONAL = ("cu_seqlens_q", "cu_seqlens_k", "seqused_k", "page_table", "q_descale",
                   "k_descale", "v_descale", "sinks")
@@ -211,6 +212,8 @@ def _attn_factors(spec):
   per_name = {"q": f"{q_rows} {h} d", "k": k, "v": v, "cu_seqlens_q": "c",
               "cu_seqlens_k": "c", "seqused_k": "b", "page_table": "b x", "q_descale": "b k",
               "k_descale": "b k", "v_descale": "b k", "sinks": h}
+  if spec.qk_blockscaled:   # block scales: q's and K's factors (a fused buffer's K view: paged)
+    per_name["q_descale"], per_name["k_descale"] = f"{q_rows} {h} f", f"{kv} f"
   lse = f"{h} n" if spec.varlen_q else f"b {h} s"
   return per_name, [f"{q_rows} {h} e", lse]
 
@@ -222,7 +225,7 @@ def _attn_sizes(spec) -> dict[str, int]:
 
 
 def _attn_replicated(spec) -> list[str]:
-  replicated = ["s", "n", "t", "m", "p", "r", "x", "c", "d", "e", "i", "w"]
+  replicated = ["s", "n", "t", "m", "p", "r", "x", "c", "d", "e", "i", "w", "f"]
   if not _attn_batch_split(spec):
     replicated.append("b")
   return replicated
@@ -257,6 +260,8 @@ def _attn_shardings(params, mesh, plan):
   per_name = {"q": q, "k": kv, "v": kv, "cu_seqlens_q": P(None), "cu_seqlens_k": P(None),
               "seqused_k": P(b), "page_table": P(b, None), "q_descale": P(b, h),
               "k_descale": P(b, h), "v_descale": P(b, h), "sinks": P(h)}
+  if spec.qk_blockscaled:   # block scales split as q and k (a fused buffer's K view as a pool)
+    per_name["q_descale"], per_name["k_descale"] = q, kv
   lse = P(h, None) if spec.varlen_q else P(b, h, None)
   return [per_name[n] for n in _attn_names(params)], [q, lse]
 

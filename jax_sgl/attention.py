@@ -70,7 +70,7 @@ def _ffi_attrs(ctx, spec: AttentionSpec) -> dict:
   """The attributes shared by the forward and backward FFI targets."""
   q_aval = ctx.avals_in[0]
   if "cuda" in ctx.module_context.platforms:
-    check_attention_cuda(q_aval.dtype, ctx.avals_in[2].dtype)
+    check_attention_cuda(q_aval.dtype, ctx.avals_in[2].dtype, spec.qk_blockscaled)
     warn_if_sm90_absent()
   max_seqlen_q = q_aval.shape[0] if spec.varlen_q else q_aval.shape[1]
   return dict(
@@ -79,7 +79,8 @@ def _ffi_attrs(ctx, spec: AttentionSpec) -> dict:
       softmax_scale=np.float32(spec.softmax_scale), softcap=np.float32(spec.softcap),
       causal=np.bool_(spec.causal), window_left=np.int64(spec.window_left),
       window_right=np.int64(spec.window_right), deterministic=np.bool_(spec.deterministic),
-      disable=np.int64(_disable.disable_mask()), kv_buffer=np.bool_(spec.kv_buffer))
+      disable=np.int64(_disable.disable_mask()), kv_buffer=np.bool_(spec.kv_buffer),
+      qk_blockscaled=np.bool_(spec.qk_blockscaled))
 
 
 def _attention_fwd_lowering(ctx, *args, spec, present):
@@ -90,8 +91,10 @@ def _attention_fwd_reference(q, k, v, *optional, spec, present):
   given = {name: x for name, x, p in zip(OPTIONAL, optional, present) if p}
   if spec.kv_buffer:   # k and v are both the fused buffer; the reference reads sliced views
     k, v = reference.split_kv_buffer(k, spec.head_dim)
-  if spec.token_pool:  # [num_slots, Hkv, D]: pages of one token
+  if spec.token_pool:  # [num_slots, Hkv, D]: pages of one token (k's block scales alike)
     k, v = k[:, None], v[:, None]
+    if spec.qk_blockscaled:
+      given["k_descale"] = given["k_descale"][:, None]
   return reference.attention(
       q, k, v, kv_layout=spec.kv_layout, varlen_q=spec.varlen_q, batch=spec.batch,
       softmax_scale=spec.softmax_scale, softcap=spec.softcap, causal=spec.causal,
@@ -99,12 +102,15 @@ def _attention_fwd_reference(q, k, v, *optional, spec, present):
       **given)
 
 
-def _fold_optional(name, x, d, size):
+def _fold_optional(name, x, d, size, spec: AttentionSpec):
   """A non-index optional operand under the head fold: descales [B, Hkv] -> [B, V * Hkv], sinks
-  [H] -> [V * H] (unmapped ones are broadcast: every instance has the same values)."""
+  [H] -> [V * H], block scales (q's and k's layouts) as q and k (unmapped ones are broadcast:
+  every instance has the same values)."""
   x = at_front(x, d, size)
   if name == "sinks":
     return x.reshape(-1)
+  if spec.qk_blockscaled and name in ("q_descale", "k_descale"):
+    return _fold_heads(x, size)
   x = jnp.moveaxis(x, 0, 1)
   return x.reshape(x.shape[0], -1)
 
@@ -159,7 +165,7 @@ def _attention_fwd_batch(args, dims, *, spec, present):
   folded_opt = []
   for name, x, d, p in zip(OPTIONAL, optional, opt_dims, present):
     if p and name not in _INDEX_OPTIONAL:
-      x = _fold_optional(name, x, d, size)
+      x = _fold_optional(name, x, d, size, spec)
     folded_opt.append(x)
   out, lse = _attention_fwd_p.bind(q, k, v, *folded_opt, spec=_folded_spec(spec, size),
                                    present=present)
@@ -259,7 +265,7 @@ def _attention_bwd_batch(args, dims, *, spec, present):
   q, k, v = (_fold_heads(x, size) for x in front[:3])
   # Paged KV and fp8 never reach the backward, so the optional operands are index arrays (shared,
   # hence unbatched here), sinks (folded as in the forward) or absent.
-  optional = [_fold_optional(name, x, d, size) if name == "sinks" and p else x
+  optional = [_fold_optional(name, x, d, size, spec) if name == "sinks" and p else x
               for name, x, d, p in zip(OPTIONAL, args[3:3 + n], opt_dims, present)]
   out, lse, dout, dlse = front[3 + n:]
   out, dout = _fold_heads(out, size), _fold_heads(dout, size)
@@ -379,6 +385,19 @@ def attention(q, k=None, v=None, *, causal=False, softmax_scale=None, window=(-1
   q_descale/k_descale float32 [batch, num_kv_heads], fp8 v with v_descale (also beside bf16 q/k:
   SGLang's v_dequant path); fp8 output is bfloat16.
 
+  Block-scaled q/k (SGLang's qk_blockscaled, the OCP MX format): float8_e4m3fn q/k with
+  q_descale/k_descale of q's/k's shape with head_dim // 32 in place of head_dim, one scale per 32
+  features: dense [B, Sq, H, D/32] / [B, Sk, Hkv, D/32], varlen [total_q, H, D/32] /
+  [total_k, Hkv, D/32], paged K's a pool beside K's, [num_pages, page_size, Hkv, D/32] or
+  [num_slots, Hkv, D/32] (with kv_buffer: those of its K view). Both float8_e8m0fnu
+  (2^(e - 127)) or both float32 (else `Type mismatch: {sfq} != {sfk}`); head_dim a multiple of
+  32. q/k element j means x[..., j] * scale[..., j // 32], exactly as float32 holds it (an e8m0
+  scale is a power of two, so the product is exact while it stays a normal float32). The e8m0
+  NaN encoding 0xff is not a scale: the CPU kernel rejects a call that reads one (a runtime
+  error naming the argument); the pure-JAX reference follows the MX spec (the block is NaN).
+  V is bf16/f16/f32 or fp8 with v_descale (no Type mismatch between q and v here, as in SGLang).
+  Forward-only, CPU only: lowering for CUDA raises NotImplementedError (no block-scaled kernel).
+
   Gradients: differentiable (reverse mode) with respect to q, k and v for dense and varlen
   layouts in float32/float16/bfloat16, including through lse when `return_lse` (a loss on lse is
   handled exactly: d lse / d scores = P), and with respect to sinks. The backward kernel recomputes the probabilities from
@@ -421,6 +440,8 @@ def attention(q, k=None, v=None, *, causal=False, softmax_scale=None, window=(-1
   for name in OPTIONAL:
     x = given[name]
     dtype = jnp.int32 if name in _INDEX_OPTIONAL else jnp.float32
+    if spec.qk_blockscaled and name in ("q_descale", "k_descale"):
+      dtype = x.dtype   # e8m0 block scales reach the kernel as stored (a quarter of the bytes)
     operands.append(jnp.zeros((0,), dtype) if x is None else jnp.asarray(x).astype(dtype))
   out, lse = _attention_diff(spec, present, q, k, v, tuple(operands))
   return (out, lse) if return_lse else out

@@ -14,7 +14,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from jax_sgl._checks import DEFAULT_ROPE_BASE, KV_DENSE, KV_VARLEN
+from jax_sgl._checks import DEFAULT_ROPE_BASE, KV_DENSE, KV_VARLEN, QK_SCALE_BLOCK
 from jax_sgl._kv_buffer import kv_buffer_shape
 
 
@@ -105,6 +105,13 @@ def split_kv_buffer(kv_buffer, head_dim: int):
   return kv_buffer[..., 0::2, :head_dim], kv_buffer[..., 1::2, :head_dim]
 
 
+def dequantize_blocks(x, scale):
+  """x [..., D] times its block scales [..., D // QK_SCALE_BLOCK] (element j by scale j // 32),
+  in float32. An e8m0 scale converts exactly (a power of two; 0xff is NaN, as the MX spec says),
+  so each product is exact while it stays a normal float32."""
+  return x.astype(jnp.float32) * jnp.repeat(scale.astype(jnp.float32), QK_SCALE_BLOCK, axis=-1)
+
+
 def attention(q, k, v, *, kv_layout: int, varlen_q: bool, batch: int, softmax_scale: float,
               softcap: float = 0.0, causal: bool = False, window_left: int = -1,
               window_right: int = -1, out_dtype=None, cu_seqlens_q=None, cu_seqlens_k=None,
@@ -115,11 +122,16 @@ def attention(q, k, v, *, kv_layout: int, varlen_q: bool, batch: int, softmax_sc
   q: [B, Sq, H, D] or [total_q, H, D] (varlen_q); k/v: [B, Sk, Hkv, D] (KV_DENSE),
   [total_k, Hkv, D] (KV_VARLEN) or [num_pages, page_size, Hkv, D] (KV_PAGED).
   lse: [B, H, Sq], or [H, total_q] for varlen q.
+  q_descale/k_descale: per (batch, kv head) [B, Hkv], or block scales with q's/k's rank
+  (qk_blockscaled: q's/k's shape with D // 32 features, applied by dequantize_blocks).
   sinks: [H] float32 or None: each head's logit joins the softmax denominator (unscaled, no value
   vector), so lse' = logaddexp(lse, sink) and out *= exp(lse - lse'); a fully masked row gets 0
   and lse' = sink.
   """
   out_dtype = q.dtype if out_dtype is None else out_dtype
+  if q_descale is not None and q_descale.ndim == q.ndim:   # block scales: dequantize up front
+    q, k = dequantize_blocks(q, q_descale), dequantize_blocks(k, k_descale)
+    q_descale = k_descale = None
   num_heads, head_dim = q.shape[-2:]
   num_kv_heads = k.shape[-2]
   group = num_heads // num_kv_heads

@@ -81,6 +81,8 @@ def reference_attention(q, k, v, *, causal=False, softmax_scale=None, window=(-1
                          softcap=softcap, **full)
   if spec.kv_layout == KV_PAGED and k.ndim == 3:
     k, v = k[:, None], v[:, None]
+    if spec.qk_blockscaled:   # k's block scales share its token-pool layout
+      full["k_descale"] = full["k_descale"][:, None]
   out, lse = reference.attention(
       q, k, v, kv_layout=spec.kv_layout, varlen_q=spec.varlen_q, batch=spec.batch,
       softmax_scale=spec.softmax_scale, softcap=spec.softcap, causal=spec.causal,

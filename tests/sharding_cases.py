@@ -108,6 +108,20 @@ def attention_dense_fp8_descale():
 
 
 @case
+def attention_dense_blockscaled_batch_and_heads():
+  """Block scales (qk_blockscaled) split as q and k: e8m0 [B, S, H, D/32] beside e4m3 q/k."""
+  rng = np.random.default_rng(4)
+  f8, e8m0 = jnp.float8_e4m3fn, jnp.float8_e8m0fnu
+  q, k = rand(rng, 2, 5, 8, 64, dtype=f8), rand(rng, 2, 6, 4, 64, dtype=f8)
+  v = rand(rng, 2, 6, 4, 64, dtype=jnp.bfloat16)
+  sq, sk = (jnp.asarray(rng.integers(123, 132, s).astype(np.uint8)).view(e8m0)
+            for s in ((2, 5, 8, 2), (2, 6, 4, 2)))
+  fn = lambda q, k, v, sq, sk: jax_sgl.attention(q, k, v, causal=True, q_descale=sq,
+                                                 k_descale=sk, return_lse=True)
+  run_sharded(fn, (q, k, v, sq, sk), (BSHD,) * 5, want_specs=(BSHD, P("data", "model", None)))
+
+
+@case
 def attention_dense_grad_batch_and_heads():
   rng = np.random.default_rng(11)
   q, k, v = rand(rng, 4, 19, 8, 16), rand(rng, 4, 23, 4, 16), rand(rng, 4, 23, 4, 16)
@@ -188,6 +202,23 @@ def attention_paged_decode_batch_and_heads():
                                               seqused_k=u, return_lse=True)
   pool = P(None, None, "model", None)
   run_sharded(fn, (q, k, v, table, used), (BSHD, pool, pool, P("data", None), P("data")),
+              want_specs=(BSHD, P("data", "model", None)))
+
+
+@case
+def attention_paged_blockscaled_decode_batch_and_heads():
+  """K's block scales are a pool beside K's [P, page, Hkv, D/32], split on its head axis as K."""
+  rng = np.random.default_rng(12)
+  k, v, table, used = _paged_inputs(rng, 4, 8, 16, 4, 64)
+  q = rand(rng, 4, 1, 8, 64, dtype=jnp.float8_e4m3fn)
+  k = k.astype(jnp.float8_e4m3fn)
+  sq, sk = (jnp.asarray(rng.uniform(0.5, 4, s), jnp.float32) for s in ((4, 1, 8, 2), (16, 8, 4, 2)))
+  fn = lambda q, k, v, t, u, sq, sk: jax_sgl.attention(q, k, v, causal=True, page_table=t,
+                                                      seqused_k=u, q_descale=sq, k_descale=sk,
+                                                      return_lse=True)
+  pool = P(None, None, "model", None)
+  run_sharded(fn, (q, k, v, table, used, sq, sk),
+              (BSHD, pool, pool, P("data", None), P("data"), BSHD, pool),
               want_specs=(BSHD, P("data", "model", None)))
 
 

@@ -13,8 +13,10 @@
 //   4 cu_seqlens_k  int32 [B + 1] or [0]
 //   5 seqused_k     int32 [B] or [0]
 //   6 page_table    int32 [B, max_pages] or [0]
-//   7 q_descale     float32 [B, Hkv] or [0]
-//   8 k_descale     float32 [B, Hkv] or [0]
+//   7 q_descale     float32 [B, Hkv] or [0]; with the qk_blockscaled attribute q's block scales,
+//                   q's shape with head_dim / 32 last, float32 or float8_e8m0fnu
+//   8 k_descale     float32 [B, Hkv] or [0]; with qk_blockscaled k's block scales (k's shape, or
+//                   a fused buffer's K view, with head_dim / 32 last), q_descale's dtype
 //   9 v_descale     float32 [B, Hkv] or [0]
 //  10 sinks         float32 [H] or [0]
 // Forward results: out (q's layout, head_dim_v), lse float32 [B, H, Sq] or [H, total_q].
@@ -45,6 +47,7 @@ struct AttentionAttrs {
   bool deterministic;    // backward: bitwise reproducible dQ
   int64_t disable;       // AttentionDisable bits
   bool kv_buffer;        // k and v are one fused buffer [P, page, 2 * Hkv, head_dim_pad]
+  bool qk_blockscaled;   // q_descale / k_descale are block scales (AttentionParams says how)
 };
 
 constexpr size_t kAttentionOperands = 11;
@@ -84,7 +87,8 @@ inline ffi::Error CheckCount(const char* what, size_t got, size_t expected) {
 struct AttentionOperands {
   std::optional<ffi::AnyBuffer> q, k, v;
   std::optional<ffi::Buffer<ffi::S32>> cu_seqlens_q, cu_seqlens_k, seqused_k, page_table;
-  std::optional<ffi::Buffer<ffi::F32>> q_descale, k_descale, v_descale, sinks;
+  std::optional<ffi::AnyBuffer> q_descale, k_descale;  // float32, or e8m0 block scales
+  std::optional<ffi::Buffer<ffi::F32>> v_descale, sinks;
   // The forward's out and lse: its results, the backward's inputs.
   std::optional<ffi::AnyBuffer> out;
   std::optional<ffi::Buffer<ffi::F32>> lse;
@@ -106,6 +110,28 @@ inline ffi::Error DecodeAttentionOperands(const ffi::RemainingArgs& args, Attent
   };
   for (ffi::Error& err : errs)
     if (err.failure()) return std::move(err);
+  return ffi::Error::Success();
+}
+
+// q's and k's block scales (qk_blockscaled) into *p, whose geometry is set: one scale per
+// kQkScaleBlock features of every q row and every key row, in one storage type.
+inline ffi::Error SetBlockScales(const ffi::AnyBuffer& sq, const ffi::AnyBuffer& sk,
+                                 AttentionParams* p) {
+  const ffi::DataType t = sq.element_type();
+  if (sk.element_type() != t || (t != ffi::DataType::F32 && t != ffi::DataType::F8E8M0FNU))
+    return InvalidArgument("jax_sgl.attention: q_descale/k_descale block scales must both be "
+                           "float32 or both float8_e8m0fnu");
+  if (p->q_type != DType::kF8E4M3 || p->head_dim % kQkScaleBlock != 0)
+    return InvalidArgument("jax_sgl.attention: block-scaled q/k must be float8_e4m3fn with "
+                           "head_dim a multiple of 32");
+  const int64_t blocks = p->head_dim / kQkScaleBlock;
+  if (int64_t(sq.element_count()) != p->total_q * p->num_heads * blocks ||
+      int64_t(sk.element_count()) != p->total_k * p->num_kv_heads * blocks)
+    return InvalidArgument("jax_sgl.attention: q_descale/k_descale block scales must have q's "
+                           "and k's rows and heads with head_dim / 32 scales each");
+  p->q_block_scale = sq.untyped_data();
+  p->k_block_scale = sk.untyped_data();
+  p->qk_block_scale = t == ffi::DataType::F32 ? BlockScaleType::kF32 : BlockScaleType::kE8M0;
   return ffi::Error::Success();
 }
 
@@ -211,13 +237,24 @@ inline ffi::Error FillAttentionParams(const AttentionOperands& o, const Attentio
   if (p->seqused_k && int64_t(seqused_k.element_count()) != batch)
     return InvalidArgument("jax_sgl.attention: seqused_k must have batch entries");
   const int64_t descale_size = batch * p->num_kv_heads;
-  auto descale = [&](ffi::Buffer<ffi::F32> d) -> const float* {
-    return int64_t(d.element_count()) == descale_size && descale_size > 0 ? d.typed_data()
-                                                                          : nullptr;
+  auto descale = [&](const float* data, size_t count) -> const float* {
+    return int64_t(count) == descale_size && descale_size > 0 ? data : nullptr;
   };
-  p->q_descale = descale(*o.q_descale);
-  p->k_descale = descale(*o.k_descale);
-  p->v_descale = descale(*o.v_descale);
+  p->q_descale = p->k_descale = nullptr;
+  p->q_block_scale = p->k_block_scale = nullptr;
+  p->qk_block_scale = BlockScaleType::kNone;
+  if (attrs.qk_blockscaled) {
+    if (auto err = SetBlockScales(*o.q_descale, *o.k_descale, p); err.failure()) return err;
+  } else {
+    for (auto [d, out] : {std::pair{&*o.q_descale, &p->q_descale},
+                          std::pair{&*o.k_descale, &p->k_descale}}) {
+      if (d->element_type() != ffi::DataType::F32)
+        return InvalidArgument("jax_sgl.attention: q_descale/k_descale must be float32 "
+                               "[batch, num_kv_heads] without qk_blockscaled");
+      *out = descale(static_cast<const float*>(d->untyped_data()), d->element_count());
+    }
+  }
+  p->v_descale = descale(o.v_descale->typed_data(), o.v_descale->element_count());
   const ffi::Buffer<ffi::F32>& sinks = *o.sinks;
   if (sinks.element_count() > 0 && int64_t(sinks.element_count()) != p->num_heads)
     return InvalidArgument("jax_sgl.attention: sinks must have num_heads entries");
@@ -272,7 +309,8 @@ XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(jax_sgl::AttentionAttrs,
                                       xla::ffi::StructMember<int64_t>("window_right"),
                                       xla::ffi::StructMember<bool>("deterministic"),
                                       xla::ffi::StructMember<int64_t>("disable"),
-                                      xla::ffi::StructMember<bool>("kv_buffer"));
+                                      xla::ffi::StructMember<bool>("kv_buffer"),
+                                      xla::ffi::StructMember<bool>("qk_blockscaled"));
 
 namespace jax_sgl {
 

@@ -16,6 +16,11 @@
 // alike): every kernel addresses K and V only through these strides, which the handler sets for
 // every layout (contiguous ones get Hkv * D and D), so a fused buffer takes the same code path.
 // A row is one key: a dense/varlen row, or page * page_size + slot of a paged pool.
+// Block-scaled q/k (qk_block_scale != kNone; SGLang's qk_blockscaled, the OCP MX format): feature
+// e of a q (k) row is x[e] * scale[e / kQkScaleBlock], the scales laid out as q (k) with
+// head_dim / kQkScaleBlock features per head, contiguous: q's [q row, num_heads, blocks], k's
+// [key row, num_kv_heads, blocks] with key rows as K's (paged: page * page_size + slot, also for
+// a fused buffer). q_descale and k_descale are then nullptr.
 // Index arrays come from user data: kernels clamp every range to the buffers they were given and
 // treat page-table entries outside [0, num_pages) as masked keys, so they never read out of bounds.
 #pragma once
@@ -27,6 +32,11 @@
 namespace jax_sgl {
 
 enum class KvLayout : int { kDense = 0, kVarlen = 1, kPaged = 2 };
+
+// Storage of q/k block scales: none (per-head descales or none), float32, or e8m0 exponent bytes.
+enum class BlockScaleType : int { kNone = 0, kF32 = 1, kE8M0 = 2 };
+// Features per q/k block scale: the MX block size (jax_sgl/_checks.py QK_SCALE_BLOCK).
+constexpr int kQkScaleBlock = 32;
 
 // Bits of AttentionParams::disable: kernel families a user turned off for debugging
 // (JAX_SGL_DISABLE, parsed by jax_sgl/_disable.py, which names the same bits). A disabled family's
@@ -53,6 +63,9 @@ struct AttentionParams {
   const float* k_descale;       // [batch, num_kv_heads] or nullptr
   const float* v_descale;       // [batch, num_kv_heads] or nullptr
   const float* sinks;           // [num_heads] or nullptr: per-head sink logit (attention_sink.h)
+  const void* q_block_scale;    // [q rows, num_heads, head_dim / 32] or nullptr (see above)
+  const void* k_block_scale;    // [key rows, num_kv_heads, head_dim / 32] or nullptr
+  BlockScaleType qk_block_scale;  // the two's storage; kNone: no block scales
 
   KvLayout kv_layout;
   int batch;

@@ -10,6 +10,7 @@
 #include "ffi/common/attention_geometry.h"
 #include "ffi/common/attention_params.h"
 #include "ffi/common/host_device.h"
+#include "ffi/common/numeric.h"
 
 namespace jax_sgl {
 
@@ -74,6 +75,17 @@ JAX_SGL_HD void KeyRange(const AttentionParams& p, const SeqBounds& s, int i, in
 // Descale factor for (b, kv_head), 1 when the tensor has none.
 JAX_SGL_HD float Descale(const float* d, const AttentionParams& p, int b, int kv_head) {
   return d ? d[int64_t(b) * p.num_kv_heads + kv_head] : 1.0f;
+}
+
+// Block scale i (flat) of q's or k's block scales as float32: exact for both storages.
+JAX_SGL_HD float BlockScale(const void* scales, BlockScaleType type, int64_t i) {
+  return type == BlockScaleType::kE8M0 ? ToFloat(static_cast<const f8e8m0_t*>(scales)[i])
+                                       : static_cast<const float*>(scales)[i];
+}
+
+// The e8m0 NaN encoding: not a scale (the CPU kernel rejects a call that reads one).
+JAX_SGL_HD bool IsBlockScaleNaN(const void* scales, BlockScaleType type, int64_t i) {
+  return type == BlockScaleType::kE8M0 && static_cast<const f8e8m0_t*>(scales)[i].bits == 0xffu;
 }
 
 }  // namespace jax_sgl

@@ -93,6 +93,17 @@ struct f8e5m2_t {
 };
 JAX_SGL_HD float ToFloat(f8e5m2_t x) { return ToFloat(f16_t{uint16_t(uint16_t(x.bits) << 8)}); }
 
+// float8_e8m0fnu: an exponent byte, 2^(bits - 127), the MX formats' block scale; 0xff is NaN.
+// Every value is a float32 (2^-127 a subnormal), so the conversion is exact.
+struct f8e8m0_t {
+  uint8_t bits;
+};
+JAX_SGL_HD float ToFloat(f8e8m0_t x) {
+  if (x.bits == 0xffu) return BitsFloat(0x7fc00000u);
+  if (x.bits == 0) return BitsFloat(0x00400000u);  // 2^-127: mantissa bit 22 of a subnormal
+  return BitsFloat(uint32_t(x.bits) << 23);
+}
+
 JAX_SGL_HD float ToFloat(float x) { return x; }
 
 // Storage from float, selected by the destination type.

@@ -3,8 +3,11 @@
 // converted to float32 once and used by all of them (GQA/MQA share the load). Their scores against
 // the block and their P V update are one register-tiled matrix product each (MultiplyRows).
 // Online softmax in float32, so memory is O(block) whatever the sequence length. Fully masked
-// rows give 0 and lse = -inf (the sink's logit with sinks; attention_sink.h).
+// rows give 0 and lse = -inf (the sink's logit with sinks; attention_sink.h). Block-scaled q/k
+// (qk_blockscaled) get their scales as they are converted, so the float32 operands are the exact
+// dequantized values.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -32,9 +35,29 @@ void LoadRow(const T* src, float* dst, int n, float scale) {
   for (int i = 0; i < n; ++i) dst[i] = ToFloat(src[i]) * scale;
 }
 
-// One task: sequence b, kv head kh, query rows [m0, m0 + rows).
+// A block-scaled row: dst[e] = (x[e] * scales[scale0 + e / 32]) * after, the first product exact
+// for e8m0 scales (a power of two), so `after` (q's softmax scale, 1 for k) rounds once as it does
+// for every dtype. Returns false when a scale it read is e8m0's NaN encoding.
+template <typename T>
+bool LoadBlockScaledRow(const T* src, const AttentionParams& p, const void* scales,
+                        int64_t scale0, float* dst, int n, float after) {
+  bool ok = true;
+  for (int b = 0; b < n / kQkScaleBlock; ++b) {
+    ok &= !IsBlockScaleNaN(scales, p.qk_block_scale, scale0 + b);
+    const float s = BlockScale(scales, p.qk_block_scale, scale0 + b);
+    for (int e = b * kQkScaleBlock; e < (b + 1) * kQkScaleBlock; ++e)
+      dst[e] = ToFloat(src[e]) * s * after;
+  }
+  return ok;
+}
+
+// Bits of AttendBlock's result: which block scales it read held e8m0's NaN encoding.
+enum : int { kQScaleNaN = 1, kKScaleNaN = 2 };
+
+// One task: sequence b, kv head kh, query rows [m0, m0 + rows). Returns kQScaleNaN / kKScaleNaN
+// bits (0 without block scales).
 template <typename TQ, typename TK, typename TV, typename TO>
-void AttendBlock(const AttentionParams& p, int b, int kh, const SeqBounds& s, int m0, int rows) {
+int AttendBlock(const AttentionParams& p, int b, int kh, const SeqBounds& s, int m0, int rows) {
   const int group = p.num_heads / p.num_kv_heads;
   const int d = p.head_dim, dv = p.head_dim_v;
   const int64_t q_row_stride = int64_t(p.num_heads) * d;
@@ -49,14 +72,24 @@ void AttendBlock(const AttentionParams& p, int b, int kh, const SeqBounds& s, in
       p.softmax_scale * Descale(p.q_descale, p, b, kh) * Descale(p.k_descale, p, b, kh);
   const float v_scale = Descale(p.v_descale, p, b, kh);
   const int nq = rows * group;  // (row, head) pairs of this task, row-major in row
+  const bool blockscaled = p.qk_block_scale != BlockScaleType::kNone;
+  const int blocks = d / kQkScaleBlock;
+  int nan_scales = 0;
   std::vector<float> qf(size_t(nq) * d), acc(size_t(nq) * dv, 0.f), m(nq, kNegInf), l(nq, 0.f);
   std::vector<int> lo(rows), hi(rows);
   for (int r = 0; r < rows; ++r) {
     KeyRange(p, s, m0 + r, &lo[r], &hi[r]);
     for (int g = 0; g < group; ++g) {
       const int h = kh * group + g;
-      LoadRow(q + (s.q_row0 + m0 + r) * q_row_stride + int64_t(h) * d,
-              &qf[size_t(r * group + g) * d], d, q_scale);
+      const int64_t q_row = s.q_row0 + m0 + r;
+      float* dst = &qf[size_t(r * group + g) * d];
+      if (!blockscaled) {
+        LoadRow(q + q_row * q_row_stride + int64_t(h) * d, dst, d, q_scale);
+      } else if (!LoadBlockScaledRow(q + q_row * q_row_stride + int64_t(h) * d, p,
+                                     p.q_block_scale, (q_row * p.num_heads + h) * blocks, dst, d,
+                                     q_scale)) {
+        nan_scales |= kQScaleNaN;
+      }
     }
   }
   const int key_begin = *std::min_element(lo.begin(), lo.end());
@@ -77,7 +110,13 @@ void AttendBlock(const AttentionParams& p, int b, int kh, const SeqBounds& s, in
         std::fill_n(&vf[size_t(c) * dv], dv, 0.f);
         continue;
       }
-      LoadRow(k + row * p.k_row_stride + kh * p.k_head_stride, &kf[size_t(c) * d], d, 1.f);
+      if (!blockscaled) {
+        LoadRow(k + row * p.k_row_stride + kh * p.k_head_stride, &kf[size_t(c) * d], d, 1.f);
+      } else if (!LoadBlockScaledRow(k + row * p.k_row_stride + kh * p.k_head_stride, p,
+                                     p.k_block_scale, (row * p.num_kv_heads + kh) * blocks,
+                                     &kf[size_t(c) * d], d, 1.f)) {
+        nan_scales |= kKScaleNaN;
+      }
       LoadRow(v + row * p.v_row_stride + kh * p.v_head_stride, &vf[size_t(c) * dv], dv, 1.f);
     }
     // Transposed after conversion, feature by feature: contiguous stores, and the conversion
@@ -138,6 +177,7 @@ void AttendBlock(const AttentionParams& p, int b, int kh, const SeqBounds& s, in
       p.lse[lse_idx] = fin.lse;
     }
   }
+  return nan_scales;
 }
 
 // Rows of out/lse that no sequence covers (varlen padding past cu_seqlens_q[batch], or rows left
@@ -159,8 +199,9 @@ void ClearUncoveredRows(const AttentionParams& p) {
   }
 }
 
+// Returns AttendBlock's kQScaleNaN / kKScaleNaN bits over every task.
 template <typename TO>
-void RunAttention(ffi::ThreadPool& pool, const AttentionParams& p) {
+int RunAttention(ffi::ThreadPool& pool, const AttentionParams& p) {
   ClearUncoveredRows<TO>(p);
   struct Task {
     int b, kh, m0, rows;
@@ -173,23 +214,35 @@ void RunAttention(ffi::ThreadPool& pool, const AttentionParams& p) {
       for (int m0 = 0; m0 < bounds[b].q_len; m0 += kBlockM)
         tasks.push_back({b, kh, m0, std::min(kBlockM, bounds[b].q_len - m0)});
   }
+  std::atomic<int> nan_scales{0};
   DispatchInput(p.q_type, [&](auto tq) {
     DispatchInput(p.v_type, [&](auto tv) {
       using TQ = typename decltype(tq)::type;
       using TV = typename decltype(tv)::type;
       ParallelFor(pool, int64_t(tasks.size()), [&](int64_t t) {
         const Task& task = tasks[t];
-        AttendBlock<TQ, TQ, TV, TO>(p, task.b, task.kh, bounds[task.b], task.m0, task.rows);
+        if (int nan = AttendBlock<TQ, TQ, TV, TO>(p, task.b, task.kh, bounds[task.b], task.m0,
+                                                  task.rows))
+          nan_scales.fetch_or(nan, std::memory_order_relaxed);
       });
     });
   });
+  return nan_scales.load();
 }
 
 ffi::Error AttentionFwdImpl(ffi::ThreadPool pool, ffi::RemainingArgs args, ffi::RemainingRets rets,
                             AttentionAttrs attrs) {
   AttentionParams p;
   if (auto err = MakeAttentionParams(args, rets, attrs, &p); err.failure()) return err;
-  DispatchFloat(p.out_type, [&](auto to) { RunAttention<typename decltype(to)::type>(pool, p); });
+  const int nan_scales = DispatchFloat(
+      p.out_type, [&](auto to) { return RunAttention<typename decltype(to)::type>(pool, p); });
+  // The MX spec makes a block with a NaN scale NaN; a kernel that silently produced NaN rows
+  // would hide a broken quantizer, so the call fails instead (the reference follows the spec).
+  if (nan_scales)
+    return InvalidArgument(std::string("jax_sgl.attention: ") +
+                           (nan_scales & kQScaleNaN ? "q_descale" : "k_descale") +
+                           " holds 0xff, float8_e8m0fnu's NaN encoding, in a block scale this "
+                           "call reads; e8m0 block scales must be finite powers of two");
   return ffi::Error::Success();
 }
 

@@ -83,7 +83,8 @@ inline const char* AttentionUnsupported(const AttentionParams& p) {
   if (!AttentionFwdKernelName(p.q_type) || p.k_type != p.q_type || p.v_type != p.q_type ||
       p.out_type != p.q_type)
     return "fp8 or mixed dtypes";
-  if (p.q_descale || p.k_descale || p.v_descale) return "descale factors";
+  if (p.q_descale || p.k_descale || p.v_descale || p.q_block_scale)
+    return "descales or block scales";
   if (p.head_dim > kAttnMaxHeadDim || p.head_dim_v > kAttnMaxHeadDim) return "head_dim > 128";
   if (p.num_kv_heads <= 0 || p.num_heads % p.num_kv_heads != 0) return "head counts";
   return nullptr;

@@ -15,6 +15,7 @@ bool ToFfiType(const std::string& name, XLA_FFI_DataType* out) {
       {"bfloat16", ffi::DataType::BF16},  {"float16", ffi::DataType::F16},
       {"float32", ffi::DataType::F32},    {"int32", ffi::DataType::S32},
       {"float8_e4m3fn", ffi::DataType::F8E4M3FN}, {"float8_e5m2", ffi::DataType::F8E5M2},
+      {"float8_e8m0fnu", ffi::DataType::F8E8M0FNU},
   };
   for (const auto& t : kTypes) {
     if (name == t.name) {
@@ -38,8 +39,9 @@ std::string ProbeAttentionKernel(bool backward, const std::vector<ProbeOperand>&
     b = {};
     b.struct_size = sizeof(XLA_FFI_Buffer);
     if (!ToFfiType(operands[i].dtype, &b.dtype)) return "invalid: dtype " + operands[i].dtype;
-    // What XLA's decoding checks for the typed operands (index arrays, descales, sinks, lse).
-    const bool index = i >= 3 && i <= 6, f32 = (i >= 7 && i <= 10) || i == 12;
+    // What XLA's decoding checks for the typed operands (index arrays, v_descale, sinks, lse;
+    // q/k descales may be e8m0 block scales, which FillAttentionParams checks).
+    const bool index = i >= 3 && i <= 6, f32 = i == 9 || i == 10 || i == 12;
     if ((index && operands[i].dtype != "int32") || (f32 && operands[i].dtype != "float32"))
       return "invalid: operand " + std::to_string(i) + " has dtype " + operands[i].dtype;
     dims[i] = operands[i].dims;

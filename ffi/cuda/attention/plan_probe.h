@@ -15,7 +15,7 @@ namespace jax_sgl::cuda {
 
 struct ProbeOperand {
   std::vector<int64_t> dims;
-  std::string dtype;  // numpy's name: "bfloat16", "float16", "float32", "int32", "float8_e4m3fn"
+  std::string dtype;  // numpy's name: "bfloat16", "float16", "float32", "int32", "float8_e4m3fn", ...
 };
 
 struct ProbeDevice {
