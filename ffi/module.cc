@@ -44,6 +44,7 @@ const char* Sm90BwdBuiltKernels();  // ffi/cuda/attention/sm90/bwd/dispatch.cc
 #endif
 #ifdef JAX_SGL_HAVE_SM100
 const char* Sm100FwdBuiltKernels();  // ffi/cuda/attention/sm100/fwd/dispatch.cc
+const char* Sm100BwdBuiltKernels();  // ffi/cuda/attention/sm100/bwd/dispatch.cc
 #endif
 }  // namespace jax_sgl::cuda
 
@@ -119,14 +120,15 @@ NB_MODULE(_native, m) {
   });
   // The CUDA attention kernels in this build (jax_sgl.attention_backend_info()), as
   // space-separated text: "portable" its head-dim capacities (" 64 128"), "sm90_fwd",
-  // "sm90_bwd" and "sm100_fwd" their (head dim, dtype) instantiations (" hdim128_bf16"); empty
-  // when absent.
+  // "sm90_bwd", "sm100_fwd" and "sm100_bwd" their (head dim, dtype) instantiations
+  // (" hdim128_bf16"); empty when absent.
   m.def("attention_kernels", []() {
     nb::dict d;
     d["portable"] = std::string();
     d["sm90_fwd"] = std::string();
     d["sm90_bwd"] = std::string();
     d["sm100_fwd"] = std::string();
+    d["sm100_bwd"] = std::string();
 #ifdef JAX_SGL_HAVE_CUDA
     d["portable"] = std::string(jax_sgl::cuda::PortableBuiltHeadDims());
 #endif
@@ -136,6 +138,7 @@ NB_MODULE(_native, m) {
 #endif
 #ifdef JAX_SGL_HAVE_SM100
     d["sm100_fwd"] = std::string(jax_sgl::cuda::Sm100FwdBuiltKernels());
+    d["sm100_bwd"] = std::string(jax_sgl::cuda::Sm100BwdBuiltKernels());
 #endif
     return d;
   });

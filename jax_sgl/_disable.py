@@ -20,6 +20,7 @@ NATIVE_BITS = {
     "sm90_varlen": 1 << 1,   # the Hopper forward's varlen / seqused_k / paged path
     "sm90_bwd": 1 << 2,      # the Hopper backward
     "sm100": 1 << 3,         # the Blackwell forward
+    "sm100_bwd": 1 << 4,     # the Blackwell backward (1 << 3: "sm100", the Blackwell forward)
 }
 FAMILIES = (*NATIVE_BITS, "cuda_bwd")   # cuda_bwd: the CUDA backward kernels (Python side)
 

@@ -48,10 +48,10 @@ def attention_backend_info() -> dict:
   cuda: the CUDA handlers are built. kernels: per family, the head dims and dtypes compiled in:
   "portable" (mma.sync, any GPU from sm80; a call runs on the smallest head-dim capacity >= its
   head dim), "sm90_fwd" and "sm90_bwd" (Hopper wgmma + TMA, compute capability 9.0; other calls
-  fall back to the portable kernels), "sm100_fwd" (Blackwell tcgen05 + TMEM + TMA on CUTLASS's FMHA
-  collectives, compute capability 10.0; compiled, not yet run on Blackwell); empty without CUDA. disabled: the families JAX_SGL_DISABLE
-  names now (they apply to calls lowered from then on). sm90_absent: why a CUDA build has no sm90
-  kernels, or None.
+  fall back to the portable kernels), "sm100_fwd" and "sm100_bwd" (Blackwell tcgen05 + TMEM + TMA
+  on CUTLASS's FMHA collectives, compute capability 10.0; compiled, not yet run on Blackwell);
+  empty without CUDA. disabled: the families JAX_SGL_DISABLE names now (they apply to calls
+  lowered from then on). sm90_absent: why a CUDA build has no sm90 kernels, or None.
   """
   kernels = {}
   if CUDA_TARGETS:
@@ -60,7 +60,8 @@ def attention_backend_info() -> dict:
                             "dtypes": ["bfloat16", "float16"]},
                "sm90_fwd": _instantiations(built["sm90_fwd"]),
                "sm90_bwd": _instantiations(built["sm90_bwd"]),
-               "sm100_fwd": _instantiations(built.get("sm100_fwd", ""))}
+               "sm100_fwd": _instantiations(built.get("sm100_fwd", "")),
+               "sm100_bwd": _instantiations(built.get("sm100_bwd", ""))}
   return {"cuda": bool(CUDA_TARGETS), "kernels": kernels, "disabled": sorted(_disable.disabled()),
           "sm90_absent": sm90_absent_reason()}
 

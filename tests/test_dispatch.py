@@ -20,6 +20,7 @@ if jax_sgl.CUDA_TARGETS:
   from jax_sgl._plan import cuda_attention_kernels
 
 HOPPER = (9, 0)
+BLACKWELL = (10, 0)
 AMPERE = (8, 0)
 ADA = (8, 9)
 BF16 = jnp.bfloat16
@@ -187,13 +188,14 @@ def test_backward_disable_switch(monkeypatch):
   assert kernels[1] == ("bwd", "portable_bwd")
 
 
-def test_varlen_backward_runs_portable():
+@pytest.mark.parametrize("cc", [HOPPER, BLACKWELL])
+def test_varlen_backward_runs_portable(cc):
   q, k = _sds((3000, 16, 128)), _sds((5000, 4, 128))
   cu = _sds((4,), jnp.int32)
   loss = lambda q, k, v, cq, ck: jax_sgl.attention(q, k, v, cu_seqlens_q=cq, cu_seqlens_k=ck,
                                                    causal=True).astype(jnp.float32).sum()
   kernels = cuda_attention_kernels(jax.grad(loss, argnums=(0, 1, 2)), q, k, k, cu, cu,
-                                   compute_capability=HOPPER)
+                                   compute_capability=cc)
   assert kernels[-1] == ("bwd", "portable_bwd")
 
 
@@ -218,7 +220,6 @@ def test_rope_into_an_fp8_pool_raises_on_cuda():
 
 # ---- Blackwell (compute capability 10.0): the sm100 forward (sm100/fwd/dispatch.cc says what it
 # covers); what it leaves runs where it would on any other GPU.
-BLACKWELL = (10, 0)
 
 
 def _need_sm100():
@@ -260,3 +261,44 @@ def test_calls_sm100_does_not_cover_run_portable_on_blackwell(monkeypatch):
   assert _paged_fwd(BLACKWELL, *_paged(sq=512), causal=True) == "portable"
   monkeypatch.setenv(_disable.ENV, "sm100")
   assert _fwd(BLACKWELL, *_dense(), causal=True) == "portable"
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_dense_backward_runs_sm100_on_blackwell_only(causal, head_dim):
+  if not _built("sm100_bwd", head_dim):
+    pytest.skip(f"this build has no sm100 hd{head_dim} bf16 backward")
+  args = _dense(sq=1000, sk=777, h=12, hkv=4, d=head_dim)
+  assert _grad_kernels(BLACKWELL, *args, causal=causal)[-1] == ("bwd", "sm100_bwd")
+  # sm_100a code runs on 10.0 only: a 10.3 device and Hopper take their own kernels.
+  assert _grad_kernels((10, 3), *args, causal=causal)[-1] == ("bwd", "portable_bwd")
+  assert _grad_kernels(HOPPER, *args, causal=causal)[-1] != ("bwd", "sm100_bwd")
+
+
+# What the Blackwell backward collective leaves to the portable backward (Sm100BwdUnsupported).
+@pytest.mark.parametrize("kwargs", [{"window": (64, 0)}, {"softcap": 30.0, "causal": True},
+                                    {"deterministic": True}],
+                         ids=["window", "softcap", "deterministic"])
+def test_sm100_backward_leaves_uncovered_calls_to_portable(kwargs):
+  assert _grad_kernels(BLACKWELL, *_dense(), **kwargs)[-1] == ("bwd", "portable_bwd")
+
+
+def test_sm100_backward_leaves_seqused_k_to_portable():
+  q, k, v = _dense()
+  su = _sds((2,), jnp.int32)
+  loss = lambda q, k, v, su: jax_sgl.attention(q, k, v, seqused_k=su).astype(jnp.float32).sum()
+  kernels = cuda_attention_kernels(jax.grad(loss, argnums=(0, 1, 2)), q, k, v, su,
+                                   compute_capability=BLACKWELL)
+  assert kernels[-1] == ("bwd", "portable_bwd")
+
+
+def test_sm100_backward_disable_switch(monkeypatch):
+  monkeypatch.setenv(_disable.ENV, "sm100_bwd")
+  assert _grad_kernels(BLACKWELL, *_dense(), causal=True)[-1] == ("bwd", "portable_bwd")
+
+
+@pytest.mark.parametrize("page", [1, 16, 64])
+def test_paged_decode_on_blackwell_keeps_the_decode_kernels(page):
+  # CUTLASS's Blackwell generation kernel cannot hold 16-bit K/V in shared memory and writes no
+  # LSE (docs/kernels.md): 10.0 decodes on the same kernels as Hopper.
+  args = _paged(page=page)
+  assert _paged_fwd(BLACKWELL, *args, causal=True) == _paged_fwd(HOPPER, *args, causal=True)

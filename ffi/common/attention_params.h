@@ -46,6 +46,7 @@ enum AttentionDisable : int64_t {
   kDisableSm90Varlen = int64_t(1) << 1,  // "sm90_varlen": the Hopper forward's varlen/paged path
   kDisableSm90Bwd = int64_t(1) << 2,     // "sm90_bwd": the Hopper backward
   kDisableSm100 = int64_t(1) << 3,       // "sm100": the Blackwell forward
+  kDisableSm100Bwd = int64_t(1) << 4,    // "sm100_bwd": the Blackwell backward (1 << 3: "sm100")
 };
 
 struct AttentionParams {

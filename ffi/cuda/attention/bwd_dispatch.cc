@@ -1,6 +1,7 @@
 // Host side of the CUDA attention backward: which calls it serves, how much workspace they need,
-// and the launch sequence (clear unowned gradient rows, preprocess, dK/dV, dQ), on the sm_90a
-// kernels where they serve the call (sm90/bwd/launch.h) and the sm80 kernels otherwise. Host
+// and the launch sequence (clear unowned gradient rows, preprocess, dK/dV, dQ), on the sm_100a
+// kernels (sm100/bwd/launch.h) or the sm_90a ones (sm90/bwd/launch.h) where they serve the call
+// and the sm80 kernels otherwise. Host
 // code only: the kernels live in bwd_sm80/preprocess.cu and the generated instantiations/ files.
 #include <algorithm>
 
@@ -9,6 +10,9 @@
 #include "ffi/cuda/attention/flash_fwd_launch.h"  // HeadDimBuilt
 #ifdef JAX_SGL_HAVE_SM90
 #include "ffi/cuda/attention/sm90/bwd/launch.h"
+#endif
+#ifdef JAX_SGL_HAVE_SM100
+#include "ffi/cuda/attention/sm100/bwd/launch.h"
 #endif
 
 namespace jax_sgl::cuda {
@@ -60,6 +64,14 @@ BwdChoice ChooseBwdKernel(const AttentionParams& p, const DeviceInfo& dev) {
     c.why = "jax_sgl.attention: the CUDA backward supports batch and num_kv_heads <= 65535";
   if (c.why != nullptr) return c;
   c.kernel = BwdKernel::kPortable;
+#ifdef JAX_SGL_HAVE_SM100
+  // A 10.0 device: CUTLASS's Blackwell backward collective for what it covers (dense, no window,
+  // softcap, seqused_k or deterministic dQ: Sm100BwdUnsupported); the rest on the sm80 kernels.
+  if (Sm100BwdUnsupported(p) == nullptr && Sm100BwdEnabled(p, dev)) {
+    c.kernel = BwdKernel::kSm100;
+    return c;
+  }
+#endif
 #ifdef JAX_SGL_HAVE_SM90
   // Anything the sm90 kernels do not cover (varlen, other head dims, d != d_v, ...) runs
   // on the sm80 kernels: Sm90BwdUnsupported names it. deterministic=True: dQ from the
@@ -74,6 +86,7 @@ const char* BwdKernelName(const BwdChoice& choice) {
   switch (choice.kernel) {
     case BwdKernel::kSm90: return "sm90_bwd";
     case BwdKernel::kSm90DqKernel: return "sm90_bwd_dq_kernel";
+    case BwdKernel::kSm100: return "sm100_bwd";
     case BwdKernel::kPortable: return "portable_bwd";
     case BwdKernel::kNone: break;
   }
@@ -96,6 +109,11 @@ const char* PlanFlashBwd(const AttentionParams& p, const DeviceInfo& dev, FlashB
   const size_t rows = p.cu_seqlens_q ? size_t(p.total_q) : size_t(p.batch) * plan->ws_rows;
   plan->scratch_bytes = 2 * rows * size_t(p.num_heads) * sizeof(float);
   plan->sm90_tail_bytes = 0;
+#ifdef JAX_SGL_HAVE_SM100
+  // Then the dQ accumulator, at the next 16 bytes (a TMA destination).
+  if (plan->choice.kernel == BwdKernel::kSm100)
+    plan->scratch_bytes += (4 + Sm100BwdDqAccumFloats(p)) * sizeof(float);
+#endif
 #ifdef JAX_SGL_HAVE_SM90
   if (plan->choice.kernel == BwdKernel::kSm90)
     plan->scratch_bytes += Sm90BwdDqAccumFloats(p, plan->ws_rows) * sizeof(float);
@@ -137,6 +155,7 @@ const char* RunFlashBwd(const AttentionBwdParams& bp, const FlashBwdPlan& plan, 
   const bool sm90 = plan.choice.kernel == BwdKernel::kSm90 ||
                     plan.choice.kernel == BwdKernel::kSm90DqKernel;
   args.skip_dkdv = sm90;
+  args.negated = plan.choice.kernel == BwdKernel::kSm100;
   // Padding rows of the workspace (sm90: rows up to the row block) are read but masked: any
   // finite value does, zeros are cheapest.
   if (plan.ws_rows != p.seqlen_q) {
@@ -146,6 +165,13 @@ const char* RunFlashBwd(const AttentionBwdParams& bp, const FlashBwdPlan& plan, 
   }
   if (cudaError_t err = LaunchFlashBwdPreprocess(args, stream); err != cudaSuccess)
     return cudaGetErrorString(err);
+#ifdef JAX_SGL_HAVE_SM100
+  if (plan.choice.kernel == BwdKernel::kSm100) {
+    float* dq_accum = args.bp.softmax_d + (2 * ws_floats + 3) / 4 * 4;
+    const cudaError_t err = RunFlashBwdSm100(args, dq_accum, stream);
+    return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
+  }
+#endif
 #ifdef JAX_SGL_HAVE_SM90
   if (sm90) {
     const bool dq_reduced = plan.choice.kernel == BwdKernel::kSm90;

@@ -42,6 +42,10 @@ struct FlashBwdArgs {
   // seqlen_q rounded up to its row block; varlen calls use lse's layout as it is.
   int ws_rows;
   bool skip_dkdv;   // LaunchFlashBwd runs the dQ kernel only (the sm90 kernel did dK, dV)
+  // The preprocess writes -D and -lse_log2 (+inf rows: -inf): the sign convention of CUTLASS's
+  // Blackwell backward collective, whose P = exp2(s * scale * log2(e) + lse) and
+  // dS = P * (dP + D) read them (sm100/bwd/launch.h).
+  bool negated = false;
   // sm90 tail split (Sm90BwdTailSplitRequested): Sm90BwdTailBytes of scratch for the float32
   // dK / dV shares, else nullptr.
   float* sm90_tail = nullptr;
@@ -58,6 +62,7 @@ enum class BwdKernel {
   kNone,      // no CUDA backward serves the call (BwdChoice::why)
   kSm90,      // Hopper dK/dV + dQ by float32 reductions (sm90/bwd/kernel.cuh)
   kSm90DqKernel,  // deterministic: Hopper dK/dV, dQ by the atomic-free sm90 dQ kernel
+  kSm100,     // Blackwell dK/dV + dQ on CUTLASS's FMHA backward collective (sm100/bwd/)
   kPortable,  // mma.sync dK/dV and dQ kernels (bwd_sm80/kernel.cuh)
 };
 
@@ -79,7 +84,8 @@ struct FlashBwdPlan {
   BwdChoice choice;
   int ws_rows;           // dense calls: rows per (batch, head) of softmax_d and lse_log2
   size_t sm90_tail_bytes = 0;  // sm90 tail split's dK / dV shares (Sm90BwdTailBytes), or 0
-  size_t scratch_bytes;  // softmax_d, lse_log2, (kSm90) the float32 dQ accumulator, the shares
+  size_t scratch_bytes;  // softmax_d, lse_log2, (kSm90, kSm100) the float32 dQ accumulator,
+                         // the shares
 };
 
 // Fills *plan and returns nullptr, or returns the reason the combination has no CUDA backward

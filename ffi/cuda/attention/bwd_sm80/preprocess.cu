@@ -1,6 +1,7 @@
 // Preprocess step of the CUDA attention backward:
 //   softmax_d = rowsum(dO * O) - dlse      (dS = P (dP - D) then covers a loss on lse too)
 //   lse_log2  = lse * log2(e), +inf where lse = -inf (a fully masked row: P = exp2(x - inf) = 0)
+// or, with args.negated (the sm100 backward's convention), -softmax_d and -lse_log2.
 // Both in lse's layout (dense: rows padded to args.ws_rows). Varlen rows that no sequence covers
 // get values nothing reads.
 //
@@ -78,9 +79,11 @@ __global__ void __launch_bounds__(kThreads) FlashBwdPreprocessKernel(const Flash
   // padded to ws_rows per (b, h).
   const int64_t bh = int64_t(b) * p.num_heads + h;
   const int64_t idx = bh * rows + i, ws = bh * (varlen ? rows : args.ws_rows) + i;
-  bp.softmax_d[ws] = dot[threadIdx.x] - bp.dlse[idx];
+  const float d = dot[threadIdx.x] - bp.dlse[idx];
   const float lse = p.lse[idx];
-  args.lse_log2[ws] = lse == -INFINITY ? INFINITY : lse * 1.4426950408889634f;
+  const float lse_log2 = lse == -INFINITY ? INFINITY : lse * 1.4426950408889634f;
+  bp.softmax_d[ws] = args.negated ? -d : d;
+  args.lse_log2[ws] = args.negated ? -lse_log2 : lse_log2;
 }
 
 }  // namespace
