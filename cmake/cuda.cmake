@@ -111,37 +111,43 @@ if(JAX_SGL_CUTLASS_INCLUDE_DIR)
   message(STATUS "jax_sgl: CuTe/CUTLASS headers: ${JAX_SGL_CUTLASS_INCLUDE_DIR}")
 endif()
 
-# Hopper flash forward and backward (ffi/cuda/attention/sm90, CuTe wgmma + TMA): built when 90a is
-# among the archs and CuTe is found, for sm_90a only (its own object library, so other archs never
-# see wgmma). One file per (kind, head dim, dtype) of instantiations.json's sm90 family, for
-# JAX_SGL_SM90_HEAD_DIMS x JAX_SGL_SM90_DTYPES; the pairs left out get their guard defined, which
-# the dispatch's list (instantiations/sm90_kernels.inc) honours. At run time JAX_SGL_DISABLE=sm90
-# turns the forward off and JAX_SGL_DISABLE=sm90_bwd the backward.
-set(JAX_SGL_SM90_HEAD_DIMS "64;128;256" CACHE STRING "sm90 attention head dims to build")
-set(JAX_SGL_SM90_DTYPES "bf16;fp16" CACHE STRING "sm90 attention dtypes to build")
-if("90a" IN_LIST JAX_SGL_CUDA_ARCHS AND TARGET jax_sgl_cutlass AND JAX_SGL_SM90_HEAD_DIMS)
-  jax_sgl_instantiations(sm90 "${JAX_SGL_SM90_HEAD_DIMS}" "${JAX_SGL_SM90_DTYPES}"
-                         _jax_sgl_sm90_sources _guards)
+# An arch-specific kernel family (sm90, sm100): its own object library for that arch only (other
+# archs never see its instructions), one file per (kind, head dim, dtype) of instantiations.json's
+# family for the given head dims x dtypes, the guards of the pairs left out defined for the
+# dispatch's list (instantiations/<family>_kernels.inc), and its host dispatch files
+# (ffi/sources.json's <family> list) in _native with JAX_SGL_HAVE_<FAMILY>.
+function(jax_sgl_arch_family family arch head_dims dtypes note)
+  jax_sgl_instantiations(${family} "${head_dims}" "${dtypes}" _sources _guards)
   foreach(g ${_guards})
     target_compile_definitions(_native PRIVATE ${g}=1)
   endforeach()
-  add_library(jax_sgl_sm90 OBJECT ${_jax_sgl_sm90_sources})
-  set_target_properties(jax_sgl_sm90 PROPERTIES CUDA_ARCHITECTURES "90a-real"
-                                                POSITION_INDEPENDENT_CODE ON)
-  target_include_directories(jax_sgl_sm90 PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})
-  target_link_libraries(jax_sgl_sm90 PRIVATE jax_sgl_cutlass jax_sgl_cudart)
-  target_compile_options(jax_sgl_sm90 PRIVATE ${JAX_SGL_CUDA_COPTS})
+  add_library(jax_sgl_${family} OBJECT ${_sources})
+  set_target_properties(jax_sgl_${family} PROPERTIES CUDA_ARCHITECTURES "${arch}-real"
+                                                     POSITION_INDEPENDENT_CODE ON)
+  target_include_directories(jax_sgl_${family} PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})
+  target_link_libraries(jax_sgl_${family} PRIVATE jax_sgl_cutlass jax_sgl_cudart)
+  target_compile_options(jax_sgl_${family} PRIVATE ${JAX_SGL_CUDA_COPTS})
+  jax_sgl_sources(${family} _dispatch)
+  target_sources(_native PRIVATE ${_dispatch} $<TARGET_OBJECTS:jax_sgl_${family}>)
+  string(TOUPPER "${family}" _upper)
+  target_compile_definitions(_native PRIVATE JAX_SGL_HAVE_${_upper}=1)
+  list(LENGTH _sources _n)
+  message(STATUS "jax_sgl: ${family} attention: head dims ${head_dims}, dtypes ${dtypes}: "
+                 "${_n} files${note}")
+endfunction()
+
+# Hopper flash forward and backward (ffi/cuda/attention/sm90, CuTe wgmma + TMA): built when 90a is
+# among the archs and CuTe is found. At run time JAX_SGL_DISABLE=sm90 turns the forward off and
+# JAX_SGL_DISABLE=sm90_bwd the backward.
+set(JAX_SGL_SM90_HEAD_DIMS "64;128;256" CACHE STRING "sm90 attention head dims to build")
+set(JAX_SGL_SM90_DTYPES "bf16;fp16" CACHE STRING "sm90 attention dtypes to build")
+if("90a" IN_LIST JAX_SGL_CUDA_ARCHS AND TARGET jax_sgl_cutlass AND JAX_SGL_SM90_HEAD_DIMS)
+  jax_sgl_arch_family(sm90 90a "${JAX_SGL_SM90_HEAD_DIMS}" "${JAX_SGL_SM90_DTYPES}" "")
   # sm90_defines: wgmma N other than 2^k (hd256's 80-key tiles) is behind
   # CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED in CuTe's MMA selectors; without it they silently pick
   # N = 16.
   jax_sgl_sources(sm90_defines _jax_sgl_sm90_defines)
   target_compile_definitions(jax_sgl_sm90 PRIVATE ${_jax_sgl_sm90_defines})
-  jax_sgl_sources(sm90 _jax_sgl_sm90_dispatch)
-  target_sources(_native PRIVATE ${_jax_sgl_sm90_dispatch} $<TARGET_OBJECTS:jax_sgl_sm90>)
-  target_compile_definitions(_native PRIVATE JAX_SGL_HAVE_SM90=1)
-  list(LENGTH _jax_sgl_sm90_sources _n)
-  message(STATUS "jax_sgl: sm90 attention: head dims ${JAX_SGL_SM90_HEAD_DIMS}, "
-                 "dtypes ${JAX_SGL_SM90_DTYPES}: ${_n} files")
 endif()
 
 # The FMHA collectives of CUTLASS's Blackwell example (77_blackwell_fmha: collective/, kernel/,
@@ -158,34 +164,15 @@ if(NOT JAX_SGL_FMHA_SM100_INCLUDE_DIR AND JAX_SGL_CUTLASS_INCLUDE_DIR)
 endif()
 
 # Blackwell attention (ffi/cuda/attention/sm100, tcgen05 MMA + TMEM + TMA on the FMHA
-# collectives): built when 100a is among the archs and CuTe and the collectives are found, for
-# sm_100a only (its own object library, as sm90). One file per (kind, head dim, dtype) of
-# instantiations.json's sm100 family, for JAX_SGL_SM100_HEAD_DIMS x JAX_SGL_SM100_DTYPES; the
-# pairs left out get their guard defined, which the dispatch's list
-# (instantiations/sm100_kernels.inc) honours. At run time JAX_SGL_DISABLE=sm100 turns it off.
+# collectives): built when 100a is among the archs and CuTe and the collectives are found. At run
+# time JAX_SGL_DISABLE=sm100 / sm100_bwd turn the forward / backward off.
 set(JAX_SGL_SM100_HEAD_DIMS "64;128" CACHE STRING "sm100 attention head dims to build")
 set(JAX_SGL_SM100_DTYPES "bf16;fp16" CACHE STRING "sm100 attention dtypes to build")
 if("100a" IN_LIST JAX_SGL_CUDA_ARCHS AND TARGET jax_sgl_cutlass AND JAX_SGL_FMHA_SM100_INCLUDE_DIR
    AND JAX_SGL_SM100_HEAD_DIMS)
-  jax_sgl_instantiations(sm100 "${JAX_SGL_SM100_HEAD_DIMS}" "${JAX_SGL_SM100_DTYPES}"
-                         _jax_sgl_sm100_sources _guards)
-  foreach(g ${_guards})
-    target_compile_definitions(_native PRIVATE ${g}=1)
-  endforeach()
-  add_library(jax_sgl_sm100 OBJECT ${_jax_sgl_sm100_sources})
-  set_target_properties(jax_sgl_sm100 PROPERTIES CUDA_ARCHITECTURES "100a-real"
-                                                 POSITION_INDEPENDENT_CODE ON)
-  target_include_directories(jax_sgl_sm100 PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})
+  jax_sgl_arch_family(sm100 100a "${JAX_SGL_SM100_HEAD_DIMS}" "${JAX_SGL_SM100_DTYPES}"
+                      " (collectives: ${JAX_SGL_FMHA_SM100_INCLUDE_DIR})")
   target_include_directories(jax_sgl_sm100 SYSTEM PRIVATE "${JAX_SGL_FMHA_SM100_INCLUDE_DIR}")
-  target_link_libraries(jax_sgl_sm100 PRIVATE jax_sgl_cutlass jax_sgl_cudart)
-  target_compile_options(jax_sgl_sm100 PRIVATE ${JAX_SGL_CUDA_COPTS})
-  jax_sgl_sources(sm100 _jax_sgl_sm100_dispatch)
-  target_sources(_native PRIVATE ${_jax_sgl_sm100_dispatch} $<TARGET_OBJECTS:jax_sgl_sm100>)
-  target_compile_definitions(_native PRIVATE JAX_SGL_HAVE_SM100=1)
-  list(LENGTH _jax_sgl_sm100_sources _n)
-  message(STATUS "jax_sgl: sm100 attention: head dims ${JAX_SGL_SM100_HEAD_DIMS}, "
-                 "dtypes ${JAX_SGL_SM100_DTYPES}: ${_n} files "
-                 "(collectives: ${JAX_SGL_FMHA_SM100_INCLUDE_DIR})")
 endif()
 
 # A build for sm_90a without CuTe would fall back to the portable kernels at a third of the speed:

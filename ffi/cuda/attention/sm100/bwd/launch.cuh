@@ -19,6 +19,7 @@
 #include <cutlass/kernel_hardware_info.hpp>
 
 #include "ffi/cuda/attention/common/cutlass_type.h"
+#include "ffi/cuda/attention/sm100/common/run_kernel.cuh"
 #include "ffi/cuda/attention/sm100/bwd/launch.h"
 // The collective's headers rely on CuTe, the arch tags and the masks being declared first, and
 // the convert kernel on the names the dK/dV kernel's header brings into its namespace (the order
@@ -46,25 +47,6 @@ using DkDvKernel = cutlass::fmha::kernel::Sm100FmhaBwdKernelTmaWarpSpecialized<
 template <typename E>
 using ConvertKernel = cutlass::fmha::kernel::FmhaKernelBwdConvert<ProblemShape, E, float>;
 
-// Launches one of the collective's kernels. The shared-memory opt-in is set on every call: it is
-// per device, and one attribute call is small next to the launch.
-template <typename Kernel>
-cudaError_t RunKernel(const typename Kernel::Arguments& args, cudaStream_t stream) {
-  if (!Kernel::can_implement(args)) return cudaErrorInvalidValue;
-  typename Kernel::Params params = Kernel::to_underlying_arguments(args, nullptr);
-  if (Kernel::SharedStorageSize > 48 * 1024) {
-    if (cudaError_t err = cudaFuncSetAttribute(cutlass::device_kernel<Kernel>,
-                                               cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               int(Kernel::SharedStorageSize));
-        err != cudaSuccess)
-      return err;
-  }
-  if (cutlass::fmha::device::FMHA<Kernel>::run(params, stream) != cutlass::Status::kSuccess) {
-    const cudaError_t err = cudaGetLastError();
-    return err != cudaSuccess ? err : cudaErrorLaunchFailure;
-  }
-  return cudaSuccess;
-}
 
 // Rows of the dQ accumulator per (batch, head): the convert kernel's 8-row alignment.
 inline int DqAccumRows(const AttentionParams& p) { return (p.seqlen_q + 7) / 8 * 8; }
@@ -105,7 +87,7 @@ cudaError_t Launch(const FlashBwdArgs& a, float* dq_accum, cudaStream_t stream) 
   const size_t acc_bytes = size_t(p.batch) * p.num_heads * acc_rows * d * sizeof(float);
   if (cudaError_t err = cudaMemsetAsync(dq_accum, 0, acc_bytes, stream); err != cudaSuccess)
     return err;
-  if (cudaError_t err = RunKernel<DkDv>(args, stream); err != cudaSuccess) return err;
+  if (cudaError_t err = sm100::RunKernel<DkDv>(args, stream); err != cudaSuccess) return err;
 
   // The collective accumulates dQ unscaled; the convert applies softmax_scale as it narrows.
   using Convert = ConvertKernel<E>;
@@ -118,7 +100,7 @@ cudaError_t Launch(const FlashBwdArgs& a, float* dq_accum, cudaStream_t stream) 
       nullptr, kv_stride,
       nullptr, kv_stride,
       p.softmax_scale};
-  return RunKernel<Convert>(convert, stream);
+  return sm100::RunKernel<Convert>(convert, stream);
 }
 
 }  // namespace sm100_bwd

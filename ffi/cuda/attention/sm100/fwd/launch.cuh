@@ -12,6 +12,7 @@
 #include <cutlass/device_kernel.h>
 
 #include "ffi/cuda/attention/common/cutlass_type.h"
+#include "ffi/cuda/attention/sm100/common/run_kernel.cuh"
 #include "ffi/cuda/attention/sm100/fwd/config.h"
 #include "ffi/cuda/attention/sm100/fwd/launch.h"
 #include "ffi/cuda/attention/sm100/fwd/sinks.cuh"
@@ -19,24 +20,6 @@
 
 namespace jax_sgl::cuda {
 namespace sm100 {
-
-// Launches one kernel config. The shared-memory opt-in is set on every call: it is per device,
-// and one attribute call is small next to the launch.
-template <typename Kernel>
-cudaError_t RunKernel(const typename Kernel::Arguments& args, cudaStream_t stream) {
-  if (!Kernel::can_implement(args)) return cudaErrorInvalidValue;
-  typename Kernel::Params params = Kernel::to_underlying_arguments(args, nullptr);
-  if (cudaError_t err = cudaFuncSetAttribute(cutlass::device_kernel<Kernel>,
-                                             cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             int(Kernel::SharedStorageSize));
-      err != cudaSuccess)
-    return err;
-  if (cutlass::fmha::device::FMHA<Kernel>::run(params, stream) != cutlass::Status::kSuccess) {
-    const cudaError_t err = cudaGetLastError();
-    return err != cudaSuccess ? err : cudaErrorLaunchFailure;
-  }
-  return cudaSuccess;
-}
 
 // The collectives' arguments for one call of shape `shape` (dense or varlen); q_rows: the row
 // extent of q that the LSE's head stride spans (seqlen_q dense, total_q varlen).
