@@ -127,6 +127,11 @@ inline bool Fp8KvCacheTypes(const AttentionParams& p) {
          p.k_type == DType::kF8E4M3 && p.v_type == DType::kF8E4M3;
 }
 
+// A sliding window beyond what causal itself sets (causal forces window_right = 0).
+inline bool HasSlidingWindow(const AttentionParams& p) {
+  return p.window_left >= 0 || (!p.causal && p.window_right >= 0);
+}
+
 // q is float16 or bfloat16 and k, v and out share its type: what every CUDA kernel computes.
 inline bool HalfPrecisionOperands(const AttentionParams& p) {
   return (p.q_type == DType::kBF16 || p.q_type == DType::kF16) && p.k_type == p.q_type &&

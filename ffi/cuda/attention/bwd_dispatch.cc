@@ -42,6 +42,9 @@ cudaError_t LaunchForType(int cap, const FlashBwdArgs& args, cudaStream_t stream
   }
 }
 
+// The choices whose dK / dV come from the sm90 kernel (its dQ by reductions or by the dQ kernel).
+bool RunsSm90DkDv(BwdKernel k) { return k == BwdKernel::kSm90 || k == BwdKernel::kSm90DqKernel; }
+
 size_t Bytes(int64_t rows, int64_t heads, int dim, DType t) {
   return size_t(rows) * size_t(heads) * size_t(dim) * (t == DType::kF32 ? 4 : 2);
 }
@@ -96,8 +99,7 @@ const char* BwdKernelName(const BwdChoice& choice) {
 const char* PlanFlashBwd(const AttentionParams& p, const DeviceInfo& dev, FlashBwdPlan* plan) {
   plan->choice = ChooseBwdKernel(p, dev);
   if (plan->choice.kernel == BwdKernel::kNone) return plan->choice.why;
-  const bool sm90 = plan->choice.kernel == BwdKernel::kSm90 ||
-                    plan->choice.kernel == BwdKernel::kSm90DqKernel;
+  const bool sm90 = RunsSm90DkDv(plan->choice.kernel);
   plan->ws_rows = p.seqlen_q;
 #ifdef JAX_SGL_HAVE_SM90
   if (sm90) {
@@ -152,8 +154,7 @@ const char* RunFlashBwd(const AttentionBwdParams& bp, const FlashBwdPlan& plan, 
   args.bp.softmax_d = static_cast<float*>(scratch);
   args.lse_log2 = args.bp.softmax_d + ws_floats;
   args.group = p.num_heads / p.num_kv_heads;
-  const bool sm90 = plan.choice.kernel == BwdKernel::kSm90 ||
-                    plan.choice.kernel == BwdKernel::kSm90DqKernel;
+  const bool sm90 = RunsSm90DkDv(plan.choice.kernel);
   args.skip_dkdv = sm90;
   args.negated = plan.choice.kernel == BwdKernel::kSm100;
   // Padding rows of the workspace (sm90: rows up to the row block) are read but masked: any

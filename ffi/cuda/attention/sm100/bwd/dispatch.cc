@@ -40,7 +40,7 @@ const char* Sm100BwdUnsupported(const AttentionParams& p) {
     return "sm100 backward: head_dim == head_dim_v in the built set (64, 128) only";
   if (p.softcap != 0.f)
     return "sm100 backward: no softcap (the collective's dS has no hook for its derivative)";
-  if (p.window_left >= 0 || (!p.causal && p.window_right >= 0))
+  if (HasSlidingWindow(p))
     return "sm100 backward: no sliding window (the collective's masks have no local mask)";
   if (p.deterministic)
     return "sm100 backward: deterministic=True needs an atomic-free dQ (the collective's dQ is a "
@@ -71,7 +71,7 @@ bool Sm100BwdEnabled(const AttentionParams& p, const DeviceInfo& dev) {
 }
 
 size_t Sm100BwdDqAccumFloats(const AttentionParams& p) {
-  return size_t(p.batch) * p.num_heads * ((size_t(p.seqlen_q) + 7) / 8 * 8) * p.head_dim;
+  return size_t(p.batch) * p.num_heads * size_t(Sm100BwdDqAccumRows(p)) * p.head_dim;
 }
 
 const char* Sm100BwdBuiltKernels() {

@@ -48,9 +48,6 @@ template <typename E>
 using ConvertKernel = cutlass::fmha::kernel::FmhaKernelBwdConvert<ProblemShape, E, float>;
 
 
-// Rows of the dQ accumulator per (batch, head): the convert kernel's 8-row alignment.
-inline int DqAccumRows(const AttentionParams& p) { return (p.seqlen_q + 7) / 8 * 8; }
-
 template <typename E, int kHeadDim, class Mask>
 cudaError_t Launch(const FlashBwdArgs& a, float* dq_accum, cudaStream_t stream) {
   const AttentionBwdParams& bp = a.bp;
@@ -65,7 +62,7 @@ cudaError_t Launch(const FlashBwdArgs& a, float* dq_accum, cudaStream_t stream) 
   const StrideKv kv_stride{k_row, _1{}, {{_0{}, d}, p.seqlen_k * k_row}};
   // The preprocess's workspace: [batch, heads, ws_rows] with ws_rows == seqlen_q.
   const StrideRow row_stride{_1{}, {{a.ws_rows, a.ws_rows * group}, a.ws_rows * p.num_heads}};
-  const int acc_rows = DqAccumRows(p);
+  const int acc_rows = Sm100BwdDqAccumRows(p);
   const StrideQ acc_stride{d, _1{}, {{acc_rows * d, acc_rows * d * group},
                                      acc_rows * d * p.num_heads}};
 

@@ -33,7 +33,10 @@ const char* Sm100BwdUnsupported(const AttentionParams& p);
 // sm_100a SASS runs on, and JAX_SGL_DISABLE does not name sm100_bwd (p.disable).
 bool Sm100BwdEnabled(const AttentionParams& p, const DeviceInfo& dev);
 
-// Float32 elements of the dQ accumulator: [batch, num_heads, seqlen_q rounded up to 8, head_dim]
+// Rows of the dQ accumulator per (batch, head): seqlen_q rounded up to the convert kernel's 8.
+inline int Sm100BwdDqAccumRows(const AttentionParams& p) { return (p.seqlen_q + 7) / 8 * 8; }
+
+// Float32 elements of the dQ accumulator: [batch, num_heads, Sm100BwdDqAccumRows, head_dim]
 // (the convert kernel's layout).
 size_t Sm100BwdDqAccumFloats(const AttentionParams& p);
 

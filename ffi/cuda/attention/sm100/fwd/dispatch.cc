@@ -41,11 +41,6 @@ cudaError_t Launch(DType t, int d, const AttentionParams& p, cudaStream_t stream
   return cudaErrorInvalidValue;
 }
 
-// A sliding window beyond what causal itself sets (causal forces window_right = 0).
-bool HasWindow(const AttentionParams& p) {
-  return p.window_left >= 0 || (!p.causal && p.window_right >= 0);
-}
-
 }  // namespace
 
 const char* Sm100FwdUnsupported(const AttentionParams& p) {
@@ -63,7 +58,7 @@ const char* Sm100FwdUnsupported(const AttentionParams& p) {
   if (p.softmax_scale == 0.0f) return "sm100 forward: a non-zero softmax_scale";
   if (p.seqused_k != nullptr)
     return "sm100 forward: seqused_k (the collectives' mask has no batch index)";
-  if (HasWindow(p)) return "sm100 forward: sliding window (the collectives' mask has no run-time state)";
+  if (HasSlidingWindow(p)) return "sm100 forward: sliding window (the collectives' mask has no run-time state)";
   if (p.softcap != 0.0f) return "sm100 forward: softcap (the collectives' mask has no run-time state)";
   // The collectives divide by the row sum: a causal row with no key would be NaN where jax_sgl
   // gives 0 and -inf. Dense calls with seqlen_q <= seqlen_k have none; varlen lengths live on the
