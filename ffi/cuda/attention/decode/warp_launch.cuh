@@ -25,6 +25,8 @@ cudaError_t LaunchFlashDecodeWarp(const FlashDecodeArgs& args, cudaStream_t stre
       return decode_cp_async::Launch<T, kHeadDim>(args, stream);
     case DecodeWarpForm::kCpAsyncInt64:
       return decode_int64::Launch<T, kHeadDim>(args, stream);
+    case DecodeWarpForm::kTmaFp8Kv:  // LaunchFlashDecodeWarpFp8Kv's
+      return cudaErrorInvalidValue;
   }
   return cudaErrorInvalidValue;
 }
@@ -40,8 +42,23 @@ int FlashDecodeWarpCtasPerSm(int stages, DecodeWarpForm form) {
       return decode_cp_async::CtasPerSm<T, kHeadDim>(stages);
     case DecodeWarpForm::kCpAsyncInt64:
       return decode_int64::CtasPerSm<T, kHeadDim>(stages);
+    case DecodeWarpForm::kTmaFp8Kv:  // FlashDecodeWarpFp8KvCtasPerSm's
+      return 1;
   }
   return 1;
+}
+
+// The TMA form over an fp8 KV cache (the only warp form that reads one; the dispatch sends it
+// nothing else).
+template <typename T, int kHeadDim>
+cudaError_t LaunchFlashDecodeWarpFp8Kv(const FlashDecodeArgs& args, cudaStream_t stream) {
+  static_assert(kHeadDim == 64 || kHeadDim == 128, "the TMA form's head-dim capacities");
+  return decode_tma::Launch<T, kHeadDim, true>(args, stream);
+}
+
+template <typename T, int kHeadDim>
+int FlashDecodeWarpFp8KvCtasPerSm(int stages) {
+  return decode_tma::CtasPerSm<T, kHeadDim, true>(stages);
 }
 
 }  // namespace jax_sgl::cuda
