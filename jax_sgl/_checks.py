@@ -574,16 +574,16 @@ def check_attention_cuda(q_dtype, v_dtype, qk_blockscaled: bool = False, k_dtype
 
 
 # The call shapes the CUDA fp8 KV-cache decode serves (ffi/cuda/attention/fwd_dispatch.cc
-# CheckFp8KvDecode, which also needs compute capability 9.0+: the device is unknown here).
+# CheckFp8KvDecode, which also needs compute capability 8.0+: the device is unknown here).
 FP8_KV_DECODE_MAX_Q_LEN = 8
 FP8_KV_DECODE_MAX_ROWS = 16
 
 
 def check_fp8_kv_decode_cuda(q_dtype, k_dtype, spec: AttentionSpec | None,
                              max_seqlen_q: int | None) -> None:
-  """An fp8 KV cache on CUDA: the warp-sliced TMA decode reads it (bf16/fp16 q, at most 8 q rows
-  per sequence and 16 q rows x q heads per kv head, head dims 64 / 128, dense or varlen K/V or
-  pages of a multiple of 16 keys); every other call shape raises, naming what is missing."""
+  """An fp8 KV cache on CUDA: the warp-sliced decode reads it (bf16/fp16 q, at most 8 q rows per
+  sequence and 16 q rows x q heads per kv head, head dims 64 / 128; any KV layout and page size);
+  every other call shape raises, naming what is missing."""
   head = (f"{ATTN_FN}: the CUDA fp8 KV-cache read (q {jnp.dtype(q_dtype)}, k/v "
           f"{jnp.dtype(k_dtype)} with k_descale/v_descale) runs in the decode kernel only")
   if jnp.dtype(q_dtype) not in CUDA_ATTENTION_DTYPES:
@@ -604,8 +604,4 @@ def check_fp8_kv_decode_cuda(q_dtype, k_dtype, spec: AttentionSpec | None,
     raise NotImplementedError(
         f"{head}, at head dims 64 and 128 (multiples of 16 up to 64, or above 96 up to 128); got "
         f"head_dim {spec.head_dim}, head_dim_v {spec.head_dim_v}")
-  if spec.kv_layout == KV_PAGED and spec.page_size % 16:
-    raise NotImplementedError(
-        f"{head}, over pages of a multiple of 16 keys (its 16-key TMA stages never straddle a "
-        f"page); got page_size {spec.page_size} (the CPU backend runs this call)")
 

@@ -1,13 +1,14 @@
-"""The CUDA decode over jax_sgl's fp8 KV cache (decode_warp_tma_fp8kv: e4m3 K/V pages under bf16 /
-fp16 q, dequantized in registers, k_descale in the score scale, v_descale in the output).
+"""The CUDA decode over jax_sgl's fp8 KV cache (decode_warp_tma_fp8kv for pages of a multiple of 16
+keys, decode_warp_cp_async_fp8kv for the others: e4m3 K/V pages under bf16 / fp16 q, dequantized
+in registers, k_descale in the score scale, v_descale in the output).
 
 rope_pool_fused on the CPU writes the e4m3 pool (its quantization is the one under test in
 test_rope_pool_fp8.py), then the same call runs on the CPU kernel and on the GPU. The GPU output is
 held to a float64 oracle on the dequantized values (stored x scale) by FlashAttention's rule (its
 error at most twice that of the same math done in q's 16-bit type, plus a float32-noise floor),
-and to the CPU kernel on the same inputs; LSE alike. The matrix: pages of 16 and 64 keys (1 and 5
-keys: the CUDA kernels refuse them at trace time, the CPU serves them), GQA groups 1 / 4 / 8, q
-lengths 1..4 (causal), head dims 64 / 128, ragged seqused_k with empty sequences and lengths that
+and to the CPU kernel on the same inputs; LSE alike. The matrix: pages of 1, 5, 16 and 64 keys and
+a 3-D token pool, GQA groups 1 / 4 / 8, q
+lengths 1..8 (causal), head dims 64 / 128, ragged seqused_k with empty sequences and lengths that
 are no multiple of the page size, pools whose unreferenced pages and page tails hold NaN,
 out-of-range page-table entries (negative, past the pool) inside used ranges (masked keys), and
 per-head, per-(batch, head) and scalar descales. Dense fp8 K/V too, and softcap / window.
@@ -181,7 +182,7 @@ K_LENS = [0, 1, 37, 130, 700, 2051]
 
 
 @pytest.mark.parametrize("dtype", [BF16, F16])
-@pytest.mark.parametrize("page", [16, 64])
+@pytest.mark.parametrize("page", [1, 5, 16, 64])
 @pytest.mark.parametrize("group", [1, 4, 8])
 def test_paged_decode(dtype, page, group):
   pool = Pool(page + group, K_LENS, page=page, h=4 * group, hkv=4, d=128, dtype=dtype,
@@ -189,17 +190,19 @@ def test_paged_decode(dtype, page, group):
   check(pool, 1, causal=False)
 
 
+@pytest.mark.parametrize("page", [5, 16])
 @pytest.mark.parametrize("q_len,group", [(2, 8), (4, 4), (8, 2), (3, 1)])
-def test_short_q_causal(q_len, group):
-  pool = Pool(11 * q_len, K_LENS, page=16, h=2 * group, hkv=2, d=128, dtype=BF16, bad=[(3, 2)])
+def test_short_q_causal(q_len, group, page):
+  pool = Pool(11 * q_len, K_LENS, page=page, h=2 * group, hkv=2, d=128, dtype=BF16, bad=[(3, 2)])
   check(pool, q_len, causal=True)
 
 
+@pytest.mark.parametrize("page", [5, 16])
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("descale", ["head", "batch_head", "scalar"])
-def test_head_dims_and_descales(d, descale):
-  pool = Pool(d, K_LENS, page=16, h=16, hkv=2, d=d, dtype=F16, per_head=descale != "scalar",
-              bad=[(4, 1)])
+def test_head_dims_and_descales(d, descale, page):
+  pool = Pool(d + page, K_LENS, page=page, h=16, hkv=2, d=d, dtype=F16,
+              per_head=descale != "scalar", bad=[(4, 1)])
   check(pool, 1, causal=False, descale=descale)
 
 
@@ -212,17 +215,19 @@ def test_descale_shapes_agree_on_the_gpu():
   np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
 
 
-@pytest.mark.parametrize("page", [1, 5])
-def test_pages_the_cuda_kernel_refuses(page):
-  """Pages that are no multiple of 16 keys: the CUDA lowering raises at trace time naming it; the
-  CPU backend serves the same call."""
-  pool = Pool(page, [9, 20], page=page, h=8, hkv=2, d=128, dtype=BF16)
+def test_token_pool():
+  """A 3-D token pool [num_slots, Hkv, D] (page size 1; the cp.async form): page_table holds
+  slots."""
+  pool = Pool(21, K_LENS, page=1, h=16, hkv=4, d=128, dtype=BF16, bad=[(3, 5), (4, 100)])
   q = pool.query(1)
-  kw = dict(causal=False, **pool.arrays())
-  with pytest.raises(NotImplementedError, match="pages of a multiple of 16 keys"):
-    _run(_gpu(), q, pool.k_pages, pool.v_pages, kw)
-  out, _ = _run(_cpu(), q, pool.k_pages, pool.v_pages, kw)
-  assert np.isfinite(np.asarray(out, np.float32)).all()
+  arrays = pool.arrays()
+  k_tok = pool.k_pages.reshape(-1, 4, 128)
+  v_tok = pool.v_pages.reshape(-1, 4, 128)
+  kw = dict(causal=False, **arrays)
+  out, lse = _run(_gpu(), q, k_tok, v_tok, kw)
+  paged, paged_lse = _run(_gpu(), q, pool.k_pages, pool.v_pages, kw)
+  np.testing.assert_array_equal(np.asarray(out, np.float32), np.asarray(paged, np.float32))
+  check(pool, 1, causal=False)
 
 
 def test_prefill_shape_is_refused():

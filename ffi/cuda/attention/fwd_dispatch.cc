@@ -71,10 +71,10 @@ const char* CheckSm80Support(const AttentionParams& p, int* cap) {
   return nullptr;
 }
 
-// Whether the fp8-KV decode (the TMA warp form over e4m3 K/V, decode/fp8_kv_operands.cuh) takes
-// the call; sets the head-dim capacity. It is the only CUDA kernel reading an fp8 KV cache: the
+// Whether the fp8-KV decode (the warp forms over e4m3 K/V, decode/fp8_kv_operands.cuh) takes the
+// call; sets the head-dim capacity. They are the only CUDA kernels reading an fp8 KV cache: the
 // block-wide decode, the portable, sm90 and sm100 kernels stay 16-bit, so every other fp8-KV call
-// shape is refused here (and at trace time, jax_sgl/_checks.py check_attention_cuda).
+// shape is refused here (and at trace time, jax_sgl/_checks.py check_fp8_kv_decode_cuda).
 const char* CheckFp8KvDecode(const AttentionParams& p, const DeviceInfo& dev, int* cap) {
   *cap = 0;
   if (!(p.q_type == DType::kBF16 || p.q_type == DType::kF16) || p.out_type != p.q_type)
@@ -92,17 +92,13 @@ const char* CheckFp8KvDecode(const AttentionParams& p, const DeviceInfo& dev, in
   if (!HeadDimBuilt(c))
     return "jax_sgl.attention: this build left out the CUDA kernel for the head dim "
            "(JAX_SGL_ATTN_DISABLE_HDIM*)";
-  if (p.kv_layout == KvLayout::kPaged && p.page_size % 16 != 0)
-    return "jax_sgl.attention: the CUDA fp8 KV-cache decode reads pages of a multiple of 16 keys "
-           "(its 16-key TMA stages never straddle a page)";
-  // The tensor maps' byte strides must be multiples of 16; 32-bit row indices.
+  // 16-byte copies (the tensor maps' byte strides, cp.async's sources); 32-bit row indices.
   if (p.k_head_stride % 16 || p.k_row_stride % 16 || p.v_head_stride % 16 ||
       p.v_row_stride % 16 || p.total_k >= (int64_t(1) << 31))
     return "jax_sgl.attention: the CUDA fp8 KV-cache decode needs K/V rows and heads at 16-byte "
            "strides and fewer than 2^31 rows";
-  if (dev.cc_major < 9)
-    return "jax_sgl.attention: the CUDA fp8 KV-cache decode needs compute capability 9.0 or "
-           "later (the tensor copy engine)";
+  if (dev.cc_major < 8)
+    return "jax_sgl.attention: the CUDA fp8 KV-cache decode needs compute capability 8.0 or later";
   *cap = c;
   return nullptr;
 }
@@ -207,12 +203,12 @@ int DecodeWarpCtasPerSm(int cap, int stages, DecodeWarpForm form) {
   });
 }
 
-// The fp8-KV TMA form's capacities: 64 and 128 (CheckFp8KvDecode).
+// The fp8-KV forms' capacities: 64 and 128 (CheckFp8KvDecode).
 template <typename T>
-int DecodeWarpFp8KvCtasPerSm(int cap, int stages) {
+int DecodeWarpFp8KvCtasPerSm(int cap, int stages, DecodeWarpForm form) {
   return WithHeadDimCap(cap, 1, [&](auto d) {
     constexpr int kD = decltype(d)::value;
-    if constexpr (kD == 64 || kD == 128) return FlashDecodeWarpFp8KvCtasPerSm<T, kD>(stages);
+    if constexpr (kD == 64 || kD == 128) return FlashDecodeWarpFp8KvCtasPerSm<T, kD>(stages, form);
     return 1;
   });
 }
@@ -234,10 +230,12 @@ cudaError_t LaunchDecodeFp8KvForType(int cap, const FlashDecodeArgs& args, cudaS
 // wave (B=8, KV 32k: 3811 GB/s against 3027 at one wave), never under
 // kDecodeWarpMinStagesPerWarp stages per warp.
 constexpr int kDecodeWarpStages = 3;
-// Over an fp8 KV cache a stage is half the bytes: twice the stages keep the same bytes in flight
-// per warp in the same shared memory (2 CTAs per SM at d = 128). To be measured on the H200
-// (benchmarks/bench_attention_paged.py --fp8-kv).
-constexpr int kDecodeWarpStagesFp8Kv = 6;
+// Over an fp8 KV cache a stage is half the bytes: about twice the stages keep the same bytes in
+// flight per warp at the same 2 CTAs per SM (d = 128): 6 TMA stages (101 KiB), 5 padded cp.async
+// ones (94 KiB; 6 would be 112 KiB, one CTA). To be measured on the H200
+// (benchmarks/bench_attention_decode_fp8.py).
+constexpr int kDecodeWarpStagesTmaFp8Kv = 6;
+constexpr int kDecodeWarpStagesCpAsyncFp8Kv = 5;
 constexpr int kDecodeWarpMinStagesPerWarp = 4;
 void PlanDecodeWarpKernel(const AttentionParams& p, const DeviceInfo& dev, FlashPlan* plan) {
   const int cap = plan->choice.head_dim_cap;
@@ -246,19 +244,25 @@ void PlanDecodeWarpKernel(const AttentionParams& p, const DeviceInfo& dev, Flash
   plan->block_m = kDecodeWarpMmaMaxRows;
   plan->m_blocks = 1;
   plan->decode_m_tiles = kDecodeWarpMmaMaxRows;
-  const bool fp8_kv = form == DecodeWarpForm::kTmaFp8Kv;
-  int stages = fp8_kv ? kDecodeWarpStagesFp8Kv : kDecodeWarpStages;
+  const bool fp8_kv =
+      form == DecodeWarpForm::kTmaFp8Kv || form == DecodeWarpForm::kCpAsyncFp8Kv;
+  int stages = form == DecodeWarpForm::kTmaFp8Kv       ? kDecodeWarpStagesTmaFp8Kv
+               : form == DecodeWarpForm::kCpAsyncFp8Kv ? kDecodeWarpStagesCpAsyncFp8Kv
+                                                       : kDecodeWarpStages;
   auto smem = [&](int st) {
-    return fp8_kv                        ? DecodeWarpTmaSmemBytes(cap, st, 1)
-           : form == DecodeWarpForm::kTma ? DecodeWarpTmaSmemBytes(cap, st)
-                                          : DecodeWarpMmaSmemBytes(cap, st);
+    switch (form) {
+      case DecodeWarpForm::kTma: return DecodeWarpTmaSmemBytes(cap, st);
+      case DecodeWarpForm::kTmaFp8Kv: return DecodeWarpTmaSmemBytes(cap, st, 1);
+      case DecodeWarpForm::kCpAsyncFp8Kv: return DecodeWarpMmaSmemBytes(cap, st, 1);
+      default: return DecodeWarpMmaSmemBytes(cap, st);
+    }
   };
   while (stages > 2 && smem(stages) > dev.smem_optin) --stages;
   plan->decode_stages = stages;
   int ctas_per_sm;
   if (fp8_kv)
-    ctas_per_sm = p.q_type == DType::kBF16 ? DecodeWarpFp8KvCtasPerSm<bf16_t>(cap, stages)
-                                           : DecodeWarpFp8KvCtasPerSm<f16_t>(cap, stages);
+    ctas_per_sm = p.q_type == DType::kBF16 ? DecodeWarpFp8KvCtasPerSm<bf16_t>(cap, stages, form)
+                                           : DecodeWarpFp8KvCtasPerSm<f16_t>(cap, stages, form);
   else
     ctas_per_sm = p.q_type == DType::kBF16 ? DecodeWarpCtasPerSm<bf16_t>(cap, stages, form)
                                            : DecodeWarpCtasPerSm<f16_t>(cap, stages, form);
@@ -307,7 +311,8 @@ FwdChoice ChooseFwdKernel(const AttentionParams& p, const DeviceInfo& dev) {
   if (Fp8KvCacheTypes(p)) {
     if ((c.why = CheckFp8KvDecode(p, dev, &c.head_dim_cap)) != nullptr) return c;
     c.kernel = FwdKernel::kDecodeWarp;
-    c.warp_form = DecodeWarpForm::kTmaFp8Kv;
+    c.warp_form = DecodeTmaServes(p, c.head_dim_cap, dev) ? DecodeWarpForm::kTmaFp8Kv
+                                                          : DecodeWarpForm::kCpAsyncFp8Kv;
     return c;
   }
   // Decode-shaped calls (a bound of kDecodeMaxQLen q rows per sequence: dense q, or varlen q
@@ -356,6 +361,7 @@ const char* FwdKernelName(const FwdChoice& choice) {
         case DecodeWarpForm::kCpAsync: return "decode_warp_cp_async";
         case DecodeWarpForm::kCpAsyncInt64: return "decode_warp_cp_async_int64";
         case DecodeWarpForm::kTmaFp8Kv: return "decode_warp_tma_fp8kv";
+        case DecodeWarpForm::kCpAsyncFp8Kv: return "decode_warp_cp_async_fp8kv";
       }
       break;
     case FwdKernel::kDecodeBlock: return "decode_block";
@@ -440,7 +446,8 @@ const char* RunFlashFwd(const AttentionParams& p, const FlashPlan& plan, void* s
     const bool warp = kernel == FwdKernel::kDecodeWarp;
     FlashDecodeArgs d{args, plan.decode_stages, plan.decode_m_tiles, plan.m_blocks};
     if (warp) d.warp_form = plan.choice.warp_form;
-    if (warp && d.warp_form == DecodeWarpForm::kTmaFp8Kv)
+    if (warp && (d.warp_form == DecodeWarpForm::kTmaFp8Kv ||
+                 d.warp_form == DecodeWarpForm::kCpAsyncFp8Kv))
       err = p.q_type == DType::kBF16
                 ? LaunchDecodeFp8KvForType<bf16_t>(plan.choice.head_dim_cap, d, stream)
                 : LaunchDecodeFp8KvForType<f16_t>(plan.choice.head_dim_cap, d, stream);

@@ -4,6 +4,6 @@
 
 namespace jax_sgl::cuda {
 template cudaError_t LaunchFlashDecodeWarpFp8Kv<f16_t, 64>(const FlashDecodeArgs&, cudaStream_t);
-template int FlashDecodeWarpFp8KvCtasPerSm<f16_t, 64>(int);
+template int FlashDecodeWarpFp8KvCtasPerSm<f16_t, 64>(int, DecodeWarpForm);
 }  // namespace jax_sgl::cuda
 #endif
