@@ -58,7 +58,8 @@ class Pool:
     self.k_scale = rng.uniform(0.01, 0.03, n_scales).astype(np.float32)
     self.v_scale = rng.uniform(0.01, 0.03, n_scales).astype(np.float32)
     tokens = int(self.k_lens.sum())
-    f = lambda mag, *s: jnp.asarray(rng.standard_normal(s) * mag, jnp.float32).astype(dtype)
+    f = lambda mag, *s: np.asarray(jnp.asarray(rng.standard_normal(s) * mag, jnp.float32).astype(
+        dtype))
     n = max(tokens, 1)
     q, k, v = f(1.0, n, h, d), f(2.0, n, hkv, d), f(2.0, n, hkv, d)
     positions = np.concatenate([np.arange(n) for n in k_lens] + [np.zeros(0)]).astype(np.int32)
@@ -67,9 +68,9 @@ class Pool:
     slots = np.where((pg >= 0) & (pg < self.num_pages), pg * page + positions % page, -1)
     if tokens == 0:
       positions, slots = np.zeros(1, np.int32), np.full(1, -1)
-    pool = jax.lax.bitcast_convert_type(
-        jnp.full((self.num_pages * page, hkv, d), NAN_E4M3, jnp.uint8), E4M3)
     with jax.default_device(_cpu()):
+      pool = jax.lax.bitcast_convert_type(
+          jnp.full((self.num_pages * page, hkv, d), NAN_E4M3, jnp.uint8), E4M3)
       _, _, k_pool, v_pool = jax_sgl.rope_pool_fused(
           q, k, v, jnp.asarray(positions), jnp.asarray(slots, jnp.int32), pool, pool,
           k_scale=self.k_scale, v_scale=self.v_scale)

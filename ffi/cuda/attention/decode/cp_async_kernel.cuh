@@ -104,7 +104,7 @@ __global__ void __launch_bounds__(kDecodeWarpThreads, kD <= 128 ? 3 : 1)
   const uint32_t fp8_ring =
       SmemAddr(smem) + uint32_t(16 * kStride * 2 + warp * stages * 2 * kKeys * kRowBytes);
   uint32_t* masks = reinterpret_cast<uint32_t*>(smem + 16 * kStride * 2 +
-                                                DecodeWarpMmaRingBytes(kD, stages)) +
+                                                DecodeWarpMmaRingBytes(kD, stages, kKvBytes)) +
                     warp * kDecodeMaxStages;
 
   // Slot (row of the [rows, Hkv, D] pool) of key `key` of this warp's i-th stage, kNoRow past
