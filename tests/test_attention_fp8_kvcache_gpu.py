@@ -11,7 +11,8 @@ a 3-D token pool, GQA groups 1 / 4 / 8, q
 lengths 1..8 (causal), head dims 64 / 128, ragged seqused_k with empty sequences and lengths that
 are no multiple of the page size, pools whose unreferenced pages and page tails hold NaN,
 out-of-range page-table entries (negative, past the pool) inside used ranges (masked keys), and
-per-head, per-(batch, head) and scalar descales. Dense fp8 K/V too, and softcap / window.
+per-head, per-(batch, head) and scalar descales. Dense fp8 K/V and a fused kv_buffer too, and
+softcap / window.
 """
 
 from __future__ import annotations
@@ -231,6 +232,21 @@ def test_token_pool():
   paged, paged_lse = _run(_gpu(), q, pool.k_pages, pool.v_pages, kw)
   np.testing.assert_array_equal(np.asarray(out, np.float32), np.asarray(paged, np.float32))
   check(pool, 1, causal=False)
+
+
+@pytest.mark.parametrize("page", [5, 16])
+def test_kv_buffer_reads_as_its_k_and_v_pools(page):
+  """A fused fp8 K/V buffer [pages, page, 2 Hkv, D] (K heads even, V heads odd) gives the bits of
+  the same pools passed apart: both forms read K and V through the params' strides."""
+  pool = Pool(31 + page, K_LENS, page=page, h=8, hkv=2, d=128, dtype=BF16, bad=[(4, 2)])
+  buf = np.empty(pool.k_pages.shape[:2] + (4, 128), pool.k_pages.dtype)
+  buf[:, :, 0::2], buf[:, :, 1::2] = pool.k_pages, pool.v_pages
+  q = pool.query(1)
+  arrays = {n: jax.device_put(np.asarray(x), _gpu()) for n, x in pool.arrays().items()}
+  fused = jax.jit(lambda q, b, a: jax_sgl.attention(q, kv_buffer=b, **a))(
+      jax.device_put(np.asarray(q), _gpu()), jax.device_put(buf, _gpu()), arrays)
+  split, _ = _run(_gpu(), q, pool.k_pages, pool.v_pages, dict(causal=False, **pool.arrays()))
+  np.testing.assert_array_equal(np.asarray(fused, np.float32), np.asarray(split, np.float32))
 
 
 def test_prefill_shape_is_refused():

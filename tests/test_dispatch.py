@@ -377,3 +377,17 @@ def test_fp8_kv_decode_needs_ampere():
 def test_other_fp8_kv_call_shapes_raise_at_trace_time(case, msg):
   with pytest.raises(NotImplementedError, match=msg):
     _fp8_paged_fwd(HOPPER, **case)
+
+
+@pytest.mark.parametrize("page,want", [(16, "decode_warp_tma_fp8kv"),
+                                       (5, "decode_warp_cp_async_fp8kv")])
+def test_fp8_kv_buffer_decodes_like_a_page_pool(page, want):
+  if 128 not in jax_sgl.attention_backend_info()["kernels"]["portable"]["head_dims"]:
+    pytest.skip("this build left out the hd128 decode kernels")
+  q = _sds((4, 1, 32, 128))
+  buf = _sds((64, page, 16, 128), E4M3)  # [pages, page, 2 * Hkv, head_dim_pad]
+  pt, su, descale = _sds((4, 16), jnp.int32), _sds((4,), jnp.int32), _sds((8,), jnp.float32)
+  f = lambda q, b, pt, su, kd, vd: jax_sgl.attention(q, kv_buffer=b, page_table=pt, seqused_k=su,
+                                                     k_descale=kd, v_descale=vd)
+  assert cuda_attention_kernels(f, q, buf, pt, su, descale, descale,
+                                compute_capability=HOPPER) == [("fwd", want)]
