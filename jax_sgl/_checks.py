@@ -549,15 +549,16 @@ def _check_blockscaled_shapes(q, k, q_descale, k_descale, head_dim: int, varlen_
 CUDA_ATTENTION_DTYPES = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
 
 
-def check_attention_cuda(q_dtype, v_dtype, qk_blockscaled: bool = False, k_dtype=None) -> None:
-  """The CUDA kernel (ffi/cuda/attention) runs float16/bfloat16 q/k/v; float32 and fp8 have no GPU
-  kernel yet. Every head dim the checks above accept is served (multiples of 8 up to 256, and
-  head_dim_v != head_dim)."""
+def check_attention_cuda(q_dtype, v_dtype, qk_blockscaled: bool = False, k_dtype=None,
+                         spec: AttentionSpec | None = None, max_seqlen_q: int | None = None
+                         ) -> None:
+  """The CUDA kernel (ffi/cuda/attention) runs float16/bfloat16 q/k/v, and an fp8 (e4m3) KV cache
+  under float16/bfloat16 q in decode calls (check_fp8_kv_decode_cuda; `spec` and `max_seqlen_q`
+  give the call shape it needs); float32 and fp8 q have no GPU kernel yet. Every head dim the
+  checks above accept is served (multiples of 8 up to 256, and head_dim_v != head_dim)."""
   if k_dtype is not None and is_fp8(k_dtype) and not is_fp8(q_dtype):
-    raise NotImplementedError(
-        f"{ATTN_FN}: the fp8 KV-cache read runs on the CPU only: the CUDA decode kernels do not "
-        f"dequantize fp8 pages yet (q {jnp.dtype(q_dtype)}, k/v {jnp.dtype(k_dtype)} with "
-        "k_descale/v_descale)")
+    check_fp8_kv_decode_cuda(q_dtype, k_dtype, spec, max_seqlen_q)
+    return
   if qk_blockscaled:
     # Hopper has no block-scaled MMA, and the Blackwell collectives we build on (CUTLASS's FMHA)
     # do not use tcgen05's block-scaled MMA: named first, it is what a caller must know.
@@ -570,3 +571,37 @@ def check_attention_cuda(q_dtype, v_dtype, qk_blockscaled: bool = False, k_dtype
         f"{ATTN_FN}: the CUDA kernel supports q/k/v in {names(CUDA_ATTENTION_DTYPES)}; got q "
         f"{jnp.dtype(q_dtype)}, v {jnp.dtype(v_dtype)} (float32 and fp8 inputs run on the CPU "
         "backend only)")
+
+
+# The call shapes the CUDA fp8 KV-cache decode serves (ffi/cuda/attention/fwd_dispatch.cc
+# CheckFp8KvDecode, which also needs compute capability 8.0+: the device is unknown here).
+FP8_KV_DECODE_MAX_Q_LEN = 8
+FP8_KV_DECODE_MAX_ROWS = 16
+
+
+def check_fp8_kv_decode_cuda(q_dtype, k_dtype, spec: AttentionSpec | None,
+                             max_seqlen_q: int | None) -> None:
+  """An fp8 KV cache on CUDA: the warp-sliced decode reads it (bf16/fp16 q, at most 8 q rows per
+  sequence and 16 q rows x q heads per kv head, head dims 64 / 128; any KV layout and page size);
+  every other call shape raises, naming what is missing."""
+  head = (f"{ATTN_FN}: the CUDA fp8 KV-cache read (q {jnp.dtype(q_dtype)}, k/v "
+          f"{jnp.dtype(k_dtype)} with k_descale/v_descale) runs in the decode kernel only")
+  if jnp.dtype(q_dtype) not in CUDA_ATTENTION_DTYPES:
+    raise NotImplementedError(f"{head}, under float16 or bfloat16 q; {jnp.dtype(q_dtype)} q over "
+                              "an fp8 KV cache runs on the CPU backend only")
+  if spec is None or max_seqlen_q is None:
+    raise NotImplementedError(f"{head}; the call shape is needed to check it")
+  group = spec.num_heads // spec.num_kv_heads
+  if (not 1 <= max_seqlen_q <= FP8_KV_DECODE_MAX_Q_LEN
+      or max_seqlen_q * group > FP8_KV_DECODE_MAX_ROWS):
+    raise NotImplementedError(
+        f"{head}: at most {FP8_KV_DECODE_MAX_Q_LEN} q rows per sequence and "
+        f"{FP8_KV_DECODE_MAX_ROWS} q rows x q heads per kv head (got {max_seqlen_q} x {group}); "
+        "the prefill kernels and the block-wide decode read 16-bit K/V only (the CPU backend "
+        "runs this call)")
+  need = max(spec.head_dim, spec.head_dim_v)
+  if need > 128 or spec.head_dim % 16 or spec.head_dim_v % 16 or 64 < need <= 96:
+    raise NotImplementedError(
+        f"{head}, at head dims 64 and 128 (multiples of 16 up to 64, or above 96 up to 128); got "
+        f"head_dim {spec.head_dim}, head_dim_v {spec.head_dim_v}")
+

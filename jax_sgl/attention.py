@@ -69,11 +69,11 @@ _native_rule = ffi_rule(TARGET)
 def _ffi_attrs(ctx, spec: AttentionSpec) -> dict:
   """The attributes shared by the forward and backward FFI targets."""
   q_aval = ctx.avals_in[0]
+  max_seqlen_q = q_aval.shape[0] if spec.varlen_q else q_aval.shape[1]
   if "cuda" in ctx.module_context.platforms:
     check_attention_cuda(q_aval.dtype, ctx.avals_in[2].dtype, spec.qk_blockscaled,
-                         k_dtype=ctx.avals_in[1].dtype)
+                         k_dtype=ctx.avals_in[1].dtype, spec=spec, max_seqlen_q=max_seqlen_q)
     warn_if_sm90_absent()
-  max_seqlen_q = q_aval.shape[0] if spec.varlen_q else q_aval.shape[1]
   return dict(
       kv_layout=np.int64(spec.kv_layout), varlen_q=np.bool_(spec.varlen_q),
       batch=np.int64(spec.batch), max_seqlen_q=np.int64(max_seqlen_q),

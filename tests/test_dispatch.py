@@ -302,3 +302,92 @@ def test_paged_decode_on_blackwell_keeps_the_decode_kernels(page):
   # LSE (docs/kernels.md): 10.0 decodes on the same kernels as Hopper.
   args = _paged(page=page)
   assert _paged_fwd(BLACKWELL, *args, causal=True) == _paged_fwd(HOPPER, *args, causal=True)
+
+
+# --------------------------------------------------------------------------------------------
+# jax_sgl's fp8 (e4m3) KV cache under bf16/fp16 q: the TMA decode form reads it (docs/kernels.md)
+# --------------------------------------------------------------------------------------------
+
+E4M3 = jnp.float8_e4m3fn
+
+
+def _fp8_paged_fwd(cc, *, b=4, sq=1, h=32, hkv=8, d=128, page=16, q_dtype=BF16, dense=False,
+                   **kwargs):
+  q = _sds((b, sq, h, d), q_dtype)
+  descale = _sds((hkv,), jnp.float32)
+  if dense:
+    kv = _sds((b, 256, hkv, d), E4M3)
+    f = lambda q, k, v, kd, vd: jax_sgl.attention(q, k, v, k_descale=kd, v_descale=vd, **kwargs)
+    kernels = cuda_attention_kernels(f, q, kv, kv, descale, descale, compute_capability=cc)
+  else:
+    pool = _sds((64, page, hkv, d), E4M3)
+    f = lambda q, k, v, pt, su, kd, vd: jax_sgl.attention(
+        q, k, v, page_table=pt, seqused_k=su, k_descale=kd, v_descale=vd, **kwargs)
+    kernels = cuda_attention_kernels(f, q, pool, pool, _sds((b, 16), jnp.int32),
+                                     _sds((b,), jnp.int32), descale, descale,
+                                     compute_capability=cc)
+  assert [k for k, _ in kernels] == ["fwd"], kernels
+  return kernels[0][1]
+
+
+@pytest.mark.parametrize("cc", [HOPPER, BLACKWELL])
+@pytest.mark.parametrize("case", [
+    dict(), dict(page=64), dict(q_dtype=jnp.float16), dict(sq=4, h=32, hkv=8, causal=True),
+    dict(sq=2, h=64, hkv=8, causal=True), dict(h=8, hkv=8), dict(dense=True),
+    dict(softcap=30.0, window=(128, 0), causal=True)])
+def test_fp8_kv_decode_takes_the_tma_fp8kv_form(cc, case):
+  portable = jax_sgl.attention_backend_info()["kernels"]["portable"]["head_dims"]
+  if 128 not in portable:
+    pytest.skip("this build left out the hd128 decode kernels")
+  assert _fp8_paged_fwd(cc, **case) == "decode_warp_tma_fp8kv"
+
+
+def test_fp8_kv_decode_at_hd64():
+  if 64 not in jax_sgl.attention_backend_info()["kernels"]["portable"]["head_dims"]:
+    pytest.skip("this build left out the hd64 decode kernels")
+  assert _fp8_paged_fwd(HOPPER, d=64) == "decode_warp_tma_fp8kv"
+
+
+@pytest.mark.parametrize("cc", [HOPPER, BLACKWELL, AMPERE])
+@pytest.mark.parametrize("page", [1, 5])
+def test_fp8_kv_decode_on_pages_no_tma_stage_fits_uses_cp_async(cc, page):
+  if 128 not in jax_sgl.attention_backend_info()["kernels"]["portable"]["head_dims"]:
+    pytest.skip("this build left out the hd128 decode kernels")
+  assert _fp8_paged_fwd(cc, page=page) == "decode_warp_cp_async_fp8kv"
+
+
+@pytest.mark.parametrize("cc", [AMPERE, ADA])
+def test_fp8_kv_decode_before_hopper_uses_cp_async(cc):
+  if 128 not in jax_sgl.attention_backend_info()["kernels"]["portable"]["head_dims"]:
+    pytest.skip("this build left out the hd128 decode kernels")
+  assert _fp8_paged_fwd(cc) == "decode_warp_cp_async_fp8kv"
+
+
+def test_fp8_kv_decode_needs_ampere():
+  # The trace-time check cannot see the device: the dispatch names what is missing.
+  kernel = _fp8_paged_fwd((7, 5))
+  assert kernel.startswith("none: ") and "compute capability 8.0" in kernel, kernel
+
+
+@pytest.mark.parametrize("case,msg", [
+    (dict(sq=16, causal=True), "at most 8 q rows per sequence"),
+    (dict(sq=4, h=64, hkv=8, causal=True), "16 q rows x q heads per kv head"),
+    (dict(d=256), "at head dims 64 and 128"),
+])
+def test_other_fp8_kv_call_shapes_raise_at_trace_time(case, msg):
+  with pytest.raises(NotImplementedError, match=msg):
+    _fp8_paged_fwd(HOPPER, **case)
+
+
+@pytest.mark.parametrize("page,want", [(16, "decode_warp_tma_fp8kv"),
+                                       (5, "decode_warp_cp_async_fp8kv")])
+def test_fp8_kv_buffer_decodes_like_a_page_pool(page, want):
+  if 128 not in jax_sgl.attention_backend_info()["kernels"]["portable"]["head_dims"]:
+    pytest.skip("this build left out the hd128 decode kernels")
+  q = _sds((4, 1, 32, 128))
+  buf = _sds((64, page, 16, 128), E4M3)  # [pages, page, 2 * Hkv, head_dim_pad]
+  pt, su, descale = _sds((4, 16), jnp.int32), _sds((4,), jnp.int32), _sds((8,), jnp.float32)
+  f = lambda q, b, pt, su, kd, vd: jax_sgl.attention(q, kv_buffer=b, page_table=pt, seqused_k=su,
+                                                     k_descale=kd, v_descale=vd)
+  assert cuda_attention_kernels(f, q, buf, pt, su, descale, descale,
+                                compute_capability=HOPPER) == [("fwd", want)]

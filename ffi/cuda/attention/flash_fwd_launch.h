@@ -53,8 +53,9 @@ inline bool HeadDimBuilt(int d) {
   }
 }
 // The warp-sliced decode kernels' form (decode/warp_launch.cuh): TMA stages (sm_90+), cp.async
-// stages with 32-bit slot indices, or with 64-bit row indices for pools of 2^31 rows or more.
-enum class DecodeWarpForm { kTma, kCpAsync, kCpAsyncInt64 };
+// stages with 32-bit slot indices, or with 64-bit row indices for pools of 2^31 rows or more; or
+// TMA / cp.async stages of an fp8 (e4m3) KV cache under bf16/fp16 q (the only fp8-KV forms).
+enum class DecodeWarpForm { kTma, kCpAsync, kCpAsyncInt64, kTmaFp8Kv, kCpAsyncFp8Kv };
 
 // Split-KV never uses more splits than one warp of the combine kernel reads at once.
 inline constexpr int kMaxSplits = 32;

@@ -71,6 +71,38 @@ const char* CheckSm80Support(const AttentionParams& p, int* cap) {
   return nullptr;
 }
 
+// Whether the fp8-KV decode (the warp forms over e4m3 K/V, decode/fp8_kv_operands.cuh) takes the
+// call; sets the head-dim capacity. They are the only CUDA kernels reading an fp8 KV cache: the
+// block-wide decode, the portable, sm90 and sm100 kernels stay 16-bit, so every other fp8-KV call
+// shape is refused here (and at trace time, jax_sgl/_checks.py check_fp8_kv_decode_cuda).
+const char* CheckFp8KvDecode(const AttentionParams& p, const DeviceInfo& dev, int* cap) {
+  *cap = 0;
+  if (!(p.q_type == DType::kBF16 || p.q_type == DType::kF16) || p.out_type != p.q_type)
+    return "jax_sgl.attention: the CUDA fp8 KV-cache decode takes bfloat16 or float16 q (float32 "
+           "q over an fp8 KV cache runs on the CPU backend)";
+  const int64_t rows = int64_t(p.seqlen_q) * (p.num_heads / p.num_kv_heads);
+  if (p.seqlen_q < 1 || p.seqlen_q > kDecodeMaxQLen || rows > kDecodeWarpMmaMaxRows)
+    return "jax_sgl.attention: the CUDA kernels read an fp8 KV cache in decode calls only (at "
+           "most 8 q rows per sequence and 16 q rows x q heads per kv head)";
+  const int need = std::max(p.head_dim, p.head_dim_v);
+  const int c = need <= 64 ? 64 : 128;
+  if (need > 128 || p.head_dim % 16 || p.head_dim_v % 16 || (c == 128 && need <= 96))
+    return "jax_sgl.attention: the CUDA fp8 KV-cache decode serves head dims 64 and 128 (and "
+           "multiples of 16 up to them, above 96 for 128)";
+  if (!HeadDimBuilt(c))
+    return "jax_sgl.attention: this build left out the CUDA kernel for the head dim "
+           "(JAX_SGL_ATTN_DISABLE_HDIM*)";
+  // 16-byte copies (the tensor maps' byte strides, cp.async's sources); 32-bit row indices.
+  if (p.k_head_stride % 16 || p.k_row_stride % 16 || p.v_head_stride % 16 ||
+      p.v_row_stride % 16 || p.total_k >= (int64_t(1) << 31))
+    return "jax_sgl.attention: the CUDA fp8 KV-cache decode needs K/V rows and heads at 16-byte "
+           "strides and fewer than 2^31 rows";
+  if (dev.cc_major < 8)
+    return "jax_sgl.attention: the CUDA fp8 KV-cache decode needs compute capability 8.0 or later";
+  *cap = c;
+  return nullptr;
+}
+
 void SetScratch(const AttentionParams& p, FlashPlan* plan) {
   plan->scratch_bytes = 0;
   if (plan->num_splits > 1) {
@@ -171,6 +203,25 @@ int DecodeWarpCtasPerSm(int cap, int stages, DecodeWarpForm form) {
   });
 }
 
+// The fp8-KV forms' capacities: 64 and 128 (CheckFp8KvDecode).
+template <typename T>
+int DecodeWarpFp8KvCtasPerSm(int cap, int stages, DecodeWarpForm form) {
+  return WithHeadDimCap(cap, 1, [&](auto d) {
+    constexpr int kD = decltype(d)::value;
+    if constexpr (kD == 64 || kD == 128) return FlashDecodeWarpFp8KvCtasPerSm<T, kD>(stages, form);
+    return 1;
+  });
+}
+
+template <typename T>
+cudaError_t LaunchDecodeFp8KvForType(int cap, const FlashDecodeArgs& args, cudaStream_t stream) {
+  return WithHeadDimCap(cap, cudaErrorInvalidValue, [&](auto d) {
+    constexpr int kD = decltype(d)::value;
+    if constexpr (kD == 64 || kD == 128) return LaunchFlashDecodeWarpFp8Kv<T, kD>(args, stream);
+    return cudaErrorInvalidValue;
+  });
+}
+
 // The warp-sliced decode kernels' plan (at most kDecodeWarpMmaMaxRows packed rows): the form,
 // ring depth per warp (3 of the 8.5 KiB stages: 2 CTAs per SM at d = 128, shrunk if the device's
 // shared memory per block cannot hold it), and splits for the resident CTA slots the occupancy
@@ -179,6 +230,12 @@ int DecodeWarpCtasPerSm(int cap, int stages, DecodeWarpForm form) {
 // wave (B=8, KV 32k: 3811 GB/s against 3027 at one wave), never under
 // kDecodeWarpMinStagesPerWarp stages per warp.
 constexpr int kDecodeWarpStages = 3;
+// Over an fp8 KV cache a stage is half the bytes: about twice the stages keep the same bytes in
+// flight per warp at the same 2 CTAs per SM (d = 128): 6 TMA stages (101 KiB), 5 padded cp.async
+// ones (94 KiB; 6 would be 112 KiB, one CTA). To be measured on the H200
+// (benchmarks/bench_attention_decode_fp8.py).
+constexpr int kDecodeWarpStagesTmaFp8Kv = 6;
+constexpr int kDecodeWarpStagesCpAsyncFp8Kv = 5;
 constexpr int kDecodeWarpMinStagesPerWarp = 4;
 void PlanDecodeWarpKernel(const AttentionParams& p, const DeviceInfo& dev, FlashPlan* plan) {
   const int cap = plan->choice.head_dim_cap;
@@ -187,16 +244,28 @@ void PlanDecodeWarpKernel(const AttentionParams& p, const DeviceInfo& dev, Flash
   plan->block_m = kDecodeWarpMmaMaxRows;
   plan->m_blocks = 1;
   plan->decode_m_tiles = kDecodeWarpMmaMaxRows;
-  int stages = kDecodeWarpStages;
+  const bool fp8_kv =
+      form == DecodeWarpForm::kTmaFp8Kv || form == DecodeWarpForm::kCpAsyncFp8Kv;
+  int stages = form == DecodeWarpForm::kTmaFp8Kv       ? kDecodeWarpStagesTmaFp8Kv
+               : form == DecodeWarpForm::kCpAsyncFp8Kv ? kDecodeWarpStagesCpAsyncFp8Kv
+                                                       : kDecodeWarpStages;
   auto smem = [&](int st) {
-    return form == DecodeWarpForm::kTma ? DecodeWarpTmaSmemBytes(cap, st)
-                                        : DecodeWarpMmaSmemBytes(cap, st);
+    switch (form) {
+      case DecodeWarpForm::kTma: return DecodeWarpTmaSmemBytes(cap, st);
+      case DecodeWarpForm::kTmaFp8Kv: return DecodeWarpTmaSmemBytes(cap, st, 1);
+      case DecodeWarpForm::kCpAsyncFp8Kv: return DecodeWarpMmaSmemBytes(cap, st, 1);
+      default: return DecodeWarpMmaSmemBytes(cap, st);
+    }
   };
   while (stages > 2 && smem(stages) > dev.smem_optin) --stages;
   plan->decode_stages = stages;
-  const int ctas_per_sm = p.q_type == DType::kBF16
-      ? DecodeWarpCtasPerSm<bf16_t>(cap, stages, form)
-      : DecodeWarpCtasPerSm<f16_t>(cap, stages, form);
+  int ctas_per_sm;
+  if (fp8_kv)
+    ctas_per_sm = p.q_type == DType::kBF16 ? DecodeWarpFp8KvCtasPerSm<bf16_t>(cap, stages, form)
+                                           : DecodeWarpFp8KvCtasPerSm<f16_t>(cap, stages, form);
+  else
+    ctas_per_sm = p.q_type == DType::kBF16 ? DecodeWarpCtasPerSm<bf16_t>(cap, stages, form)
+                                           : DecodeWarpCtasPerSm<f16_t>(cap, stages, form);
   const int64_t slots = int64_t(ctas_per_sm) * std::max(dev.num_sms, 1);
   const int64_t base = int64_t(p.batch) * p.num_kv_heads;
   const int waves = base < slots ? 0 : 1;
@@ -239,6 +308,13 @@ cudaError_t LaunchForType(const FlashPlan& plan, const FlashFwdArgs& args, cudaS
 
 FwdChoice ChooseFwdKernel(const AttentionParams& p, const DeviceInfo& dev) {
   FwdChoice c;
+  if (Fp8KvCacheTypes(p)) {
+    if ((c.why = CheckFp8KvDecode(p, dev, &c.head_dim_cap)) != nullptr) return c;
+    c.kernel = FwdKernel::kDecodeWarp;
+    c.warp_form = DecodeTmaServes(p, c.head_dim_cap, dev) ? DecodeWarpForm::kTmaFp8Kv
+                                                          : DecodeWarpForm::kCpAsyncFp8Kv;
+    return c;
+  }
   // Decode-shaped calls (a bound of kDecodeMaxQLen q rows per sequence: dense q, or varlen q
   // with that few rows in all) take the dedicated decode kernels: the warp-sliced ones for at
   // most kDecodeWarpMmaMaxRows packed rows, else the block-wide one.
@@ -284,6 +360,8 @@ const char* FwdKernelName(const FwdChoice& choice) {
         case DecodeWarpForm::kTma: return "decode_warp_tma";
         case DecodeWarpForm::kCpAsync: return "decode_warp_cp_async";
         case DecodeWarpForm::kCpAsyncInt64: return "decode_warp_cp_async_int64";
+        case DecodeWarpForm::kTmaFp8Kv: return "decode_warp_tma_fp8kv";
+        case DecodeWarpForm::kCpAsyncFp8Kv: return "decode_warp_cp_async_fp8kv";
       }
       break;
     case FwdKernel::kDecodeBlock: return "decode_block";
@@ -368,7 +446,13 @@ const char* RunFlashFwd(const AttentionParams& p, const FlashPlan& plan, void* s
     const bool warp = kernel == FwdKernel::kDecodeWarp;
     FlashDecodeArgs d{args, plan.decode_stages, plan.decode_m_tiles, plan.m_blocks};
     if (warp) d.warp_form = plan.choice.warp_form;
-    err = p.q_type == DType::kBF16
+    if (warp && (d.warp_form == DecodeWarpForm::kTmaFp8Kv ||
+                 d.warp_form == DecodeWarpForm::kCpAsyncFp8Kv))
+      err = p.q_type == DType::kBF16
+                ? LaunchDecodeFp8KvForType<bf16_t>(plan.choice.head_dim_cap, d, stream)
+                : LaunchDecodeFp8KvForType<f16_t>(plan.choice.head_dim_cap, d, stream);
+    else
+      err = p.q_type == DType::kBF16
               ? LaunchDecodeForType<bf16_t>(plan.choice.head_dim_cap, warp, d, stream)
               : LaunchDecodeForType<f16_t>(plan.choice.head_dim_cap, warp, d, stream);
   } else {

@@ -8,7 +8,8 @@ over (MACROS), each behind the same guard. Every macro of the list defaults to n
 includer defines only the ones it switches over.
 
 Kinds: prefill_sm80 (the portable forward, prefill and decode warp layouts), decode (the decode
-kernels: block-wide and warp forms), bwd_sm80 (the portable backward), sm90_fwd and sm90_bwd (the
+kernels: block-wide and warp forms), decode_fp8kv (the TMA and cp.async warp forms over an fp8 e4m3
+KV cache with bf16/fp16 q), bwd_sm80 (the portable backward), sm90_fwd and sm90_bwd (the
 Hopper forward and backward, sm_90a only), sm100_fwd and sm100_bwd (the Blackwell forward and
 backward on CUTLASS's FMHA collectives, sm_100a only).
 
@@ -32,6 +33,10 @@ KINDS = {
         "template cudaError_t LaunchFlashDecode<{t}, {d}>(const FlashDecodeArgs&, cudaStream_t);",
         "template cudaError_t LaunchFlashDecodeWarp<{t}, {d}>(const FlashDecodeArgs&, cudaStream_t);",
         "template int FlashDecodeWarpCtasPerSm<{t}, {d}>(int, DecodeWarpForm);",
+    ]),
+    "decode_fp8kv": ("decode/warp_launch.cuh", [
+        "template cudaError_t LaunchFlashDecodeWarpFp8Kv<{t}, {d}>(const FlashDecodeArgs&, cudaStream_t);",
+        "template int FlashDecodeWarpFp8KvCtasPerSm<{t}, {d}>(int, DecodeWarpForm);",
     ]),
     "bwd_sm80": ("bwd_sm80/kernel.cuh", [
         "template cudaError_t LaunchFlashBwd<{t}, {d}>(const FlashBwdArgs&, cudaStream_t);",

@@ -16,6 +16,11 @@
 //     per-element masking, and a stage that moves no row's running max skips the rescale of the
 //     accumulators (warp-uniform branches): the middle of every long sequence.
 // Layouts, masks, softcap, LSE and split partials are those of block_kernel.cuh.
+//
+// Over jax_sgl's fp8 KV cache (kFp8Kv: e4m3 K/V under bf16/fp16 q; any page size, where the TMA
+// form needs pages of a multiple of 16): stage rows of kD bytes padded to kD + 16 (conflict-free
+// 16-byte reads of decode_fp8kv's fragment orders at kD = 128), 16-byte copies of 16 elements,
+// decode_fp8kv (fp8_kv_operands.cuh) for the mma operands and the descales.
 #pragma once
 
 #include "ffi/cuda/attention/decode/block_kernel.cuh"
@@ -62,12 +67,15 @@ __device__ __forceinline__ uint64_t Opaque(uint64_t x) {
 // grid: x = batch * num_kv_heads, y = KV splits; kDecodeWarpThreads threads; shared memory as
 // the 64-bit form (DecodeWarpMmaSmemBytes). Registers held to 3 CTAs per SM at d <= 128 (168,
 // no spills), which shared memory allows at 2 stages (~74 KiB a CTA).
-template <typename T, int kD>
+template <typename T, int kD, bool kFp8Kv = false>
 __global__ void __launch_bounds__(kDecodeWarpThreads, kD <= 128 ? 3 : 1)
     FlashDecodeCpAsyncKernel(const FlashDecodeArgs args) {
   constexpr int kStride = DecodeStride(kD);
   constexpr int kKeys = 16;
-  constexpr int kChunks = kD / 8;
+  // Bytes of a K/V element, and of a ring row (kFp8Kv: kD + 16; else kStride elements of T).
+  constexpr int kKvBytes = kFp8Kv ? 1 : int(sizeof(T));
+  constexpr int kRowBytes = DecodeWarpMmaRowBytes(kD, kKvBytes);
+  constexpr int kChunks = kD * kKvBytes / 16;
   // One copy instruction of the warp covers kKeysPerCopy whole rows (d = 96 / 192: 24 of the
   // 32 lanes copy, so every lane keeps one fixed chunk of its rows).
   constexpr int kKeysPerCopy = kChunks >= 32 ? 1 : 32 / kChunks;
@@ -92,8 +100,11 @@ __global__ void __launch_bounds__(kDecodeWarpThreads, kD <= 128 ? 3 : 1)
 
   T* sq = reinterpret_cast<T*>(smem);
   T* ring = sq + 16 * kStride + warp * stages * 2 * kTileElems;
+  // kFp8Kv: the warp's byte ring (smaller than the 16-bit one `ring` would index).
+  const uint32_t fp8_ring =
+      SmemAddr(smem) + uint32_t(16 * kStride * 2 + warp * stages * 2 * kKeys * kRowBytes);
   uint32_t* masks = reinterpret_cast<uint32_t*>(smem + 16 * kStride * 2 +
-                                                DecodeWarpMmaRingBytes(kD, stages)) +
+                                                DecodeWarpMmaRingBytes(kD, stages, kKvBytes)) +
                     warp * kDecodeMaxStages;
 
   // Slot (row of the [rows, Hkv, D] pool) of key `key` of this warp's i-th stage, kNoRow past
@@ -117,20 +128,22 @@ __global__ void __launch_bounds__(kDecodeWarpThreads, kD <= 128 ? 3 : 1)
   // global bases at (kv_head, c) and row strides in bytes. A chunk past head_dim (a padded head
   // dim) copies the row's chunk 0 instead: finite data of the same row, which the zero q columns
   // (K) or the never-written output columns (V) cancel, so no copy needs a per-lane size.
-  const int c = (lane % kChunks) * 8;
+  const int c = (lane % kChunks) * (16 / kKvBytes);
   const int key_lane = lane / kChunks;
   const int ck = c < p.head_dim ? c : 0, cv = c < p.head_dim_v ? c : 0;
   // Strides from the params (attention_params.h), so a fused K/V buffer is read in place; a row
   // stride is a few KiB at most (2 * Hkv * head_dim_pad elements), so 32 bits hold it in bytes.
   const uint64_t k_base = Opaque(reinterpret_cast<uint64_t>(p.k) +
-                                 uint64_t(kv_head * p.k_head_stride + ck) * sizeof(T));
+                                 uint64_t(kv_head * p.k_head_stride + ck) * kKvBytes);
   const uint64_t v_base = Opaque(reinterpret_cast<uint64_t>(p.v) +
-                                 uint64_t(kv_head * p.v_head_stride + cv) * sizeof(T));
-  const uint32_t k_stride = uint32_t(p.k_row_stride * sizeof(T));
-  const uint32_t v_stride = uint32_t(p.v_row_stride * sizeof(T));
+                                 uint64_t(kv_head * p.v_head_stride + cv) * kKvBytes);
+  const uint32_t k_stride = uint32_t(p.k_row_stride * kKvBytes);
+  const uint32_t v_stride = uint32_t(p.v_row_stride * kKvBytes);
   const uint32_t ring_lane =
-      SmemAddr(ring) + uint32_t((key_lane * kStride + c) * int(sizeof(T)));
-  constexpr uint32_t kStageBytes = 2 * kTileElems * sizeof(T);
+      kFp8Kv ? fp8_ring + uint32_t(key_lane * kRowBytes + c)
+             : SmemAddr(ring) + uint32_t((key_lane * kStride + c) * int(sizeof(T)));
+  constexpr uint32_t kTileBytes = kKeys * kRowBytes;
+  constexpr uint32_t kStageBytes = 2 * kTileBytes;
 
   // Copies a stage into ring slot st; lane lane0 + j holds the slot of its key j.
   const bool copy_lane = kCopyLanes == 32 || lane < kCopyLanes;
@@ -143,9 +156,9 @@ __global__ void __launch_bounds__(kDecodeWarpThreads, kD <= 128 ? 3 : 1)
       if (!copy_lane) continue;
       const bool ok = slot != kNoRow;
       const uint32_t row = ok ? slot : 0u;
-      const uint32_t key_off = uint32_t(i * kKeysPerCopy * kStride * sizeof(T));
+      const uint32_t key_off = uint32_t(i * kKeysPerCopy * kRowBytes);
       CpAsync16(dst + key_off, k_base + uint64_t(row) * k_stride, !ok);
-      CpAsync16(dst + key_off + kTileElems * sizeof(T), v_base + uint64_t(row) * v_stride, !ok);
+      CpAsync16(dst + key_off + kTileBytes, v_base + uint64_t(row) * v_stride, !ok);
     }
     const uint32_t valid = __ballot_sync(0xffffffffu, my_slot != kNoRow) >> lane0;
     if (lane == 0) masks[st] = valid & 0xffffu;
@@ -168,10 +181,11 @@ __global__ void __launch_bounds__(kDecodeWarpThreads, kD <= 128 ? 3 : 1)
       decode::CpAsyncCommit();
     }
   }
-  decode_warp_mma::LoadQRows<T, kD>(p, s, group, kv_head, rows_here, sq);
+  decode_warp_mma::LoadQRows<T, kD, kFp8Kv>(p, s, group, kv_head, rows_here, sq);
   __syncthreads();
 
-  const decode_warp_mma::StageScoring scoring(p, s, group, rows_here, lane);
+  decode_warp_mma::StageScoring scoring(p, s, group, rows_here, lane);
+  if constexpr (kFp8Kv) scoring.ScaleBy(Descale(p.k_descale, p, b, kv_head));
 
   uint32_t qa[kD / 16][4];
   decode_warp_mma::LoadQFragments<T, kD>(sq, lane, qa);
@@ -192,26 +206,40 @@ __global__ void __launch_bounds__(kDecodeWarpThreads, kD <= 128 ? 3 : 1)
 
     const T* sk = ring + st_read * 2 * kTileElems;
     const T* sv = sk + kTileElems;
+    [[maybe_unused]] const uint32_t sk8 = fp8_ring + uint32_t(st_read) * kStageBytes;
     const uint32_t valid = masks[st_read];
     st_read = st_read + 1 == stages ? 0 : st_read + 1;
     const int key0 = stages_of.Key0(it);
 
     float sc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+    if constexpr (kFp8Kv) {
+      decode_fp8kv::Scores<T, kD>(
+          qa, [&](int row, int byte) { return sk8 + uint32_t(row * kRowBytes + byte); }, lane,
+          sc);
+    } else {
 #pragma unroll
-    for (int k0 = 0; k0 < kD; k0 += 16) {
-      uint32_t bk[4];
-      Ldmatrix4(bk, sk + (lane % 8 + (lane / 16) * 8) * kStride + k0 + ((lane / 8) % 2) * 8);
-      Elem<T>::Mma(sc[0], qa[k0 / 16], bk);
-      Elem<T>::Mma(sc[1], qa[k0 / 16], bk + 2);
+      for (int k0 = 0; k0 < kD; k0 += 16) {
+        uint32_t bk[4];
+        Ldmatrix4(bk, sk + (lane % 8 + (lane / 16) * 8) * kStride + k0 + ((lane / 8) % 2) * 8);
+        Elem<T>::Mma(sc[0], qa[k0 / 16], bk);
+        Elem<T>::Mma(sc[1], qa[k0 / 16], bk + 2);
+      }
     }
     float blk_max[2];
     scoring.Apply(sc, key0, valid, lane, blk_max);
-    decode_warp_mma::SoftmaxPv<T, kD, true>(sc, blk_max, m_run, l_run, o, sv, lane);
+    if constexpr (kFp8Kv) {
+      decode_fp8kv::SoftmaxPv<T, kD>(
+          sc, blk_max, m_run, l_run, o,
+          [&](int row, int byte) { return sk8 + kTileBytes + uint32_t(row * kRowBytes + byte); },
+          lane);
+    } else {
+      decode_warp_mma::SoftmaxPv<T, kD, true>(sc, blk_max, m_run, l_run, o, sv, lane);
+    }
   }
   asm volatile("cp.async.wait_group 0;\n" ::: "memory");
 
-  decode_warp_mma::MergeWarpsAndStore<T, kD>(args, s, b, kv_head, rows_here, smem, m_run, l_run,
-                                             o);
+  decode_warp_mma::MergeWarpsAndStore<T, kD, kFp8Kv>(args, s, b, kv_head, rows_here, smem, m_run,
+                                                     l_run, o);
 }
 
 template <typename T, int kD>
@@ -222,6 +250,19 @@ cudaError_t Launch(const FlashDecodeArgs& args, cudaStream_t stream) {
 template <typename T, int kD>
 int CtasPerSm(int stages) {
   return decode_warp_mma::CtasPerSm<kD>(FlashDecodeCpAsyncKernel<T, kD>, stages);
+}
+
+// Over an fp8 KV cache: the byte ring's shared memory.
+template <typename T, int kD>
+cudaError_t LaunchFp8Kv(const FlashDecodeArgs& args, cudaStream_t stream) {
+  return decode_warp_mma::LaunchWithSmem(FlashDecodeCpAsyncKernel<T, kD, true>, args, args,
+                                         DecodeWarpMmaSmemBytes(kD, args.stages, 1), stream);
+}
+
+template <typename T, int kD>
+int CtasPerSmFp8Kv(int stages) {
+  return decode_warp_mma::CtasPerSmWithSmem(FlashDecodeCpAsyncKernel<T, kD, true>,
+                                            DecodeWarpMmaSmemBytes(kD, stages, 1));
 }
 
 }  // namespace decode_cp_async

@@ -51,11 +51,15 @@ constexpr int DecodeSmemBytes(int d, int stages, int m_tiles) {
 // ldmatrix-padded rows, one m16 tile of q (rows bound <= 16).
 inline constexpr int kDecodeWarpThreads = 128;
 inline constexpr int kDecodeWarpMmaMaxRows = 16;
-constexpr int DecodeWarpMmaRingBytes(int d, int stages) {
-  return kDecodeWarpThreads / 32 * stages * 2 * 16 * DecodeStride(d) * 2;
+// kv_bytes: bytes of a K/V element (2, or 1 over an fp8 KV cache: rows of d + 16 bytes).
+constexpr int DecodeWarpMmaRowBytes(int d, int kv_bytes = 2) {
+  return kv_bytes == 1 ? d + 16 : DecodeStride(d) * 2;
 }
-constexpr int DecodeWarpMmaSmemBytes(int d, int stages) {
-  const int main = 16 * DecodeStride(d) * 2 + DecodeWarpMmaRingBytes(d, stages) +
+constexpr int DecodeWarpMmaRingBytes(int d, int stages, int kv_bytes = 2) {
+  return kDecodeWarpThreads / 32 * stages * 2 * 16 * DecodeWarpMmaRowBytes(d, kv_bytes);
+}
+constexpr int DecodeWarpMmaSmemBytes(int d, int stages, int kv_bytes = 2) {
+  const int main = 16 * DecodeStride(d) * 2 + DecodeWarpMmaRingBytes(d, stages, kv_bytes) +
                    kDecodeWarpThreads / 32 * kDecodeMaxStages * 4;
   const int epilogue = kDecodeWarpThreads / 32 * 16 * (d + 4) * 4 + 2 * 4 * 16 * 4 + 16 * 4;
   return main > epilogue ? main : epilogue;
@@ -64,9 +68,10 @@ constexpr int DecodeWarpMmaSmemBytes(int d, int stages) {
 // The TMA form's shared memory: q (16 padded rows), slack to the 1024-byte alignment of the
 // 128-byte swizzle, per warp `stages` x (K, V) tiles of 16 rows x d (unpadded), per warp
 // kDecodeMaxStages mbarriers and key masks; the epilogue reuses it as the mma kernels do.
-constexpr int DecodeWarpTmaSmemBytes(int d, int stages) {
+// kv_bytes: bytes of a K/V element (2, or 1 over an fp8 KV cache).
+constexpr int DecodeWarpTmaSmemBytes(int d, int stages, int kv_bytes = 2) {
   const int warps = kDecodeWarpThreads / 32;
-  const int main = 16 * DecodeStride(d) * 2 + 1024 + warps * stages * 2 * 16 * d * 2 +
+  const int main = 16 * DecodeStride(d) * 2 + 1024 + warps * stages * 2 * 16 * d * kv_bytes +
                    warps * kDecodeMaxStages * (8 + 4);
   const int epilogue = warps * 16 * (d + 4) * 4 + 2 * warps * 16 * 4 + 16 * 4;
   return main > epilogue ? main : epilogue;
@@ -88,5 +93,11 @@ cudaError_t LaunchFlashDecodeWarp(const FlashDecodeArgs& args, cudaStream_t stre
 // Resident CTAs per SM of a warp-sliced form at this ring depth, from the occupancy API.
 template <typename T, int kHeadDim>
 int FlashDecodeWarpCtasPerSm(int stages, DecodeWarpForm form);
+// The warp forms over jax_sgl's fp8 KV cache (e4m3 K/V, q of type T; kHeadDim 64 or 128):
+// args.warp_form kTmaFp8Kv or kCpAsyncFp8Kv; in instantiations/decode_fp8kv_*.cu.
+template <typename T, int kHeadDim>
+cudaError_t LaunchFlashDecodeWarpFp8Kv(const FlashDecodeArgs& args, cudaStream_t stream);
+template <typename T, int kHeadDim>
+int FlashDecodeWarpFp8KvCtasPerSm(int stages, DecodeWarpForm form);
 
 }  // namespace jax_sgl::cuda

@@ -12,18 +12,15 @@
 namespace jax_sgl::cuda::decode {
 
 // One stage's online-softmax update of this lane's rows (sc: the stage's 16 x 16 scores in the
-// log2 domain, masked to -inf; blk_max: this lane's max of its row halves) and o += P V over the
-// stage's V tile. v_at(row, col): the shared-memory address of V element (row, col), so that a
-// padded tile (cp.async kernels) and a swizzled one (the TMA kernel) share this code.
-// kSkipSettled skips the accumulator rescale when no row's max moved (a warp-uniform vote): worth
-// it once the maxima settle over a long sequence.
-template <typename T, int kD, bool kSkipSettled, typename VAt>
-__device__ __forceinline__ void SoftmaxPvAt(float (&sc)[2][4], const float (&blk_max)[2],
+// log2 domain, masked to -inf; blk_max: this lane's max of its row halves): rescales o and l_run,
+// and returns P as the A fragment of the P V mma (pa). kSkipSettled skips the accumulator rescale
+// when no row's max moved (a warp-uniform vote): worth it once the maxima settle over a long
+// sequence.
+template <typename T, int kD, bool kSkipSettled>
+__device__ __forceinline__ void SoftmaxStep(float (&sc)[2][4], const float (&blk_max)[2],
                                             float (&m_run)[2], float (&l_run)[2],
-                                            float (&o)[kD / 8][4], VAt v_at, int lane) {
+                                            float (&o)[kD / 8][4], uint32_t (&pa)[4]) {
   using flash::Elem;
-  using flash::Ldmatrix4Trans;
-  constexpr int kDT = kD / 8;
   float corr[2], m_use[2];
   flash::UpdateRowMax(m_run, blk_max, m_use, corr);
 #pragma unroll
@@ -39,8 +36,24 @@ __device__ __forceinline__ void SoftmaxPvAt(float (&sc)[2][4], const float (&blk
   }
   if (!kSkipSettled || __any_sync(0xffffffffu, corr[0] != 1.f || corr[1] != 1.f))
     flash::ScaleAccRows(o, corr);
-  const uint32_t pa[4] = {Elem<T>::Pack(sc[0][0], sc[0][1]), Elem<T>::Pack(sc[0][2], sc[0][3]),
-                          Elem<T>::Pack(sc[1][0], sc[1][1]), Elem<T>::Pack(sc[1][2], sc[1][3])};
+  pa[0] = Elem<T>::Pack(sc[0][0], sc[0][1]);
+  pa[1] = Elem<T>::Pack(sc[0][2], sc[0][3]);
+  pa[2] = Elem<T>::Pack(sc[1][0], sc[1][1]);
+  pa[3] = Elem<T>::Pack(sc[1][2], sc[1][3]);
+}
+
+// SoftmaxStep and o += P V over the stage's V tile of q's type. v_at(row, col): the
+// shared-memory address of V element (row, col), so that a padded tile (cp.async kernels) and a
+// swizzled one (the TMA kernel) share this code.
+template <typename T, int kD, bool kSkipSettled, typename VAt>
+__device__ __forceinline__ void SoftmaxPvAt(float (&sc)[2][4], const float (&blk_max)[2],
+                                            float (&m_run)[2], float (&l_run)[2],
+                                            float (&o)[kD / 8][4], VAt v_at, int lane) {
+  using flash::Elem;
+  using flash::Ldmatrix4Trans;
+  constexpr int kDT = kD / 8;
+  uint32_t pa[4];
+  SoftmaxStep<T, kD, kSkipSettled>(sc, blk_max, m_run, l_run, o, pa);
 #pragma unroll
   for (int dt = 0; dt < kDT; dt += 2) {
     uint32_t bv[4];

@@ -23,6 +23,11 @@
 // Served (fwd_dispatch.cc): head-dim capacity 64 or 128, dense / varlen K/V, or paged with a
 // page size that is a multiple of 16, buffers of < 2^31 rows, on a device of compute capability
 // 9.0 or later. Everything else of the warp mma kernels (masks, softcap, LSE, splits) is theirs.
+//
+// Over jax_sgl's fp8 KV cache (kFp8Kv: e4m3 K/V under bf16/fp16 q), a stage's K and V tiles are
+// 16 rows of kD bytes, one TMA box (kD, 1, 16) each with the kD-byte swizzle (128 or 64 bytes),
+// half the 16-bit tiles' bytes; decode_fp8kv (fp8_kv_operands.cuh) turns them into q's type in
+// registers, k_descale joins the score scale and v_descale the output.
 #pragma once
 
 #include <cuda.h>
@@ -90,8 +95,17 @@ static_assert(DecodeWarpTmaSmemBytes(128, 3) >=
                   16 * DecodeStride(128) * 2 + 1024 + 4 * 3 * StageBytes<128>() + 4 * 8 * 12,
               "DecodeWarpTmaSmemBytes covers the layout below");
 
+// Byte offset of K/V byte (row, byte) of an fp8 tile: rows of kD bytes, written by the copy engine
+// with the kD-byte swizzle (16-byte chunk bits 4.. XOR address bits 7..; 128B: chunk c of row r
+// lands at c ^ (r % 8), 64B: at c ^ (r / 2 % 4)).
+template <int kD>
+__device__ __forceinline__ uint32_t Fp8SwizzledOffset(int row, int byte) {
+  const uint32_t off = uint32_t(row * kD + byte);
+  return off ^ (((off >> 7) & uint32_t(kD / 16 - 1)) << 4);
+}
+
 // grid: x = batch * num_kv_heads, y = KV splits; kDecodeWarpThreads threads.
-template <typename T, int kD>
+template <typename T, int kD, bool kFp8Kv = false>
 __global__ void __launch_bounds__(kDecodeWarpThreads, 3)
     FlashDecodeTmaKernel(const __grid_constant__ Params prm) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -99,7 +113,7 @@ __global__ void __launch_bounds__(kDecodeWarpThreads, 3)
   constexpr int kStride = DecodeStride(kD);
   constexpr int kWarps = kDecodeWarpThreads / 32;
   constexpr int kBlocks = kD / 64;
-  constexpr int kTileBytes = kBlocks * kBlockBytes;
+  constexpr int kTileBytes = kFp8Kv ? kKeys * kD : kBlocks * kBlockBytes;
   constexpr int kDT = kD / 8;
   constexpr uint32_t kNoRow = 0xffffffffu;
   extern __shared__ __align__(16) uint8_t smem[];
@@ -154,7 +168,11 @@ __global__ void __launch_bounds__(kDecodeWarpThreads, 3)
   auto issue = [&](uint32_t row, int i, int st) {
     const uint32_t bar = bars + uint32_t(st) * 8;
     const uint32_t dst = ring + uint32_t(st) * 2 * kTileBytes;
-    if (row != kNoRow) {
+    if (row != kNoRow && kFp8Kv) {
+      BarArriveExpectTx(bar, 2 * kTileBytes);
+      TmaLoad3d(dst, &prm.k_map, bar, 0, kv_head, int(row));
+      TmaLoad3d(dst + kTileBytes, &prm.v_map, bar, 0, kv_head, int(row));
+    } else if (row != kNoRow) {
       BarArriveExpectTx(bar, 2 * kTileBytes);
 #pragma unroll
       for (int blk = 0; blk < kBlocks; ++blk) {
@@ -178,10 +196,11 @@ __global__ void __launch_bounds__(kDecodeWarpThreads, 3)
     for (int i = 0; i < stages - 1 && i < my_tiles; ++i) issue(stage_row(i), i, i);
     next_row = stage_row(stages - 1);
   }
-  decode_warp_mma::LoadQRows<T, kD>(p, s, group, kv_head, rows_here, sq);
+  decode_warp_mma::LoadQRows<T, kD, kFp8Kv>(p, s, group, kv_head, rows_here, sq);
   __syncthreads();
 
-  const decode_warp_mma::StageScoring scoring(p, s, group, rows_here, lane);
+  decode_warp_mma::StageScoring scoring(p, s, group, rows_here, lane);
+  if constexpr (kFp8Kv) scoring.ScaleBy(Descale(p.k_descale, p, b, kv_head));
 
   uint32_t qa[kD / 16][4];
   decode_warp_mma::LoadQFragments<T, kD>(sq, lane, qa);
@@ -212,9 +231,14 @@ __global__ void __launch_bounds__(kDecodeWarpThreads, 3)
       constexpr int kRowChunks = kTileBytes / kKeys / 16;
       for (int idx = lane; idx < kKeys * kRowChunks; idx += 32) {
         const int r = idx / kRowChunks, c = idx % kRowChunks;
-        if (!((valid >> r) & 1u))
-          *reinterpret_cast<uint4*>(sv_ptr + (c / 8) * kBlockBytes + r * 128 + (c % 8) * 16) =
-              make_uint4(0, 0, 0, 0);
+        if constexpr (kFp8Kv) {
+          if (!((valid >> r) & 1u))
+            *reinterpret_cast<uint4*>(sv_ptr + r * kD + c * 16) = make_uint4(0, 0, 0, 0);
+        } else {
+          if (!((valid >> r) & 1u))
+            *reinterpret_cast<uint4*>(sv_ptr + (c / 8) * kBlockBytes + r * 128 + (c % 8) * 16) =
+                make_uint4(0, 0, 0, 0);
+        }
       }
       // The slot's next fill is the copy engine's (async proxy) write after these.
       asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
@@ -225,26 +249,39 @@ __global__ void __launch_bounds__(kDecodeWarpThreads, 3)
     const int key0 = stages_of.Key0(it);
 
     float sc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+    if constexpr (kFp8Kv) {
+      decode_fp8kv::Scores<T, kD>(
+          qa, [&](int row, int byte) { return sk + Fp8SwizzledOffset<kD>(row, byte); }, lane, sc);
+    } else {
 #pragma unroll
-    for (int k0 = 0; k0 < kD; k0 += 16) {
-      uint32_t bk[4];
-      const int row = lane % 8 + (lane / 16) * 8, col = k0 + ((lane / 8) % 2) * 8;
-      asm volatile(
-          "ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-          : "=r"(bk[0]), "=r"(bk[1]), "=r"(bk[2]), "=r"(bk[3])
-          : "r"(sk + SwizzledOffset(row, col)));
-      Elem<T>::Mma(sc[0], qa[k0 / 16], bk);
-      Elem<T>::Mma(sc[1], qa[k0 / 16], bk + 2);
+      for (int k0 = 0; k0 < kD; k0 += 16) {
+        uint32_t bk[4];
+        const int row = lane % 8 + (lane / 16) * 8, col = k0 + ((lane / 8) % 2) * 8;
+        asm volatile(
+            "ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+            : "=r"(bk[0]), "=r"(bk[1]), "=r"(bk[2]), "=r"(bk[3])
+            : "r"(sk + SwizzledOffset(row, col)));
+        Elem<T>::Mma(sc[0], qa[k0 / 16], bk);
+        Elem<T>::Mma(sc[1], qa[k0 / 16], bk + 2);
+      }
     }
     float blk_max[2];
     scoring.Apply(sc, key0, valid, lane, blk_max);
-    decode::SoftmaxPvAt<T, kD, true>(
-        sc, blk_max, m_run, l_run, o,
-        [&](int row, int col) -> const void* { return sv_ptr + SwizzledOffset(row, col); }, lane);
+    if constexpr (kFp8Kv) {
+      decode_fp8kv::SoftmaxPv<T, kD>(
+          sc, blk_max, m_run, l_run, o,
+          [&](int row, int byte) { return sk + kTileBytes + Fp8SwizzledOffset<kD>(row, byte); },
+          lane);
+    } else {
+      decode::SoftmaxPvAt<T, kD, true>(
+          sc, blk_max, m_run, l_run, o,
+          [&](int row, int col) -> const void* { return sv_ptr + SwizzledOffset(row, col); },
+          lane);
+    }
   }
 
-  decode_warp_mma::MergeWarpsAndStore<T, kD>(args, s, b, kv_head, rows_here, smem, m_run, l_run,
-                                             o);
+  decode_warp_mma::MergeWarpsAndStore<T, kD, kFp8Kv>(args, s, b, kv_head, rows_here, smem, m_run,
+                                                     l_run, o);
 #endif
 }
 
@@ -254,10 +291,12 @@ __global__ void __launch_bounds__(kDecodeWarpThreads, 3)
 // on the H200.
 inline constexpr CUtensorMapL2promotion kL2Promotion = CU_TENSOR_MAP_L2_PROMOTION_L2_128B;
 
-// A 3-D tiled map of one K/V buffer: (head dim, kv head, row), box (64, 1, 16), 128-byte swizzle,
-// with the params' element strides of a kv head and a row (a fused K/V buffer is read in place);
-// false when the driver refuses it (the dispatch checked the shapes it needs).
-inline bool EncodeMap(CUtensorMap* map, CUtensorMapDataType type, const void* base, int head_dim,
+// A 3-D tiled map of one K/V buffer: (head dim, kv head, row), box (box_d, 1, 16) of
+// elem_bytes-byte elements with `swizzle`, with the params' element strides of a kv head and a row
+// (a fused K/V buffer is read in place); false when the driver refuses it (the dispatch checked
+// the shapes it needs).
+inline bool EncodeMap(CUtensorMap* map, CUtensorMapDataType type, int elem_bytes, int box_d,
+                      CUtensorMapSwizzle swizzle, const void* base, int head_dim,
                       int num_kv_heads, int64_t rows, int64_t head_stride, int64_t row_stride,
                       CUtensorMapL2promotion promotion) {
   static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
@@ -271,35 +310,43 @@ inline bool EncodeMap(CUtensorMap* map, CUtensorMapDataType type, const void* ba
   }();
   if (encode == nullptr) return false;
   const cuuint64_t dims[3] = {cuuint64_t(head_dim), cuuint64_t(num_kv_heads), cuuint64_t(rows)};
-  const cuuint64_t strides[2] = {cuuint64_t(head_stride) * 2, cuuint64_t(row_stride) * 2};
-  const cuuint32_t box[3] = {64, 1, kKeys};
+  const cuuint64_t strides[2] = {cuuint64_t(head_stride) * elem_bytes,
+                                 cuuint64_t(row_stride) * elem_bytes};
+  const cuuint32_t box[3] = {cuuint32_t(box_d), 1, kKeys};
   const cuuint32_t element_strides[3] = {1, 1, 1};
   return encode(map, type, 3, const_cast<void*>(base), dims, strides, box, element_strides,
-                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, promotion,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, promotion,
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-template <typename T, int kD>
+// kFp8Kv: K/V are e4m3 bytes (boxes of whole kD-byte rows), else q's 16-bit type.
+template <typename T, int kD, bool kFp8Kv = false>
 cudaError_t Launch(const FlashDecodeArgs& args, cudaStream_t stream) {
   const AttentionParams& p = args.fwd.p;
   Params prm;
   prm.args = args;
-  const CUtensorMapDataType type = std::is_same_v<T, bf16_t> ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
-                                                             : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  const CUtensorMapDataType type = kFp8Kv ? CU_TENSOR_MAP_DATA_TYPE_UINT8
+                                   : std::is_same_v<T, bf16_t> ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                               : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  const int elem_bytes = kFp8Kv ? 1 : 2;
+  const int box_d = kFp8Kv ? kD : 64;
+  const CUtensorMapSwizzle swizzle = !kFp8Kv || kD == 128 ? CU_TENSOR_MAP_SWIZZLE_128B
+                                                          : CU_TENSOR_MAP_SWIZZLE_64B;
   const CUtensorMapL2promotion promotion = kL2Promotion;
-  if (!EncodeMap(&prm.k_map, type, p.k, p.head_dim, p.num_kv_heads, p.total_k, p.k_head_stride,
-                 p.k_row_stride, promotion) ||
-      !EncodeMap(&prm.v_map, type, p.v, p.head_dim_v, p.num_kv_heads, p.total_k, p.v_head_stride,
-                 p.v_row_stride, promotion))
+  if (!EncodeMap(&prm.k_map, type, elem_bytes, box_d, swizzle, p.k, p.head_dim, p.num_kv_heads,
+                 p.total_k, p.k_head_stride, p.k_row_stride, promotion) ||
+      !EncodeMap(&prm.v_map, type, elem_bytes, box_d, swizzle, p.v, p.head_dim_v, p.num_kv_heads,
+                 p.total_k, p.v_head_stride, p.v_row_stride, promotion))
     return cudaErrorInvalidValue;
-  return decode_warp_mma::LaunchWithSmem(FlashDecodeTmaKernel<T, kD>, prm, args,
-                                         DecodeWarpTmaSmemBytes(kD, args.stages), stream);
+  return decode_warp_mma::LaunchWithSmem(FlashDecodeTmaKernel<T, kD, kFp8Kv>, prm, args,
+                                         DecodeWarpTmaSmemBytes(kD, args.stages, elem_bytes),
+                                         stream);
 }
 
-template <typename T, int kD>
+template <typename T, int kD, bool kFp8Kv = false>
 int CtasPerSm(int stages) {
-  return decode_warp_mma::CtasPerSmWithSmem(FlashDecodeTmaKernel<T, kD>,
-                                            DecodeWarpTmaSmemBytes(kD, stages));
+  return decode_warp_mma::CtasPerSmWithSmem(FlashDecodeTmaKernel<T, kD, kFp8Kv>,
+                                            DecodeWarpTmaSmemBytes(kD, stages, kFp8Kv ? 1 : 2));
 }
 
 }  // namespace decode_tma

@@ -25,6 +25,9 @@ cudaError_t LaunchFlashDecodeWarp(const FlashDecodeArgs& args, cudaStream_t stre
       return decode_cp_async::Launch<T, kHeadDim>(args, stream);
     case DecodeWarpForm::kCpAsyncInt64:
       return decode_int64::Launch<T, kHeadDim>(args, stream);
+    case DecodeWarpForm::kTmaFp8Kv:  // LaunchFlashDecodeWarpFp8Kv's
+    case DecodeWarpForm::kCpAsyncFp8Kv:
+      return cudaErrorInvalidValue;
   }
   return cudaErrorInvalidValue;
 }
@@ -40,8 +43,29 @@ int FlashDecodeWarpCtasPerSm(int stages, DecodeWarpForm form) {
       return decode_cp_async::CtasPerSm<T, kHeadDim>(stages);
     case DecodeWarpForm::kCpAsyncInt64:
       return decode_int64::CtasPerSm<T, kHeadDim>(stages);
+    case DecodeWarpForm::kTmaFp8Kv:  // FlashDecodeWarpFp8KvCtasPerSm's
+    case DecodeWarpForm::kCpAsyncFp8Kv:
+      return 1;
   }
   return 1;
+}
+
+// The forms over an fp8 KV cache: TMA, or cp.async for pages that are no multiple of 16 keys
+// (and pre-Hopper devices).
+template <typename T, int kHeadDim>
+cudaError_t LaunchFlashDecodeWarpFp8Kv(const FlashDecodeArgs& args, cudaStream_t stream) {
+  static_assert(kHeadDim == 64 || kHeadDim == 128, "the fp8 KV cache's head-dim capacities");
+  switch (args.warp_form) {
+    case DecodeWarpForm::kTmaFp8Kv: return decode_tma::Launch<T, kHeadDim, true>(args, stream);
+    case DecodeWarpForm::kCpAsyncFp8Kv: return decode_cp_async::LaunchFp8Kv<T, kHeadDim>(args, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+template <typename T, int kHeadDim>
+int FlashDecodeWarpFp8KvCtasPerSm(int stages, DecodeWarpForm form) {
+  return form == DecodeWarpForm::kTmaFp8Kv ? decode_tma::CtasPerSm<T, kHeadDim, true>(stages)
+                                           : decode_cp_async::CtasPerSmFp8Kv<T, kHeadDim>(stages);
 }
 
 }  // namespace jax_sgl::cuda

@@ -7,6 +7,7 @@
 #pragma once
 
 #include "ffi/cuda/attention/decode/block_kernel.cuh"
+#include "ffi/cuda/attention/decode/fp8_kv_operands.cuh"
 #include "ffi/cuda/attention/common/launch.cuh"
 
 namespace jax_sgl::cuda::decode_warp_mma {
@@ -40,8 +41,9 @@ struct WarpStages {
 };
 
 // Loads the CTA's 16 packed q rows (row r = query r / group, head r % group of this kv head) into
-// sq (DecodeStride(kD)-element rows), zeros past rows_here and head_dim; plain loads, once.
-template <typename T, int kD>
+// sq (DecodeStride(kD)-element rows), zeros past rows_here and head_dim; plain loads, once. Over an
+// fp8 KV cache (kFp8Kv) feature d goes to column decode_fp8kv::QColumn(d), the K fragments' order.
+template <typename T, int kD, bool kFp8Kv = false>
 __device__ __forceinline__ void LoadQRows(const AttentionParams& p, const SeqBounds& s, int group,
                                           int kv_head, int rows_here, T* sq) {
   constexpr int kStride = DecodeStride(kD);
@@ -54,7 +56,13 @@ __device__ __forceinline__ void LoadQRows(const AttentionParams& p, const SeqBou
       const int64_t row_head = (s.q_row0 + r / group) * p.num_heads + kv_head * group + r % group;
       u = *reinterpret_cast<const uint4*>(qp + row_head * p.head_dim + cq);
     }
-    *reinterpret_cast<uint4*>(sq + r * kStride + cq) = u;
+    if constexpr (kFp8Kv) {
+      const T* e = reinterpret_cast<const T*>(&u);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) sq[r * kStride + decode_fp8kv::QColumn<kD>(cq + k)] = e[k];
+    } else {
+      *reinterpret_cast<uint4*>(sq + r * kStride + cq) = u;
+    }
   }
 }
 
@@ -83,6 +91,9 @@ struct StageScoring : flash::RowScores {
     }
     InitScale(p);
   }
+
+  // An fp8 KV cache's k_descale of the CTA's (sequence, kv head): the raw scores are q . stored k.
+  __device__ __forceinline__ void ScaleBy(float k_descale) { score_scale *= k_descale; }
 
   // The stage's 16 x 16 scores (keys key0 .. key0 + 15, `valid`: the keys that exist) into the
   // log2 domain, -inf where a row does not see the key, and each row half's max. A stage every
@@ -131,7 +142,9 @@ __device__ __forceinline__ void SoftmaxPv(float (&sc)[2][4], const float (&blk_m
 }
 
 // Called by every thread after its last K/V load has landed; reuses the ring's shared memory.
-template <typename T, int kD>
+// Over an fp8 KV cache (kFp8Kv) o's columns are in decode_fp8kv::OutFeature order and the rows
+// take v_descale[b, kv head].
+template <typename T, int kD, bool kFp8Kv = false>
 __device__ __forceinline__ void MergeWarpsAndStore(const FlashDecodeArgs& args,
                                                    const SeqBounds& s, int b, int kv_head,
                                                    int rows_here, uint8_t* smem,
@@ -165,9 +178,15 @@ __device__ __forceinline__ void MergeWarpsAndStore(const FlashDecodeArgs& args,
     const int cc = t * 8 + (lane % 4) * 2;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      float* dst = so + (warp * 16 + lane / 4 + 8 * h) * kOStride + cc;
-      dst[0] = o[t][2 * h];
-      dst[1] = o[t][2 * h + 1];
+      if constexpr (kFp8Kv) {
+        float* row = so + (warp * 16 + lane / 4 + 8 * h) * kOStride;
+        row[decode_fp8kv::OutFeature<kD>(t, cc % 8)] = o[t][2 * h];
+        row[decode_fp8kv::OutFeature<kD>(t, cc % 8 + 1)] = o[t][2 * h + 1];
+      } else {
+        float* dst = so + (warp * 16 + lane / 4 + 8 * h) * kOStride + cc;
+        dst[0] = o[t][2 * h];
+        dst[1] = o[t][2 * h + 1];
+      }
     }
   }
   __syncthreads();
@@ -197,7 +216,8 @@ __device__ __forceinline__ void MergeWarpsAndStore(const FlashDecodeArgs& args,
     // The sink joins the row's denominator here, or in the combine for a split's partial.
     const SinkedRow fin = ApplySinkOf(split ? nullptr : p.sinks, head,
                                       l_all > 0.f ? (m_all + log2f(l_all)) * kLn2 : -INFINITY);
-    const float inv = l_all > 0.f ? fin.scale / l_all : 0.f;
+    float inv = l_all > 0.f ? fin.scale / l_all : 0.f;
+    if constexpr (kFp8Kv) inv *= Descale(p.v_descale, p, b, kv_head);
     const float lse = fin.lse;
     const int64_t row_head = (s.q_row0 + i) * p.num_heads + head;
     if (split) {
