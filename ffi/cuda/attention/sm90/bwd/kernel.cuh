@@ -514,18 +514,20 @@ __global__ void __launch_bounds__(256)
 #pragma unroll
   for (int l = 0; l < kLoads; ++l)
     x[l] = __ldcs(reinterpret_cast<const float4*>(src) + l * 256 + threadIdx.x);
-  // Load l is float offset 1024 l + 4 t: part l / 4 of the tile, and within it the thread's
-  // offset 4 t plus 2 (l % 4) more 512-float groups j, i.e. 16 (l % 4) columns to the right of
-  // where DqAccumRowCol puts offset 4 t. So one call places every load.
-  static_assert(Cfg::kDqPartFloats == 4 * 1024 && kLoads % 4 == 0);
+  // Load l is float offset 1024 l + 4 t: part l / kPartLoads of the tile, and within it the
+  // thread's offset 4 t plus 2 (l % kPartLoads) more 512-float groups j, i.e. 16 (l %
+  // kPartLoads) columns to the right of where DqAccumRowCol puts offset 4 t. So one call places
+  // every load. (kPartLoads: 4 for config.h's 64 x 64 parts, 6 / 8 for wide_config.h's.)
+  constexpr int kPartLoads = Cfg::kDqPartFloats / 1024;
+  static_assert(Cfg::kDqPartFloats % 1024 == 0 && kLoads % kPartLoads == 0);
   int r, c;
   DqAccumRowCol(threadIdx.x * 4, &r, &c);  // element 0; 2 and 3 are 8 rows down, 1 and 3 right
   Element* const at = tile + r * kStride + c;
 #pragma unroll
   for (int l = 0; l < kLoads; ++l) {
-    const int part = l / 4;
+    const int part = l / kPartLoads;
     Element* e = at + (part % Cfg::kDqSplitM) * Cfg::kDqRows * kStride +
-                 (part / Cfg::kDqSplitM) * Cfg::kDqCols + 16 * (l % 4);
+                 (part / Cfg::kDqSplitM) * Cfg::kDqCols + 16 * (l % kPartLoads);
     const Element lo[2] = {Element(x[l].x * softmax_scale), Element(x[l].y * softmax_scale)};
     const Element hi[2] = {Element(x[l].z * softmax_scale), Element(x[l].w * softmax_scale)};
     *reinterpret_cast<uint32_t*>(e) = *reinterpret_cast<const uint32_t*>(lo);

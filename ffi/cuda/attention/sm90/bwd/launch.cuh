@@ -11,6 +11,7 @@
 #include "ffi/cuda/attention/sm90/bwd/kernel.cuh"
 #include "ffi/cuda/attention/sm90/bwd/launch.h"
 #include "ffi/cuda/attention/sm90/bwd/tail_sum.cuh"
+#include "ffi/cuda/attention/sm90/bwd/wide_launch.cuh"
 #include "ffi/cuda/attention/sm90/fwd/launch.cuh"  // CutlassType, DenseTensor
 
 namespace jax_sgl::cuda {
@@ -58,11 +59,10 @@ cudaError_t LaunchFlashBwdSm90Dq(const FlashBwdArgs& args, cudaStream_t stream) 
                         sizeof(typename Cfg::SharedStorage), stream, params);
 }
 
-}  // namespace sm90
-
+// hd64 / hd128: config.h's kernel, the tail split and the deterministic dQ kernel.
 template <typename T, int kHeadDim>
-cudaError_t LaunchFlashBwdSm90(const FlashBwdArgs& args, float* dq_accum, bool dq_kernel,
-                               cudaStream_t stream) {
+cudaError_t LaunchFlashBwdSm90Narrow(const FlashBwdArgs& args, float* dq_accum, bool dq_kernel,
+                                     cudaStream_t stream) {
   using Cfg = sm90::BwdConfig<typename sm90::CutlassType<T>::type, kHeadDim>;
   using namespace cute;
   const AttentionBwdParams& bp = args.bp;
@@ -155,6 +155,17 @@ cudaError_t LaunchFlashBwdSm90(const FlashBwdArgs& args, float* dq_accum, bool d
       dq_accum, static_cast<typename Cfg::Element*>(bp.dq), p.seqlen_q, p.num_heads, m_blocks,
       p.softmax_scale);
   return cudaGetLastError();
+}
+
+}  // namespace sm90
+
+template <typename T, int kHeadDim>
+cudaError_t LaunchFlashBwdSm90(const FlashBwdArgs& args, float* dq_accum, bool dq_kernel,
+                               cudaStream_t stream) {
+  if constexpr (kHeadDim > 128)
+    return sm90::LaunchFlashBwdSm90Wide<T, kHeadDim>(args, dq_accum, stream);
+  else
+    return sm90::LaunchFlashBwdSm90Narrow<T, kHeadDim>(args, dq_accum, dq_kernel, stream);
 }
 
 }  // namespace jax_sgl::cuda
