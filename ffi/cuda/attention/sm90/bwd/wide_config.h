@@ -17,6 +17,8 @@
 // each, P^T and dS^T 2 buffers x 8 KiB each: 224 KiB of the 227.
 #pragma once
 
+#include <type_traits>
+
 #include <cute/tensor.hpp>
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
 #include <cutlass/numeric_types.h>
@@ -71,7 +73,11 @@ struct BwdWideConfig {
       SM90::GMMA::ss_op_selector<Element, Element, float, TileDq, GMMA::Major::MN,
                                  GMMA::Major::MN>()));
 
-  using SwizzleAtom = GMMA::Layout_K_SW128_Atom<Element>;
+  // Q, dO, K and V: a consumer's feature half is read transposed (MN-major B operand of dV / dK
+  // / dQ), so it must hold whole swizzle atoms: 128-byte ones at hd256 (128 features = 2 atoms),
+  // 64-byte ones at hd192 (96 = 3 atoms of 32; the 128-byte atom's 64 would split).
+  using SwizzleAtom = std::conditional_t<kHalf % 64 == 0, GMMA::Layout_K_SW128_Atom<Element>,
+                                         GMMA::Layout_K_SW64_Atom<Element>>;
   // K and V: [64 keys, head dim, 1]: one TMA tile each, loaded and (as dK, dV) stored by the
   // same descriptor.
   using SmemLayoutKVTile = decltype(tile_to_shape(SwizzleAtom{}, KeysD{}));
@@ -93,7 +99,7 @@ struct BwdWideConfig {
   // dQ. Two buffers: a consumer may write step j + 1's while the other still reads step j's (the
   // per-step barrier orders everything else).
   using SmemLayoutPt = decltype(tile_to_shape(
-      SwizzleAtom{}, Shape<Int<kBlockN>, Int<kBlockM>, _2>{}));
+      GMMA::Layout_K_SW128_Atom<Element>{}, Shape<Int<kBlockN>, Int<kBlockM>, _2>{}));
   using SmemLayoutDs = decltype(composition(
       SmemLayoutPt{}, make_layout(Shape<Int<kBlockM>, Int<kBlockN>, _2>{},
                                   Stride<Int<kBlockN>, _1, Int<kBlockM * kBlockN>>{})));
