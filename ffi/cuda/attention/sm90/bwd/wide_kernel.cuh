@@ -99,20 +99,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       auto tdO = tma_partition(params.tma_do, _0{}, Layout<_1>{}, group_modes<0, 2>(sdO),
                                group_modes<0, 2>(gdO));
       const int64_t row_values = (int64_t(batch) * params.num_heads + head) * params.ws_rows;
-      for (int m = rows.m_begin; m < rows.m_end; ++m) {
-        pipe_q.producer_acquire(write_q);
-        uint64_t* bar_q = pipe_q.producer_get_barrier(write_q);
-        copy(params.tma_q.with(*bar_q, 0), get<0>(tQ)(_, m), get<1>(tQ)(_, write_q.index()));
-        SM90_BULK_COPY_G2S::copy(params.lse2 + row_values + m * kBlockM, bar_q,
-                                 shared.lse2[write_q.index()], Cfg::kRowFloatsBytes);
-        ++write_q;
-        pipe_do.producer_acquire(write_do);
-        uint64_t* bar_do = pipe_do.producer_get_barrier(write_do);
-        copy(params.tma_do.with(*bar_do, 0), get<0>(tdO)(_, m), get<1>(tdO)(_, write_do.index()));
-        SM90_BULK_COPY_G2S::copy(params.dsum + row_values + m * kBlockM, bar_do,
-                                 shared.dsum[write_do.index()], Cfg::kRowFloatsBytes);
-        ++write_do;
-      }
+      for (int m = rows.m_begin; m < rows.m_end; ++m)
+        ProduceStep(params, shared, pipe_q, pipe_do, write_q, write_do, tQ, tdO, m, row_values);
     }
     return;
   }
@@ -169,7 +157,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const AccCoord coord(thread_in_wg);
   const int key_base = n0 + coord.row0;  // key of accumulator row r = 0
   const int diag = k_len - params.seqlen_q;
-  const bool keys_partial = n0 + kBlockN > k_len;
 
   // K and V land even when there is no step: the epilogue reuses their smem.
   shared.barrier_kv.wait(0);
@@ -193,18 +180,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     const float* lse2 = shared.lse2[read_q.index()] + consumer * kScoreRows + coord.col0;
     const float* dsum = shared.dsum[read_do.index()] + consumer * kScoreRows + coord.col0;
     // Unmasked: every row of the step (both consumers' halves) sees every key of the CTA.
-    const bool masked =
-        keys_partial || row0 + kBlockM > params.seqlen_q ||
-        (params.window_right >= 0 && row0 + diag + params.window_right < n0 + kBlockN - 1) ||
-        (params.window_left >= 0 && row0 + kBlockM - 1 + diag - params.window_left > n0);
+    const bool masked = StepMasked(params, row0, kBlockM, n0, kBlockN, k_len, diag);
     auto lse = [&](int i) { return lse2[AccCoord::Col(i)]; };
     auto d = [&](int i) { return dsum[AccCoord::Col(i)]; };
     auto visible = [&](int i) {
-      const int key = key_base + AccCoord::Row(i);
-      const int row = my_row0 + coord.col0 + AccCoord::Col(i);
-      return key < k_len && row < params.seqlen_q &&
-             (params.window_right < 0 || key <= row + diag + params.window_right) &&
-             (params.window_left < 0 || key >= row + diag - params.window_left);
+      return KeyVisible(params, key_base + AccCoord::Row(i),
+                        my_row0 + coord.col0 + AccCoord::Col(i), k_len, diag);
     };
     Tensor tPrP = make_tensor_like<Element>(tSrS);
     if constexpr (!kSoftcap) {
@@ -295,15 +276,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   cutlass::arch::fence_view_async_shared();  // generic-proxy writes -> TMA reads
   cutlass::arch::NamedBarrier::sync(kConsumerThreads, uint32_t(BwdBarrier::kEpilogue0));
   // Each tile holds both consumers' halves: consumer 0 stores dK, consumer 1 dV.
-  if (thread_in_wg == 0) {
-    auto const& tma = consumer == 0 ? params.tma_dk : params.tma_dv;
+  auto store = [&](auto const& tma, auto const& tile) {
     Tensor mdX = tma.get_tma_tensor(params.kv_shape);
     Tensor gdX =
         local_tile(mdX(_, _, kv_head, batch), typename Cfg::KeysD{}, make_coord(n_block, _0{}));
     auto cta = tma.get_slice(_0{});
-    copy(tma, cta.partition_S(consumer == 0 ? sK(_, _, 0) : sV(_, _, 0)), cta.partition_D(gdX));
+    copy(tma, cta.partition_S(tile), cta.partition_D(gdX));
     tma_store_arrive();
     tma_store_wait<0>();
+  };
+  if (thread_in_wg == 0) {
+    if (consumer == 0)
+      store(params.tma_dk, sK(_, _, 0));
+    else
+      store(params.tma_dv, sV(_, _, 0));
   }
 #endif
 }

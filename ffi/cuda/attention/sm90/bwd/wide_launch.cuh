@@ -7,8 +7,9 @@
 
 #include "ffi/cuda/attention/common/launch.cuh"
 #include "ffi/cuda/attention/sm90/bwd/launch.h"
+#include "ffi/cuda/attention/sm90/bwd/make_params.cuh"
 #include "ffi/cuda/attention/sm90/bwd/wide_kernel.cuh"
-#include "ffi/cuda/attention/sm90/fwd/launch.cuh"  // CutlassType, DenseTensor
+#include "ffi/cuda/attention/sm90/fwd/launch.cuh"  // CutlassType
 
 namespace jax_sgl::cuda::sm90 {
 
@@ -19,47 +20,10 @@ cudaError_t LaunchFlashBwdSm90Wide(const FlashBwdArgs& args, float* dq_accum,
   const AttentionBwdParams& bp = args.bp;
   const AttentionParams& p = bp.fwd;
   if (dq_accum == nullptr) return cudaErrorInvalidValue;  // deterministic: not served here
-  auto q = DenseTensor<Cfg>(p.q, p.seqlen_q, kHeadDim, p.num_heads, p.batch);
-  auto dout = DenseTensor<Cfg>(bp.dout, p.seqlen_q, kHeadDim, p.num_heads, p.batch);
-  auto k = DenseTensor<Cfg>(p.k, p.seqlen_k, kHeadDim, p.num_kv_heads, p.batch);
-  auto v = DenseTensor<Cfg>(p.v, p.seqlen_k, kHeadDim, p.num_kv_heads, p.batch);
-  auto dk = DenseTensor<Cfg>(bp.dk, p.seqlen_k, kHeadDim, p.num_kv_heads, p.batch);
-  auto dv = DenseTensor<Cfg>(bp.dv, p.seqlen_k, kHeadDim, p.num_kv_heads, p.batch);
-  using RowsTile = typename Cfg::SmemLayoutRowsTile;
-  using KVTile = typename Cfg::SmemLayoutKVTile;
   const int m_blocks = args.ws_rows / Cfg::kBlockM;
   const int n_blocks = (p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN;
-  const int num_blocks = n_blocks * p.num_kv_heads * p.batch;
-  BwdKernelParams<Cfg> params{
-      make_tma_copy(SM90_TMA_LOAD{}, q, RowsTile{}, typename Cfg::RowsD{}, _1{}),
-      make_tma_copy(SM90_TMA_LOAD{}, dout, RowsTile{}, typename Cfg::RowsD{}, _1{}),
-      make_tma_copy(SM90_TMA_LOAD{}, k, KVTile{}, typename Cfg::KeysD{}, _1{}),
-      make_tma_copy(SM90_TMA_LOAD{}, v, KVTile{}, typename Cfg::KeysD{}, _1{}),
-      make_tma_copy(SM90_TMA_STORE{}, dk, KVTile{}, typename Cfg::KeysD{}, _1{}),
-      make_tma_copy(SM90_TMA_STORE{}, dv, KVTile{}, typename Cfg::KeysD{}, _1{}),
-      q.shape(),
-      k.shape(),
-      args.lse_log2,
-      bp.softmax_d,
-      dq_accum,
-      p.seqused_k,
-      p.seqlen_q,
-      p.seqlen_k,
-      p.num_heads,
-      p.num_heads / p.num_kv_heads,
-      args.ws_rows,
-      p.softmax_scale,
-      p.softmax_scale * 1.4426950408889634f,
-      p.softcap > 0.f ? p.softmax_scale / p.softcap : 0.f,
-      p.softcap > 0.f ? p.softcap * 1.4426950408889634f : 0.f,
-      p.window_left,
-      p.window_right,
-      n_blocks,
-      num_blocks,  // num_whole: no tail split
-      0,
-      nullptr,
-      nullptr,
-  };
+  const auto params = MakeBwdKernelParams<Cfg, typename Cfg::SmemLayoutKVTile>(
+      args, dq_accum, {n_blocks, n_blocks * p.num_kv_heads * p.batch, 0, nullptr, nullptr});
   cudaError_t err = cudaMemsetAsync(
       dq_accum, 0, Sm90BwdDqAccumFloats(p, args.ws_rows) * sizeof(float), stream);
   if (err != cudaSuccess) return err;
