@@ -130,8 +130,9 @@ def bench_head_dim(d, args):
         f"(fwd+bwd counts 3.5x the forward's flops, bwd alone 2.5x); backward variants: "
         f"{' '.join(variants)}")
   if d > MAX_CUDA_BWD_HEAD_DIM and not args.reference_bwd:
-    print(f"  (jax_sgl has no CUDA backward kernel above head dim {MAX_CUDA_BWD_HEAD_DIM}: "
-          "its rows time the reference backward)")
+    # Above 128 only the sm90 backward's wide kernel (192, 256; not deterministic) is native.
+    print(f"  (above head dim {MAX_CUDA_BWD_HEAD_DIM} jax_sgl's CUDA backward is the sm90 variant "
+          "alone, on Hopper at 192 / 256: the other variants' rows time the reference backward)")
   print(f"{'S':>6} {'causal':>6} {'impl':<14} {'fwd+bwd ms':>10} {'fwd+bwd':>8} {'bwd':>8} "
         f"{'jax_sgl vs':>10}")
   for s in args.seqlens:

@@ -31,7 +31,8 @@ def cuda_attention_kernels(fn, *args, compute_capability=(9, 0), num_sms=132,
   """[(direction, kernel)] for each jax_sgl attention call of `fn(*args, **kwargs)` lowered for
   CUDA, in program order: direction "fwd" or "bwd", kernel a name from docs/kernels.md ("sm90",
   "decode_warp_tma", "portable", "sm90_bwd", ...) or "none: <why>". A backward that CUDA lowers
-  to the reference (e.g. head dims above 128) has no native call, so no "bwd" entry.
+  to the reference (e.g. head dims above 128 lowered without a local Hopper GPU) has no native
+  call, so no "bwd" entry.
   Needs the CUDA build of the extension (the dispatch code is compiled with it)."""
   if not CUDA_TARGETS:
     raise RuntimeError("jax_sgl: cuda_attention_kernels needs the extension built with CUDA")

@@ -10,6 +10,7 @@ import re
 import warnings
 
 import jax
+import jax.numpy as jnp
 
 # The oldest jax whose XLA FFI accepts the handlers: they are built against jaxlib 0.10's headers
 # (third_party/xla_ffi), which every later jaxlib accepts. Older ones would refuse to register
@@ -89,6 +90,25 @@ def sm90_absent_reason() -> str | None:
     return (f"built for CUDA archs {build['cuda_archs']!r} without 90a: reinstall with "
             "JAX_SGL_CUDA_ARCHS including 90a")
   return "trimmed out of this build (JAX_SGL_SM90_HEAD_DIMS is empty)"
+
+
+def sm90_bwd_built(head_dim: int, dtype) -> bool:
+  """Whether this build holds the sm90 backward for exactly (head_dim, dtype)."""
+  if not CUDA_TARGETS:
+    return False
+  pairs = [name.removeprefix("hdim").split("_") for name in
+           _ext.attention_kernels()["sm90_bwd"].split()]
+  return any(int(d) == head_dim and _DTYPE_NAMES.get(t, t) == jnp.dtype(dtype).name
+             for d, t in pairs)
+
+
+def local_cuda_devices_are_hopper() -> bool:
+  """Whether this process has CUDA devices and all of them are compute capability 9.0."""
+  try:
+    devices = jax.devices("cuda")
+  except RuntimeError:  # no CUDA backend in this process (e.g. exporting for CUDA from a CPU)
+    return False
+  return bool(devices) and all(getattr(d, "compute_capability", None) == "9.0" for d in devices)
 
 
 _sm90_warned = False

@@ -22,12 +22,13 @@ from jax.extend.core import Primitive
 from jax.interpreters import batching, mlir
 
 from jax_sgl import _disable, reference
-from jax_sgl._checks import (ATTN_FN, KV_PAGED, AttentionSpec, check_attention,
+from jax_sgl._checks import (ATTN_FN, KV_DENSE, KV_PAGED, AttentionSpec, check_attention,
                              check_attention_cuda)
 from jax_sgl._dtypes import is_fp8
 from jax_sgl._kv_buffer import kv_buffer_shape
 from jax_sgl._primitive import (at_front, batch_size, ffi_rule, register_lowerings,
                                 warn_reference_once)
+from jax_sgl import _registration
 from jax_sgl._registration import warn_if_sm90_absent
 from jax_sgl._sharding import partition_attention, partition_attention_bwd
 
@@ -207,11 +208,41 @@ def _attention_bwd_abstract_eval(q, k, v, *rest, spec, present):
 
 _native_bwd_rule = ffi_rule(BWD_TARGET)
 
-# The CUDA backward kernel (ffi/cuda/attention/bwd_sm80/kernel.cuh, verified on an H200 on
-# 2026-12-02) serves the combinations below; CUDA lowers every other one, and every gradient traced
-# while JAX_SGL_DISABLE names cuda_bwd, to the vjp of the pure-JAX reference.
-# Largest head_dim / head_dim_v with a CUDA backward (kBwdHeadDimCapacities in flash_bwd_launch.h).
+# The CUDA backward kernels (ffi/cuda/attention/bwd_sm80/kernel.cuh, verified on an H200 on
+# 2026-12-02, and the sm90 ones) serve the combinations below; CUDA lowers every other one, and
+# every gradient traced while JAX_SGL_DISABLE names cuda_bwd, to the vjp of the pure-JAX reference.
+# Largest head_dim / head_dim_v with a CUDA backward on any GPU (kBwdHeadDimCapacities in
+# flash_bwd_launch.h).
 CUDA_BWD_MAX_HEAD_DIM = 128
+# Head dims above it with a CUDA backward on Hopper only: the sm90 backward's wide kernel
+# (ffi/cuda/attention/sm90/bwd/wide_kernel.cuh), dense, head_dim == head_dim_v, not deterministic.
+SM90_BWD_WIDE_HEAD_DIMS = (192, 256)
+
+
+def _wide_bwd_unsupported(spec: AttentionSpec, q_dtype) -> str | None:
+  """Why the sm90 wide backward does not serve this call (head dims above 128), or None.
+
+  The lowering cannot see the GPU the program will run on, and the dispatch finds no kernel for
+  these head dims off Hopper (a run-time error), so the native call is emitted only when every
+  CUDA device of this process is Hopper; a process without CUDA devices (exporting from a CPU)
+  or with other GPUs lowers to the reference. A program lowered on a Hopper process and then run
+  on another GPU (jax.export) gets the dispatch's error instead."""
+  d = spec.head_dim
+  if spec.head_dim_v != d or d not in SM90_BWD_WIDE_HEAD_DIMS:
+    return (f"head dims {d}/{spec.head_dim_v}: the CUDA backward serves multiples of 8 up to "
+            f"{CUDA_BWD_MAX_HEAD_DIM}, and head_dim == head_dim_v in {SM90_BWD_WIDE_HEAD_DIMS} "
+            "on Hopper")
+  if spec.varlen_q or spec.kv_layout != KV_DENSE:
+    return f"head dim {d}: the Hopper backward is dense only (varlen q/k has no CUDA backward)"
+  if spec.deterministic:
+    return f"head dim {d}: deterministic=True has a CUDA backward up to head dim 128 only"
+  if "sm90_bwd" in _disable.disabled():
+    return f"head dim {d}: {_disable.ENV} names sm90_bwd, the only CUDA backward above 128"
+  if not _registration.sm90_bwd_built(d, q_dtype):
+    return f"head dim {d}: this build has no sm90 backward for it (JAX_SGL_SM90_HEAD_DIMS)"
+  if not _registration.local_cuda_devices_are_hopper():
+    return f"head dim {d}: the CUDA backward above 128 runs on Hopper (compute capability 9.0) only"
+  return None
 
 
 def cuda_bwd_unsupported(spec: AttentionSpec, q_dtype) -> str | None:
@@ -220,10 +251,11 @@ def cuda_bwd_unsupported(spec: AttentionSpec, q_dtype) -> str | None:
     return f"{_disable.ENV} names cuda_bwd"
   if jnp.dtype(q_dtype) not in (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16)):
     return f"q/k/v are {jnp.dtype(q_dtype)}, the CUDA backward runs float16 and bfloat16"
-  if (max(spec.head_dim, spec.head_dim_v) > CUDA_BWD_MAX_HEAD_DIM or spec.head_dim % 8
-      or spec.head_dim_v % 8):
+  if spec.head_dim % 8 or spec.head_dim_v % 8:
     return (f"head dims {spec.head_dim}/{spec.head_dim_v}: the CUDA backward serves multiples of "
-            f"8 up to {CUDA_BWD_MAX_HEAD_DIM}")
+            "8")
+  if max(spec.head_dim, spec.head_dim_v) > CUDA_BWD_MAX_HEAD_DIM:
+    return _wide_bwd_unsupported(spec, q_dtype)
   return None
 
 

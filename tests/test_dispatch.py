@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import pytest
 
 import jax_sgl
-from jax_sgl import _disable, _primitive
+from jax_sgl import _disable, _primitive, _registration
 
 pytestmark = pytest.mark.skipif(not jax_sgl.CUDA_TARGETS,
                                 reason="the dispatch is compiled with the CUDA build only")
@@ -199,8 +199,49 @@ def test_varlen_backward_runs_portable(cc):
   assert kernels[-1] == ("bwd", "portable_bwd")
 
 
-def test_head_dims_above_128_have_no_native_backward(monkeypatch):
+def test_head_dims_above_128_lower_to_the_reference_without_a_local_hopper(monkeypatch):
+  """The lowering cannot see the GPU a program runs on: above 128 (Hopper-only backward) it takes
+  the native call only when this process's CUDA devices are all Hopper; here none are."""
+  monkeypatch.setattr(_registration, "local_cuda_devices_are_hopper", lambda: False)
   monkeypatch.setattr(_primitive, "_warned", set())  # the warning is once per process
+  with pytest.warns(RuntimeWarning, match="reference"):
+    kernels = _grad_kernels(HOPPER, *_dense(d=256), causal=True)
+  assert [d for d, _ in kernels] == ["fwd"], kernels
+
+
+@pytest.mark.parametrize("head_dim", [192, 256])
+def test_wide_backward_runs_sm90_on_hopper_only(monkeypatch, head_dim):
+  if not _built("sm90_bwd", head_dim):
+    pytest.skip(f"this build has no sm90 hd{head_dim} bf16 backward")
+  monkeypatch.setattr(_registration, "local_cuda_devices_are_hopper", lambda: True)
+  args = _dense(sq=1000, sk=777, h=12, hkv=4, d=head_dim)
+  for kw in ({"causal": True}, {"window": (100, 0)}, {"softcap": 30.0}, {}):
+    assert _grad_kernels(HOPPER, *args, **kw)[-1] == ("bwd", "sm90_bwd"), kw
+  # Off Hopper the dispatch has no backward for it: the Python gate must not emit the call there.
+  kind, kernel = _grad_kernels(AMPERE, *args, causal=True)[-1]
+  assert kind == "bwd" and kernel.startswith("none") and "Hopper" in kernel, kernel
+  kind, kernel = _grad_kernels(BLACKWELL, *args, causal=True)[-1]
+  assert kind == "bwd" and kernel.startswith("none"), kernel
+
+
+@pytest.mark.parametrize("kwargs", [{"deterministic": True}, {"d_v": 128}],
+                         ids=["deterministic", "dv_ne_d"])
+def test_wide_calls_the_sm90_backward_leaves_out_lower_to_the_reference(monkeypatch, kwargs):
+  monkeypatch.setattr(_registration, "local_cuda_devices_are_hopper", lambda: True)
+  monkeypatch.setattr(_primitive, "_warned", set())
+  kwargs = dict(kwargs)
+  q, k, v = _dense(d=256)
+  if "d_v" in kwargs:
+    v = _sds(v.shape[:-1] + (kwargs.pop("d_v"),))
+  with pytest.warns(RuntimeWarning, match="reference"):
+    kernels = _grad_kernels(HOPPER, q, k, v, causal=True, **kwargs)
+  assert [d for d, _ in kernels] == ["fwd"], kernels
+
+
+def test_wide_backward_disable_switch(monkeypatch):
+  monkeypatch.setattr(_registration, "local_cuda_devices_are_hopper", lambda: True)
+  monkeypatch.setattr(_primitive, "_warned", set())
+  monkeypatch.setenv(_disable.ENV, "sm90_bwd")
   with pytest.warns(RuntimeWarning, match="reference"):
     kernels = _grad_kernels(HOPPER, *_dense(d=256), causal=True)
   assert [d for d, _ in kernels] == ["fwd"], kernels

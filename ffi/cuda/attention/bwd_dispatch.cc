@@ -49,6 +49,29 @@ size_t Bytes(int64_t rows, int64_t heads, int dim, DType t) {
   return size_t(rows) * size_t(heads) * size_t(dim) * (t == DType::kF32 ? 4 : 2);
 }
 
+// Head dims above the sm80 kernels' 128 (192, 256): the sm90 backward's wide kernel only, on a
+// Hopper device, for what it covers (dense, head_dim == head_dim_v, not deterministic:
+// Sm90BwdUnsupported); everything else has no CUDA backward (the Python layer lowers it to the
+// reference: attention.py, cuda_bwd_unsupported).
+BwdChoice ChooseWideBwdKernel(const AttentionParams& p, const DeviceInfo& dev) {
+  (void)dev;
+  BwdChoice c;
+#ifdef JAX_SGL_HAVE_SM90
+  const char* why = Sm90BwdUnsupported(p);
+  if (why == nullptr && Sm90BwdEnabled(p, dev)) {
+    c.kernel = BwdKernel::kSm90;
+    return c;
+  }
+  if (why != nullptr) {
+    c.why = why;
+    return c;
+  }
+#endif
+  c.why = "jax_sgl.attention: head dims above 128 have a CUDA backward on Hopper (sm_90a) only "
+          "(the sm90 backward, built with 90a)";
+  return c;
+}
+
 }  // namespace
 
 BwdChoice ChooseBwdKernel(const AttentionParams& p, const DeviceInfo& dev) {
@@ -57,9 +80,11 @@ BwdChoice ChooseBwdKernel(const AttentionParams& p, const DeviceInfo& dev) {
     c.why = "jax_sgl.attention: the CUDA backward supports float16 and bfloat16 q/k/v only";
   else if (p.kv_layout == KvLayout::kPaged)
     c.why = "jax_sgl.attention: gradients through paged KV are not supported";
-  else if (BwdHeadDimCap(p) == 0 || p.head_dim % 8 || p.head_dim_v % 8)
-    c.why = "jax_sgl.attention: the CUDA backward supports head dims that are multiples of 8 up "
-            "to 128 (head_dim and head_dim_v); 192 and 256 have no CUDA backward yet";
+  else if (p.head_dim % 8 || p.head_dim_v % 8)
+    c.why = "jax_sgl.attention: the CUDA backward supports head dims that are multiples of 8 "
+            "(head_dim and head_dim_v)";
+  else if (BwdHeadDimCap(p) == 0)
+    return ChooseWideBwdKernel(p, dev);
   else if (!HeadDimBuilt(BwdHeadDimCap(p)))
     c.why = "jax_sgl.attention: this build left out the CUDA backward for the head dim "
             "(JAX_SGL_ATTN_DISABLE_HDIM*)";

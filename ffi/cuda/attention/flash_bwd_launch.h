@@ -29,8 +29,8 @@ namespace jax_sgl::cuda {
 
 // Head-dim capacities with a compiled backward; a call runs on the smallest one >= max(d, d_v)
 // with the extra features zero-filled. Above 128 the dK + dV register accumulators of a warp
-// (16 keys x 2 x d float32) no longer fit beside the score tiles; those head dims have no CUDA
-// backward yet (the Python layer lowers them to the reference).
+// (16 keys x 2 x d float32) no longer fit beside the score tiles; 192 and 256 run on the sm90
+// backward's wide kernel on Hopper only (sm90/bwd/wide_kernel.cuh), the rest on the reference.
 inline constexpr int kBwdHeadDimCapacities[] = {64, 96, 128};
 
 // What the kernels read: the API params, the GQA group and the float32 workspace.

@@ -43,7 +43,12 @@ const char* Sm90BwdUnsupported(const AttentionParams& p) {
   if (!HalfPrecisionOperands(p))
     return "sm90 backward: float16/bfloat16 q, k, v and out only";
   if (p.head_dim != p.head_dim_v || !Built(p.q_type, p.head_dim))
-    return "sm90 backward: head_dim == head_dim_v in the built set (64, 128) only";
+    return "sm90 backward: head_dim == head_dim_v in the built set (64, 128, 192, 256) only";
+  // The atomic-free dQ kernel (dq_kernel.cuh) holds a [64 rows, D] float32 dQ per warpgroup in
+  // registers: 128 floats per thread at hd256 beside S, dP and dS, over the 240 setmaxnreg
+  // grants; the sm80 dQ kernel stops at 128.
+  if (p.head_dim > 128 && p.deterministic)
+    return "sm90 backward: deterministic=True at head dims up to 128 only";
   if (p.seqlen_q < 1 || p.seqlen_k < 1) return "sm90 backward: non-empty q and k";
   // TMA byte strides below 2^40; the dQ accumulator's float offsets below 2^38 as well.
   if ((int64_t(p.seqlen_q) + 128) * p.num_heads * p.head_dim * p.batch >= (int64_t(1) << 36) ||
@@ -64,7 +69,8 @@ bool Sm90BwdEnabled(const AttentionParams& p, const DeviceInfo& dev) {
   return IsSm90(dev);
 }
 
-int Sm90BwdRowBlock(const AttentionParams& p) { return p.head_dim == 128 ? 64 : 128; }
+// hd64: config.h's 128-row steps; hd128: 64 rows; hd192 / hd256: wide_config.h's 64.
+int Sm90BwdRowBlock(const AttentionParams& p) { return p.head_dim >= 128 ? 64 : 128; }
 
 size_t Sm90BwdDqAccumFloats(const AttentionParams& p, int ws_rows) {
   return size_t(p.batch) * p.num_heads * ws_rows * p.head_dim;
@@ -81,7 +87,8 @@ const char* Sm90BwdBuiltKernels() {
 }
 
 bool Sm90BwdTailSplitRequested(const AttentionParams& p) {
-  return !p.causal && p.window_left < 0 && p.window_right < 0 && p.seqused_k == nullptr &&
+  // The wide head dims' kernel (wide_launch.cuh) has no tail split.
+  return p.head_dim <= 128 && !p.causal && p.window_left < 0 && p.window_right < 0 && p.seqused_k == nullptr &&
          p.softcap <= 0.f;
 }
 

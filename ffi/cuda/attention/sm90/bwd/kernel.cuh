@@ -158,6 +158,50 @@ __device__ __forceinline__ void PToDs(const AccP& p, AccDp& dp, Dsum dsum) {
   for (int i = 0; i < size(dp); ++i) dp(i) = p(i) * (dp(i) - dsum(i));
 }
 
+// Whether a step of rows [row0, row0 + block_m) against the CTA's keys [n0, n0 + block_n) needs
+// the mask: its rows or keys run past the ends, or a row does not see every key (causal
+// diagonal, sliding window: bottom-right aligned, diag = k_len - seqlen_q).
+template <typename Cfg>
+__device__ __forceinline__ bool StepMasked(BwdKernelParams<Cfg> const& params, int row0,
+                                           int block_m, int n0, int block_n, int k_len,
+                                           int diag) {
+  return n0 + block_n > k_len || row0 + block_m > params.seqlen_q ||
+         (params.window_right >= 0 && row0 + diag + params.window_right < n0 + block_n - 1) ||
+         (params.window_left >= 0 && row0 + block_m - 1 + diag - params.window_left > n0);
+}
+
+// Whether query row `row` sees key `key`.
+template <typename Cfg>
+__device__ __forceinline__ bool KeyVisible(BwdKernelParams<Cfg> const& params, int key, int row,
+                                           int k_len, int diag) {
+  return key < k_len && row < params.seqlen_q &&
+         (params.window_right < 0 || key <= row + diag + params.window_right) &&
+         (params.window_left < 0 || key >= row + diag - params.window_left);
+}
+
+// The producer's loads of step (row block m): the Q tile with its lse2 row values and the dO tile
+// with its D values into the next stages of their rings (the row values ride on the tiles'
+// barriers as bulk copies). Shared by FlashBwdSm90Kernel and FlashBwdSm90WideKernel.
+template <typename Cfg, typename Pipeline, typename State, typename TQ, typename TdO>
+__device__ __forceinline__ void ProduceStep(BwdKernelParams<Cfg> const& params,
+                                            typename Cfg::SharedStorage& shared, Pipeline& pipe_q,
+                                            Pipeline& pipe_do, State& write_q, State& write_do,
+                                            TQ const& tQ, TdO const& tdO, int m,
+                                            int64_t row_values) {
+  pipe_q.producer_acquire(write_q);
+  uint64_t* bar_q = pipe_q.producer_get_barrier(write_q);
+  copy(params.tma_q.with(*bar_q, 0), get<0>(tQ)(_, m), get<1>(tQ)(_, write_q.index()));
+  SM90_BULK_COPY_G2S::copy(params.lse2 + row_values + m * Cfg::kBlockM, bar_q,
+                           shared.lse2[write_q.index()], Cfg::kRowFloatsBytes);
+  ++write_q;
+  pipe_do.producer_acquire(write_do);
+  uint64_t* bar_do = pipe_do.producer_get_barrier(write_do);
+  copy(params.tma_do.with(*bar_do, 0), get<0>(tdO)(_, m), get<1>(tdO)(_, write_do.index()));
+  SM90_BULK_COPY_G2S::copy(params.dsum + row_values + m * Cfg::kBlockM, bar_do,
+                           shared.dsum[write_do.index()], Cfg::kRowFloatsBytes);
+  ++write_do;
+}
+
 // kSoftcap: the softcap path, else the plain one; the launcher picks per call. One kernel holding
 // both paths runs ptxas out of registers, and it then serializes every wgmma (C7512).
 // kTail: the tail split's shares (1-D grid, BwdKernelParams), a kernel of its own so that the
@@ -262,20 +306,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       const int64_t row_values = (int64_t(batch) * params.num_heads + head) * params.ws_rows;
       const int m_lo = rows.m_begin + (kTail ? max(step_begin - g * m_steps, 0) : 0);
       const int m_hi = rows.m_begin + (kTail ? min(step_end - g * m_steps, m_steps) : m_steps);
-      for (int m = m_lo; m < m_hi; ++m) {
-        pipe_q.producer_acquire(write_q);
-        uint64_t* bar_q = pipe_q.producer_get_barrier(write_q);
-        copy(params.tma_q.with(*bar_q, 0), get<0>(tQ)(_, m), get<1>(tQ)(_, write_q.index()));
-        SM90_BULK_COPY_G2S::copy(params.lse2 + row_values + m * kBlockM, bar_q,
-                                 shared.lse2[write_q.index()], Cfg::kRowFloatsBytes);
-        ++write_q;
-        pipe_do.producer_acquire(write_do);
-        uint64_t* bar_do = pipe_do.producer_get_barrier(write_do);
-        copy(params.tma_do.with(*bar_do, 0), get<0>(tdO)(_, m), get<1>(tdO)(_, write_do.index()));
-        SM90_BULK_COPY_G2S::copy(params.dsum + row_values + m * kBlockM, bar_do,
-                                 shared.dsum[write_do.index()], Cfg::kRowFloatsBytes);
-        ++write_do;
-      }
+      for (int m = m_lo; m < m_hi; ++m)
+        ProduceStep(params, shared, pipe_q, pipe_do, write_q, write_do, tQ, tdO, m, row_values);
     }
   } else {
     // ---- Consumers -----------------------------------------------------------------------
@@ -514,18 +546,20 @@ __global__ void __launch_bounds__(256)
 #pragma unroll
   for (int l = 0; l < kLoads; ++l)
     x[l] = __ldcs(reinterpret_cast<const float4*>(src) + l * 256 + threadIdx.x);
-  // Load l is float offset 1024 l + 4 t: part l / 4 of the tile, and within it the thread's
-  // offset 4 t plus 2 (l % 4) more 512-float groups j, i.e. 16 (l % 4) columns to the right of
-  // where DqAccumRowCol puts offset 4 t. So one call places every load.
-  static_assert(Cfg::kDqPartFloats == 4 * 1024 && kLoads % 4 == 0);
+  // Load l is float offset 1024 l + 4 t: part l / kPartLoads of the tile, and within it the
+  // thread's offset 4 t plus 2 (l % kPartLoads) more 512-float groups j, i.e. 16 (l %
+  // kPartLoads) columns to the right of where DqAccumRowCol puts offset 4 t. So one call places
+  // every load. (kPartLoads: 4 for config.h's 64 x 64 parts, 6 / 8 for wide_config.h's.)
+  constexpr int kPartLoads = Cfg::kDqPartFloats / 1024;
+  static_assert(Cfg::kDqPartFloats % 1024 == 0 && kLoads % kPartLoads == 0);
   int r, c;
   DqAccumRowCol(threadIdx.x * 4, &r, &c);  // element 0; 2 and 3 are 8 rows down, 1 and 3 right
   Element* const at = tile + r * kStride + c;
 #pragma unroll
   for (int l = 0; l < kLoads; ++l) {
-    const int part = l / 4;
+    const int part = l / kPartLoads;
     Element* e = at + (part % Cfg::kDqSplitM) * Cfg::kDqRows * kStride +
-                 (part / Cfg::kDqSplitM) * Cfg::kDqCols + 16 * (l % 4);
+                 (part / Cfg::kDqSplitM) * Cfg::kDqCols + 16 * (l % kPartLoads);
     const Element lo[2] = {Element(x[l].x * softmax_scale), Element(x[l].y * softmax_scale)};
     const Element hi[2] = {Element(x[l].z * softmax_scale), Element(x[l].w * softmax_scale)};
     *reinterpret_cast<uint32_t*>(e) = *reinterpret_cast<const uint32_t*>(lo);

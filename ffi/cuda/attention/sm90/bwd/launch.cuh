@@ -10,7 +10,9 @@
 #include "ffi/cuda/attention/sm90/bwd/dq_kernel.cuh"
 #include "ffi/cuda/attention/sm90/bwd/kernel.cuh"
 #include "ffi/cuda/attention/sm90/bwd/launch.h"
+#include "ffi/cuda/attention/sm90/bwd/make_params.cuh"
 #include "ffi/cuda/attention/sm90/bwd/tail_sum.cuh"
+#include "ffi/cuda/attention/sm90/bwd/wide_launch.cuh"
 #include "ffi/cuda/attention/sm90/fwd/launch.cuh"  // CutlassType, DenseTensor
 
 namespace jax_sgl::cuda {
@@ -58,23 +60,14 @@ cudaError_t LaunchFlashBwdSm90Dq(const FlashBwdArgs& args, cudaStream_t stream) 
                         sizeof(typename Cfg::SharedStorage), stream, params);
 }
 
-}  // namespace sm90
-
+// hd64 / hd128: config.h's kernel, the tail split and the deterministic dQ kernel.
 template <typename T, int kHeadDim>
-cudaError_t LaunchFlashBwdSm90(const FlashBwdArgs& args, float* dq_accum, bool dq_kernel,
-                               cudaStream_t stream) {
+cudaError_t LaunchFlashBwdSm90Narrow(const FlashBwdArgs& args, float* dq_accum, bool dq_kernel,
+                                     cudaStream_t stream) {
   using Cfg = sm90::BwdConfig<typename sm90::CutlassType<T>::type, kHeadDim>;
   using namespace cute;
   const AttentionBwdParams& bp = args.bp;
   const AttentionParams& p = bp.fwd;
-  auto q = sm90::DenseTensor<Cfg>(p.q, p.seqlen_q, kHeadDim, p.num_heads, p.batch);
-  auto dout = sm90::DenseTensor<Cfg>(bp.dout, p.seqlen_q, kHeadDim, p.num_heads, p.batch);
-  auto k = sm90::DenseTensor<Cfg>(p.k, p.seqlen_k, kHeadDim, p.num_kv_heads, p.batch);
-  auto v = sm90::DenseTensor<Cfg>(p.v, p.seqlen_k, kHeadDim, p.num_kv_heads, p.batch);
-  auto dk = sm90::DenseTensor<Cfg>(bp.dk, p.seqlen_k, kHeadDim, p.num_kv_heads, p.batch);
-  auto dv = sm90::DenseTensor<Cfg>(bp.dv, p.seqlen_k, kHeadDim, p.num_kv_heads, p.batch);
-  using RowsTile = typename Cfg::SmemLayoutRowsTile;
-  using KVHalf = typename Cfg::SmemLayoutKVHalf;
   const int m_blocks = args.ws_rows / Cfg::kBlockM;
   const int n_blocks = (p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN;
   const int num_blocks = n_blocks * p.num_kv_heads * p.batch;
@@ -92,36 +85,11 @@ cudaError_t LaunchFlashBwdSm90(const FlashBwdArgs& args, float* dq_accum, bool d
   // Sm90BwdTailBytes: dK then dV, one 128-key block per SM each.
   static_assert(Cfg::kBlockN == 128, "Sm90BwdTailBytes sizes 128-key blocks");
   const int64_t tail_floats = int64_t(tail_blocks) * tail_splits * Cfg::kBlockN * kHeadDim;
-  sm90::BwdKernelParams<Cfg> params{
-      make_tma_copy(SM90_TMA_LOAD{}, q, RowsTile{}, typename Cfg::RowsD{}, _1{}),
-      make_tma_copy(SM90_TMA_LOAD{}, dout, RowsTile{}, typename Cfg::RowsD{}, _1{}),
-      make_tma_copy(SM90_TMA_LOAD{}, k, KVHalf{}, typename Cfg::KeysD{}, _1{}),
-      make_tma_copy(SM90_TMA_LOAD{}, v, KVHalf{}, typename Cfg::KeysD{}, _1{}),
-      make_tma_copy(SM90_TMA_STORE{}, dk, KVHalf{}, typename Cfg::KeysD{}, _1{}),
-      make_tma_copy(SM90_TMA_STORE{}, dv, KVHalf{}, typename Cfg::KeysD{}, _1{}),
-      q.shape(),
-      k.shape(),
-      args.lse_log2,
-      bp.softmax_d,
-      dq_accum,
-      p.seqused_k,
-      p.seqlen_q,
-      p.seqlen_k,
-      p.num_heads,
-      p.num_heads / p.num_kv_heads,
-      args.ws_rows,
-      p.softmax_scale,
-      p.softmax_scale * 1.4426950408889634f,
-      p.softcap > 0.f ? p.softmax_scale / p.softcap : 0.f,
-      p.softcap > 0.f ? p.softcap * 1.4426950408889634f : 0.f,
-      p.window_left,
-      p.window_right,
-      n_blocks,
-      num_blocks - tail_blocks,
-      tail_splits,
-      tail_blocks > 0 ? args.sm90_tail : nullptr,
-      tail_blocks > 0 ? args.sm90_tail + tail_floats : nullptr,
-  };
+  const auto params = sm90::MakeBwdKernelParams<Cfg, typename Cfg::SmemLayoutKVHalf>(
+      args, dq_accum,
+      {n_blocks, num_blocks - tail_blocks, tail_splits,
+       tail_blocks > 0 ? args.sm90_tail : nullptr,
+       tail_blocks > 0 ? args.sm90_tail + tail_floats : nullptr});
   cudaError_t err;
   if (dq_accum != nullptr &&
       (err = cudaMemsetAsync(dq_accum, 0, Sm90BwdDqAccumFloats(p, args.ws_rows) * sizeof(float),
@@ -155,6 +123,17 @@ cudaError_t LaunchFlashBwdSm90(const FlashBwdArgs& args, float* dq_accum, bool d
       dq_accum, static_cast<typename Cfg::Element*>(bp.dq), p.seqlen_q, p.num_heads, m_blocks,
       p.softmax_scale);
   return cudaGetLastError();
+}
+
+}  // namespace sm90
+
+template <typename T, int kHeadDim>
+cudaError_t LaunchFlashBwdSm90(const FlashBwdArgs& args, float* dq_accum, bool dq_kernel,
+                               cudaStream_t stream) {
+  if constexpr (kHeadDim > 128)
+    return sm90::LaunchFlashBwdSm90Wide<T, kHeadDim>(args, dq_accum, stream);
+  else
+    return sm90::LaunchFlashBwdSm90Narrow<T, kHeadDim>(args, dq_accum, dq_kernel, stream);
 }
 
 }  // namespace jax_sgl::cuda

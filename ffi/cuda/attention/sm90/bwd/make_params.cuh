@@ -1,0 +1,68 @@
+// BwdKernelParams of one call, for both shapes of the sm_90a backward's dK/dV kernel (config.h's
+// FlashBwdSm90Kernel and wide_config.h's FlashBwdSm90WideKernel): TMA descriptors over the dense
+// [batch, seq, heads, head_dim] tensors (K / V / dK / dV in boxes of KVBox, one consumer's half
+// or the whole tile) and the call's scalars. Host code; included by the launchers.
+#pragma once
+
+#include "ffi/cuda/attention/flash_bwd_launch.h"
+#include "ffi/cuda/attention/sm90/bwd/kernel.cuh"
+#include "ffi/cuda/attention/sm90/fwd/launch.cuh"  // DenseTensor
+
+namespace jax_sgl::cuda::sm90 {
+
+// Tail split fields of BwdKernelParams (kernel.cuh); {n_blocks, n_blocks, 0, nullptr, nullptr}
+// (every block whole) when off.
+struct BwdTailFields {
+  int n_blocks;
+  int num_whole;
+  int tail_splits;
+  float* tail_dk;
+  float* tail_dv;
+};
+
+template <typename Cfg, typename KVBox>
+BwdKernelParams<Cfg> MakeBwdKernelParams(const FlashBwdArgs& args, float* dq_accum,
+                                         const BwdTailFields& tail) {
+  constexpr int kD = Cfg::kHeadDim;
+  const AttentionBwdParams& bp = args.bp;
+  const AttentionParams& p = bp.fwd;
+  auto q = DenseTensor<Cfg>(p.q, p.seqlen_q, kD, p.num_heads, p.batch);
+  auto dout = DenseTensor<Cfg>(bp.dout, p.seqlen_q, kD, p.num_heads, p.batch);
+  auto k = DenseTensor<Cfg>(p.k, p.seqlen_k, kD, p.num_kv_heads, p.batch);
+  auto v = DenseTensor<Cfg>(p.v, p.seqlen_k, kD, p.num_kv_heads, p.batch);
+  auto dk = DenseTensor<Cfg>(bp.dk, p.seqlen_k, kD, p.num_kv_heads, p.batch);
+  auto dv = DenseTensor<Cfg>(bp.dv, p.seqlen_k, kD, p.num_kv_heads, p.batch);
+  using RowsTile = typename Cfg::SmemLayoutRowsTile;
+  return BwdKernelParams<Cfg>{
+      make_tma_copy(SM90_TMA_LOAD{}, q, RowsTile{}, typename Cfg::RowsD{}, _1{}),
+      make_tma_copy(SM90_TMA_LOAD{}, dout, RowsTile{}, typename Cfg::RowsD{}, _1{}),
+      make_tma_copy(SM90_TMA_LOAD{}, k, KVBox{}, typename Cfg::KeysD{}, _1{}),
+      make_tma_copy(SM90_TMA_LOAD{}, v, KVBox{}, typename Cfg::KeysD{}, _1{}),
+      make_tma_copy(SM90_TMA_STORE{}, dk, KVBox{}, typename Cfg::KeysD{}, _1{}),
+      make_tma_copy(SM90_TMA_STORE{}, dv, KVBox{}, typename Cfg::KeysD{}, _1{}),
+      q.shape(),
+      k.shape(),
+      args.lse_log2,
+      bp.softmax_d,
+      dq_accum,
+      p.seqused_k,
+      p.seqlen_q,
+      p.seqlen_k,
+      p.num_heads,
+      p.num_heads / p.num_kv_heads,
+      args.ws_rows,
+      p.softmax_scale,
+      p.softmax_scale * 1.4426950408889634f,
+      p.softcap > 0.f ? p.softmax_scale / p.softcap : 0.f,
+      p.softcap > 0.f ? p.softcap * 1.4426950408889634f : 0.f,
+      p.window_left,
+      p.window_right,
+      tail.n_blocks,
+      tail.num_whole,
+      tail.tail_splits,
+      tail.tail_dk,
+      tail.tail_dv,
+  };
+}
+
+}  // namespace jax_sgl::cuda::sm90

@@ -1,0 +1,297 @@
+// The sm_90a flash attention backward for the wide head dims (192, 256; dense layout):
+// FlashBwdSm90WideKernel, one CTA per (64 keys, kv head, batch); shapes and the per-step math are
+// in wide_config.h. It shares kernel.cuh's parameters (BwdKernelParams, without the tail split),
+// step order, masking rules, score math and dq_accum layout (DqAccumIndex per consumer part, so
+// FlashBwdSm90DqConvertKernel converts it); what differs is who owns what: the two consumers
+// split the head dim of dK, dV and dQ and the query rows of S^T / dP^T, and P^T, dS^T go through
+// smem because each consumer's dV / dK GEMM reads all of them.
+// dK and dV are stored once at the end through the K / V smem by TMA (deterministic); dQ needs
+// dq_accum (the deterministic mode does not run here: Sm90BwdUnsupported).
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
+#include <cutlass/pipeline/sm90_pipeline.hpp>
+
+#include "ffi/cuda/attention/sm90/bwd/kernel.cuh"
+#include "ffi/cuda/attention/sm90/bwd/wide_config.h"
+
+namespace jax_sgl::cuda::sm90 {
+
+// kSoftcap: the softcap path, else the plain one (one kernel each, as FlashBwdSm90Kernel).
+template <typename Cfg, bool kSoftcap>
+__global__ void __launch_bounds__(Cfg::kThreads, 1)
+    FlashBwdSm90WideKernel(CUTE_GRID_CONSTANT BwdKernelParams<Cfg> const params) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Element = typename Cfg::Element;
+  using Pipeline = typename Cfg::Pipeline;
+  using PipelineState = cutlass::PipelineState<Cfg::kStages>;
+  constexpr int kBlockM = Cfg::kBlockM;
+  constexpr int kBlockN = Cfg::kBlockN;
+  constexpr int kHalf = Cfg::kHalf;
+  constexpr int kScoreRows = Cfg::kScoreRows;
+  constexpr int kConsumerThreads = 128 * Cfg::kConsumers;
+
+  extern __shared__ __align__(1024) char smem_raw[];
+  auto& shared = *reinterpret_cast<typename Cfg::SharedStorage*>(smem_raw);
+
+  const int warpgroup = threadIdx.x / 128;
+  const int thread_in_wg = threadIdx.x % 128;
+  const int n_block = blockIdx.x;  // causal: low key blocks have the most rows, launched first
+  const int kv_head = blockIdx.y;
+  const int batch = blockIdx.z;
+  const int n0 = n_block * kBlockN;
+  // Keys of this sequence (seqused_k): as FlashBwdSm90Kernel.
+  const int k_len = params.seqused_k == nullptr
+                        ? params.seqlen_k
+                        : min(max(params.seqused_k[batch], 0), params.seqlen_k);
+  const RowBlocks rows(n0, kBlockM, kBlockN, params.seqlen_q, k_len, params.window_left,
+                       params.window_right);
+  const int m_steps = n0 < k_len ? rows.m_end - rows.m_begin : 0;  // per q head
+  const int steps = m_steps * params.group;
+
+  typename Pipeline::Params pipe_params;
+  pipe_params.transaction_bytes = Cfg::kRowsTileBytes + Cfg::kRowFloatsBytes;
+  pipe_params.role = warpgroup == 0 ? Pipeline::ThreadCategory::Producer
+                                    : Pipeline::ThreadCategory::Consumer;
+  pipe_params.is_leader = threadIdx.x == 0;
+  pipe_params.num_consumers = kConsumerThreads;
+  Pipeline pipe_q(shared.pipe_q, pipe_params, Shape<_1, _1, _1>{});
+  Pipeline pipe_do(shared.pipe_do, pipe_params, Shape<_1, _1, _1>{});
+  if (threadIdx.x == 0) shared.barrier_kv.init(1);
+  cutlass::arch::fence_barrier_init();
+  __syncthreads();
+
+  Tensor sK = make_tensor(make_smem_ptr(shared.k.data()), typename Cfg::SmemLayoutKV{});
+  Tensor sV = make_tensor(make_smem_ptr(shared.v.data()), typename Cfg::SmemLayoutKV{});
+  Tensor sQ = make_tensor(make_smem_ptr(shared.q.data()), typename Cfg::SmemLayoutRows{});
+  Tensor sdO = make_tensor(make_smem_ptr(shared.dout.data()), typename Cfg::SmemLayoutRows{});
+
+  if (warpgroup == 0) {
+    // ---- Producer ------------------------------------------------------------------------
+    cutlass::arch::warpgroup_reg_dealloc<Cfg::kProducerRegs>();
+    if (threadIdx.x != 0) return;
+    Tensor mK = params.tma_k.get_tma_tensor(params.kv_shape);
+    Tensor mV = params.tma_v.get_tma_tensor(params.kv_shape);
+    Tensor gK = local_tile(mK(_, _, kv_head, batch), typename Cfg::KeysD{}, make_coord(_, _0{}));
+    Tensor gV = local_tile(mV(_, _, kv_head, batch), typename Cfg::KeysD{}, make_coord(_, _0{}));
+    auto tK = tma_partition(params.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK),
+                            group_modes<0, 2>(gK));
+    auto tV = tma_partition(params.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV),
+                            group_modes<0, 2>(gV));
+    shared.barrier_kv.arrive_and_expect_tx(2 * Cfg::kKVTileBytes);
+    auto& bar_kv = reinterpret_cast<uint64_t&>(shared.barrier_kv);
+    copy(params.tma_k.with(bar_kv, 0), get<0>(tK)(_, n_block), get<1>(tK)(_, 0));
+    copy(params.tma_v.with(bar_kv, 0), get<0>(tV)(_, n_block), get<1>(tV)(_, 0));
+
+    Tensor mQ = params.tma_q.get_tma_tensor(params.q_shape);
+    Tensor mdO = params.tma_do.get_tma_tensor(params.q_shape);
+    PipelineState write_q = cutlass::make_producer_start_state<Pipeline>();
+    PipelineState write_do = cutlass::make_producer_start_state<Pipeline>();
+    // Step order: q head by q head, each over its row blocks.
+    for (int g = 0; g < (steps > 0 ? params.group : 0); ++g) {
+      const int head = kv_head * params.group + g;
+      Tensor gQ = local_tile(mQ(_, _, head, batch), typename Cfg::RowsD{}, make_coord(_, _0{}));
+      Tensor gdO = local_tile(mdO(_, _, head, batch), typename Cfg::RowsD{}, make_coord(_, _0{}));
+      auto tQ = tma_partition(params.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ),
+                              group_modes<0, 2>(gQ));
+      auto tdO = tma_partition(params.tma_do, _0{}, Layout<_1>{}, group_modes<0, 2>(sdO),
+                               group_modes<0, 2>(gdO));
+      const int64_t row_values = (int64_t(batch) * params.num_heads + head) * params.ws_rows;
+      for (int m = rows.m_begin; m < rows.m_end; ++m)
+        ProduceStep(params, shared, pipe_q, pipe_do, write_q, write_do, tQ, tdO, m, row_values);
+    }
+    return;
+  }
+
+  // ---- Consumers -------------------------------------------------------------------------
+  cutlass::arch::warpgroup_reg_alloc<Cfg::kConsumerRegs>();
+  const int consumer = warpgroup - 1;
+
+  Tensor sQt = make_tensor(make_smem_ptr(shared.q.data()), typename Cfg::SmemLayoutRowsT{});
+  Tensor sdOt = make_tensor(make_smem_ptr(shared.dout.data()), typename Cfg::SmemLayoutRowsT{});
+  Tensor sKt = make_tensor(make_smem_ptr(shared.k.data()), typename Cfg::SmemLayoutKt{});
+  Tensor sPt = make_tensor(make_smem_ptr(shared.p.data()), typename Cfg::SmemLayoutPt{});
+  Tensor sdSt = make_tensor(make_smem_ptr(shared.ds.data()), typename Cfg::SmemLayoutPt{});
+  Tensor sdS = make_tensor(make_smem_ptr(shared.ds.data()), typename Cfg::SmemLayoutDs{});
+
+  typename Cfg::MmaSdP mma_sdp;
+  typename Cfg::MmaKV mma_kv;
+  typename Cfg::MmaDq mma_dq;
+  auto thr_sdp = mma_sdp.get_thread_slice(thread_in_wg);
+  auto thr_kv = mma_kv.get_thread_slice(thread_in_wg);
+  auto thr_dq = mma_dq.get_thread_slice(thread_in_wg);
+
+  // Scores: this consumer's 32 query rows of the tile, against all 64 keys over the head dim.
+  using ScoreRows = Shape<Int<kScoreRows>, Int<Cfg::kHeadDim>, Int<Cfg::kStages>>;
+  Tensor tSrK = thr_sdp.partition_fragment_A(sK(_, _, 0));
+  Tensor tSrQ = thr_sdp.partition_fragment_B(
+      local_tile(sQ, ScoreRows{}, make_coord(consumer, _0{}, _0{})));  // [.., stage]
+  Tensor tdPrV = thr_sdp.partition_fragment_A(sV(_, _, 0));
+  Tensor tdPrdO = thr_sdp.partition_fragment_B(
+      local_tile(sdO, ScoreRows{}, make_coord(consumer, _0{}, _0{})));  // [.., stage]
+  // Where this consumer's P^T / dS^T columns go, as the S^T accumulator holds them: [.., buffer].
+  using ScoreCols = Shape<Int<kBlockN>, Int<kScoreRows>, _2>;
+  Tensor tPsP = thr_sdp.partition_C(local_tile(sPt, ScoreCols{}, make_coord(_0{}, consumer, _0{})));
+  Tensor tdSsdS =
+      thr_sdp.partition_C(local_tile(sdSt, ScoreCols{}, make_coord(_0{}, consumer, _0{})));
+  // dV / dK over this consumer's features: all of P^T / dS^T against dO / Q's columns.
+  using HalfRows = Shape<Int<kHalf>, Int<kBlockM>, Int<Cfg::kStages>>;
+  Tensor tdVrP = thr_kv.partition_fragment_A(sPt);    // [.., buffer]
+  Tensor tdKrdS = thr_kv.partition_fragment_A(sdSt);  // [.., buffer]
+  Tensor tdVrdO = thr_kv.partition_fragment_B(
+      local_tile(sdOt, HalfRows{}, make_coord(consumer, _0{}, _0{})));  // [.., stage]
+  Tensor tdKrQ = thr_kv.partition_fragment_B(
+      local_tile(sQt, HalfRows{}, make_coord(consumer, _0{}, _0{})));  // [.., stage]
+  // dQ part: this consumer's columns of the tile, against all 64 keys.
+  Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);  // [.., buffer]
+  Tensor tdQrK = thr_dq.partition_fragment_B(
+      local_tile(sKt, Shape<Int<kHalf>, Int<kBlockN>>{}, make_coord(consumer, _0{})));
+
+  Tensor tdVrdV = partition_fragment_C(mma_kv, typename Cfg::KeysHalf{});
+  Tensor tdKrdK = partition_fragment_C(mma_kv, typename Cfg::KeysHalf{});
+  clear(tdVrdV);
+  clear(tdKrdK);
+
+  const AccCoord coord(thread_in_wg);
+  const int key_base = n0 + coord.row0;  // key of accumulator row r = 0
+  const int diag = k_len - params.seqlen_q;
+
+  // K and V land even when there is no step: the epilogue reuses their smem.
+  shared.barrier_kv.wait(0);
+  PipelineState read_q, read_do;
+  for (int step = 0; step < steps; ++step) {
+    const int g = step / m_steps;
+    const int m = rows.m_begin + step % m_steps;
+    const int head = kv_head * params.group + g;
+    const int buf = step % 2;
+    const int row0 = m * kBlockM;
+    const int my_row0 = row0 + consumer * kScoreRows;  // query row of this consumer's column 0
+
+    Tensor tSrS = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kScoreRows>>{});
+    Tensor tdPrdP = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kScoreRows>>{});
+    pipe_q.consumer_wait(read_q);
+    Gemm<true, false>(mma_sdp, tSrK, tSrQ(_, _, _, read_q.index()), tSrS);
+    pipe_do.consumer_wait(read_do);
+    Gemm<true, false>(mma_sdp, tdPrV, tdPrdO(_, _, _, read_do.index()), tdPrdP);
+
+    // P^T = exp2(S^T scale log2e - lse2), zero where masked. Columns are query rows.
+    const float* lse2 = shared.lse2[read_q.index()] + consumer * kScoreRows + coord.col0;
+    const float* dsum = shared.dsum[read_do.index()] + consumer * kScoreRows + coord.col0;
+    // Unmasked: every row of the step (both consumers' halves) sees every key of the CTA.
+    const bool masked = StepMasked(params, row0, kBlockM, n0, kBlockN, k_len, diag);
+    auto lse = [&](int i) { return lse2[AccCoord::Col(i)]; };
+    auto d = [&](int i) { return dsum[AccCoord::Col(i)]; };
+    auto visible = [&](int i) {
+      return KeyVisible(params, key_base + AccCoord::Row(i),
+                        my_row0 + coord.col0 + AccCoord::Col(i), k_len, diag);
+    };
+    Tensor tPrP = make_tensor_like<Element>(tSrS);
+    if constexpr (!kSoftcap) {
+      warpgroup_wait<1>();
+      warpgroup_fence_operand(tSrS);  // no read of S^T above the wait
+      ScoresToP(tSrS, params.scale_log2, masked, lse, visible);
+#pragma unroll
+      for (int i = 0; i < size(tSrS); ++i) tPrP(i) = Element(tSrS(i));
+      // dS^T = P^T (dP^T - D).
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(tdPrdP);
+      PToDs(tSrS, tdPrdP, d);
+    } else {
+      // Softcap: x = cap tanh(s scale / cap), so dS^T also takes x' = 1 - tanh^2.
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(tSrS);
+      warpgroup_fence_operand(tdPrdP);
+#pragma unroll
+      for (int i = 0; i < size(tSrS); ++i) {
+        const float t = tanhf(tSrS(i) * params.softcap_scale);
+        const float p = !masked || visible(i)
+                            ? Exp2Ftz(fmaf(t, params.cap_log2, -lse2[AccCoord::Col(i)]))
+                            : 0.f;
+        tdPrdP(i) = p * (tdPrdP(i) - dsum[AccCoord::Col(i)]) * (1.f - t * t);
+        tPrP(i) = Element(p);
+      }
+    }
+    Tensor tdSrdS = make_tensor_like<Element>(tdPrdP);
+#pragma unroll
+    for (int i = 0; i < size(tdPrdP); ++i) tdSrdS(i) = Element(tdPrdP(i));
+    {
+      Tensor tPsP_buf = tPsP(_, _, _, buf);
+      Tensor tdSsdS_buf = tdSsdS(_, _, _, buf);
+      StorePairs(tPrP, tPsP_buf);
+      StorePairs(tdSrdS, tdSsdS_buf);
+    }
+    cutlass::arch::fence_view_async_shared();  // generic-proxy writes -> wgmma reads
+    cutlass::arch::NamedBarrier::sync(kConsumerThreads, uint32_t(BwdBarrier::kDsReady));
+
+    Gemm<false, false>(mma_kv, tdVrP(_, _, _, buf), tdVrdO(_, _, _, read_do.index()), tdVrdV);
+    if (params.dq_accum != nullptr) {
+      const int64_t dq_tile = ((int64_t(batch) * params.num_heads + head) *
+                                   (params.ws_rows / kBlockM) + m) * (kBlockM * Cfg::kHeadDim);
+      Tensor tdQrdQ = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHalf>>{});
+      Gemm<true, false>(mma_dq, tdQrdS(_, _, _, buf), tdQrK, tdQrdQ);
+      // dK after dQ: it runs while the dQ part is reduced (as in FlashBwdSm90Kernel).
+      Gemm<false, false>(mma_kv, tdKrdS(_, _, _, buf), tdKrQ(_, _, _, read_q.index()), tdKrdK);
+      warpgroup_wait<1>();  // dV and dQ done; dK runs on (it reads Q: released below)
+      warpgroup_fence_operand(tdQrdQ);
+      pipe_do.consumer_release(read_do);
+      float* dst = params.dq_accum + dq_tile + consumer * Cfg::kDqPartFloats;
+#pragma unroll
+      for (int j = 0; j < size(tdQrdQ) / 4; ++j)
+        RedAddV4(dst + DqAccumIndex(j, thread_in_wg), tdQrdQ(4 * j), tdQrdQ(4 * j + 1),
+                 tdQrdQ(4 * j + 2), tdQrdQ(4 * j + 3));
+      warpgroup_wait<0>();
+      pipe_q.consumer_release(read_q);
+    } else {
+      Gemm<false, false>(mma_kv, tdKrdS(_, _, _, buf), tdKrQ(_, _, _, read_q.index()), tdKrdK);
+      warpgroup_wait<0>();
+      pipe_q.consumer_release(read_q);
+      pipe_do.consumer_release(read_do);
+    }
+    ++read_q;
+    ++read_do;
+  }
+
+  // ---- Epilogue: dK (x softmax_scale) and dV -> the K / V smem -> TMA store ---------------
+  warpgroup_fence_operand(tdKrdK);
+  warpgroup_fence_operand(tdVrdV);
+  // Both consumers' dQ GEMMs read all of K: wait for both before overwriting it.
+  cutlass::arch::NamedBarrier::sync(kConsumerThreads, uint32_t(BwdBarrier::kMmaDone));
+  Tensor tdKsK = thr_kv.partition_C(
+      local_tile(sK(_, _, 0), typename Cfg::KeysHalf{}, make_coord(_0{}, consumer)));
+  Tensor tdVsV = thr_kv.partition_C(
+      local_tile(sV(_, _, 0), typename Cfg::KeysHalf{}, make_coord(_0{}, consumer)));
+  {
+    Tensor dk = make_tensor_like<Element>(tdKrdK);
+    Tensor dv = make_tensor_like<Element>(tdVrdV);
+#pragma unroll
+    for (int i = 0; i < size(tdKrdK); ++i) {
+      dk(i) = Element(tdKrdK(i) * params.softmax_scale);
+      dv(i) = Element(tdVrdV(i));
+    }
+    StorePairs(dk, tdKsK);
+    StorePairs(dv, tdVsV);
+  }
+  cutlass::arch::fence_view_async_shared();  // generic-proxy writes -> TMA reads
+  cutlass::arch::NamedBarrier::sync(kConsumerThreads, uint32_t(BwdBarrier::kEpilogue0));
+  // Each tile holds both consumers' halves: consumer 0 stores dK, consumer 1 dV.
+  auto store = [&](auto const& tma, auto const& tile) {
+    Tensor mdX = tma.get_tma_tensor(params.kv_shape);
+    Tensor gdX =
+        local_tile(mdX(_, _, kv_head, batch), typename Cfg::KeysD{}, make_coord(n_block, _0{}));
+    auto cta = tma.get_slice(_0{});
+    copy(tma, cta.partition_S(tile), cta.partition_D(gdX));
+    tma_store_arrive();
+    tma_store_wait<0>();
+  };
+  if (thread_in_wg == 0) {
+    if (consumer == 0)
+      store(params.tma_dk, sK(_, _, 0));
+    else
+      store(params.tma_dv, sV(_, _, 0));
+  }
+#endif
+}
+
+}  // namespace jax_sgl::cuda::sm90

@@ -1,0 +1,41 @@
+// Host launcher of the sm_90a flash attention backward for the wide head dims (192, 256;
+// wide_kernel.cuh): TMA descriptors for one call, then zero dq_accum, the dK/dV kernel (+ dQ
+// reductions) with one CTA per (64 keys, kv head, batch), and the dQ convert. No tail split (its
+// scratch is sized for config.h's 128-key blocks) and no deterministic dQ (Sm90BwdUnsupported
+// keeps those calls off this kernel). Included by launch.cuh.
+#pragma once
+
+#include "ffi/cuda/attention/common/launch.cuh"
+#include "ffi/cuda/attention/sm90/bwd/launch.h"
+#include "ffi/cuda/attention/sm90/bwd/make_params.cuh"
+#include "ffi/cuda/attention/sm90/bwd/wide_kernel.cuh"
+#include "ffi/cuda/attention/sm90/fwd/launch.cuh"  // CutlassType
+
+namespace jax_sgl::cuda::sm90 {
+
+template <typename T, int kHeadDim>
+cudaError_t LaunchFlashBwdSm90Wide(const FlashBwdArgs& args, float* dq_accum,
+                                   cudaStream_t stream) {
+  using Cfg = BwdWideConfig<typename CutlassType<T>::type, kHeadDim>;
+  const AttentionBwdParams& bp = args.bp;
+  const AttentionParams& p = bp.fwd;
+  if (dq_accum == nullptr) return cudaErrorInvalidValue;  // deterministic: not served here
+  const int m_blocks = args.ws_rows / Cfg::kBlockM;
+  const int n_blocks = (p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN;
+  const auto params = MakeBwdKernelParams<Cfg, typename Cfg::SmemLayoutKVTile>(
+      args, dq_accum, {n_blocks, n_blocks * p.num_kv_heads * p.batch, 0, nullptr, nullptr});
+  cudaError_t err = cudaMemsetAsync(
+      dq_accum, 0, Sm90BwdDqAccumFloats(p, args.ws_rows) * sizeof(float), stream);
+  if (err != cudaSuccess) return err;
+  auto kernel = p.softcap > 0.f ? FlashBwdSm90WideKernel<Cfg, true>
+                                : FlashBwdSm90WideKernel<Cfg, false>;
+  if ((err = LaunchWithSmem(kernel, dim3(n_blocks, p.num_kv_heads, p.batch), Cfg::kThreads,
+                            sizeof(typename Cfg::SharedStorage), stream, params)) != cudaSuccess)
+    return err;
+  FlashBwdSm90DqConvertKernel<Cfg><<<dim3(m_blocks, p.num_heads, p.batch), 256, 0, stream>>>(
+      dq_accum, static_cast<typename Cfg::Element*>(bp.dq), p.seqlen_q, p.num_heads, m_blocks,
+      p.softmax_scale);
+  return cudaGetLastError();
+}
+
+}  // namespace jax_sgl::cuda::sm90

@@ -1,0 +1,120 @@
+"""Gradients at head dims 192 and 256 on a Hopper GPU: the sm90 backward's wide kernel
+(ffi/cuda/attention/sm90/bwd/wide_kernel.cuh: 64-key CTAs whose two consumer warpgroups split the
+head dim), checked by FlashAttention's rule against a float64 oracle (tests/grad_rule.py), with
+NaN-poisoned gradient buffers. Skipped off compute capability 9.0 and where the build left the
+(head dim, dtype) out.
+
+Shapes are ragged: tails of the 64-row steps and 64-key blocks, keys shorter than queries (causal
+rows that see no key), seqused_k, GQA groups of 1, 3, 4 and 8; masks: none, causal, sliding
+window, softcap. Calls the wide kernel does not serve (deterministic=True, varlen,
+head_dim != head_dim_v) lower to the reference (no native backward call), checked here too.
+"""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_sgl
+from attention_cases import is_sm90_device
+from grad_rule import bwd_kernel, check_grads, dense_inputs
+
+pytestmark = pytest.mark.gpu
+
+if "xla_gpu_autotune_level" not in os.environ.get("XLA_FLAGS", ""):
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                             " --xla_gpu_autotune_level=0").strip()
+
+HEAD_DIMS = (192, 256)
+DTYPES = (jnp.bfloat16, jnp.float16)
+# (batch, seqlen_q, seqlen_k, num_heads, num_kv_heads): one row, ragged step / block tails, keys
+# shorter than queries, several 64-key blocks and q steps per CTA.
+SHAPES = [(3, 1, 300, 8, 1), (2, 19, 77, 6, 2), (1, 150, 130, 8, 2), (2, 333, 400, 4, 4)]
+MASKS = {"none": {}, "causal": {"causal": True}, "window": {"window": (37, 4)},
+         "softcap": {"softcap": 5.0, "causal": True}}
+
+
+def _built(head_dim, dtype):
+  built = jax_sgl.attention_backend_info()["kernels"].get("sm90_bwd", {})
+  return head_dim in built.get("head_dims", ()) and jnp.dtype(dtype).name in built.get("dtypes", ())
+
+
+@pytest.fixture(autouse=True)
+def _hopper(monkeypatch):
+  if not is_sm90_device():
+    pytest.skip("the wide sm90 backward needs a compute capability 9.0 device")
+  monkeypatch.delenv("JAX_SGL_DISABLE", raising=False)
+
+
+def _need(head_dim, dtype):
+  if not _built(head_dim, dtype):
+    pytest.skip(f"sm90 backward hdim{head_dim} {jnp.dtype(dtype).name} not in this build")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("mask", MASKS)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_dense(shape, mask, head_dim, dtype):
+  _need(head_dim, dtype)
+  q, k, v = dense_inputs(shape, head_dim, dtype, seed=head_dim + 3 * shape[1] + len(mask))
+  kw = MASKS[mask]
+  assert bwd_kernel(q, k, v, kw) == ("bwd", "sm90_bwd")
+  check_grads(q, k, v, kw)
+
+
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_seqused_k_and_lse_cotangent(head_dim):
+  """Ragged used keys (one empty sequence, one shorter than a key block) and a loss on lse."""
+  _need(head_dim, jnp.bfloat16)
+  q, k, v = dense_inputs((4, 150, 300, 8, 2), head_dim, jnp.bfloat16, seed=head_dim + 1)
+  used = jnp.asarray([300, 0, 45, 211], jnp.int32)
+  check_grads(q, k, v, {"seqused_k": used, "causal": True}, with_lse=True)
+  check_grads(q, k, v, {"seqused_k": used, "window": (100, 20)})
+
+
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_sinks(head_dim):
+  _need(head_dim, jnp.bfloat16)
+  q, k, v = dense_inputs((2, 19, 300, 6, 2), head_dim, jnp.bfloat16, seed=head_dim + 2)
+  sinks = jax.random.normal(jax.random.PRNGKey(5), (6,), jnp.float32)
+  check_grads(q, k, v, {"causal": True, "sinks": sinks})
+
+
+def test_long_sequence():
+  """Many q steps per key block and many key blocks: dq_accum sums from every CTA."""
+  _need(256, jnp.bfloat16)
+  q, k, v = dense_inputs((1, 2048, 2048, 8, 2), 256, jnp.bfloat16, seed=9)
+  check_grads(q, k, v, {"causal": True})
+
+
+def test_dk_dv_are_bitwise_reproducible():
+  """dK and dV are stored once per CTA, GQA heads summed in order: two runs agree bitwise (dQ
+  comes from float reductions: close only)."""
+  _need(256, jnp.bfloat16)
+  q, k, v = dense_inputs((2, 700, 700, 8, 2), 256, jnp.bfloat16, seed=4)
+  fn = jax.jit(jax.grad(lambda q, k, v: jax_sgl.attention(q, k, v, causal=True)
+                        .astype(jnp.float32).sum(), argnums=(0, 1, 2)))
+  first, second = [[np.asarray(x) for x in fn(q, k, v)] for _ in range(2)]
+  for name, a, b in zip("kv", first[1:], second[1:]):
+    np.testing.assert_array_equal(a.view(np.uint16), b.view(np.uint16), err_msg=f"d{name}")
+  a, b = first[0].astype(np.float32), second[0].astype(np.float32)
+  assert np.max(np.abs(a - b)) <= 1e-2 * np.max(np.abs(a)), "dq differs between runs"
+
+
+@pytest.mark.parametrize("kw", [{"deterministic": True}, {"head_dim_v": 128}],
+                         ids=["deterministic", "dv_ne_d"])
+def test_uncovered_calls_lower_to_the_reference(kw):
+  """What the wide kernel does not serve has no native backward call and still differentiates
+  correctly (the reference's vjp)."""
+  kw = dict(kw)
+  deterministic = kw.pop("deterministic", False)
+  d_v = kw.pop("head_dim_v", 256)
+  q, k, v = dense_inputs((2, 150, 200, 8, 2), 256, jnp.bfloat16, seed=13)
+  v = v[..., :d_v]
+  assert bwd_kernel(q, k, v, {"causal": True, "deterministic": deterministic}) is None
+  check_grads(q, k, v, {"causal": True}, deterministic=deterministic)
