@@ -11,14 +11,23 @@
 // allows it; other layouts (odd head_dim, unaligned rotary_dim, a pool stride that is not a whole
 // number of vectors) take the same kernel with kVec = 1.
 //
+// An fp8 pool (RopePoolParams::pool_dtype kF8E4M3) gets e4m3(x / scale) of the rotated k (the
+// k_rot values, in q's dtype) and of v, per KV head: the IEEE quotient (__fdiv_rn) and the
+// hardware's cvt.rn.satfinite.e4m3x2, bit for bit what the CPU's FromFloatE4m3 computes. A thread's
+// kVec features become kVec bytes; where its two vectors are adjacent in the row (interleaved
+// pairs, the unrotated tail) and the pool allows it, both go out as one 16-byte store (at bf16/fp16,
+// kVec = 8), else as two 8-byte stores (NeoX halves lie rotary_dim / 2 apart).
+//
 // Why the table: computing cos/sin per thread (12 threads per token share each pair at
 // Hq=32/Hkv=8) cost half the bandwidth on the H200 (50% of copy -> 95% with the table; see
 // benchmarks/RESULTS.md). inv_freq is the caller's float32 table (rope_math.h).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "ffi/common/dispatch.h"
 #include "ffi/common/rope_math.h"
@@ -99,15 +108,70 @@ __device__ __forceinline__ void RotatePairs(P& x0, P& x1, const float* cos_v, co
   }
 }
 
+// kVec e4m3 bytes of a quantized vector, in 32-bit words (one byte when kVec = 1).
+template <int kVec, bool kWords = (kVec >= 4)>
+struct alignas(kVec) Fp8Packed {
+  uint32_t w[kVec / 4];
+};
+template <int kVec>
+struct Fp8Packed<kVec, false> {
+  uint8_t b[kVec];
+};
+
+// e4m3(x[e] / scale) of the kVec features of x (FromFloatE4m3's rounding and saturation).
+template <int kVec, typename P>
+__device__ __forceinline__ Fp8Packed<kVec> Quantize(const P& x, float scale) {
+  Fp8Packed<kVec> out;
+  if constexpr (kVec >= 4) {
+#pragma unroll
+    for (int j = 0; j < kVec; j += 4) {
+      const float2 lo = make_float2(__fdiv_rn(x.Get(j), scale), __fdiv_rn(x.Get(j + 1), scale));
+      const float2 hi =
+          make_float2(__fdiv_rn(x.Get(j + 2), scale), __fdiv_rn(x.Get(j + 3), scale));
+      out.w[j / 4] = uint32_t(__nv_cvt_float2_to_fp8x2(lo, __NV_SATFINITE, __NV_E4M3)) |
+                     (uint32_t(__nv_cvt_float2_to_fp8x2(hi, __NV_SATFINITE, __NV_E4M3)) << 16);
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < kVec; ++j)
+      out.b[j] = __nv_cvt_float_to_fp8(__fdiv_rn(x.Get(j), scale), __NV_SATFINITE, __NV_E4M3);
+  }
+  return out;
+}
+
+// Both vectors of a thread into a pool row: as they are, or quantized into an e4m3 pool (as one
+// access of 2 * kVec bytes when `adjacent`: off1 == off0 + kVec and the pool aligned for it).
+template <typename P, int kVec, typename V>
+__device__ __forceinline__ void StorePoolRow(P* row, int off0, int off1, bool has_second,
+                                             bool adjacent, const V& y0, const V& y1,
+                                             float scale) {
+  if constexpr (std::is_same_v<P, f8e4m3_t>) {
+    const Fp8Packed<kVec> a = Quantize<kVec>(y0, scale);
+    if (adjacent) {
+      struct alignas(2 * kVec) Pair {
+        Fp8Packed<kVec> a, b;
+      };
+      *reinterpret_cast<Pair*>(row + off0) = Pair{a, Quantize<kVec>(y1, scale)};
+      return;
+    }
+    *reinterpret_cast<Fp8Packed<kVec>*>(row + off0) = a;
+    if (has_second) *reinterpret_cast<Fp8Packed<kVec>*>(row + off1) = Quantize<kVec>(y1, scale);
+  } else {
+    *reinterpret_cast<V*>(row + off0) = y0;
+    if (has_second) *reinterpret_cast<V*>(row + off1) = y1;
+  }
+}
+
 // Per-launch geometry derived once on the host from RopePoolParams.
 struct Geometry {
   int rot_groups;        // rotary_dim / (2 * kVec): groups holding rotated pairs
   int groups;            // rot_groups + unrotated-tail groups, per head row
   int heads_total;       // num_qo_heads + 2 * num_kv_heads (q, k, v rows of one token)
   int threads_per_token; // groups * ceil(heads_total / kHeadsPerThread)
+  bool pair_stores;      // an fp8 pool aligned for 2 * kVec-byte stores of adjacent vectors
 };
 
-template <typename T, typename I, int kVec>
+template <typename T, typename P, typename I, int kVec>
 __global__ void __launch_bounds__(kBlockThreads) RopePoolKernel(RopePoolParams p, Geometry geo) {
   using V = Packed<T, kVec>;
   // (cos, sin) of every rotation pair of the block's tokens: [blockDim.y][rotary_dim / 2].
@@ -199,31 +263,32 @@ __global__ void __launch_bounds__(kBlockThreads) RopePoolKernel(RopePoolParams p
       else
         RotatePairs<kVec, false>(y0, y1, cos_v, sin_v);
     }
-    T* dst;
-    T* pool_dst = nullptr;
-    if (h < hq) {
-      dst = static_cast<T*>(p.q_rot) + t * q_row + h * d;
-    } else if (!is_v) {
-      dst = static_cast<T*>(p.k_rot) + t * kv_row + (h - hq) * d;
-      if (write_pool)
-        pool_dst = static_cast<T*>(p.k_pool) + slot * p.pool_row_stride +
-                   (h - hq) * p.pool_head_stride;
-    } else {
-      dst = static_cast<T*>(p.v_pool) + slot * p.pool_row_stride +
-            (h - hq - hkv) * p.pool_head_stride;
+    const bool adjacent = geo.pair_stores && has_second && off1 == off0 + kVec;
+    if (is_v) {
+      const int kh = h - hq - hkv;
+      StorePoolRow<P, kVec>(static_cast<P*>(p.v_pool) + slot * p.pool_row_stride +
+                                kh * p.pool_head_stride,
+                            off0, off1, has_second, adjacent, y0, y1,
+                            p.v_scale ? p.v_scale[kh] : 1.f);
+      continue;
     }
+    T* dst = h < hq ? static_cast<T*>(p.q_rot) + t * q_row + h * d
+                    : static_cast<T*>(p.k_rot) + t * kv_row + (h - hq) * d;
     *reinterpret_cast<V*>(dst + off0) = y0;
     if (has_second) *reinterpret_cast<V*>(dst + off1) = y1;
-    if (pool_dst) {
-      *reinterpret_cast<V*>(pool_dst + off0) = y0;
-      if (has_second) *reinterpret_cast<V*>(pool_dst + off1) = y1;
+    if (h >= hq && write_pool) {
+      const int kh = h - hq;
+      StorePoolRow<P, kVec>(static_cast<P*>(p.k_pool) + slot * p.pool_row_stride +
+                                kh * p.pool_head_stride,
+                            off0, off1, has_second, adjacent, y0, y1,
+                            p.k_scale ? p.k_scale[kh] : 1.f);
     }
   }
 }
 
 bool Aligned(const void* ptr, int bytes) { return reinterpret_cast<uintptr_t>(ptr) % bytes == 0; }
 
-template <typename T, typename I, int kVec>
+template <typename T, typename P, typename I, int kVec>
 cudaError_t Launch(cudaStream_t stream, const RopePoolParams& p) {
   Geometry geo;
   geo.rot_groups = p.rotary_dim / (2 * kVec);
@@ -232,6 +297,10 @@ cudaError_t Launch(cudaStream_t stream, const RopePoolParams& p) {
   geo.heads_total = p.num_qo_heads + 2 * p.num_kv_heads;
   geo.threads_per_token =
       geo.groups * ((geo.heads_total + kHeadsPerThread - 1) / kHeadsPerThread);
+  constexpr int kPairBytes = 2 * kVec * int(sizeof(P));
+  geo.pair_stores = !std::is_same_v<P, T> && p.pool_row_stride % (2 * kVec) == 0 &&
+                    p.pool_head_stride % (2 * kVec) == 0 && Aligned(p.k_pool, kPairBytes) &&
+                    Aligned(p.v_pool, kPairBytes);
   // x: the threads of one token (split over blockIdx.y when more than a block); y: tokens.
   const int bx = std::min(geo.threads_per_token, kBlockThreads);
   const int by = std::max(1, kBlockThreads / bx);
@@ -239,20 +308,21 @@ cudaError_t Launch(cudaStream_t stream, const RopePoolParams& p) {
   const dim3 grid(unsigned((p.num_tokens + by - 1) / by),
                   unsigned((geo.threads_per_token + bx - 1) / bx));
   const size_t smem = size_t(by) * (p.rotary_dim / 2) * sizeof(float2);
-  RopePoolKernel<T, I, kVec><<<grid, block, smem, stream>>>(p, geo);
+  RopePoolKernel<T, P, I, kVec><<<grid, block, smem, stream>>>(p, geo);
   return cudaGetLastError();
 }
 
-template <typename T, typename I>
+template <typename T, typename P, typename I>
 cudaError_t LaunchForLayout(cudaStream_t stream, const RopePoolParams& p) {
   constexpr int kVec = kAccessBytes / sizeof(T);
+  constexpr int kPoolBytes = kVec * sizeof(P);  // an fp8 pool's vectors are kVec bytes
   const bool vectorizable = p.head_dim % kVec == 0 && p.rotary_dim % (2 * kVec) == 0 &&
                             p.pool_row_stride % kVec == 0 && p.pool_head_stride % kVec == 0 &&
                             Aligned(p.q, kAccessBytes) && Aligned(p.k, kAccessBytes) &&
                             Aligned(p.v, kAccessBytes) && Aligned(p.q_rot, kAccessBytes) &&
-                            Aligned(p.k_rot, kAccessBytes) && Aligned(p.k_pool, kAccessBytes) &&
-                            Aligned(p.v_pool, kAccessBytes);
-  return vectorizable ? Launch<T, I, kVec>(stream, p) : Launch<T, I, 1>(stream, p);
+                            Aligned(p.k_rot, kAccessBytes) && Aligned(p.k_pool, kPoolBytes) &&
+                            Aligned(p.v_pool, kPoolBytes);
+  return vectorizable ? Launch<T, P, I, kVec>(stream, p) : Launch<T, P, I, 1>(stream, p);
 }
 
 }  // namespace
@@ -261,8 +331,13 @@ cudaError_t LaunchRopePool(cudaStream_t stream, const RopePoolParams& p) {
   if (p.num_tokens == 0) return cudaSuccess;
   return DispatchFloat(p.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    return p.index_type == IndexType::kI32 ? LaunchForLayout<T, int32_t>(stream, p)
-                                           : LaunchForLayout<T, int64_t>(stream, p);
+    auto for_pool = [&](auto pool_tag) {
+      using P = typename decltype(pool_tag)::type;
+      return p.index_type == IndexType::kI32 ? LaunchForLayout<T, P, int32_t>(stream, p)
+                                             : LaunchForLayout<T, P, int64_t>(stream, p);
+    };
+    return p.pool_dtype == DType::kF8E4M3 ? for_pool(TypeTag<f8e4m3_t>{})
+                                          : for_pool(TypeTag<T>{});
   });
 }
 
