@@ -247,18 +247,6 @@ def test_wide_backward_disable_switch(monkeypatch):
   assert [d for d, _ in kernels] == ["fwd"], kernels
 
 
-def test_rope_into_an_fp8_pool_raises_on_cuda():
-  q, k = _sds((8, 4, 64)), _sds((8, 2, 64))
-  pos, slots = _sds((8,), jnp.int32), _sds((8,), jnp.int32)
-  pool = _sds((64, 2, 64), jnp.float8_e4m3fn)
-  scale = _sds((2,), jnp.float32)
-  f = lambda q, k, v, p, s, kp, vp, ks, vs: jax_sgl.rope_pool_fused(
-      q, k, v, p, s, kp, vp, k_scale=ks, v_scale=vs)
-  lowered = jax.jit(f).trace(q, k, k, pos, slots, pool, pool, scale, scale)
-  with pytest.raises(NotImplementedError, match="fp8 .e4m3. pool runs on the CPU only"):
-    lowered.lower(lowering_platforms=("cuda",))
-
-
 # ---- Blackwell (compute capability 10.0): the sm100 forward (sm100/fwd/dispatch.cc says what it
 # covers); what it leaves runs where it would on any other GPU.
 
