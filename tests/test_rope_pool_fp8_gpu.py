@@ -1,6 +1,6 @@
-"""rope_pool_fused into an e4m3 pool on the CUDA backend against the CPU kernel, bit for bit: the
-same rotated k_rot, the same quantized bytes (IEEE x / scale, round to nearest even, saturating
-at +-448) in every written row, every other byte of a NaN-poisoned pool untouched. Vectorized
+"""rope_pool_fused into an e4m3 pool on the CUDA backend against the CPU kernel: k_rot within the
+dtype's rounding, and bit for bit the quantized bytes of that k_rot and of v (IEEE x / scale,
+round to nearest even, saturating at +-448) in every written row, every other byte of a NaN-poisoned pool untouched. Vectorized
 (16-byte and 8-byte pool stores) and scalar layouts, NeoX and interleaved pairs, separate pools and
 the fused kv_buffer, per-tensor and per-KV-head scales.
 
@@ -17,6 +17,7 @@ pytestmark = pytest.mark.gpu
 
 TARGET = "jax_sgl_rope_pool_fwd"
 E4M3 = jnp.float8_e4m3fn
+TOL = {jnp.dtype(jnp.float32): 2e-5, jnp.dtype(jnp.float16): 2e-3, jnp.dtype(jnp.bfloat16): 1.6e-2}
 
 
 @pytest.fixture(scope="module")
@@ -45,12 +46,24 @@ def run_on(device, fn, args):
 
 
 def compare(devices, fn, args):
+  """q_rot / k_rot as the CPU kernel's within the dtype's rounding (sin/cos differ by ulps between
+  the two); every pool byte as the CPU kernel writes it from the GPU's own k_rot: the CPU run at
+  position 0 (cos 1, sin 0: k_rot passes unrotated) quantizes the same values, so the quantizing
+  write is checked bit for bit, padding slots and untouched NaN bytes included."""
   gpu, cpu = devices
   assert TARGET in jax.jit(fn).lower(*[jax.device_put(a, gpu) for a in args]).as_text()
+  q, _, v, positions, *rest = args
   got = run_on(gpu, fn, args)
   want = run_on(cpu, fn, args)
-  for g, w in zip(got, want):
+  tol = TOL[jnp.dtype(q.dtype)]
+  for g, w in zip(got[:2], want[:2]):
     assert g.dtype == w.dtype and g.shape == w.shape
+    np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(w, np.float32), rtol=tol,
+                               atol=tol)
+  k_rot = jax.device_put(got[1], cpu)
+  want = run_on(cpu, fn, (q, k_rot, v, jnp.zeros_like(positions), *rest))
+  for g, w in zip(got[2:], want[2:]):
+    assert g.dtype == w.dtype == E4M3 and g.shape == w.shape
     np.testing.assert_array_equal(u8(g), u8(w))
 
 
