@@ -18,7 +18,8 @@ static float Quotient(float x, float scale, float inv) {
   const float q0 = x * inv;
   const float q1 = fmaf(fmaf(-q0, scale, x), inv, q0);
   const float q2 = fmaf(fmaf(-q1, scale, x), inv, q1);
-  return fabsf(q0) <= 3.402823466e38f ? q2 : q0;
+  // q0 or q1 past the largest float: the quotient overflows (a later step would make NaN of it).
+  return fabsf(q0) > 3.402823466e38f || isnan(q0) ? q0 : fabsf(q1) > 3.402823466e38f ? q1 : q2;
 }
 
 int main(int argc, char** argv) {

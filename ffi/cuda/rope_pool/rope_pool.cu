@@ -138,7 +138,9 @@ struct ScaleDivider {
     const float q0 = x * inv;
     const float q1 = fmaf(fmaf(-q0, scale, x), inv, q0);
     const float q2 = fmaf(fmaf(-q1, scale, x), inv, q1);
-    return fabsf(q0) <= 3.402823466e38f ? q2 : q0;   // inf and NaN pass as x * inv
+    // Past the largest float at q0 or q1 the quotient overflows (the next step would make NaN of
+    // the infinity); NaN x passes as x * inv.
+    return !(fabsf(q0) <= 3.402823466e38f) ? q0 : fabsf(q1) > 3.402823466e38f ? q1 : q2;
   }
 };
 
