@@ -100,11 +100,14 @@ def test_kv_buffer(devices, dtype, is_neox, head_dim_pad):
   compare(devices, fn, (q, k, v, pos, slots, buf))
 
 
-def test_specials(devices):
-  """inf and NaN in v: +-448 and NaN, as on the CPU."""
+@pytest.mark.parametrize("v_scale", [1.0, float.fromhex("0x1.e18c6ap-19")])
+def test_specials(devices, v_scale):
+  """inf and NaN in v: +-448 and NaN, as on the CPU; a quotient that overflows float32 (the second
+  scale makes one of v's values exactly -2^128 / scale's rounding) saturates too."""
   q, k, v, pos, _, pool = make_inputs(3, 4, 4, 2, 64, 8, jnp.float32, (8, 2, 64))
-  v = v.at[0, 0, :4].set(jnp.array([jnp.inf, -jnp.inf, jnp.nan, 1e30], jnp.float32))
+  v = v.at[0, 0, :6].set(jnp.array([jnp.inf, -jnp.inf, jnp.nan, 1e30, float.fromhex(
+      "-0x1.e18c6ap+109"), 3.4e38], jnp.float32))
   slots = jnp.arange(4, dtype=jnp.int32)
   fn = lambda q, k, v, p, s, kp, vp: jax_sgl.rope_pool_fused(q, k, v, p, s, kp, vp,
-                                                             k_scale=1.0, v_scale=1.0)
+                                                             k_scale=1.0, v_scale=v_scale)
   compare(devices, fn, (q, k, v, pos, slots, pool, pool))
