@@ -33,7 +33,7 @@ for _name, _capsule in _ext.cuda_targets().items():
 
 
 # Native dtype names of the sm90 kernel list (ffi/cuda/attention/sm90/kernel_list.h).
-_DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16"}
+_DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16", "e4m3": "float8_e4m3fn"}
 
 
 def _instantiations(text: str) -> dict:
@@ -98,6 +98,16 @@ def sm90_bwd_built(head_dim: int, dtype) -> bool:
     return False
   pairs = [name.removeprefix("hdim").split("_") for name in
            _ext.attention_kernels()["sm90_bwd"].split()]
+  return any(int(d) == head_dim and _DTYPE_NAMES.get(t, t) == jnp.dtype(dtype).name
+             for d, t in pairs)
+
+
+def sm90_fwd_built(head_dim: int, dtype) -> bool:
+  """Whether this build holds the sm90 forward for exactly (head_dim, dtype)."""
+  if not CUDA_TARGETS:
+    return False
+  pairs = [name.removeprefix("hdim").split("_") for name in
+           _ext.attention_kernels()["sm90_fwd"].split()]
   return any(int(d) == head_dim and _DTYPE_NAMES.get(t, t) == jnp.dtype(dtype).name
              for d, t in pairs)
 
