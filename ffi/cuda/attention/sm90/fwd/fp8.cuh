@@ -27,6 +27,19 @@ __host__ __device__ constexpr int Fp8KeyOfColumn(int k) {
   return (k & ~15) | (k & 1) | ((k >> 2) & 1) << 1 | ((k >> 3) & 1) << 2 | ((k >> 1) & 1) << 3;
 }
 
+// The two users of the order agree with it: AccToAFp8 puts accumulator column 8 (v / 2) + 2 c +
+// v % 2 at A column 4 c + v; TransposeV reads keys 2 kb + {0, 1, 8, 9} for V^T columns 4 kb + i.
+constexpr bool Fp8KeyOrderConsistent() {
+  for (int k = 0; k < 16; ++k) {
+    const int c = k / 4, v = k % 4;
+    if (Fp8KeyOfColumn(k) != 8 * (v / 2) + 2 * c + v % 2) return false;
+    if (Fp8KeyOfColumn(k) != 2 * c + (v & 1) + 8 * (v >> 1)) return false;
+    if (Fp8KeyOfColumn(k + 16) != 16 + Fp8KeyOfColumn(k)) return false;
+  }
+  return true;
+}
+static_assert(Fp8KeyOrderConsistent());
+
 // Four floats -> four e4m3 bytes (IEEE round to nearest, saturating at +-448), x0 lowest.
 __device__ __forceinline__ uint32_t PackE4m3x4(float x0, float x1, float x2, float x3) {
   uint16_t lo, hi;
