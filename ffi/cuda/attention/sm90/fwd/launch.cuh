@@ -32,8 +32,9 @@ auto KvTensor(const void* ptr, int rows, int head_dim, int heads, int blocks, in
                      make_stride(row, _1{}, head, row * rows));
 }
 
-// [rows, head_dim, heads, batch] view of a dense [batch, rows, heads, head_dim] buffer of E.
-template <typename E>
+// [rows, head_dim, heads, batch] view of a dense [batch, rows, heads, head_dim] buffer of E
+// (the config's element, or its output's: bf16 O of an fp8 forward).
+template <typename Cfg, typename E = typename Cfg::Element>
 auto DenseTensor(const void* ptr, int rows, int head_dim, int heads, int batch) {
   const int64_t row = int64_t(heads) * head_dim;
   return make_tensor(make_gmem_ptr(static_cast<E*>(const_cast<void*>(ptr))),
@@ -77,12 +78,13 @@ cudaError_t LaunchFlashFwdSm90(const AttentionParams& p, void* scratch, cudaStre
   // Varlen views every tensor as packed rows (dense q or k alike: [batch * seqlen] rows).
   const int rows_q = varlen ? int(p.total_q) : p.seqlen_q;
   const int rows_k = varlen ? int(p.total_k) : p.seqlen_k;
-  auto q = sm90::DenseTensor<typename Cfg::Element>(p.q, rows_q, kHeadDim, p.num_heads, tile_batches);
+  auto q = sm90::DenseTensor<Cfg>(p.q, rows_q, kHeadDim, p.num_heads, tile_batches);
   auto k = sm90::KvTensor<Cfg>(p.k, rows_k, kHeadDim, p.num_kv_heads, tile_batches,
                                p.k_row_stride, p.k_head_stride);
   auto v = sm90::KvTensor<Cfg>(p.v, rows_k, kHeadDim, p.num_kv_heads, tile_batches,
                                p.v_row_stride, p.v_head_stride);
-  auto o = sm90::DenseTensor<typename Cfg::ElementOut>(p.out, rows_q, kHeadDim, p.num_heads, tile_batches);
+  auto o = sm90::DenseTensor<Cfg, typename Cfg::ElementOut>(p.out, rows_q, kHeadDim, p.num_heads,
+                                                            tile_batches);
   using KVTile = Shape<Int<Cfg::kBlockN>, Int<kHeadDim>>;
   // Paged: the pool's page view (dispatch.cc checked page_size % kPageBoxRows == 0). Other calls
   // leave the page descriptors empty: their kernels never read them.
