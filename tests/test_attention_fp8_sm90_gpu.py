@@ -7,11 +7,12 @@ problem. The GPU output is held to a float64 oracle on them (attention_cases.nai
 FlashAttention's rule: its error at most 3x that of the same math done in the kernel's
 precision (scores and softmax in float32, P rounded to e4m3 before P V, as FlashAttention-3's
 fp8 test rounds its reference's P, O in bf16), plus a float32-noise floor. The CPU kernel on the
-same inputs is held to the same bound, LSE to the oracle's within float32 noise. The matrix: head
-dims 64 / 128, odd lengths that end mid-tile, q longer and shorter than k, GQA, causal, sliding
-window, softcap, sinks, varlen q/k (an empty sequence, seqused_k), and descales per (batch, kv
-head), per kv head and per tensor. Skipped without a compute capability 9.0 device or the
-e4m3 instantiation; outputs are poisoned beforehand so unwritten elements show up as NaN.
+same inputs is held to the same bound, LSE to the oracle's within float32 noise. The matrix:
+head dims 64 / 128 / 256, odd lengths that end mid-tile, q longer and shorter than k, GQA,
+causal, sliding window, softcap, sinks, varlen q/k (an empty sequence, seqused_k), and descales
+per (batch, kv head), per kv head and per tensor. Skipped without a compute capability 9.0
+device or the e4m3 instantiation; outputs are poisoned beforehand so unwritten elements show up
+as NaN.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from attention_cases import is_sm90_device, naive_attention, poison_allocator
 pytestmark = pytest.mark.gpu
 
 E4M3 = jnp.float8_e4m3fn
-HEAD_DIMS = (64, 128)
+HEAD_DIMS = (64, 128, 256)
 # (batch, seqlen_q, seqlen_k, num_heads, num_kv_heads).
 SHAPES = {
     "aligned": (1, 256, 384, 2, 2),

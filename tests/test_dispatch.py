@@ -423,7 +423,7 @@ def test_fp8_kv_buffer_decodes_like_a_page_pool(page, want):
 
 
 # The Hopper fp8 forward (sm90/fwd/fp8.cuh): e4m3 q/k/v with per-head descales, dense or varlen
-# k/v, head dims 64 / 128. The Python gate emits the native call only when every local CUDA device
+# k/v, head dims 64 / 128 / 256. The Python gate emits the native call only when every local CUDA device
 # is Hopper (mocked here); off Hopper, or for what it lacks, sm90 does not take the call (the
 # portable kernel or the dispatch's reason does).
 E4M3 = jnp.float8_e4m3fn
@@ -443,7 +443,7 @@ def _fp8_kernels(cc, q, k, v, *extra, **kwargs):
   return kernels[0][1]
 
 
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("kwargs", [{}, {"causal": True}, {"window": (100, 0)},
                                     {"softcap": 30.0}], ids=["full", "causal", "window", "softcap"])
 def test_fp8_prefill_runs_sm90_on_hopper_only(monkeypatch, head_dim, kwargs):
@@ -477,7 +477,7 @@ def test_fp8_disable_switch(monkeypatch):
   assert kernel != "sm90"
 
 
-@pytest.mark.parametrize("head_dim", [96, 256])
+@pytest.mark.parametrize("head_dim", [96, 192])
 def test_fp8_head_dims_without_the_hopper_kernel(monkeypatch, head_dim):
   monkeypatch.setattr(_registration, "local_cuda_devices_are_hopper", lambda: True)
   try:

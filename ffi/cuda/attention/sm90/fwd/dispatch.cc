@@ -6,7 +6,8 @@
 // kernel. Paged k/v runs on it at any page size (TMA boxes for multiples of 16, else the
 // producer's cp.async gather, Sm90PagedGather); paged calls of few q rows per sequence pack the
 // GQA group's heads into the tile rows (Sm90PackGqa). e4m3 q/k/v (bf16 out) run on the fp8
-// instantiations (instantiations.json sm90_fwd_e4m3) over dense and varlen k/v.
+// instantiations (instantiations.json sm90_fwd_e4m3, head dims 64 / 128 / 256) over dense and
+// varlen k/v.
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
