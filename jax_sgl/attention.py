@@ -68,7 +68,7 @@ _native_rule = ffi_rule(TARGET)
 
 
 # The Hopper fp8 forward's head dims (ffi/cuda/attention/instantiations.json sm90_fwd_e4m3).
-SM90_FP8_HEAD_DIMS = (64, 128)
+SM90_FP8_HEAD_DIMS = (64, 128, 256)
 
 
 def _sm90_fp8_serves(spec: AttentionSpec, q_dtype, k_dtype, v_dtype) -> bool:
