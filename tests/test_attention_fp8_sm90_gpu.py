@@ -24,6 +24,7 @@ import pytest
 
 import jax_sgl
 from attention_cases import is_sm90_device, naive_attention, poison_allocator
+from jax_sgl._plan import cuda_attention_kernels
 
 pytestmark = pytest.mark.gpu
 
@@ -136,6 +137,12 @@ def _check(q, k, v, qd, kd, vd, kind, rows_batch_q, rows_batch_k, static, arrays
   ref = _same_math(q64, k64, v64, **static, **arrays)
   kwargs = dict(static, q_descale=_fit(qd, kind), k_descale=_fit(kd, kind),
                 v_descale=_fit(vd, kind), **arrays)
+  # The call must reach the fp8 kernel, not a fallback that would pass for it.
+  operands = {n: np.asarray(x) for n, x in kwargs.items() if n not in static}
+  planned = cuda_attention_kernels(
+      lambda q, k, v, a: jax_sgl.attention(q, k, v, **static, **a), q, k, v, operands,
+      compute_capability=(9, 0))
+  assert planned == [("fwd", "sm90")], planned
   poison_allocator(want.size * 2 + want_lse.size * 4)
   out, lse = _run(_gpu(), q, k, v, kwargs)
   assert out.dtype == jnp.bfloat16 and out.shape == want.shape
