@@ -168,7 +168,9 @@ bool Sm90TailSplitRequested(const AttentionParams& p) {
 }
 
 size_t Sm90ScratchBytes(const AttentionParams& p, int num_sms) {
-  if (!Sm90TailSplitRequested(p) || !sm90::FwdTile(p.head_dim).persistent)
+  const sm90::FwdTileSize tile =
+      Sm90Fp8Operands(p) ? sm90::FwdTileFp8(p.head_dim) : sm90::FwdTile(p.head_dim);
+  if (!Sm90TailSplitRequested(p) || !tile.persistent)
     return kSm90CounterBytes;
   return kSm90CounterBytes + Sm90TailBytes(num_sms, std::max(p.head_dim, p.head_dim_v));
 }
