@@ -33,7 +33,7 @@ for _name, _capsule in _ext.cuda_targets().items():
 
 
 # Native dtype names of the sm90 kernel list (ffi/cuda/attention/sm90/kernel_list.h).
-_DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16"}
+_DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16", "e4m3": "float8_e4m3fn"}
 
 
 def _instantiations(text: str) -> dict:
@@ -92,14 +92,25 @@ def sm90_absent_reason() -> str | None:
   return "trimmed out of this build (JAX_SGL_SM90_HEAD_DIMS is empty)"
 
 
-def sm90_bwd_built(head_dim: int, dtype) -> bool:
-  """Whether this build holds the sm90 backward for exactly (head_dim, dtype)."""
+def _sm90_built(family: str, head_dim: int, dtype) -> bool:
+  """Whether this build holds the sm90 `family` ("sm90_fwd", "sm90_bwd") kernel for exactly
+  (head_dim, dtype)."""
   if not CUDA_TARGETS:
     return False
   pairs = [name.removeprefix("hdim").split("_") for name in
-           _ext.attention_kernels()["sm90_bwd"].split()]
+           _ext.attention_kernels()[family].split()]
   return any(int(d) == head_dim and _DTYPE_NAMES.get(t, t) == jnp.dtype(dtype).name
              for d, t in pairs)
+
+
+def sm90_bwd_built(head_dim: int, dtype) -> bool:
+  """Whether this build holds the sm90 backward for exactly (head_dim, dtype)."""
+  return _sm90_built("sm90_bwd", head_dim, dtype)
+
+
+def sm90_fwd_built(head_dim: int, dtype) -> bool:
+  """Whether this build holds the sm90 forward for exactly (head_dim, dtype)."""
+  return _sm90_built("sm90_fwd", head_dim, dtype)
 
 
 def local_cuda_devices_are_hopper() -> bool:

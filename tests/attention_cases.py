@@ -92,10 +92,12 @@ def reference_attention(q, k, v, *, causal=False, softmax_scale=None, window=(-1
 
 
 def naive_attention(q, k, v, *, causal=False, window=(-1, -1), softcap=0.0, sinks=None,
-                    return_lse=False, softmax_scale=None, **arrays):
+                    return_lse=False, softmax_scale=None, p_round=None, **arrays):
   """A per-sequence, per-head NumPy loop in float64: an oracle independent of reference.py.
   With `sinks` each head's logit joins the denominator; `return_lse` adds lse per (row, head)
-  in q's row layout ([B, Sq, H] or [total_q, H]; rows of no sequence are left out)."""
+  in q's row layout ([B, Sq, H] or [total_q, H]; rows of no sequence are left out). `p_round`
+  rounds the unnormalized probabilities (relative to the row max) before P V, the denominator
+  staying unrounded: a kernel's P precision (the fp8 kernels' e4m3 P)."""
   q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
   cu_q, cu_k = arrays.get("cu_seqlens_q"), arrays.get("cu_seqlens_k")
   table, used = arrays.get("page_table"), arrays.get("seqused_k")
@@ -161,7 +163,7 @@ def naive_attention(q, k, v, *, causal=False, window=(-1, -1), softcap=0.0, sink
         top = max(s[m].max(), sink)
         p = np.exp(s[m] - top)
         denom = p.sum() + np.exp(sink - top)
-        o[i, hh] = (p / denom) @ vb[m, hh // group]
+        o[i, hh] = ((p if p_round is None else p_round(p)) @ vb[m, hh // group]) / denom
         lse[i, hh] = top + np.log(denom)
     outs.append(o)
     lses.append(lse)

@@ -420,3 +420,68 @@ def test_fp8_kv_buffer_decodes_like_a_page_pool(page, want):
                                                      k_descale=kd, v_descale=vd)
   assert cuda_attention_kernels(f, q, buf, pt, su, descale, descale,
                                 compute_capability=HOPPER) == [("fwd", want)]
+
+
+# The Hopper fp8 forward (sm90/fwd/fp8.cuh): e4m3 q/k/v with per-head descales, dense or varlen
+# k/v, head dims 64 / 128 / 256. The Python gate emits the native call only when every local CUDA device
+# is Hopper (mocked here); off Hopper, or for what it lacks, sm90 does not take the call (the
+# portable kernel or the dispatch's reason does).
+E4M3 = jnp.float8_e4m3fn
+
+
+def _fp8_kernels(cc, q, k, v, *extra, **kwargs):
+  d = _sds((q.shape[0] if len(extra) == 0 else extra[0].shape[0] - 1, k.shape[-2]), jnp.float32)
+  if extra:  # varlen: cu_seqlens_q, cu_seqlens_k
+    f = lambda q, k, v, cq, ck, qd, kd, vd: jax_sgl.attention(
+        q, k, v, cu_seqlens_q=cq, cu_seqlens_k=ck, q_descale=qd, k_descale=kd, v_descale=vd,
+        **kwargs)
+  else:
+    f = lambda q, k, v, qd, kd, vd: jax_sgl.attention(q, k, v, q_descale=qd, k_descale=kd,
+                                                      v_descale=vd, **kwargs)
+  kernels = cuda_attention_kernels(f, q, k, v, *extra, d, d, d, compute_capability=cc)
+  assert [x for x, _ in kernels] == ["fwd"], kernels
+  return kernels[0][1]
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("kwargs", [{}, {"causal": True}, {"window": (100, 0)},
+                                    {"softcap": 30.0}], ids=["full", "causal", "window", "softcap"])
+def test_fp8_prefill_runs_sm90_on_hopper_only(monkeypatch, head_dim, kwargs):
+  if not _built("sm90_fwd", head_dim, E4M3):
+    pytest.skip(f"this build has no sm90 hd{head_dim} e4m3 forward")
+  monkeypatch.setattr(_registration, "local_cuda_devices_are_hopper", lambda: True)
+  args = _dense(sq=1000, sk=777, h=12, hkv=4, d=head_dim, dtype=E4M3)
+  assert _fp8_kernels(HOPPER, *args, **kwargs) == "sm90"
+  for cc in (AMPERE, ADA, (9, 1), BLACKWELL):
+    assert _fp8_kernels(cc, *args, **kwargs) != "sm90"
+
+
+def test_fp8_varlen_runs_sm90_on_hopper(monkeypatch):
+  if not _built("sm90_fwd", 128, E4M3):
+    pytest.skip("this build has no sm90 hd128 e4m3 forward")
+  monkeypatch.setattr(_registration, "local_cuda_devices_are_hopper", lambda: True)
+  q, k = _sds((3000, 16, 128), E4M3), _sds((5000, 4, 128), E4M3)
+  cu = _sds((4,), jnp.int32)
+  assert _fp8_kernels(HOPPER, q, k, k, cu, cu, causal=True) == "sm90"
+
+
+def test_fp8_disable_switch(monkeypatch):
+  if not _built("sm90_fwd", 128, E4M3):
+    pytest.skip("this build has no sm90 hd128 e4m3 forward")
+  monkeypatch.setattr(_registration, "local_cuda_devices_are_hopper", lambda: True)
+  monkeypatch.setenv(_disable.ENV, "sm90")
+  try:
+    kernel = _fp8_kernels(HOPPER, *_dense(dtype=E4M3), causal=True)
+  except NotImplementedError:  # no other CUDA kernel takes fp8 q/k/v yet
+    return
+  assert kernel != "sm90"
+
+
+@pytest.mark.parametrize("head_dim", [96, 192])
+def test_fp8_head_dims_without_the_hopper_kernel(monkeypatch, head_dim):
+  monkeypatch.setattr(_registration, "local_cuda_devices_are_hopper", lambda: True)
+  try:
+    kernel = _fp8_kernels(HOPPER, *_dense(d=head_dim, dtype=E4M3), causal=True)
+  except NotImplementedError:
+    return
+  assert kernel != "sm90"

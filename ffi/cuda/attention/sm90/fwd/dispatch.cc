@@ -5,7 +5,9 @@
 // instantiation unless JAX_SGL_DISABLE=sm90_varlen (p.disable) keeps them on the portable
 // kernel. Paged k/v runs on it at any page size (TMA boxes for multiples of 16, else the
 // producer's cp.async gather, Sm90PagedGather); paged calls of few q rows per sequence pack the
-// GQA group's heads into the tile rows (Sm90PackGqa).
+// GQA group's heads into the tile rows (Sm90PackGqa). e4m3 q/k/v (bf16 out) run on the fp8
+// instantiations (instantiations.json sm90_fwd_e4m3, head dims 64 / 128 / 256) over dense and
+// varlen k/v.
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
@@ -83,14 +85,26 @@ const char* VarlenUnsupported(const AttentionParams& p) {
 
 }  // namespace
 
+bool Sm90Fp8Operands(const AttentionParams& p) {
+  return p.q_type == DType::kF8E4M3 && p.k_type == DType::kF8E4M3 &&
+         p.v_type == DType::kF8E4M3 && p.out_type == DType::kBF16;
+}
+
 const char* Sm90Unsupported(const AttentionParams& p) {
   const bool varlen =
       p.cu_seqlens_q != nullptr || p.kv_layout != KvLayout::kDense || p.seqused_k != nullptr;
   if (varlen) {
     if (const char* why = VarlenUnsupported(p)) return why;
   }
-  if (!HalfPrecisionOperands(p))
-    return "sm90 kernel: float16/bfloat16 q, k, v and out only";
+  if (Sm90Fp8Operands(p)) {
+    // fp8 (e4m3 q/k/v, bf16 out; sm90/fwd/fp8.cuh): dense and varlen k/v, per-head descales.
+    if (p.kv_layout == KvLayout::kPaged)
+      return "sm90 kernel: fp8 q/k/v over dense or varlen k/v (a paged fp8 pool is not yet served)";
+    if (p.qk_block_scale != BlockScaleType::kNone)
+      return "sm90 kernel: fp8 q/k with per-head descales (block scales have no Hopper MMA)";
+  } else if (!HalfPrecisionOperands(p)) {
+    return "sm90 kernel: float16/bfloat16 (or e4m3 with bfloat16 out) q, k, v and out only";
+  }
   if (p.head_dim != p.head_dim_v || !Built(p.q_type, p.head_dim))
     return "sm90 kernel: head_dim == head_dim_v in the built set (JAX_SGL_SM90_HEAD_DIMS) only";
   // TMA descriptors need every dimension >= 1 (an empty KV runs on the sm80 kernel) and byte
@@ -154,7 +168,9 @@ bool Sm90TailSplitRequested(const AttentionParams& p) {
 }
 
 size_t Sm90ScratchBytes(const AttentionParams& p, int num_sms) {
-  if (!Sm90TailSplitRequested(p) || !sm90::FwdTile(p.head_dim).persistent)
+  const sm90::FwdTileSize tile =
+      Sm90Fp8Operands(p) ? sm90::FwdTileFp8(p.head_dim) : sm90::FwdTile(p.head_dim);
+  if (!Sm90TailSplitRequested(p) || !tile.persistent)
     return kSm90CounterBytes;
   return kSm90CounterBytes + Sm90TailBytes(num_sms, std::max(p.head_dim, p.head_dim_v));
 }

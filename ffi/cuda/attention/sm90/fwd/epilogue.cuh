@@ -8,6 +8,8 @@
 // hd128 still spills nothing; the hd256 dense kernels go from 32 / 24 to 40 / 36 bytes of spill
 // stores (plain / softcap), varlen unchanged (80 / 88); moving the sink after the tail branch or
 // a one-branch ApplySink gave the same numbers. Not yet timed on a GPU.
+// fp8 (Cfg::kFp8): O is bf16 (ElementOut), scaled by the tile's v_descale with the softmax
+// normalization; the LSE's scale carries q_descale * k_descale as the scores' did (kernel.cuh).
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -15,6 +17,7 @@
 
 #include "ffi/common/attention_sink.h"
 #include "ffi/cuda/attention/sm90/fwd/config.h"
+#include "ffi/cuda/attention/sm90/fwd/fp8.cuh"
 #include "ffi/cuda/attention/sm90/fwd/kernel_params.h"
 #include "ffi/cuda/attention/sm90/fwd/softmax.h"
 #include "ffi/cuda/attention/sm90/fwd/tile_scheduler.cuh"
@@ -23,7 +26,7 @@ namespace jax_sgl::cuda::sm90 {
 
 template <typename Cfg, bool kVarlen, bool kPack = false>
 struct Epilogue {
-  using Element = typename Cfg::Element;
+  using Element = typename Cfg::ElementOut;  // O's type
   using Scheduler = TileScheduler<Cfg, kVarlen, KernelParams<Cfg>, kPack>;
   static constexpr int kBlockM = Cfg::kBlockM;
   static constexpr int kRows = Cfg::kWarpgroupRows;
@@ -63,7 +66,20 @@ struct Epilogue {
       head[r] = scheduler.Pack() > 1 ? w.head * scheduler.Pack() + row % scheduler.Pack() : w.head;
     }
     float inv_sum[2], lse[2];
-    softmax.Finish(params.softmax_scale, inv_sum, lse);
+    if constexpr (Cfg::kFp8) {
+      const int kv_head = scheduler.KvHead(w);
+      // Softcap: the capped scores are already scaled (softmax_scale is then 1).
+      const float qk = params.softcap != 0.f
+                           ? 1.f
+                           : Fp8Descale(params, params.q_descale, w.batch, kv_head) *
+                                 Fp8Descale(params, params.k_descale, w.batch, kv_head);
+      softmax.Finish(params.softmax_scale * qk, inv_sum, lse);
+      const float v_descale = Fp8Descale(params, params.v_descale, w.batch, kv_head);
+      inv_sum[0] *= v_descale;
+      inv_sum[1] *= v_descale;
+    } else {
+      softmax.Finish(params.softmax_scale, inv_sum, lse);
+    }
     const bool tail_share = kPersistent && !kVarlen && w.split >= 0;
     if (params.sinks != nullptr && !tail_share) {
 #pragma unroll

@@ -32,10 +32,10 @@ auto KvTensor(const void* ptr, int rows, int head_dim, int heads, int blocks, in
                      make_stride(row, _1{}, head, row * rows));
 }
 
-// [rows, head_dim, heads, batch] view of a dense [batch, rows, heads, head_dim] buffer.
-template <typename Cfg>
+// [rows, head_dim, heads, batch] view of a dense [batch, rows, heads, head_dim] buffer of E
+// (the config's element, or its output's: bf16 O of an fp8 forward).
+template <typename Cfg, typename E = typename Cfg::Element>
 auto DenseTensor(const void* ptr, int rows, int head_dim, int heads, int batch) {
-  using E = typename Cfg::Element;
   const int64_t row = int64_t(heads) * head_dim;
   return make_tensor(make_gmem_ptr(static_cast<E*>(const_cast<void*>(ptr))),
                      make_shape(rows, head_dim, heads, batch),
@@ -83,7 +83,8 @@ cudaError_t LaunchFlashFwdSm90(const AttentionParams& p, void* scratch, cudaStre
                                p.k_row_stride, p.k_head_stride);
   auto v = sm90::KvTensor<Cfg>(p.v, rows_k, kHeadDim, p.num_kv_heads, tile_batches,
                                p.v_row_stride, p.v_head_stride);
-  auto o = sm90::DenseTensor<Cfg>(p.out, rows_q, kHeadDim, p.num_heads, tile_batches);
+  auto o = sm90::DenseTensor<Cfg, typename Cfg::ElementOut>(p.out, rows_q, kHeadDim, p.num_heads,
+                                                            tile_batches);
   using KVTile = Shape<Int<Cfg::kBlockN>, Int<kHeadDim>>;
   // Paged: the pool's page view (dispatch.cc checked page_size % kPageBoxRows == 0). Other calls
   // leave the page descriptors empty: their kernels never read them.
@@ -139,7 +140,7 @@ cudaError_t LaunchFlashFwdSm90(const AttentionParams& p, void* scratch, cudaStre
                     _1{}),
       make_tma_copy(SM90_TMA_LOAD{}, k, typename Cfg::SmemLayoutKVTile{}, KVTile{}, _1{}),
       make_tma_copy(SM90_TMA_LOAD{}, v, typename Cfg::SmemLayoutKVTile{}, KVTile{}, _1{}),
-      make_tma_copy(SM90_TMA_STORE{}, o, typename Cfg::SmemLayoutQHalf{}, typename Cfg::RowsD{},
+      make_tma_copy(SM90_TMA_STORE{}, o, typename Cfg::SmemLayoutOHalf{}, typename Cfg::RowsD{},
                     _1{}),
       q.shape(),
       k.shape(),
@@ -164,7 +165,7 @@ cudaError_t LaunchFlashFwdSm90(const AttentionParams& p, void* scratch, cudaStre
       rows_q,
       rows_k,
       p.batch,
-      static_cast<typename Cfg::Element*>(p.out),
+      static_cast<typename Cfg::ElementOut*>(p.out),
       num_tiles - tail_tiles,
       tail_splits,
       tail_tiles > 0 ? tail_o : nullptr,
@@ -189,16 +190,29 @@ cudaError_t LaunchFlashFwdSm90(const AttentionParams& p, void* scratch, cudaStre
       p.v_head_stride,
       pack,
       static_cast<const typename Cfg::Element*>(p.q),
+      p.q_descale,
+      p.k_descale,
+      p.v_descale,
+      p.num_kv_heads,
   };
   // Softcap has its own instantiations (kernel.cuh kSoftcap), so the plain ones carry none of it.
-  auto kernel = gather   ? (softcap ? sm90::FlashFwdSm90Kernel<Cfg, true, true, true, true>
-                                     : sm90::FlashFwdSm90Kernel<Cfg, true, false, true, true>)
-                : paged  ? (softcap ? sm90::FlashFwdSm90Kernel<Cfg, true, true, true>
-                                     : sm90::FlashFwdSm90Kernel<Cfg, true, false, true>)
-                : varlen ? (softcap ? sm90::FlashFwdSm90Kernel<Cfg, true, true>
-                                    : sm90::FlashFwdSm90Kernel<Cfg, true, false>)
-                         : (softcap ? sm90::FlashFwdSm90Kernel<Cfg, false, true>
-                                    : sm90::FlashFwdSm90Kernel<Cfg, false, false>);
+  // fp8 builds dense and varlen only (dispatch.cc keeps paged calls off it).
+  auto kernel = [&] {
+    if constexpr (Cfg::kFp8)
+      return varlen ? (softcap ? sm90::FlashFwdSm90Kernel<Cfg, true, true>
+                               : sm90::FlashFwdSm90Kernel<Cfg, true, false>)
+                    : (softcap ? sm90::FlashFwdSm90Kernel<Cfg, false, true>
+                               : sm90::FlashFwdSm90Kernel<Cfg, false, false>);
+    else
+      return gather   ? (softcap ? sm90::FlashFwdSm90Kernel<Cfg, true, true, true, true>
+                                 : sm90::FlashFwdSm90Kernel<Cfg, true, false, true, true>)
+             : paged  ? (softcap ? sm90::FlashFwdSm90Kernel<Cfg, true, true, true>
+                                 : sm90::FlashFwdSm90Kernel<Cfg, true, false, true>)
+             : varlen ? (softcap ? sm90::FlashFwdSm90Kernel<Cfg, true, true>
+                                 : sm90::FlashFwdSm90Kernel<Cfg, true, false>)
+                      : (softcap ? sm90::FlashFwdSm90Kernel<Cfg, false, true>
+                                 : sm90::FlashFwdSm90Kernel<Cfg, false, false>);
+  }();
   dim3 grid(num_m_blocks, tile_heads, tile_batches);
   if constexpr (Cfg::kPersistent) {
     grid = dim3(std::min(num_items, num_sms));
@@ -213,7 +227,7 @@ cudaError_t LaunchFlashFwdSm90(const AttentionParams& p, void* scratch, cudaStre
       err != cudaSuccess)
     return err;
   if (tail_tiles > 0) {
-    using Element = typename Cfg::Element;
+    using Element = typename Cfg::ElementOut;
     const sm90::TailCombineParams<Element> combine{
         tail_o, tail_lse, static_cast<Element*>(p.out), p.lse, num_tiles - tail_tiles,
         tail_splits, num_m_blocks, p.num_heads, p.seqlen_q, p.sinks};

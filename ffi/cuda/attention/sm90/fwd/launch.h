@@ -16,6 +16,9 @@
 
 namespace jax_sgl::cuda {
 
+// e4m3 q, k and v with bf16 out: the fp8 instantiations' operands (Sm90Unsupported).
+bool Sm90Fp8Operands(const AttentionParams& p);
+
 // nullptr when the sm90 kernel covers the call, else what it lacks (the fallback decision).
 const char* Sm90Unsupported(const AttentionParams& p);
 

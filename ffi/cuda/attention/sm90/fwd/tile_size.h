@@ -46,4 +46,19 @@ constexpr FwdTileSize FwdTile(int head_dim) {
                            : FwdTileSize{80, false, true};
 }
 
+// e4m3 inputs (FlashConfig::kFp8). Not yet timed (no GPU in the session that wrote it): the
+// choices are bounded by registers and by the producer's V transpose. 128-key tiles at hd64 and
+// hd128: the transpose's bank-conflict-free thread mapping (mainloop_load.cuh TransposeV) covers
+// 128 x 128 byte tiles, and the V^T ring's rows are then one 128-byte swizzle atom. FA3 runs
+// 128 x 224 at hd128 (bytes are half those of bf16, so smem holds wider tiles); S (112) + P (28)
+// + O (64) registers leave ptxas little room beside the 240 a consumer has: 192/224-key tiles
+// are the first thing to measure. hd256: 64-key tiles (O alone takes 128 registers; Q 32 KiB +
+// K, V staging and V^T 2 x 16 KiB each + O bf16 64 KiB = 192 KiB), one CTA per tile; 0 spills
+// in ptxas, where the bf16 hd256 kernel spills (its consumers' S is 80 keys wide).
+constexpr FwdTileSize FwdTileFp8(int head_dim) {
+  return head_dim == 64    ? FwdTileSize{128, true, true}
+         : head_dim == 128 ? FwdTileSize{128, true, false}
+                           : FwdTileSize{64, false, true};
+}
+
 }  // namespace jax_sgl::cuda::sm90
