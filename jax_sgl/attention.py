@@ -73,7 +73,7 @@ def _ffi_attrs(ctx, spec: AttentionSpec) -> dict:
   max_seqlen_q = q_aval.shape[0] if spec.varlen_q else q_aval.shape[1]
   if "cuda" in ctx.module_context.platforms:
     check_attention_cuda(q_aval.dtype, ctx.avals_in[2].dtype, spec.qk_blockscaled,
-                         k_dtype=ctx.avals_in[1].dtype, spec=spec, max_seqlen_q=max_seqlen_q)
+                         k_dtype=ctx.avals_in[1].dtype)
     warn_if_sm90_absent()
   return dict(
       kv_layout=np.int64(spec.kv_layout), varlen_q=np.bool_(spec.varlen_q),
