@@ -51,19 +51,21 @@ int64_t KeyBound(const AttentionParams& p) {
   }
 }
 
+// The smallest of a kernel's head-dim capacities that holds the call's head dims (0: none).
+template <size_t N>
+int SmallestCapacity(const AttentionParams& p, const int (&caps)[N]) {
+  const int need = std::max(p.head_dim, p.head_dim_v);
+  for (int d : caps)
+    if (d >= need) return d;
+  return 0;
+}
+
 // Whether the portable kernels take the call's dtypes and head dims; sets the head-dim capacity.
 const char* CheckSm80Support(const AttentionParams& p, int* cap) {
   if (!HalfPrecisionOperands(p))
     return "jax_sgl.attention: the CUDA kernel supports float16 and bfloat16 q/k/v only "
-           "(float32 and fp8 inputs run on the CPU backend)";
-  const int need = std::max(p.head_dim, p.head_dim_v);
-  *cap = 0;
-  for (int d : kHeadDimCapacities) {
-    if (d >= need) {
-      *cap = d;
-      break;
-    }
-  }
+           "(float32 inputs run on the CPU backend)";
+  *cap = SmallestCapacity(p, kHeadDimCapacities);
   if (*cap == 0 || p.head_dim % 8 || p.head_dim_v % 8)
     return "jax_sgl.attention: the CUDA kernel supports head dims that are multiples of 8 up to 256";
   if (!HeadDimBuilt(*cap))
@@ -139,13 +141,7 @@ const char* CheckPortableFp8(const AttentionParams& p, const DeviceInfo& dev, in
            "compute: e4m3 q/k/v, bfloat16/float16 q and k over e4m3 v (v_dequant), or "
            "bfloat16/float16 q over e4m3 k/v (an fp8 KV cache); float8_e5m2 and float32 q run on "
            "the CPU backend";
-  const int need = std::max(p.head_dim, p.head_dim_v);
-  for (int d : kFp8HeadDimCapacities) {
-    if (d >= need) {
-      *cap = d;
-      break;
-    }
-  }
+  *cap = SmallestCapacity(p, kFp8HeadDimCapacities);
   if (*cap == 0 || p.head_dim % 8 || p.head_dim_v % 8)
     return "jax_sgl.attention: the CUDA fp8 kernel supports head dims that are multiples of 8 up "
            "to 256";
