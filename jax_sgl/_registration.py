@@ -50,11 +50,12 @@ def attention_backend_info() -> dict:
   cuda: the CUDA handlers are built. kernels: per family, the head dims and dtypes compiled in:
   "portable" (mma.sync, any GPU from sm80; a call runs on the smallest head-dim capacity >= its
   head dim), "portable_fp8" (the same kernel over float8_e4m3fn operands, computing in the dtypes
-  listed; head-dim capacities 64, 128, 256), "sm90_fwd" and "sm90_bwd" (Hopper wgmma + TMA, compute capability 9.0; other calls
-  fall back to the portable kernels), "sm100_fwd" and "sm100_bwd" (Blackwell tcgen05 + TMEM + TMA
-  on CUTLASS's FMHA collectives, compute capability 10.0; compiled, not yet run on Blackwell);
-  empty without CUDA. disabled: the families JAX_SGL_DISABLE names now (they apply to calls
-  lowered from then on). sm90_absent: why a CUDA build has no sm90 kernels, or None.
+  listed; head-dim capacities 64, 128, 256), "sm90_fwd" and "sm90_bwd" (Hopper wgmma + TMA,
+  compute capability 9.0; other calls fall back to the portable kernels), "sm100_fwd" and
+  "sm100_bwd" (Blackwell tcgen05 + TMEM + TMA on CUTLASS's FMHA collectives, compute capability
+  10.0; compiled, not yet run on Blackwell); empty without CUDA. disabled: the families
+  JAX_SGL_DISABLE names now (they apply to calls lowered from then on). sm90_absent: why a CUDA
+  build has no sm90 kernels, or None.
   """
   kernels = {}
   if CUDA_TARGETS:
