@@ -11,7 +11,9 @@
 // Parts, in the order the kernel uses them:
 //   FlashConfig   tile sizes and the shared-memory plan (why each size: see the comments there)
 //   LoadQ/LoadKV  global -> shared staging with zero fill (padding rows, features past d, masked keys)
-//   LoadQFp8/LoadKVFp8/WidenTile  the same for fp8 operands: e4m3 bytes, then T in the 16-bit tiles
+//   LoadQFp8/LoadKVFp8/WidenTile  the same for fp8 operands: e4m3 bytes, widened into the tiles
+//   (LoadQ and LoadQFp8 share the walk StageQ; LoadKV keeps its own loop, as a shared walk for
+//   K/V changed the 16-bit kernels' SASS under -lineinfo)
 //   the kernel    QK^T -> mask/softcap -> online softmax -> PV, then the epilogue that merges the
 //                 warps' partial rows, normalizes and writes out + lse (or the split-KV partials).
 // Included only by the generated instantiation files (instantiations/), one per dtype x head dim.
@@ -68,15 +70,17 @@ struct FlashConfig {
   static_assert(kBlockN % kRowsPerPass == 0, "key tile must be a whole number of staging passes");
 };
 
-// Stages the CTA's packed q rows [m0, m0 + kBlockM); rows past `rows` and features past d are 0.
-template <typename T, typename Cfg>
-__device__ __forceinline__ void LoadQ(const AttentionParams& p, const SeqBounds& s, int kv_head,
-                                      int group, int m0, int rows, T* sq) {
-  const T* q = static_cast<const T*>(p.q);
+// Walks the CTA's packed q rows [m0, m0 + kBlockM) as the staging threads share them (4 per row,
+// 8-element chunks tc, tc + 4, ...): copy(dst, src, ok) for each chunk, src a chunk of q (of
+// element type Src) or, where !ok (rows past `rows`, features past d: zeros), q itself.
+template <typename Src, typename T, typename Cfg, typename Copy>
+__device__ __forceinline__ void StageQ(const AttentionParams& p, const SeqBounds& s, int kv_head,
+                                       int group, int m0, int rows, T* sq, Copy copy) {
+  const Src* q = static_cast<const Src*>(p.q);
   const int tr = threadIdx.x / 4, tc = threadIdx.x % 4;
   for (int r = tr; r < Cfg::kBlockM; r += Cfg::kRowsPerPass) {
     const bool row_ok = m0 + r < rows;
-    const T* src = q;
+    const Src* src = q;
     if (row_ok) {
       const PackedRow pr = Unpack(s, kv_head, group, m0 + r);
       src = q + (pr.q_row * p.num_heads + pr.head) * p.head_dim;
@@ -85,9 +89,18 @@ __device__ __forceinline__ void LoadQ(const AttentionParams& p, const SeqBounds&
     for (int i = 0; i < Cfg::kChunksPerThread; ++i) {
       const int c = tc + 4 * i;
       const bool ok = row_ok && c * 8 < p.head_dim;
-      CpAsync16(sq + r * Cfg::kStride + c * 8, ok ? src + c * 8 : q, ok ? 16 : 0);
+      copy(sq + r * Cfg::kStride + c * 8, ok ? src + c * 8 : q, ok);
     }
   }
+}
+
+// Stages the CTA's packed q rows; rows past `rows` and features past d are 0.
+template <typename T, typename Cfg>
+__device__ __forceinline__ void LoadQ(const AttentionParams& p, const SeqBounds& s, int kv_head,
+                                      int group, int m0, int rows, T* sq) {
+  StageQ<T, T, Cfg>(p, s, kv_head, group, m0, rows, sq, [](T* dst, const T* src, bool ok) {
+    CpAsync16(dst, src, ok ? 16 : 0);
+  });
 }
 
 // Stages keys [n0, n0 + kBlockN) of the K and V tiles; keys at or past n_end and keys whose page
@@ -125,24 +138,12 @@ __device__ __forceinline__ void LoadKV(const AttentionParams& p, int b, const Se
 template <typename T, typename Cfg>
 __device__ __forceinline__ void LoadQFp8(const AttentionParams& p, const SeqBounds& s, int kv_head,
                                          int group, int m0, int rows, T* sq) {
-  const uint8_t* q = static_cast<const uint8_t*>(p.q);
-  const int tr = threadIdx.x / 4, tc = threadIdx.x % 4;
-  for (int r = tr; r < Cfg::kBlockM; r += Cfg::kRowsPerPass) {
-    const bool row_ok = m0 + r < rows;
-    const uint8_t* src = q;
-    if (row_ok) {
-      const PackedRow pr = Unpack(s, kv_head, group, m0 + r);
-      src = q + (pr.q_row * p.num_heads + pr.head) * p.head_dim;
-    }
-#pragma unroll
-    for (int i = 0; i < Cfg::kChunksPerThread; ++i) {
-      const int c = tc + 4 * i;
-      uint4 w = make_uint4(0u, 0u, 0u, 0u);
-      if (row_ok && c * 8 < p.head_dim)
-        w = E4m3x8To<T>(*reinterpret_cast<const uint2*>(src + c * 8));
-      *reinterpret_cast<uint4*>(sq + r * Cfg::kStride + c * 8) = w;
-    }
-  }
+  StageQ<uint8_t, T, Cfg>(p, s, kv_head, group, m0, rows, sq,
+                          [](T* dst, const uint8_t* src, bool ok) {
+    uint4 w = make_uint4(0u, 0u, 0u, 0u);
+    if (ok) w = E4m3x8To<T>(*reinterpret_cast<const uint2*>(src));
+    *reinterpret_cast<uint4*>(dst) = w;
+  });
 }
 
 // LoadKV for an e4m3 V and a K that is e4m3 (k_fp8: into the byte ring rk, widened later) or T
