@@ -3,7 +3,7 @@
 // cp.async. One kernel for dense, varlen and paged KV: every key row is gathered through
 // AttentionParams (KeyRow), so a paged call costs one page-table read per key row and nothing else.
 //
-// fp8 operands (kFp8: e4m3 V, and K and q as AttentionParams says; FlashFwdFp8 below) take the
+// fp8 operands (kFp8: e4m3 V, K and q as AttentionParams says; LaunchFlashFwdFp8) take the
 // same ldmatrix / mma path in T = bf16 or fp16: their bytes land in a ring of their own and are
 // widened into the 16-bit tiles before the tile's mma, and the descales join the score scale
 // (q_descale * k_descale) and the output (v_descale) where the CPU kernel applies them.
@@ -147,7 +147,8 @@ __device__ __forceinline__ void LoadQFp8(const AttentionParams& p, const SeqBoun
 }
 
 // LoadKV for an e4m3 V and a K that is e4m3 (k_fp8: into the byte ring rk, widened later) or T
-// (straight into sk, as LoadKV): 8-byte copies, so any row and head stride of 8 bytes works.
+// (straight into sk, as LoadKV): 8-byte copies of the bytes, so K/V row and head strides of 8
+// elements do (fwd_dispatch.cc CheckPortableFp8).
 template <typename T, typename Cfg>
 __device__ __forceinline__ void LoadKVFp8(const AttentionParams& p, int b, const SeqBounds& s,
                                           int kv_head, int n0, int n_end, bool k_fp8, T* sk,
