@@ -158,7 +158,7 @@ const char* CheckPortableFp8(const AttentionParams& p, const DeviceInfo& dev, in
     return "jax_sgl.attention: the CUDA fp8 kernel needs compute capability 8.0 or later";
   if (PortableFp8SmemBytes(*cap) > dev.smem_optin)
     return "jax_sgl.attention: the CUDA fp8 kernel at this head dim needs more shared memory per "
-           "block than this device allows (117 KiB at head-dim capacity 128, 131 KiB at 256)";
+           "block than this device allows (99 KiB at head-dim capacity 256)";
   return nullptr;
 }
 

@@ -56,12 +56,22 @@ struct FlashConfig {
   static constexpr int kQBytes = kBlockM * kStride * 2;
   static constexpr int kTileBytes = kBlockN * kStride * 2;
   static constexpr int kStageBytes = 2 * kTileBytes;  // K then V
-  static constexpr int kFlagsOffset = kQBytes + 2 * kStageBytes;
-  // fp8 operands' bytes: a ring of their own, [stage][K, V][kBlockN][kD] (unpadded: WidenTile
-  // reads it with 8-byte loads, consecutive threads consecutive chunks), behind the flags.
-  static constexpr int kRawOffset = kFlagsOffset + 2 * kBlockN;  // + key-valid flags per stage
+  // The fp8 form's plan (kFp8; 84 KiB at kD = 128 against 85 for 16 bits, so two CTAs per SM
+  // stay resident and sm_86 / sm_89's 99 KiB per block holds every capacity): V, always e4m3, is
+  // widened into one 16-bit tile, as is an e4m3 K (into K tile 0), since a tile's widening
+  // follows the barrier after the previous tile's mma; a 16-bit K (v_dequant) is cp.async'd
+  // into both K tiles as in the 16-bit kernel. e4m3 bytes land in rings of kBlockN x kD bytes
+  // (unpadded: WidenTile reads them with 8-byte loads, consecutive threads consecutive chunks):
+  // K's two stages inside K tile 1, V's two behind the key flags.
+  static constexpr int kKStageBytes = kFp8 ? kTileBytes : kStageBytes;  // K tile st to st + 1
+  static constexpr int kVOffset = kQBytes + (kFp8 ? 2 * kTileBytes : kTileBytes);
+  static constexpr int kVStageBytes = kFp8 ? 0 : kStageBytes;
+  static constexpr int kFlagsOffset = kFp8 ? kVOffset + kTileBytes : kQBytes + 2 * kStageBytes;
   static constexpr int kRawTileBytes = kFp8 ? kBlockN * kD : 0;
-  static constexpr int kMainBytes = kRawOffset + 2 * 2 * kRawTileBytes;
+  static constexpr int kRawKOffset = kQBytes + kTileBytes;
+  static constexpr int kRawVOffset = kFlagsOffset + 2 * kBlockN;  // + key-valid flags per stage
+  static constexpr int kMainBytes = kRawVOffset + 2 * kRawTileBytes;
+  static_assert(2 * kRawTileBytes <= kTileBytes, "K's byte ring must fit in one 16-bit tile");
   // Epilogue (reuses the same memory): float32 rows per warp column + per-row m, l, lse.
   static constexpr int kOStride = kD + 4;
   static constexpr int kOBytes = kWarpsN * kBlockM * kOStride * 4;
@@ -218,15 +228,17 @@ __global__ void __launch_bounds__(128) FlashFwdKernel(const FlashFwdArgs args) {
   const int blk_end = min(n_blocks, blk_begin + per_split);
 
   T* sq = reinterpret_cast<T*>(smem);
-  auto stage_k = [&](int st) { return reinterpret_cast<T*>(smem + Cfg::kQBytes + st * Cfg::kStageBytes); };
-  auto stage_v = [&](int st) {
-    return reinterpret_cast<T*>(smem + Cfg::kQBytes + st * Cfg::kStageBytes + Cfg::kTileBytes);
-  };
-  auto stage_flags = [&](int st) { return smem + Cfg::kFlagsOffset + st * Cfg::kBlockN; };
-  auto raw_k = [&](int st) { return smem + Cfg::kRawOffset + st * 2 * Cfg::kRawTileBytes; };
-  auto raw_v = [&](int st) { return raw_k(st) + Cfg::kRawTileBytes; };
   // kFp8: whether K is e4m3 too (fp8 q/k/v, the fp8 KV cache) or T (v_dequant).
   const bool k_fp8 = kFp8 && p.k_type == DType::kF8E4M3;
+  auto stage_k = [&](int st) {
+    return reinterpret_cast<T*>(smem + Cfg::kQBytes + (k_fp8 ? 0 : st) * Cfg::kKStageBytes);
+  };
+  auto stage_v = [&](int st) {
+    return reinterpret_cast<T*>(smem + Cfg::kVOffset + st * Cfg::kVStageBytes);
+  };
+  auto stage_flags = [&](int st) { return smem + Cfg::kFlagsOffset + st * Cfg::kBlockN; };
+  auto raw_k = [&](int st) { return smem + Cfg::kRawKOffset + st * Cfg::kRawTileBytes; };
+  auto raw_v = [&](int st) { return smem + Cfg::kRawVOffset + st * Cfg::kRawTileBytes; };
   auto load_kv = [&](int n0, int st) {
     if constexpr (kFp8)
       LoadKVFp8<T, Cfg>(p, b, s, kv_head, n0, n_hi, k_fp8, stage_k(st), raw_k(st), raw_v(st),
@@ -266,7 +278,8 @@ __global__ void __launch_bounds__(128) FlashFwdKernel(const FlashFwdArgs args) {
     if (blk + 1 < blk_end) load_kv(n0 + Cfg::kBlockN, st ^ 1);
     CpAsyncCommit();
     if constexpr (kFp8) {
-      // Tile blk's bytes into its 16-bit stage (free: its last reader, tile blk - 2, is done).
+      // Tile blk's bytes into the 16-bit tiles (free: their last reader, tile blk - 1's mma,
+      // finished before the barrier above).
       if (k_fp8) WidenTile<T, Cfg>(raw_k(st), stage_k(st));
       WidenTile<T, Cfg>(raw_v(st), stage_v(st));
       __syncthreads();
