@@ -64,9 +64,10 @@ struct FlashConfig {
   // (unpadded: WidenTile reads them with 8-byte loads, consecutive threads consecutive chunks):
   // K's two stages inside K tile 1, V's two behind the key flags.
   static constexpr int kKStageBytes = kFp8 ? kTileBytes : kStageBytes;  // K tile st to st + 1
-  static constexpr int kVOffset = kQBytes + (kFp8 ? 2 * kTileBytes : kTileBytes);
-  static constexpr int kVStageBytes = kFp8 ? 0 : kStageBytes;
-  static constexpr int kFlagsOffset = kFp8 ? kVOffset + kTileBytes : kQBytes + 2 * kStageBytes;
+  static constexpr int kVStageBytes = kFp8 ? 0 : kStageBytes;       // V tile st to st + 1
+  static constexpr int kVTileOffset = kFp8 ? 2 * kTileBytes : kTileBytes;  // past stage st's start
+  static constexpr int kFlagsOffset =
+      kFp8 ? kQBytes + 3 * kTileBytes : kQBytes + 2 * kStageBytes;
   static constexpr int kRawTileBytes = kFp8 ? kBlockN * kD : 0;
   static constexpr int kRawKOffset = kQBytes + kTileBytes;
   static constexpr int kRawVOffset = kFlagsOffset + 2 * kBlockN;  // + key-valid flags per stage
@@ -234,7 +235,7 @@ __global__ void __launch_bounds__(128) FlashFwdKernel(const FlashFwdArgs args) {
     return reinterpret_cast<T*>(smem + Cfg::kQBytes + (k_fp8 ? 0 : st) * Cfg::kKStageBytes);
   };
   auto stage_v = [&](int st) {
-    return reinterpret_cast<T*>(smem + Cfg::kVOffset + st * Cfg::kVStageBytes);
+    return reinterpret_cast<T*>(smem + Cfg::kQBytes + st * Cfg::kVStageBytes + Cfg::kVTileOffset);
   };
   auto stage_flags = [&](int st) { return smem + Cfg::kFlagsOffset + st * Cfg::kBlockN; };
   auto raw_k = [&](int st) { return smem + Cfg::kRawKOffset + st * Cfg::kRawTileBytes; };
