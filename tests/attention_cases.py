@@ -100,13 +100,12 @@ def reference_attention(q, k, v, *, causal=False, softmax_scale=None, window=(-1
 
 
 def naive_attention(q, k, v, *, causal=False, window=(-1, -1), softcap=0.0, sinks=None,
-                    return_lse=False, softmax_scale=None, rounding=None, **arrays):
+                    return_lse=False, softmax_scale=None, p_round=None, **arrays):
   """A per-sequence, per-head NumPy loop in float64: an oracle independent of reference.py.
   With `sinks` each head's logit joins the denominator; `return_lse` adds lse per (row, head)
-  in q's row layout ([B, Sq, H] or [total_q, H]; rows of no sequence are left out).
-  `rounding` (x -> x rounded to a low precision, e.g. bfloat16) is applied to the scores, the
-  probabilities and the output: the same math in that precision, FlashAttention's error scale."""
-  rnd = (lambda x: x) if rounding is None else rounding
+  in q's row layout ([B, Sq, H] or [total_q, H]; rows of no sequence are left out). `p_round`
+  rounds the unnormalized probabilities (relative to the row max) before P V, the denominator
+  staying unrounded: a kernel's P precision (the fp8 kernels' e4m3 P)."""
   q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
   cu_q, cu_k = arrays.get("cu_seqlens_q"), arrays.get("cu_seqlens_k")
   table, used = arrays.get("page_table"), arrays.get("seqused_k")
@@ -154,7 +153,7 @@ def naive_attention(q, k, v, *, causal=False, window=(-1, -1), softcap=0.0, sink
     for hh in range(h):
       for i in range(lq):
         diag = i + lk - lq
-        s = rnd(kb[:, hh // group] @ qb[i, hh] * scale)
+        s = kb[:, hh // group] @ qb[i, hh] * scale
         if softcap:
           s = softcap * np.tanh(s / softcap)
         j = np.arange(lk)
@@ -170,9 +169,9 @@ def naive_attention(q, k, v, *, causal=False, window=(-1, -1), softcap=0.0, sink
           lse[i, hh] = sink
           continue
         top = max(s[m].max(), sink)
-        p = rnd(np.exp(s[m] - top))
+        p = np.exp(s[m] - top)
         denom = p.sum() + np.exp(sink - top)
-        o[i, hh] = rnd((p / denom) @ vb[m, hh // group])
+        o[i, hh] = ((p if p_round is None else p_round(p)) @ vb[m, hh // group]) / denom
         lse[i, hh] = top + np.log(denom)
     outs.append(o)
     lses.append(lse)

@@ -134,18 +134,18 @@ class Problem:
     self.arrays["page_table"] = table
     self.arrays["seqused_k"] = np.asarray(self.k_lens, np.int32)
 
-  def _sequence(self, s, rnd):
-    """Sequence s's dequantized operands (float64, rounded by rnd) as one-sequence arguments of
+  def _sequence(self, s):
+    """Sequence s's dequantized operands (float64) as one-sequence arguments of
     naive_attention."""
     group = self.h // self.hkv
     qs = np.repeat(self.scale["q"][s], group)[:, None]     # [H, 1]
     ks, vs = self.scale["k"][s][:, None], self.scale["v"][s][:, None]
     f64 = lambda x: np.asarray(x).astype(np.float64)
     q = f64(self.q[s] if self.dense_q else self.q[self.cu_q[s]:self.cu_q[s + 1]])
-    q = rnd(q * qs)[None]
+    q = (q * qs)[None]
     if self.layout == "paged":
-      k = rnd(f64(self.pools["k"]) * ks)
-      v = rnd(f64(self.pools["v"]) * vs)
+      k = f64(self.pools["k"]) * ks
+      v = f64(self.pools["v"]) * vs
       return q, k, v, dict(page_table=self.arrays["page_table"][s:s + 1],
                            seqused_k=self.arrays["seqused_k"][s:s + 1])
     if self.layout == "dense":
@@ -153,17 +153,18 @@ class Problem:
     else:
       cu = self.arrays["cu_seqlens_k"]
       k, v = f64(self.k[cu[s]:cu[s + 1]]), f64(self.v[cu[s]:cu[s + 1]])
-    return q, rnd(k * ks)[None], rnd(v * vs)[None], {}
+    return q, (k * ks)[None], (v * vs)[None], {}
 
   def oracle(self, options, rounding=None):
-    """(out, lse) in jax_sgl's layouts: float64 over the dequantized inputs, or the same math
-    with every step rounded by `rounding`."""
+    """(out, lse) in jax_sgl's layouts: float64 over the dequantized inputs, or with `rounding`
+    the kernels' math in their compute type: P and the output rounded (the scores, products of
+    exactly widened e4m3 or 16-bit values, accumulate in float32)."""
     rnd = (lambda x: x) if rounding is None else rounding
     outs, lses = [], []
     for s in range(len(self.q_lens)):
-      q, k, v, arrays = self._sequence(s, rnd)
-      o, lse = naive_attention(q, k, v, return_lse=True, rounding=rounding, **options, **arrays)
-      outs.append(o[0])
+      q, k, v, arrays = self._sequence(s)
+      o, lse = naive_attention(q, k, v, return_lse=True, p_round=rounding, **options, **arrays)
+      outs.append(rnd(o[0]))
       lses.append(lse[0])     # [Sq, H]
     if self.dense_q:
       return np.stack(outs), np.swapaxes(np.stack(lses), 1, 2)       # [B, H, Sq]
