@@ -94,7 +94,7 @@ def _ffi_attrs(ctx, spec: AttentionSpec) -> dict:
   if "cuda" in ctx.module_context.platforms and not _sm90_fp8_serves(
       spec, q_aval.dtype, ctx.avals_in[1].dtype, ctx.avals_in[2].dtype):
     check_attention_cuda(q_aval.dtype, ctx.avals_in[2].dtype, spec.qk_blockscaled,
-                         k_dtype=ctx.avals_in[1].dtype, spec=spec, max_seqlen_q=max_seqlen_q)
+                         k_dtype=ctx.avals_in[1].dtype)
     warn_if_sm90_absent()
   return dict(
       kv_layout=np.int64(spec.kv_layout), varlen_q=np.bool_(spec.varlen_q),

@@ -12,7 +12,7 @@ lengths 1..8 (causal), head dims 64 / 128, ragged seqused_k with empty sequences
 are no multiple of the page size, pools whose unreferenced pages and page tails hold NaN,
 out-of-range page-table entries (negative, past the pool) inside used ranges (masked keys), and
 per-head, per-(batch, head) and scalar descales. Dense fp8 K/V and a fused kv_buffer too, and
-softcap / window.
+softcap / window. A 16-row prefill over the pool runs on the portable kernel's fp8 form.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 import jax_sgl
-from attention_cases import naive_attention, poison_allocator
+from attention_cases import naive_attention, poison_allocator, run_attention_on
 
 pytestmark = pytest.mark.gpu
 
@@ -103,21 +103,6 @@ class Pool:
             np.asarray(self.v_pages).astype(np.float64) * s(self.v_scale))
 
 
-# Call options that are Python values (static), not operands.
-STATIC = ("causal", "softcap", "window")
-
-
-def _run(device, q, k, v, kwargs):
-  """(out, lse) of jax_sgl.attention with every operand placed on `device` (so that the call
-  lowers for, and runs on, its platform)."""
-  static = {n: x for n, x in kwargs.items() if n in STATIC}
-  operands = {n: jax.device_put(np.asarray(x), device) for n, x in kwargs.items()
-              if n not in STATIC}
-  f = jax.jit(lambda q, k, v, a: jax_sgl.attention(q, k, v, return_lse=True, **static, **a))
-  put = lambda x: jax.device_put(np.asarray(x), device)
-  return f(put(q), put(k), put(v), operands)
-
-
 def _same_math_in(dtype, q, k64, v64, *, causal, page_table, seqused_k, **_):
   """The attention of q over the dequantized K/V done in q's 16-bit type (scores, softmax and
   P V rounded at every step): the error scale of FlashAttention's rule."""
@@ -158,8 +143,8 @@ def check(pool, q_len, *, causal, descale="head"):
   arrays = pool.arrays(descale)
   kw = dict(causal=causal, **arrays)
   poison_allocator(q.size * 8)
-  out, lse = _run(_gpu(), q, pool.k_pages, pool.v_pages, kw)
-  cpu_out, cpu_lse = _run(_cpu(), q, pool.k_pages, pool.v_pages, kw)
+  out, lse = run_attention_on(_gpu(), q, pool.k_pages, pool.v_pages, kw)
+  cpu_out, cpu_lse = run_attention_on(_cpu(), q, pool.k_pages, pool.v_pages, kw)
   assert out.dtype == pool.dtype and out.shape == q.shape
   got = np.asarray(out, np.float64)
   assert np.isfinite(got).all(), "unwritten or non-finite output elements (a masked NaN read?)"
@@ -214,7 +199,8 @@ def test_descale_shapes_agree_on_the_gpu():
   """Per-head and per-(batch, head) descales with the same values give the same bits."""
   pool = Pool(5, [24, 9, 300], page=16, h=8, hkv=2, d=128, dtype=BF16)
   q = pool.query(1)
-  a, b = (_run(_gpu(), q, pool.k_pages, pool.v_pages, dict(causal=False, **pool.arrays(s)))[0]
+  a, b = (run_attention_on(_gpu(), q, pool.k_pages, pool.v_pages,
+                           dict(causal=False, **pool.arrays(s)))[0]
           for s in ("head", "batch_head"))
   np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
 
@@ -228,8 +214,8 @@ def test_token_pool():
   k_tok = pool.k_pages.reshape(-1, 4, 128)
   v_tok = pool.v_pages.reshape(-1, 4, 128)
   kw = dict(causal=False, **arrays)
-  out, lse = _run(_gpu(), q, k_tok, v_tok, kw)
-  paged, paged_lse = _run(_gpu(), q, pool.k_pages, pool.v_pages, kw)
+  out, lse = run_attention_on(_gpu(), q, k_tok, v_tok, kw)
+  paged, paged_lse = run_attention_on(_gpu(), q, pool.k_pages, pool.v_pages, kw)
   np.testing.assert_array_equal(np.asarray(out, np.float32), np.asarray(paged, np.float32))
   check(pool, 1, causal=False)
 
@@ -245,15 +231,17 @@ def test_kv_buffer_reads_as_its_k_and_v_pools(page):
   arrays = {n: jax.device_put(np.asarray(x), _gpu()) for n, x in pool.arrays().items()}
   fused = jax.jit(lambda q, b, a: jax_sgl.attention(q, kv_buffer=b, **a))(
       jax.device_put(np.asarray(q), _gpu()), jax.device_put(buf, _gpu()), arrays)
-  split, _ = _run(_gpu(), q, pool.k_pages, pool.v_pages, dict(causal=False, **pool.arrays()))
+  split, _ = run_attention_on(_gpu(), q, pool.k_pages, pool.v_pages,
+                              dict(causal=False, **pool.arrays()))
   np.testing.assert_array_equal(np.asarray(fused, np.float32), np.asarray(split, np.float32))
 
 
-def test_prefill_shape_is_refused():
-  pool = Pool(3, [40, 75], page=16, h=8, hkv=2, d=128, dtype=BF16)
-  q = pool.query(16)
-  with pytest.raises(NotImplementedError, match="at most 8 q rows per sequence"):
-    _run(_gpu(), q, pool.k_pages, pool.v_pages, dict(causal=True, **pool.arrays()))
+@pytest.mark.parametrize("page", [5, 16])
+def test_prefill_shape_runs_on_the_portable_fp8_kernel(page):
+  """16 q rows per sequence: past the fp8-KV decode, the portable kernel's fp8 form
+  (test_attention_fp8_gpu.py has the full matrix)."""
+  pool = Pool(3 + page, K_LENS, page=page, h=8, hkv=2, d=128, dtype=BF16, bad=[(4, 1)])
+  check(pool, 16, causal=True)
 
 
 @pytest.mark.parametrize("extra", [dict(softcap=20.0), dict(window=(64, 0))])
@@ -261,8 +249,8 @@ def test_softcap_and_window_against_the_cpu(extra):
   pool = Pool(17, K_LENS, page=16, h=16, hkv=4, d=128, dtype=BF16, bad=[(5, 2)])
   q = pool.query(1)
   kw = dict(causal=True, **extra, **pool.arrays())
-  out, lse = _run(_gpu(), q, pool.k_pages, pool.v_pages, kw)
-  cpu_out, cpu_lse = _run(_cpu(), q, pool.k_pages, pool.v_pages, kw)
+  out, lse = run_attention_on(_gpu(), q, pool.k_pages, pool.v_pages, kw)
+  cpu_out, cpu_lse = run_attention_on(_cpu(), q, pool.k_pages, pool.v_pages, kw)
   got = np.asarray(out, np.float32)
   assert np.isfinite(got).all()
   np.testing.assert_allclose(got, np.asarray(cpu_out, np.float32), atol=2.5e-2, rtol=2.5e-2)
@@ -279,7 +267,7 @@ def test_dense_fp8_kv():
   v8 = e4m3(rng.standard_normal((3, 333, 4, 128)))
   kw = dict(causal=False, k_descale=np.float32([0.02, 0.01, 0.015, 0.03]),
             v_descale=np.float32(0.03))
-  out, _ = _run(_gpu(), q, k8, v8, kw)
-  cpu_out, _ = _run(_cpu(), q, k8, v8, kw)
+  out, _ = run_attention_on(_gpu(), q, k8, v8, kw)
+  cpu_out, _ = run_attention_on(_cpu(), q, k8, v8, kw)
   np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(cpu_out, np.float32),
                              atol=2.5e-2, rtol=2.5e-2)

@@ -149,15 +149,15 @@ def test_kv_buffer_plans_like_a_page_pool():
   assert cuda_attention_kernels(f, q, buf, pt, su, compute_capability=HOPPER) == [("fwd", "sm90")]
 
 
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float8_e4m3fn])
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float8_e5m2])
 def test_dtypes_without_a_cuda_kernel_raise_at_trace_time(dtype):
   q, k, v = _dense(dtype=dtype)
   kwargs = {}
-  if dtype == jnp.float8_e4m3fn:
+  if dtype == jnp.float8_e5m2:
     descale = _sds((2, 4), jnp.float32)
     f = lambda q, k, v, qd, kd, vd: jax_sgl.attention(q, k, v, q_descale=qd, k_descale=kd,
                                                       v_descale=vd)
-    with pytest.raises(NotImplementedError, match="CPU"):
+    with pytest.raises(NotImplementedError, match="float8_e4m3fn only"):
       cuda_attention_kernels(f, q, k, v, descale, descale, descale, compute_capability=HOPPER)
     return
   with pytest.raises(NotImplementedError, match="CPU"):
@@ -398,14 +398,88 @@ def test_fp8_kv_decode_needs_ampere():
   assert kernel.startswith("none: ") and "compute capability 8.0" in kernel, kernel
 
 
-@pytest.mark.parametrize("case,msg", [
-    (dict(sq=16, causal=True), "at most 8 q rows per sequence"),
-    (dict(sq=4, h=64, hkv=8, causal=True), "16 q rows x q heads per kv head"),
-    (dict(d=256), "at head dims 64 and 128"),
-])
-def test_other_fp8_kv_call_shapes_raise_at_trace_time(case, msg):
-  with pytest.raises(NotImplementedError, match=msg):
-    _fp8_paged_fwd(HOPPER, **case)
+def _fp8_built(d: int) -> bool:
+  return d in jax_sgl.attention_backend_info()["kernels"]["portable_fp8"]["head_dims"]
+
+
+@pytest.mark.parametrize("cc", [HOPPER, BLACKWELL, AMPERE, ADA])
+@pytest.mark.parametrize("case", [
+    dict(sq=16, causal=True),                 # chunked prefill over the pool
+    dict(sq=32, causal=True),                 # a 32-row verify
+    dict(sq=4, h=64, hkv=8, causal=True),     # 32 packed rows: past the warp decode's 16
+    dict(sq=300, page=1, causal=True), dict(sq=300, page=5, causal=True),
+    dict(sq=300, page=64, causal=True, window=(100, 0)), dict(sq=100, dense=True, softcap=30.0),
+    dict(sq=100, q_dtype=jnp.float16, causal=True)])
+def test_other_fp8_kv_call_shapes_take_the_portable_fp8_kernel(cc, case):
+  if not _fp8_built(128):
+    pytest.skip("this build left out the hd128 fp8 kernels")
+  assert _fp8_paged_fwd(cc, **case) == "portable_fp8"
+
+
+@pytest.mark.parametrize("d,cap", [(256, 256), (96, 128), (192, 256), (64, 64)])
+def test_fp8_kv_head_dims_the_decode_leaves_take_the_portable_fp8_kernel(d, cap):
+  if not _fp8_built(cap):
+    pytest.skip(f"this build left out the hd{cap} fp8 kernels")
+  # hd64 decodes on the fp8-KV decode; a 16-row prefill at 64 is the portable kernel's.
+  assert _fp8_paged_fwd(HOPPER, d=d, sq=16 if d == 64 else 1, causal=True) == "portable_fp8"
+
+
+def _fp8_qkv_fwd(cc, *, layout="dense", b=2, sq=128, h=16, hkv=4, d=128, page=16, **kwargs):
+  """e4m3 q/k/v with q/k/v descales [B, Hkv]: dense, varlen or paged."""
+  q = _sds((b, sq, h, d), E4M3)
+  descale = _sds((b, hkv), jnp.float32)
+  att = lambda q, k, v, qd, kd, vd, **kw: jax_sgl.attention(q, k, v, q_descale=qd, k_descale=kd,
+                                                              v_descale=vd, **kw, **kwargs)
+  if layout == "dense":
+    kv = _sds((b, 256, hkv, d), E4M3)
+    kernels = cuda_attention_kernels(att, q, kv, kv, descale, descale, descale,
+                                     compute_capability=cc)
+  elif layout == "varlen":
+    qv, kv = _sds((b * sq, h, d), E4M3), _sds((b * 256, hkv, d), E4M3)
+    cu = _sds((b + 1,), jnp.int32)
+    f = lambda q, k, v, cq, ck, qd, kd, vd: att(q, k, v, qd, kd, vd, cu_seqlens_q=cq,
+                                                cu_seqlens_k=ck)
+    kernels = cuda_attention_kernels(f, qv, kv, kv, cu, cu, descale, descale, descale,
+                                     compute_capability=cc)
+  else:
+    pool = _sds((64, page, hkv, d), E4M3) if page > 1 else _sds((64, hkv, d), E4M3)
+    f = lambda q, k, v, pt, su, qd, kd, vd: att(q, k, v, qd, kd, vd, page_table=pt,
+                                                seqused_k=su)
+    kernels = cuda_attention_kernels(f, q, pool, pool, _sds((b, 16), jnp.int32),
+                                     _sds((b,), jnp.int32), descale, descale, descale,
+                                     compute_capability=cc)
+  assert [k for k, _ in kernels] == ["fwd"], kernels
+  return kernels[0][1]
+
+
+@pytest.mark.parametrize("cc", [HOPPER, BLACKWELL, AMPERE, ADA])
+@pytest.mark.parametrize("case", [
+    dict(), dict(causal=True), dict(sq=1), dict(layout="varlen", causal=True),
+    dict(layout="paged", page=1), dict(layout="paged", page=5, causal=True),
+    dict(layout="paged", page=16, sq=1), dict(layout="paged", page=64, window=(64, 0)),
+    dict(softcap=20.0, causal=True)])
+def test_fp8_qkv_takes_the_portable_fp8_kernel(cc, case):
+  """e4m3 q/k/v: no 16-bit kernel and not the fp8-KV decode (its q is 16-bit), whatever the
+  rows; an sm90 fp8 kernel, once measured, takes its shapes before this one."""
+  if not _fp8_built(128):
+    pytest.skip("this build left out the hd128 fp8 kernels")
+  assert _fp8_qkv_fwd(cc, **case) == "portable_fp8"
+
+
+@pytest.mark.parametrize("sq", [1, 128])
+def test_v_dequant_takes_the_portable_fp8_kernel(sq):
+  if not _fp8_built(128):
+    pytest.skip("this build left out the hd128 fp8 kernels")
+  q, k, _ = _dense(sq=sq)
+  v, vd = _sds(k.shape, E4M3), _sds((2, 4), jnp.float32)
+  f = lambda q, k, v, vd: jax_sgl.attention(q, k, v, v_descale=vd, causal=True)
+  assert cuda_attention_kernels(f, q, k, v, vd, compute_capability=HOPPER) == [
+      ("fwd", "portable_fp8")]
+
+
+def test_fp8_needs_ampere():
+  kernel = _fp8_qkv_fwd((7, 5))
+  assert kernel.startswith("none: ") and "compute capability 8.0" in kernel, kernel
 
 
 @pytest.mark.parametrize("page,want", [(16, "decode_warp_tma_fp8kv"),

@@ -4,6 +4,7 @@
 // alone (DeviceInfo; no device memory is read), so the same plan holds when XLA replays the
 // call. Host code only: the kernels live in the generated instantiations/ files.
 #include <algorithm>
+#include <climits>
 #include <string>
 #include <type_traits>
 
@@ -50,19 +51,21 @@ int64_t KeyBound(const AttentionParams& p) {
   }
 }
 
+// The smallest of a kernel's head-dim capacities that holds the call's head dims (0: none).
+template <size_t N>
+int SmallestCapacity(const AttentionParams& p, const int (&caps)[N]) {
+  const int need = std::max(p.head_dim, p.head_dim_v);
+  for (int d : caps)
+    if (d >= need) return d;
+  return 0;
+}
+
 // Whether the portable kernels take the call's dtypes and head dims; sets the head-dim capacity.
 const char* CheckSm80Support(const AttentionParams& p, int* cap) {
   if (!HalfPrecisionOperands(p))
     return "jax_sgl.attention: the CUDA kernel supports float16 and bfloat16 q/k/v only "
-           "(float32 and fp8 inputs run on the CPU backend)";
-  const int need = std::max(p.head_dim, p.head_dim_v);
-  *cap = 0;
-  for (int d : kHeadDimCapacities) {
-    if (d >= need) {
-      *cap = d;
-      break;
-    }
-  }
+           "(float32 inputs run on the CPU backend)";
+  *cap = SmallestCapacity(p, kHeadDimCapacities);
   if (*cap == 0 || p.head_dim % 8 || p.head_dim_v % 8)
     return "jax_sgl.attention: the CUDA kernel supports head dims that are multiples of 8 up to 256";
   if (!HeadDimBuilt(*cap))
@@ -72,9 +75,8 @@ const char* CheckSm80Support(const AttentionParams& p, int* cap) {
 }
 
 // Whether the fp8-KV decode (the warp forms over e4m3 K/V, decode/fp8_kv_operands.cuh) takes the
-// call; sets the head-dim capacity. They are the only CUDA kernels reading an fp8 KV cache: the
-// block-wide decode, the portable, sm90 and sm100 kernels stay 16-bit, so every other fp8-KV call
-// shape is refused here (and at trace time, jax_sgl/_checks.py check_fp8_kv_decode_cuda).
+// call; sets the head-dim capacity. The fp8-KV call shapes it leaves (more q rows, other head
+// dims, float32 q) go to the portable kernel's fp8 form (CheckPortableFp8), or are refused there.
 const char* CheckFp8KvDecode(const AttentionParams& p, const DeviceInfo& dev, int* cap) {
   *cap = 0;
   if (!(p.q_type == DType::kBF16 || p.q_type == DType::kF16) || p.out_type != p.q_type)
@@ -100,6 +102,63 @@ const char* CheckFp8KvDecode(const AttentionParams& p, const DeviceInfo& dev, in
   if (dev.cc_major < 8)
     return "jax_sgl.attention: the CUDA fp8 KV-cache decode needs compute capability 8.0 or later";
   *cap = c;
+  return nullptr;
+}
+
+// Whether any of q, k, v is fp8 (e4m3 or e5m2): the call shapes ChooseFwdKernel routes apart.
+bool HasFp8Operand(const AttentionParams& p) {
+  auto fp8 = [](DType t) { return t == DType::kF8E4M3 || t == DType::kF8E5M2; };
+  return fp8(p.q_type) || fp8(p.k_type) || fp8(p.v_type);
+}
+
+// The 16-bit type the mma.sync kernels compute in and write: q's, bf16 under e4m3 q (SGLang's
+// fp8 output type).
+DType KernelComputeType(const AttentionParams& p) {
+  return p.q_type == DType::kF8E4M3 ? DType::kBF16 : p.q_type;
+}
+
+// Shared memory one CTA of the fp8 form takes at head-dim capacity cap (INT_MAX: not built).
+int PortableFp8SmemBytes(int cap);
+
+// Whether the portable kernel's fp8 form (LaunchFlashFwdFp8) takes the call; sets the head-dim
+// capacity. Its dtypes: e4m3 q/k/v (bf16 out), bf16/fp16 q and k over e4m3 V (v_dequant), and
+// bf16/fp16 q over e4m3 K and V (an fp8 KV cache), each dequantized by the descales the params
+// carry; e5m2, float32 q and block-scaled q/k have no CUDA kernel.
+const char* CheckPortableFp8(const AttentionParams& p, const DeviceInfo& dev, int* cap) {
+  *cap = 0;
+  if (p.qk_block_scale != BlockScaleType::kNone)
+    return "jax_sgl.attention: block-scaled q/k (qk_blockscaled) runs on the CPU only: no CUDA "
+           "kernel applies e8m0 block scales yet";
+  const bool half_q = p.q_type == DType::kBF16 || p.q_type == DType::kF16;
+  const bool types =
+      p.v_type == DType::kF8E4M3 &&
+      (p.q_type == DType::kF8E4M3
+           ? p.k_type == DType::kF8E4M3 && p.out_type == DType::kBF16
+           : half_q && (p.k_type == p.q_type || p.k_type == DType::kF8E4M3) &&
+                 p.out_type == p.q_type);
+  if (!types)
+    return "jax_sgl.attention: the CUDA kernels read fp8 as float8_e4m3fn under bfloat16/float16 "
+           "compute: e4m3 q/k/v, bfloat16/float16 q and k over e4m3 v (v_dequant), or "
+           "bfloat16/float16 q over e4m3 k/v (an fp8 KV cache); float8_e5m2 and float32 q run on "
+           "the CPU backend";
+  *cap = SmallestCapacity(p, kFp8HeadDimCapacities);
+  if (*cap == 0 || p.head_dim % 8 || p.head_dim_v % 8)
+    return "jax_sgl.attention: the CUDA fp8 kernel supports head dims that are multiples of 8 up "
+           "to 256";
+  if (!HeadDimBuilt(*cap))
+    return "jax_sgl.attention: this build left out the CUDA fp8 kernel for the head dim "
+           "(JAX_SGL_ATTN_DISABLE_HDIM*; built for head-dim capacities 64, 128 and 256)";
+  // 8-byte copies of the e4m3 rows, 16-byte ones of a 16-bit K's.
+  if (p.k_row_stride % 8 || p.k_head_stride % 8 || p.v_row_stride % 8 || p.v_head_stride % 8)
+    return "jax_sgl.attention: the CUDA fp8 kernel needs K/V rows and heads at strides of 8 "
+           "elements";
+  if (int64_t(p.batch) * p.num_kv_heads > 65535)
+    return "jax_sgl.attention: the CUDA kernel supports batch * num_kv_heads <= 65535";
+  if (dev.cc_major < 8)
+    return "jax_sgl.attention: the CUDA fp8 kernel needs compute capability 8.0 or later";
+  if (PortableFp8SmemBytes(*cap) > dev.smem_optin)
+    return "jax_sgl.attention: the CUDA fp8 kernel at this head dim needs more shared memory per "
+           "block than this device allows (99 KiB at head-dim capacity 256)";
   return nullptr;
 }
 
@@ -304,15 +363,45 @@ cudaError_t LaunchForType(const FlashPlan& plan, const FlashFwdArgs& args, cudaS
   });
 }
 
+// The fp8 form's capacities: kFp8HeadDimCapacities (64, 128, 256).
+template <int kD>
+constexpr bool kFp8Built = kD == 64 || kD == 128 || kD == 256;
+
+template <typename T>
+cudaError_t LaunchFp8ForType(const FlashPlan& plan, const FlashFwdArgs& args, cudaStream_t stream) {
+  return WithHeadDimCap(plan.choice.head_dim_cap, cudaErrorInvalidValue, [&](auto d) {
+    constexpr int kD = decltype(d)::value;
+    if constexpr (kFp8Built<kD>) return LaunchFlashFwdFp8<T, kD>(args, plan.m_blocks, stream);
+    return cudaErrorInvalidValue;
+  });
+}
+
+int PortableFp8SmemBytes(int cap) {
+  return WithHeadDimCap(cap, INT_MAX, [](auto d) {
+    constexpr int kD = decltype(d)::value;
+    if constexpr (kFp8Built<kD>) return FlashFwdFp8SmemBytes<bf16_t, kD>();
+    return INT_MAX;
+  });
+}
+
 }  // namespace
 
 FwdChoice ChooseFwdKernel(const AttentionParams& p, const DeviceInfo& dev) {
   FwdChoice c;
-  if (Fp8KvCacheTypes(p)) {
-    if ((c.why = CheckFp8KvDecode(p, dev, &c.head_dim_cap)) != nullptr) return c;
-    c.kernel = FwdKernel::kDecodeWarp;
-    c.warp_form = DecodeTmaServes(p, c.head_dim_cap, dev) ? DecodeWarpForm::kTmaFp8Kv
-                                                          : DecodeWarpForm::kCpAsyncFp8Kv;
+  if (HasFp8Operand(p)) {
+    // Decode calls over an fp8 KV cache: the fp8-KV decode, which reads the pool's bytes as they
+    // are (decode is bandwidth bound: half the bytes per key is the cache's point).
+    if (Fp8KvCacheTypes(p) && CheckFp8KvDecode(p, dev, &c.head_dim_cap) == nullptr) {
+      c.kernel = FwdKernel::kDecodeWarp;
+      c.warp_form = DecodeTmaServes(p, c.head_dim_cap, dev) ? DecodeWarpForm::kTmaFp8Kv
+                                                            : DecodeWarpForm::kCpAsyncFp8Kv;
+      return c;
+    }
+    // Every other fp8 call shape (fp8 q/k/v, v_dequant, prefill / mixed batches / verify over an
+    // fp8 pool; dense, varlen, paged at any page size): the portable kernel's fp8 form, on any
+    // GPU from sm80. A faster kernel for some of these shapes takes them before this line.
+    if ((c.why = CheckPortableFp8(p, dev, &c.head_dim_cap)) != nullptr) return c;
+    c.kernel = FwdKernel::kPortableFp8;
     return c;
   }
   // Decode-shaped calls (a bound of kDecodeMaxQLen q rows per sequence: dense q, or varlen q
@@ -368,6 +457,7 @@ const char* FwdKernelName(const FwdChoice& choice) {
     case FwdKernel::kSm90: return "sm90";
     case FwdKernel::kSm100: return "sm100";
     case FwdKernel::kPortable: return "portable";
+    case FwdKernel::kPortableFp8: return "portable_fp8";
     case FwdKernel::kNone: break;
   }
   return "none";
@@ -387,13 +477,14 @@ const char* PlanFlashFwd(const AttentionParams& p, const DeviceInfo& dev, FlashP
 #endif
       return nullptr;
     case FwdKernel::kSm100: return nullptr;  // no scratch
-    case FwdKernel::kPortable: break;
+    case FwdKernel::kPortable:
+    case FwdKernel::kPortableFp8: break;
   }
   const int cap = plan->choice.head_dim_cap;
   const int num_sms = dev.num_sms;
   const int group = p.num_heads / p.num_kv_heads;
   const int64_t rows = int64_t(p.seqlen_q) * group;  // packed rows per sequence (a bound)
-  plan->decode = rows <= 16;
+  plan->decode = rows <= 16 && plan->choice.kernel == FwdKernel::kPortable;  // fp8: prefill only
   plan->block_m = plan->decode ? 16 : 64;
   plan->m_blocks = int(std::max<int64_t>(1, (rows + plan->block_m - 1) / plan->block_m));
 
@@ -455,6 +546,9 @@ const char* RunFlashFwd(const AttentionParams& p, const FlashPlan& plan, void* s
       err = p.q_type == DType::kBF16
               ? LaunchDecodeForType<bf16_t>(plan.choice.head_dim_cap, warp, d, stream)
               : LaunchDecodeForType<f16_t>(plan.choice.head_dim_cap, warp, d, stream);
+  } else if (kernel == FwdKernel::kPortableFp8) {
+    err = KernelComputeType(p) == DType::kBF16 ? LaunchFp8ForType<bf16_t>(plan, args, stream)
+                                               : LaunchFp8ForType<f16_t>(plan, args, stream);
   } else {
     err = p.q_type == DType::kBF16 ? LaunchForType<bf16_t>(plan, args, stream)
                                    : LaunchForType<f16_t>(plan, args, stream);
@@ -468,7 +562,7 @@ const char* RunFlashFwd(const AttentionParams& p, const FlashPlan& plan, void* s
   c.o_partial = args.o_partial;
   c.lse_partial = args.lse_partial;
   c.lse_partial_type = DType::kF32;
-  c.o_type = p.q_type;
+  c.o_type = KernelComputeType(p);
   return LaunchSplitCombine(c, stream);
 }
 

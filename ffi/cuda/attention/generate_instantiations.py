@@ -7,8 +7,9 @@ for the sm90 and sm100 families: the X-macro list of the family's kernels the di
 over (MACROS), each behind the same guard. Every macro of the list defaults to nothing, so an
 includer defines only the ones it switches over.
 
-Kinds: prefill_sm80 (the portable forward, prefill and decode warp layouts), decode (the decode
-kernels: block-wide and warp forms), decode_fp8kv (the TMA and cp.async warp forms over an fp8 e4m3
+Kinds: prefill_sm80 (the portable forward, prefill and decode warp layouts), prefill_sm80_fp8 (the
+same kernel over e4m3 operands: fp8 q/k/v, v_dequant, an fp8 KV cache; the dtype is the compute
+type), decode (the decode kernels: block-wide and warp forms), decode_fp8kv (the TMA and cp.async warp forms over an fp8 e4m3
 KV cache with bf16/fp16 q), bwd_sm80 (the portable backward), sm90_fwd and sm90_bwd (the
 Hopper forward and backward, sm_90a only; sm90_fwd_e4m3: the Hopper forward over e4m3 q/k/v, for
 the dtype "e4m3" only, instantiations.json's kind_dtypes), sm100_fwd and sm100_bwd (the Blackwell forward and
@@ -29,6 +30,10 @@ KINDS = {
     "prefill_sm80": ("prefill_sm80/kernel.cuh", [
         "template cudaError_t LaunchFlashFwd<{t}, {d}, false>(const FlashFwdArgs&, int, cudaStream_t);",
         "template cudaError_t LaunchFlashFwd<{t}, {d}, true>(const FlashFwdArgs&, int, cudaStream_t);",
+    ]),
+    "prefill_sm80_fp8": ("prefill_sm80/kernel.cuh", [
+        "template cudaError_t LaunchFlashFwdFp8<{t}, {d}>(const FlashFwdArgs&, int, cudaStream_t);",
+        "template int FlashFwdFp8SmemBytes<{t}, {d}>();",
     ]),
     "decode": ("decode/warp_launch.cuh", [
         "template cudaError_t LaunchFlashDecode<{t}, {d}>(const FlashDecodeArgs&, cudaStream_t);",

@@ -22,31 +22,14 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "ffi/cuda/attention/common/e4m3.cuh"
 #include "ffi/cuda/attention/common/mma.cuh"
 #include "ffi/cuda/attention/decode/stage_softmax.cuh"
 
 namespace jax_sgl::cuda::decode_fp8kv {
 
-// Two e4m3 values (low byte first) as two of q's 16-bit type, low half first: the sm_89+
-// conversion instruction, else (sm_80's cp.async form) the exact decode of the bits.
-template <typename T>
-__device__ __forceinline__ uint32_t E4m3x2To(uint32_t two) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 890
-  return flash::Elem<T>::Pack(ToFloat(f8e4m3_t{uint8_t(two & 0xffu)}),
-                              ToFloat(f8e4m3_t{uint8_t((two >> 8) & 0xffu)}));
-#else
-  uint32_t h;
-  asm("{\n .reg .b16 x;\n cvt.u16.u32 x, %1;\n cvt.rn.f16x2.e4m3x2 %0, x;\n}\n"
-      : "=r"(h)
-      : "r"(two));
-  if constexpr (std::is_same_v<T, f16_t>) {
-    return h;
-  } else {
-    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
-    return flash::Elem<bf16_t>::Pack(f.x, f.y);
-  }
-#endif
-}
+// The widening every fp8 operand of the CUDA kernels shares (common/e4m3.cuh).
+using flash::E4m3x2To;
 
 // Column of q's shared-memory tile that holds feature d (the K fragment order above).
 template <int kD>

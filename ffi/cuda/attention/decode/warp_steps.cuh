@@ -92,9 +92,6 @@ struct StageScoring : flash::RowScores {
     InitScale(p);
   }
 
-  // An fp8 KV cache's k_descale of the CTA's (sequence, kv head): the raw scores are q . stored k.
-  __device__ __forceinline__ void ScaleBy(float k_descale) { score_scale *= k_descale; }
-
   // The stage's 16 x 16 scores (keys key0 .. key0 + 15, `valid`: the keys that exist) into the
   // log2 domain, -inf where a row does not see the key, and each row half's max. A stage every
   // row sees whole skips the per-element mask (a warp-uniform branch).
