@@ -67,32 +67,11 @@ def _attention_fwd_abstract_eval(q, k, v, *optional, spec, present):
 _native_rule = ffi_rule(TARGET)
 
 
-# The Hopper fp8 forward's head dims (ffi/cuda/attention/instantiations.json sm90_fwd_e4m3).
-SM90_FP8_HEAD_DIMS = (64, 128, 256)
-
-
-def _sm90_fp8_serves(spec: AttentionSpec, q_dtype, k_dtype, v_dtype) -> bool:
-  """Whether an fp8 call lowers to the Hopper fp8 forward (sm90/fwd/fp8.cuh): e4m3 q/k/v with
-  per-head descales, dense or varlen k/v, head_dim == head_dim_v in SM90_FP8_HEAD_DIMS, a build
-  holding it and every CUDA device of this process Hopper (the lowering cannot see the GPU it
-  will run on, and the dispatch has no other kernel for these calls)."""
-  e4m3 = jnp.dtype(jnp.float8_e4m3fn)
-  return (all(jnp.dtype(t) == e4m3 for t in (q_dtype, k_dtype, v_dtype))
-          and not spec.qk_blockscaled and spec.kv_layout != KV_PAGED
-          and spec.head_dim == spec.head_dim_v and spec.head_dim in SM90_FP8_HEAD_DIMS
-          and "sm90" not in _disable.disabled()
-          and not ((spec.varlen_q or spec.kv_layout != KV_DENSE)
-                   and "sm90_varlen" in _disable.disabled())
-          and _registration.sm90_fwd_built(spec.head_dim, e4m3)
-          and _registration.local_cuda_devices_are_hopper())
-
-
 def _ffi_attrs(ctx, spec: AttentionSpec) -> dict:
   """The attributes shared by the forward and backward FFI targets."""
   q_aval = ctx.avals_in[0]
   max_seqlen_q = q_aval.shape[0] if spec.varlen_q else q_aval.shape[1]
-  if "cuda" in ctx.module_context.platforms and not _sm90_fp8_serves(
-      spec, q_aval.dtype, ctx.avals_in[1].dtype, ctx.avals_in[2].dtype):
+  if "cuda" in ctx.module_context.platforms:
     check_attention_cuda(q_aval.dtype, ctx.avals_in[2].dtype, spec.qk_blockscaled,
                          k_dtype=ctx.avals_in[1].dtype)
     warn_if_sm90_absent()
