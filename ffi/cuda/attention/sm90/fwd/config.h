@@ -116,11 +116,14 @@ struct FlashConfig {
   using SmemLayoutVtView = decltype(composition(
       SmemLayoutKV{}, make_layout(Shape<Int<kHeadDim>, Int<kBlockN>, Int<kStages>>{},
                                   Stride<Int<kBlockN>, _1, Int<kBlockN * kHeadDim>>{})));
-  using VtAtom = std::conditional_t<kBlockN * sizeof(Element) % 128 == 0,
+  // Only fp8 allocates it; 16-bit configs get a stand-in of 64 keys (their kBlockN, e.g. 80 at
+  // hd256, need not be a multiple of the swizzle atom, and tile_to_shape would refuse it).
+  static constexpr int kVtKeys = kFp8 ? kBlockN : 64;
+  using VtAtom = std::conditional_t<kVtKeys * sizeof(Element) % 128 == 0,
                                     GMMA::Layout_K_SW128_Atom<Element>,
                                     GMMA::Layout_K_SW64_Atom<Element>>;
   using SmemLayoutVtFp8 = decltype(tile_to_shape(
-      VtAtom{}, Shape<Int<kHeadDim>, Int<kBlockN>, Int<kStages>>{}));
+      VtAtom{}, Shape<Int<kHeadDim>, Int<kVtKeys>, Int<kStages>>{}));
   using SmemLayoutVt = std::conditional_t<kFp8, SmemLayoutVtFp8, SmemLayoutVtView>;
   // O as staged for its TMA store, in ElementOut (bf16 for fp8: a buffer of its own).
   using SwizzleAtomO = GMMA::Layout_K_SW128_Atom<ElementOut>;
