@@ -209,8 +209,17 @@ struct Geometry {
   bool pair_stores;      // an fp8 pool aligned for 2 * kVec-byte stores of adjacent vectors
 };
 
+// Blocks per SM the register budget must allow. An e4m3 pool's quantization took 88-107
+// registers (2 blocks of 256 threads per SM) against the 16-bit pools' 74-80 (3 blocks), and on
+// the H200 (2026-12-05) its write ran at 51-61% of copy against their 85-95%: the loads a thread
+// issues up front are this kernel's bytes in flight, so it needs the 16-bit pools' occupancy
+// (3 blocks: 80 registers, 8-12 bytes spilled). 0 leaves the 16-bit kernels as they were (same
+// SASS). To be measured: bench_rope_pool's fp8 rows.
+template <typename T, typename P>
+constexpr int kMinBlocksPerSm = std::is_same_v<P, T> ? 0 : 3;
+
 template <typename T, typename P, typename I, int kVec>
-__global__ void __launch_bounds__(kBlockThreads) RopePoolKernel(RopePoolParams p, Geometry geo) {
+__global__ void __launch_bounds__(kBlockThreads, (kMinBlocksPerSm<T, P>)) RopePoolKernel(RopePoolParams p, Geometry geo) {
   using V = Packed<T, kVec>;
   // (cos, sin) of every rotation pair of the block's tokens: [blockDim.y][rotary_dim / 2].
   extern __shared__ float2 cos_sin[];
