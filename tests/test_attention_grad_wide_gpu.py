@@ -6,8 +6,11 @@ NaN-poisoned gradient buffers. Skipped off compute capability 9.0 and where the 
 
 Shapes are ragged: tails of the 64-row steps and 64-key blocks, keys shorter than queries (causal
 rows that see no key), seqused_k, GQA groups of 1, 3, 4 and 8; masks: none, causal, sliding
-window, softcap. Calls the wide kernel does not serve (deterministic=True, varlen,
-head_dim != head_dim_v) lower to the reference (no native backward call), checked here too.
+window, softcap. Varlen (the kernel's kVarlen instantiation): packed q and k / v with rows
+no sequence covers, sequences without queries or keys, lengths off the 64-row / 64-key grid,
+seqused_k, checked sequence by sequence against the oracle (grad_rule.check_varlen_grads). Calls
+the wide kernel does not serve (deterministic=True, head_dim != head_dim_v) lower to the reference
+(no native backward call), checked here too.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import pytest
 
 import jax_sgl
 from attention_cases import is_sm90_device
-from grad_rule import bwd_kernel, check_grads, dense_inputs
+from grad_rule import bwd_kernel, check_grads, check_varlen_grads, dense_inputs, varlen_inputs
 
 pytestmark = pytest.mark.gpu
 
@@ -83,6 +86,44 @@ def test_sinks(head_dim):
   q, k, v = dense_inputs((2, 19, 300, 6, 2), head_dim, jnp.bfloat16, seed=head_dim + 2)
   sinks = jax.random.normal(jax.random.PRNGKey(5), (6,), jnp.float32)
   check_grads(q, k, v, {"causal": True, "sinks": sinks})
+
+
+# Ragged sequences: one row, an empty q, a sequence without keys (its rows see none), tails of the
+# 64-row steps and 64-key blocks, keys shorter than queries, exact multiples of 64.
+Q_LENS = (1, 150, 0, 333, 64, 19)
+K_LENS = (300, 130, 45, 400, 0, 77)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("mask", MASKS)
+def test_varlen(mask, head_dim, dtype):
+  _need(head_dim, dtype)
+  q, k, v, kw = varlen_inputs(Q_LENS, K_LENS, (8, 2), head_dim, dtype, seed=head_dim + len(mask))
+  kw = {**kw, **MASKS[mask]}
+  assert bwd_kernel(q, k, v, kw) == ("bwd", "sm90_bwd")
+  check_varlen_grads(q, k, v, kw)
+
+
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_varlen_seqused_k_sinks_and_lse_cotangent(head_dim):
+  _need(head_dim, jnp.bfloat16)
+  q, k, v, kw = varlen_inputs(Q_LENS, K_LENS, (8, 1), head_dim, jnp.bfloat16, seed=head_dim + 5)
+  used = jnp.asarray([250, 130, 45, 7, 0, 64], jnp.int32)
+  check_varlen_grads(q, k, v, {**kw, "seqused_k": used, "causal": True}, with_lse=True)
+  sinks = jax.random.normal(jax.random.PRNGKey(6), (8,), jnp.float32)
+  check_varlen_grads(q, k, v, {**kw, "sinks": sinks, "window": (100, 20)})
+
+
+def test_varlen_many_sequences():
+  """Many sequences (the key-block scan over cu_seqlens_k, the convert's search over the padded
+  workspace) and long ones (dq_accum sums over many key blocks)."""
+  _need(256, jnp.bfloat16)
+  rng = np.random.default_rng(3)
+  q_lens = tuple(int(x) for x in rng.integers(0, 300, 40)) + (1500,)
+  k_lens = tuple(int(x) for x in rng.integers(1, 300, 40)) + (1700,)
+  q, k, v, kw = varlen_inputs(q_lens, k_lens, (4, 2), 256, jnp.bfloat16, seed=21)
+  check_varlen_grads(q, k, v, {**kw, "causal": True})
 
 
 def test_long_sequence():

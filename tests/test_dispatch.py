@@ -238,6 +238,36 @@ def test_wide_calls_the_sm90_backward_leaves_out_lower_to_the_reference(monkeypa
   assert [d for d, _ in kernels] == ["fwd"], kernels
 
 
+def _varlen_grad_kernels(cc, d, **kwargs):
+  """The kernels of jax.grad of a ragged batch of 3 (packed q and k / v)."""
+  q, k, cu = _sds((3000, 12, d)), _sds((5000, 4, d)), _sds((4,), jnp.int32)
+  loss = lambda q, k, v, cq, ck: jax_sgl.attention(q, k, v, cu_seqlens_q=cq, cu_seqlens_k=ck,
+                                                   **kwargs).astype(jnp.float32).sum()
+  return cuda_attention_kernels(jax.grad(loss, argnums=(0, 1, 2)), q, k, k, cu, cu,
+                                compute_capability=cc)
+
+
+@pytest.mark.parametrize("head_dim", [192, 256])
+def test_wide_varlen_backward_runs_sm90_on_hopper(monkeypatch, head_dim):
+  """Above 128 varlen runs on the wide kernel's varlen instantiation (hd64 / hd128 varlen stays on
+  the sm80 backward: test_varlen_backward_runs_portable)."""
+  if not _built("sm90_bwd", head_dim):
+    pytest.skip(f"this build has no sm90 hd{head_dim} bf16 backward")
+  monkeypatch.setattr(_registration, "local_cuda_devices_are_hopper", lambda: True)
+  for kw in ({"causal": True}, {"window": (100, 0)}, {"softcap": 30.0}, {}):
+    assert _varlen_grad_kernels(HOPPER, head_dim, **kw)[-1] == ("bwd", "sm90_bwd"), kw
+  kind, kernel = _varlen_grad_kernels(AMPERE, head_dim, causal=True)[-1]
+  assert kind == "bwd" and kernel.startswith("none") and "Hopper" in kernel, kernel
+
+
+def test_wide_varlen_deterministic_lowers_to_the_reference(monkeypatch):
+  monkeypatch.setattr(_registration, "local_cuda_devices_are_hopper", lambda: True)
+  monkeypatch.setattr(_primitive, "_warned", set())
+  with pytest.warns(RuntimeWarning, match="reference"):
+    kernels = _varlen_grad_kernels(HOPPER, 256, causal=True, deterministic=True)
+  assert [d for d, _ in kernels] == ["fwd"], kernels
+
+
 def test_wide_backward_disable_switch(monkeypatch):
   monkeypatch.setattr(_registration, "local_cuda_devices_are_hopper", lambda: True)
   monkeypatch.setattr(_primitive, "_warned", set())

@@ -38,8 +38,14 @@ bool Built(DType t, int d) {
 }  // namespace
 
 const char* Sm90BwdUnsupported(const AttentionParams& p) {
-  if (p.cu_seqlens_q != nullptr || p.kv_layout != KvLayout::kDense)
-    return "sm90 backward: dense layout only (varlen runs on the sm80 backward)";
+  const bool varlen = p.cu_seqlens_q != nullptr || p.kv_layout != KvLayout::kDense;
+  if (p.kv_layout == KvLayout::kPaged) return "sm90 backward: no paged K/V";
+  // Varlen runs on the wide kernel's kVarlen instantiation (wide_kernel.cuh); config.h's kernel
+  // has none, and hd64 / hd128 varlen calls run on the sm80 backward.
+  if (varlen && p.head_dim <= 128)
+    return "sm90 backward: varlen (cu_seqlens) at head dims 192 and 256 only";
+  if (varlen && (p.cu_seqlens_q == nullptr || p.kv_layout != KvLayout::kVarlen))
+    return "sm90 backward: varlen q and k together (cu_seqlens_q and cu_seqlens_k)";
   if (!HalfPrecisionOperands(p))
     return "sm90 backward: float16/bfloat16 q, k, v and out only";
   if (p.head_dim != p.head_dim_v || !Built(p.q_type, p.head_dim))
@@ -49,10 +55,15 @@ const char* Sm90BwdUnsupported(const AttentionParams& p) {
   // grants; the sm80 dQ kernel stops at 128.
   if (p.head_dim > 128 && p.deterministic)
     return "sm90 backward: deterministic=True at head dims up to 128 only";
-  if (p.seqlen_q < 1 || p.seqlen_k < 1) return "sm90 backward: non-empty q and k";
-  // TMA byte strides below 2^40; the dQ accumulator's float offsets below 2^38 as well.
-  if ((int64_t(p.seqlen_q) + 128) * p.num_heads * p.head_dim * p.batch >= (int64_t(1) << 36) ||
-      int64_t(p.seqlen_k) * p.num_kv_heads * p.head_dim * p.batch >= (int64_t(1) << 36))
+  if (varlen ? p.total_q < 1 || p.total_k < 1 : p.seqlen_q < 1 || p.seqlen_k < 1)
+    return "sm90 backward: non-empty q and k";
+  // TMA byte strides below 2^40; the dQ accumulator's float offsets below 2^38 as well (varlen:
+  // the padded workspace's rows, Sm90BwdVarlenWsRows).
+  const int64_t q_rows = varlen ? p.total_q + int64_t(128) * (p.batch + 1)
+                                : (int64_t(p.seqlen_q) + 128) * p.batch;
+  const int64_t k_rows = varlen ? p.total_k : int64_t(p.seqlen_k) * p.batch;
+  if (q_rows * p.num_heads * p.head_dim >= (int64_t(1) << 36) ||
+      k_rows * p.num_kv_heads * p.head_dim >= (int64_t(1) << 36))
     return "sm90 backward: tensors below 2^36 elements";
   if (p.num_kv_heads > 65535 || p.batch > 65535 || p.num_heads % p.num_kv_heads != 0)
     return "sm90 backward: batch and kv heads <= 65535, whole GQA groups";
@@ -72,8 +83,13 @@ bool Sm90BwdEnabled(const AttentionParams& p, const DeviceInfo& dev) {
 // hd64: config.h's 128-row steps; hd128: 64 rows; hd192 / hd256: wide_config.h's 64.
 int Sm90BwdRowBlock(const AttentionParams& p) { return p.head_dim >= 128 ? 64 : 128; }
 
+int Sm90BwdVarlenWsRows(const AttentionParams& p) {
+  const int64_t block = Sm90BwdRowBlock(p);
+  return int((p.total_q + block * p.batch + block - 1) / block * block);
+}
+
 size_t Sm90BwdDqAccumFloats(const AttentionParams& p, int ws_rows) {
-  return size_t(p.batch) * p.num_heads * ws_rows * p.head_dim;
+  return size_t(p.cu_seqlens_q != nullptr ? 1 : p.batch) * p.num_heads * ws_rows * p.head_dim;
 }
 
 const char* Sm90BwdBuiltKernels() {
