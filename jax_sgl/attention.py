@@ -215,8 +215,8 @@ _native_bwd_rule = ffi_rule(BWD_TARGET)
 # flash_bwd_launch.h).
 CUDA_BWD_MAX_HEAD_DIM = 128
 # Head dims above it with a CUDA backward on Hopper only: the sm90 backward's wide kernel
-# (ffi/cuda/attention/sm90/bwd/wide_kernel.cuh), dense or varlen, head_dim == head_dim_v, not
-# deterministic.
+# (ffi/cuda/attention/sm90/bwd/wide_kernel.cuh), dense or varlen, head_dim == head_dim_v;
+# deterministic=True on the dense layout (its dQ from the atomic-free dQ kernel).
 SM90_BWD_WIDE_HEAD_DIMS = (192, 256)
 
 
@@ -235,8 +235,9 @@ def _wide_bwd_unsupported(spec: AttentionSpec, q_dtype) -> str | None:
             "on Hopper")
   if spec.kv_layout == KV_PAGED:
     return f"head dim {d}: gradients through paged KV have no CUDA backward"
-  if spec.deterministic:
-    return f"head dim {d}: deterministic=True has a CUDA backward up to head dim 128 only"
+  if spec.deterministic and spec.varlen_q:
+    return (f"head dim {d}: deterministic=True with varlen q/k has a CUDA backward up to head dim "
+            "128 only (the sm80 one)")
   if "sm90_bwd" in _disable.disabled():
     return f"head dim {d}: {_disable.ENV} names sm90_bwd, the only CUDA backward above 128"
   if not _registration.sm90_bwd_built(d, q_dtype):

@@ -224,18 +224,44 @@ def test_wide_backward_runs_sm90_on_hopper_only(monkeypatch, head_dim):
   assert kind == "bwd" and kernel.startswith("none"), kernel
 
 
-@pytest.mark.parametrize("kwargs", [{"deterministic": True}, {"d_v": 128}],
-                         ids=["deterministic", "dv_ne_d"])
-def test_wide_calls_the_sm90_backward_leaves_out_lower_to_the_reference(monkeypatch, kwargs):
+def test_wide_calls_the_sm90_backward_leaves_out_lower_to_the_reference(monkeypatch):
   monkeypatch.setattr(_registration, "local_cuda_devices_are_hopper", lambda: True)
   monkeypatch.setattr(_primitive, "_warned", set())
-  kwargs = dict(kwargs)
   q, k, v = _dense(d=256)
-  if "d_v" in kwargs:
-    v = _sds(v.shape[:-1] + (kwargs.pop("d_v"),))
   with pytest.warns(RuntimeWarning, match="reference"):
-    kernels = _grad_kernels(HOPPER, q, k, v, causal=True, **kwargs)
+    kernels = _grad_kernels(HOPPER, q, k, _sds(v.shape[:-1] + (128,)), causal=True)
   assert [d for d, _ in kernels] == ["fwd"], kernels
+
+
+@pytest.mark.parametrize("head_dim", [192, 256])
+def test_wide_deterministic_runs_the_sm90_dq_kernel(monkeypatch, head_dim):
+  if not _built("sm90_bwd", head_dim):
+    pytest.skip(f"this build has no sm90 hd{head_dim} bf16 backward")
+  monkeypatch.setattr(_registration, "local_cuda_devices_are_hopper", lambda: True)
+  args = _dense(sq=1000, sk=777, h=12, hkv=4, d=head_dim)
+  for kw in ({"causal": True}, {"window": (100, 0)}, {"softcap": 30.0}, {}):
+    kernels = _grad_kernels(HOPPER, *args, deterministic=True, **kw)
+    assert kernels[-1] == ("bwd", "sm90_bwd_dq_kernel"), kw
+
+
+@pytest.mark.parametrize("deterministic,kernel", [(False, "sm90_bwd"),
+                                                  (True, "sm90_bwd_dq_kernel")])
+def test_hd96_backward_runs_sm90_on_hopper(deterministic, kernel):
+  """hd96: config.h's kernel (64- / 32-byte swizzle atoms) on Hopper, dense; varlen stays on the
+  sm80 backward, as at 64 / 128."""
+  if not _built("sm90_bwd", 96):
+    pytest.skip("this build has no sm90 hd96 bf16 backward")
+  args = _dense(d=96)
+  assert _grad_kernels(HOPPER, *args, causal=True, deterministic=deterministic)[-1] == (
+      "bwd", kernel)
+  assert _grad_kernels(AMPERE, *args, causal=True, deterministic=deterministic)[-1] == (
+      "bwd", "portable_bwd")
+  q, k, cu = _sds((3000, 16, 96)), _sds((5000, 4, 96)), _sds((4,), jnp.int32)
+  loss = lambda q, k, v, cq, ck: jax_sgl.attention(q, k, v, cu_seqlens_q=cq, cu_seqlens_k=ck,
+                                                   causal=True).astype(jnp.float32).sum()
+  kernels = cuda_attention_kernels(jax.grad(loss, argnums=(0, 1, 2)), q, k, k, cu, cu,
+                                   compute_capability=HOPPER)
+  assert kernels[-1] == ("bwd", "portable_bwd")
 
 
 def _varlen_grad_kernels(cc, d, **kwargs):

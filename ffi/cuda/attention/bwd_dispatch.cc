@@ -59,7 +59,8 @@ size_t Bytes(int64_t rows, int64_t heads, int dim, DType t) {
 }
 
 // Head dims above the sm80 kernels' 128 (192, 256): the sm90 backward's wide kernel only, on a
-// Hopper device, for what it covers (dense or varlen, head_dim == head_dim_v, not deterministic:
+// Hopper device, for what it covers (dense or varlen, head_dim == head_dim_v; deterministic=True
+// dense only, its dQ by the atomic-free dQ kernel:
 // Sm90BwdUnsupported); everything else has no CUDA backward (the Python layer lowers it to the
 // reference: attention.py, cuda_bwd_unsupported).
 BwdChoice ChooseWideBwdKernel(const AttentionParams& p, const DeviceInfo& dev) {
@@ -68,7 +69,7 @@ BwdChoice ChooseWideBwdKernel(const AttentionParams& p, const DeviceInfo& dev) {
 #ifdef JAX_SGL_HAVE_SM90
   const char* why = Sm90BwdUnsupported(p);
   if (why == nullptr && Sm90BwdEnabled(p, dev)) {
-    c.kernel = BwdKernel::kSm90;
+    c.kernel = p.deterministic ? BwdKernel::kSm90DqKernel : BwdKernel::kSm90;
     return c;
   }
   if (why != nullptr) {

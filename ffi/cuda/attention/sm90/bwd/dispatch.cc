@@ -49,12 +49,10 @@ const char* Sm90BwdUnsupported(const AttentionParams& p) {
   if (!HalfPrecisionOperands(p))
     return "sm90 backward: float16/bfloat16 q, k, v and out only";
   if (p.head_dim != p.head_dim_v || !Built(p.q_type, p.head_dim))
-    return "sm90 backward: head_dim == head_dim_v in the built set (64, 128, 192, 256) only";
-  // The atomic-free dQ kernel (dq_kernel.cuh) holds a [64 rows, D] float32 dQ per warpgroup in
-  // registers: 128 floats per thread at hd256 beside S, dP and dS, over the 240 setmaxnreg
-  // grants; the sm80 dQ kernel stops at 128.
-  if (p.head_dim > 128 && p.deterministic)
-    return "sm90 backward: deterministic=True at head dims up to 128 only";
+    return "sm90 backward: head_dim == head_dim_v in the built set (64, 96, 128, 192, 256) only";
+  // The atomic-free dQ kernel (dq_kernel.cuh) reads dense tensors only.
+  if (varlen && p.deterministic)
+    return "sm90 backward: deterministic=True on the dense layout only (varlen dQ is reduced)";
   if (varlen ? p.total_q < 1 || p.total_k < 1 : p.seqlen_q < 1 || p.seqlen_k < 1)
     return "sm90 backward: non-empty q and k";
   // TMA byte strides below 2^40; the dQ accumulator's float offsets below 2^38 as well (varlen:
@@ -72,16 +70,17 @@ const char* Sm90BwdUnsupported(const AttentionParams& p) {
   return nullptr;
 }
 
-// Every built instantiation passed the GPU gradient tests (hd64 / hd128 x bf16 / fp16, both dQ
-// modes; H100 and H200, 2026-12-02), so all run by default; JAX_SGL_DISABLE=sm90_bwd (a bit of
-// p.disable) turns them off.
+// hd64 / hd128 passed the GPU gradient tests (bf16 / fp16, both dQ modes; H100 and H200,
+// 2026-12-02); hd96, hd192 / hd256 and the varlen and deterministic paths above 128 await their
+// first GPU run (tests/test_attention_grad_wide_gpu.py). All run by default; JAX_SGL_DISABLE=
+// sm90_bwd (a bit of p.disable) turns them off.
 bool Sm90BwdEnabled(const AttentionParams& p, const DeviceInfo& dev) {
   if (p.disable & kDisableSm90Bwd) return false;
   return IsSm90(dev);
 }
 
-// hd64: config.h's 128-row steps; hd128: 64 rows; hd192 / hd256: wide_config.h's 64.
-int Sm90BwdRowBlock(const AttentionParams& p) { return p.head_dim >= 128 ? 64 : 128; }
+// hd64: config.h's 128-row steps; hd96 / hd128: 64 rows; hd192 / hd256: wide_config.h's 64.
+int Sm90BwdRowBlock(const AttentionParams& p) { return p.head_dim == 64 ? 128 : 64; }
 
 int Sm90BwdVarlenWsRows(const AttentionParams& p) {
   const int64_t block = Sm90BwdRowBlock(p);

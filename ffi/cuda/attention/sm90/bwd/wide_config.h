@@ -1,6 +1,6 @@
 // Compile-time shape of the sm_90a flash attention backward for the wide head dims (192, 256):
 // tiles, shared memory layouts and the four warpgroup MMAs, as CuTe types (wide_kernel.cuh runs
-// them). hd64 / hd128 keep config.h's shape: this one exists because at hd256 that shape's
+// them). hd64 / hd96 / hd128 keep config.h's shape: this one exists because at hd256 that shape's
 // per-thread dK + dV (2 x 128 floats for 64 keys x 256 features) exceeds the 240 registers.
 //
 // CTA = 3 warpgroups over 64 keys of one (kv head, batch): warpgroup 0 loads (TMA); warpgroups 1
