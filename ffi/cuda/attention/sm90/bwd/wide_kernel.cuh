@@ -5,8 +5,8 @@
 // FlashBwdSm90DqConvertKernel converts it); what differs is who owns what: the two consumers
 // split the head dim of dK, dV and dQ and the query rows of S^T / dP^T, and P^T, dS^T go through
 // smem because each consumer's dV / dK GEMM reads all of them.
-// dK and dV are stored once at the end through the K / V smem by TMA (deterministic); dQ needs
-// dq_accum (the deterministic mode does not run here: Sm90BwdUnsupported).
+// dK and dV are stored once at the end through the K / V smem by TMA (deterministic); dQ goes to
+// dq_accum, or with dq_accum == nullptr (deterministic=True) nowhere: dq_kernel.cuh computes it.
 // kVarlen (cu_seqlens_q and cu_seqlens_k): one CTA per linear key block of all sequences
 // (varlen_block.cuh), Q / dO / K / V tiles at the sequence's rows of packed views, the row
 // values and dq_accum in the padded workspace (PaddedSeqRow0), dK / dV stored row by row from
