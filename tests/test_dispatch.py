@@ -189,14 +189,14 @@ def test_backward_disable_switch(monkeypatch):
 
 
 @pytest.mark.parametrize("cc", [HOPPER, BLACKWELL])
-def test_varlen_backward_runs_portable(cc):
-  q, k = _sds((3000, 16, 128)), _sds((5000, 4, 128))
-  cu = _sds((4,), jnp.int32)
-  loss = lambda q, k, v, cq, ck: jax_sgl.attention(q, k, v, cu_seqlens_q=cq, cu_seqlens_k=ck,
-                                                   causal=True).astype(jnp.float32).sum()
-  kernels = cuda_attention_kernels(jax.grad(loss, argnums=(0, 1, 2)), q, k, k, cu, cu,
-                                   compute_capability=cc)
-  assert kernels[-1] == ("bwd", "portable_bwd")
+def test_varlen_backward_up_to_128_runs_the_wide_sm90_kernel_on_hopper(cc):
+  """Varlen at hd <= 128: the wide kernel's varlen instantiation on Hopper (config.h's kernel has
+  no varlen), the sm80 backward elsewhere and with deterministic=True."""
+  sm90 = cc == HOPPER and _built("sm90_bwd", 128)
+  assert _varlen_grad_kernels(cc, 128, causal=True)[-1] == (
+      "bwd", "sm90_bwd" if sm90 else "portable_bwd")
+  assert _varlen_grad_kernels(cc, 128, causal=True, deterministic=True)[-1] == (
+      "bwd", "portable_bwd")
 
 
 def test_head_dims_above_128_lower_to_the_reference_without_a_local_hopper(monkeypatch):
@@ -247,8 +247,8 @@ def test_wide_deterministic_runs_the_sm90_dq_kernel(monkeypatch, head_dim):
 @pytest.mark.parametrize("deterministic,kernel", [(False, "sm90_bwd"),
                                                   (True, "sm90_bwd_dq_kernel")])
 def test_hd96_backward_runs_sm90_on_hopper(deterministic, kernel):
-  """hd96: config.h's kernel (64- / 32-byte swizzle atoms) on Hopper, dense; varlen stays on the
-  sm80 backward, as at 64 / 128."""
+  """hd96: config.h's kernel (64- / 32-byte swizzle atoms) on Hopper, dense; varlen on the wide
+  kernel's varlen instantiation, as at 64 / 128."""
   if not _built("sm90_bwd", 96):
     pytest.skip("this build has no sm90 hd96 bf16 backward")
   args = _dense(d=96)
@@ -256,12 +256,7 @@ def test_hd96_backward_runs_sm90_on_hopper(deterministic, kernel):
       "bwd", kernel)
   assert _grad_kernels(AMPERE, *args, causal=True, deterministic=deterministic)[-1] == (
       "bwd", "portable_bwd")
-  q, k, cu = _sds((3000, 16, 96)), _sds((5000, 4, 96)), _sds((4,), jnp.int32)
-  loss = lambda q, k, v, cq, ck: jax_sgl.attention(q, k, v, cu_seqlens_q=cq, cu_seqlens_k=ck,
-                                                   causal=True).astype(jnp.float32).sum()
-  kernels = cuda_attention_kernels(jax.grad(loss, argnums=(0, 1, 2)), q, k, k, cu, cu,
-                                   compute_capability=HOPPER)
-  assert kernels[-1] == ("bwd", "portable_bwd")
+  assert _varlen_grad_kernels(HOPPER, 96, causal=True)[-1] == ("bwd", "sm90_bwd")
 
 
 def _varlen_grad_kernels(cc, d, **kwargs):
@@ -275,8 +270,7 @@ def _varlen_grad_kernels(cc, d, **kwargs):
 
 @pytest.mark.parametrize("head_dim", [192, 256])
 def test_wide_varlen_backward_runs_sm90_on_hopper(monkeypatch, head_dim):
-  """Above 128 varlen runs on the wide kernel's varlen instantiation (hd64 / hd128 varlen stays on
-  the sm80 backward: test_varlen_backward_runs_portable)."""
+  """Above 128 varlen runs on the wide kernel's varlen instantiation (as at 64 / 96 / 128)."""
   if not _built("sm90_bwd", head_dim):
     pytest.skip(f"this build has no sm90 hd{head_dim} bf16 backward")
   monkeypatch.setattr(_registration, "local_cuda_devices_are_hopper", lambda: True)

@@ -40,10 +40,8 @@ bool Built(DType t, int d) {
 const char* Sm90BwdUnsupported(const AttentionParams& p) {
   const bool varlen = p.cu_seqlens_q != nullptr || p.kv_layout != KvLayout::kDense;
   if (p.kv_layout == KvLayout::kPaged) return "sm90 backward: no paged K/V";
-  // Varlen runs on the wide kernel's kVarlen instantiation (wide_kernel.cuh); config.h's kernel
-  // has none, and hd64 / hd128 varlen calls run on the sm80 backward.
-  if (varlen && p.head_dim <= 128)
-    return "sm90 backward: varlen (cu_seqlens) at head dims 192 and 256 only";
+  // Varlen runs on the wide kernel's kVarlen instantiation (wide_kernel.cuh) at every head dim:
+  // config.h's kernel has none.
   if (varlen && (p.cu_seqlens_q == nullptr || p.kv_layout != KvLayout::kVarlen))
     return "sm90 backward: varlen q and k together (cu_seqlens_q and cu_seqlens_k)";
   if (!HalfPrecisionOperands(p))
@@ -79,8 +77,11 @@ bool Sm90BwdEnabled(const AttentionParams& p, const DeviceInfo& dev) {
   return IsSm90(dev);
 }
 
-// hd64: config.h's 128-row steps; hd96 / hd128: 64 rows; hd192 / hd256: wide_config.h's 64.
-int Sm90BwdRowBlock(const AttentionParams& p) { return p.head_dim == 64 ? 128 : 64; }
+// hd64: config.h's 128-row steps; hd96 / hd128: 64 rows; hd192 / hd256 and varlen:
+// wide_config.h's 64.
+int Sm90BwdRowBlock(const AttentionParams& p) {
+  return p.head_dim == 64 && p.cu_seqlens_q == nullptr ? 128 : 64;
+}
 
 int Sm90BwdVarlenWsRows(const AttentionParams& p) {
   const int64_t block = Sm90BwdRowBlock(p);
@@ -102,8 +103,8 @@ const char* Sm90BwdBuiltKernels() {
 }
 
 bool Sm90BwdTailSplitRequested(const AttentionParams& p) {
-  // The wide head dims' kernel (wide_launch.cuh) has no tail split.
-  return p.head_dim <= 128 && !p.causal && p.window_left < 0 && p.window_right < 0 && p.seqused_k == nullptr &&
+  // The wide kernel (wide_launch.cuh: head dims above 128, varlen) has no tail split.
+  return p.head_dim <= 128 && p.cu_seqlens_q == nullptr && !p.causal && p.window_left < 0 && p.window_right < 0 && p.seqused_k == nullptr &&
          p.softcap <= 0.f;
 }
 

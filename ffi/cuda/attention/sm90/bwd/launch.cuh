@@ -86,11 +86,15 @@ cudaError_t LaunchFlashBwdSm90Narrow(const FlashBwdArgs& args, float* dq_accum, 
 
 }  // namespace sm90
 
+// Above hd128 the wide kernel; at and below it config.h's kernel, and for varlen calls (which it
+// does not serve) the wide kernel's varlen instantiation.
 template <typename T, int kHeadDim>
 cudaError_t LaunchFlashBwdSm90(const FlashBwdArgs& args, float* dq_accum, bool dq_kernel,
                                cudaStream_t stream) {
   if constexpr (kHeadDim > 128)
     return sm90::LaunchFlashBwdSm90Wide<T, kHeadDim>(args, dq_accum, dq_kernel, stream);
+  else if (args.bp.fwd.cu_seqlens_q != nullptr)
+    return sm90::LaunchFlashBwdSm90Wide<T, kHeadDim, true>(args, dq_accum, dq_kernel, stream);
   else
     return sm90::LaunchFlashBwdSm90Narrow<T, kHeadDim>(args, dq_accum, dq_kernel, stream);
 }

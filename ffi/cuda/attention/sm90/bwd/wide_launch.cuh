@@ -17,7 +17,9 @@
 
 namespace jax_sgl::cuda::sm90 {
 
-template <typename T, int kHeadDim>
+// kVarlenOnly: the varlen calls of head dims 64 / 96 / 128 (config.h's kernel serves their dense
+// ones), so only the kVarlen kernels are compiled.
+template <typename T, int kHeadDim, bool kVarlenOnly = false>
 cudaError_t LaunchFlashBwdSm90Wide(const FlashBwdArgs& args, float* dq_accum, bool dq_kernel,
                                    cudaStream_t stream) {
   using Cfg = BwdWideConfig<typename CutlassType<T>::type, kHeadDim>;
@@ -29,7 +31,7 @@ cudaError_t LaunchFlashBwdSm90Wide(const FlashBwdArgs& args, float* dq_accum, bo
   // Varlen: cu_seqlens_q with cu_seqlens_k (Sm90BwdUnsupported).
   const bool varlen = p.cu_seqlens_q != nullptr;
   if (varlen != (args.ws_seq_align == Cfg::kBlockM) ||
-      varlen != (p.kv_layout == KvLayout::kVarlen))
+      varlen != (p.kv_layout == KvLayout::kVarlen) || (kVarlenOnly && !varlen))
     return cudaErrorInvalidValue;
   const int m_blocks = args.ws_rows / Cfg::kBlockM;
   const int n_blocks = (p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN;
@@ -46,23 +48,28 @@ cudaError_t LaunchFlashBwdSm90Wide(const FlashBwdArgs& args, float* dq_accum, bo
                              stream)) != cudaSuccess)
     return err;
   const bool softcap = p.softcap > 0.f;
-  auto kernel = varlen ? (softcap ? FlashBwdSm90WideKernel<Cfg, true, true>
-                                  : FlashBwdSm90WideKernel<Cfg, false, true>)
-                       : (softcap ? FlashBwdSm90WideKernel<Cfg, true>
-                                  : FlashBwdSm90WideKernel<Cfg, false>);
+  auto kernel = softcap ? FlashBwdSm90WideKernel<Cfg, true, true>
+                        : FlashBwdSm90WideKernel<Cfg, false, true>;
+  if constexpr (!kVarlenOnly) {
+    if (!varlen)
+      kernel = softcap ? FlashBwdSm90WideKernel<Cfg, true> : FlashBwdSm90WideKernel<Cfg, false>;
+  }
   if ((err = LaunchWithSmem(kernel, dim3(grid_x, p.num_kv_heads, varlen ? 1 : p.batch),
                             Cfg::kThreads, sizeof(typename Cfg::SharedStorage), stream,
                             params)) != cudaSuccess)
     return err;
-  if (dq_kernel) return LaunchFlashBwdSm90Dq<T, kHeadDim>(args, stream);
   auto* dq = static_cast<typename Cfg::Element*>(bp.dq);
-  if (varlen)
+  if (varlen) {
     FlashBwdSm90DqConvertKernel<Cfg, true><<<dim3(m_blocks, p.num_heads, 1), 256, 0, stream>>>(
         dq_accum, dq, int(p.total_q), p.num_heads, m_blocks, p.softmax_scale, p.cu_seqlens_q,
         p.batch);
-  else
+    return cudaGetLastError();
+  }
+  if constexpr (!kVarlenOnly) {
+    if (dq_kernel) return LaunchFlashBwdSm90Dq<T, kHeadDim>(args, stream);
     FlashBwdSm90DqConvertKernel<Cfg><<<dim3(m_blocks, p.num_heads, p.batch), 256, 0, stream>>>(
         dq_accum, dq, p.seqlen_q, p.num_heads, m_blocks, p.softmax_scale);
+  }
   return cudaGetLastError();
 }
 
