@@ -209,14 +209,16 @@ def test_head_dims_above_128_lower_to_the_reference_without_a_local_hopper(monke
   assert [d for d, _ in kernels] == ["fwd"], kernels
 
 
+@pytest.mark.parametrize("deterministic,want", [(False, "sm90_bwd"), (True, "sm90_bwd_dq_kernel")])
 @pytest.mark.parametrize("head_dim", [192, 256])
-def test_wide_backward_runs_sm90_on_hopper_only(monkeypatch, head_dim):
+def test_wide_backward_runs_sm90_on_hopper_only(monkeypatch, head_dim, deterministic, want):
+  """deterministic=True: the wide dK/dV kernel, then the atomic-free dQ kernel."""
   if not _built("sm90_bwd", head_dim):
     pytest.skip(f"this build has no sm90 hd{head_dim} bf16 backward")
   monkeypatch.setattr(_registration, "local_cuda_devices_are_hopper", lambda: True)
   args = _dense(sq=1000, sk=777, h=12, hkv=4, d=head_dim)
   for kw in ({"causal": True}, {"window": (100, 0)}, {"softcap": 30.0}, {}):
-    assert _grad_kernels(HOPPER, *args, **kw)[-1] == ("bwd", "sm90_bwd"), kw
+    assert _grad_kernels(HOPPER, *args, deterministic=deterministic, **kw)[-1] == ("bwd", want), kw
   # Off Hopper the dispatch has no backward for it: the Python gate must not emit the call there.
   kind, kernel = _grad_kernels(AMPERE, *args, causal=True)[-1]
   assert kind == "bwd" and kernel.startswith("none") and "Hopper" in kernel, kernel
@@ -231,17 +233,6 @@ def test_wide_calls_the_sm90_backward_leaves_out_lower_to_the_reference(monkeypa
   with pytest.warns(RuntimeWarning, match="reference"):
     kernels = _grad_kernels(HOPPER, q, k, _sds(v.shape[:-1] + (128,)), causal=True)
   assert [d for d, _ in kernels] == ["fwd"], kernels
-
-
-@pytest.mark.parametrize("head_dim", [192, 256])
-def test_wide_deterministic_runs_the_sm90_dq_kernel(monkeypatch, head_dim):
-  if not _built("sm90_bwd", head_dim):
-    pytest.skip(f"this build has no sm90 hd{head_dim} bf16 backward")
-  monkeypatch.setattr(_registration, "local_cuda_devices_are_hopper", lambda: True)
-  args = _dense(sq=1000, sk=777, h=12, hkv=4, d=head_dim)
-  for kw in ({"causal": True}, {"window": (100, 0)}, {"softcap": 30.0}, {}):
-    kernels = _grad_kernels(HOPPER, *args, deterministic=True, **kw)
-    assert kernels[-1] == ("bwd", "sm90_bwd_dq_kernel"), kw
 
 
 @pytest.mark.parametrize("deterministic,kernel", [(False, "sm90_bwd"),
