@@ -149,7 +149,7 @@ endfunction()
 # Hopper flash forward and backward (ffi/cuda/attention/sm90, CuTe wgmma + TMA): built when 90a is
 # among the archs and CuTe is found. At run time JAX_SGL_DISABLE=sm90 turns the forward off and
 # JAX_SGL_DISABLE=sm90_bwd the backward.
-set(JAX_SGL_SM90_HEAD_DIMS "64;128;192;256" CACHE STRING "sm90 attention head dims to build")
+set(JAX_SGL_SM90_HEAD_DIMS "64;96;128;192;256" CACHE STRING "sm90 attention head dims to build")
 set(JAX_SGL_SM90_DTYPES "bf16;fp16;e4m3" CACHE STRING "sm90 attention dtypes to build (e4m3: the forward only)")
 if("90a" IN_LIST JAX_SGL_CUDA_ARCHS AND TARGET jax_sgl_cutlass AND JAX_SGL_SM90_HEAD_DIMS)
   jax_sgl_arch_family(sm90 90a "${JAX_SGL_SM90_HEAD_DIMS}" "${JAX_SGL_SM90_DTYPES}" "")

@@ -189,14 +189,14 @@ def test_backward_disable_switch(monkeypatch):
 
 
 @pytest.mark.parametrize("cc", [HOPPER, BLACKWELL])
-def test_varlen_backward_runs_portable(cc):
-  q, k = _sds((3000, 16, 128)), _sds((5000, 4, 128))
-  cu = _sds((4,), jnp.int32)
-  loss = lambda q, k, v, cq, ck: jax_sgl.attention(q, k, v, cu_seqlens_q=cq, cu_seqlens_k=ck,
-                                                   causal=True).astype(jnp.float32).sum()
-  kernels = cuda_attention_kernels(jax.grad(loss, argnums=(0, 1, 2)), q, k, k, cu, cu,
-                                   compute_capability=cc)
-  assert kernels[-1] == ("bwd", "portable_bwd")
+def test_varlen_backward_up_to_128_runs_the_wide_sm90_kernel_on_hopper(cc):
+  """Varlen at hd <= 128: the wide kernel's varlen instantiation on Hopper (config.h's kernel has
+  no varlen), the sm80 backward elsewhere and with deterministic=True."""
+  sm90 = cc == HOPPER and _built("sm90_bwd", 128)
+  assert _varlen_grad_kernels(cc, 128, causal=True)[-1] == (
+      "bwd", "sm90_bwd" if sm90 else "portable_bwd")
+  assert _varlen_grad_kernels(cc, 128, causal=True, deterministic=True)[-1] == (
+      "bwd", "portable_bwd")
 
 
 def test_head_dims_above_128_lower_to_the_reference_without_a_local_hopper(monkeypatch):
@@ -209,14 +209,16 @@ def test_head_dims_above_128_lower_to_the_reference_without_a_local_hopper(monke
   assert [d for d, _ in kernels] == ["fwd"], kernels
 
 
+@pytest.mark.parametrize("deterministic,want", [(False, "sm90_bwd"), (True, "sm90_bwd_dq_kernel")])
 @pytest.mark.parametrize("head_dim", [192, 256])
-def test_wide_backward_runs_sm90_on_hopper_only(monkeypatch, head_dim):
+def test_wide_backward_runs_sm90_on_hopper_only(monkeypatch, head_dim, deterministic, want):
+  """deterministic=True: the wide dK/dV kernel, then the atomic-free dQ kernel."""
   if not _built("sm90_bwd", head_dim):
     pytest.skip(f"this build has no sm90 hd{head_dim} bf16 backward")
   monkeypatch.setattr(_registration, "local_cuda_devices_are_hopper", lambda: True)
   args = _dense(sq=1000, sk=777, h=12, hkv=4, d=head_dim)
   for kw in ({"causal": True}, {"window": (100, 0)}, {"softcap": 30.0}, {}):
-    assert _grad_kernels(HOPPER, *args, **kw)[-1] == ("bwd", "sm90_bwd"), kw
+    assert _grad_kernels(HOPPER, *args, deterministic=deterministic, **kw)[-1] == ("bwd", want), kw
   # Off Hopper the dispatch has no backward for it: the Python gate must not emit the call there.
   kind, kernel = _grad_kernels(AMPERE, *args, causal=True)[-1]
   assert kind == "bwd" and kernel.startswith("none") and "Hopper" in kernel, kernel
@@ -224,17 +226,56 @@ def test_wide_backward_runs_sm90_on_hopper_only(monkeypatch, head_dim):
   assert kind == "bwd" and kernel.startswith("none"), kernel
 
 
-@pytest.mark.parametrize("kwargs", [{"deterministic": True}, {"d_v": 128}],
-                         ids=["deterministic", "dv_ne_d"])
-def test_wide_calls_the_sm90_backward_leaves_out_lower_to_the_reference(monkeypatch, kwargs):
+def test_wide_calls_the_sm90_backward_leaves_out_lower_to_the_reference(monkeypatch):
   monkeypatch.setattr(_registration, "local_cuda_devices_are_hopper", lambda: True)
   monkeypatch.setattr(_primitive, "_warned", set())
-  kwargs = dict(kwargs)
   q, k, v = _dense(d=256)
-  if "d_v" in kwargs:
-    v = _sds(v.shape[:-1] + (kwargs.pop("d_v"),))
   with pytest.warns(RuntimeWarning, match="reference"):
-    kernels = _grad_kernels(HOPPER, q, k, v, causal=True, **kwargs)
+    kernels = _grad_kernels(HOPPER, q, k, _sds(v.shape[:-1] + (128,)), causal=True)
+  assert [d for d, _ in kernels] == ["fwd"], kernels
+
+
+@pytest.mark.parametrize("deterministic,kernel", [(False, "sm90_bwd"),
+                                                  (True, "sm90_bwd_dq_kernel")])
+def test_hd96_backward_runs_sm90_on_hopper(deterministic, kernel):
+  """hd96: config.h's kernel (64- / 32-byte swizzle atoms) on Hopper, dense; varlen on the wide
+  kernel's varlen instantiation, as at 64 / 128."""
+  if not _built("sm90_bwd", 96):
+    pytest.skip("this build has no sm90 hd96 bf16 backward")
+  args = _dense(d=96)
+  assert _grad_kernels(HOPPER, *args, causal=True, deterministic=deterministic)[-1] == (
+      "bwd", kernel)
+  assert _grad_kernels(AMPERE, *args, causal=True, deterministic=deterministic)[-1] == (
+      "bwd", "portable_bwd")
+  assert _varlen_grad_kernels(HOPPER, 96, causal=True)[-1] == ("bwd", "sm90_bwd")
+
+
+def _varlen_grad_kernels(cc, d, **kwargs):
+  """The kernels of jax.grad of a ragged batch of 3 (packed q and k / v)."""
+  q, k, cu = _sds((3000, 12, d)), _sds((5000, 4, d)), _sds((4,), jnp.int32)
+  loss = lambda q, k, v, cq, ck: jax_sgl.attention(q, k, v, cu_seqlens_q=cq, cu_seqlens_k=ck,
+                                                   **kwargs).astype(jnp.float32).sum()
+  return cuda_attention_kernels(jax.grad(loss, argnums=(0, 1, 2)), q, k, k, cu, cu,
+                                compute_capability=cc)
+
+
+@pytest.mark.parametrize("head_dim", [192, 256])
+def test_wide_varlen_backward_runs_sm90_on_hopper(monkeypatch, head_dim):
+  """Above 128 varlen runs on the wide kernel's varlen instantiation (as at 64 / 96 / 128)."""
+  if not _built("sm90_bwd", head_dim):
+    pytest.skip(f"this build has no sm90 hd{head_dim} bf16 backward")
+  monkeypatch.setattr(_registration, "local_cuda_devices_are_hopper", lambda: True)
+  for kw in ({"causal": True}, {"window": (100, 0)}, {"softcap": 30.0}, {}):
+    assert _varlen_grad_kernels(HOPPER, head_dim, **kw)[-1] == ("bwd", "sm90_bwd"), kw
+  kind, kernel = _varlen_grad_kernels(AMPERE, head_dim, causal=True)[-1]
+  assert kind == "bwd" and kernel.startswith("none") and "Hopper" in kernel, kernel
+
+
+def test_wide_varlen_deterministic_lowers_to_the_reference(monkeypatch):
+  monkeypatch.setattr(_registration, "local_cuda_devices_are_hopper", lambda: True)
+  monkeypatch.setattr(_primitive, "_warned", set())
+  with pytest.warns(RuntimeWarning, match="reference"):
+    kernels = _varlen_grad_kernels(HOPPER, 256, causal=True, deterministic=True)
   assert [d for d, _ in kernels] == ["fwd"], kernels
 
 

@@ -29,6 +29,7 @@
 #include <cutlass/arch/reg_reconfig.h>
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
+#include "ffi/cuda/attention/flash_bwd_launch.h"  // FindPaddedSeq
 #include "ffi/cuda/attention/sm90/bwd/config.h"
 #include "ffi/cuda/attention/sm90/fwd/softmax.h"  // AccCoord
 #include "ffi/cuda/attention/sm90/wgmma.cuh"
@@ -72,6 +73,17 @@ struct BwdKernelParams {
   int tail_splits;
   float* tail_dk;      // [tail block, split, kBlockN, head_dim]
   float* tail_dv;
+  // Varlen (the wide kernel's kVarlen instantiation only; appended, so the dense kernels' fields
+  // keep their places): q / dout and k / v as packed rows [total, head dim, heads, 1], one CTA
+  // per linear key block of all sequences (varlen_block.cuh), the workspace per sequence at
+  // PaddedSeqRow0, dK / dV stored row by row.
+  const int* cu_seqlens_q;  // [batch + 1], or nullptr (dense)
+  const int* cu_seqlens_k;
+  int total_q;
+  int total_k;
+  int batch;
+  typename Cfg::Element* dk;  // [total_k, num_kv_heads, head_dim]
+  typename Cfg::Element* dv;
 };
 
 // Named barriers (ids after CUTLASS's reserved ones).
@@ -160,12 +172,12 @@ __device__ __forceinline__ void PToDs(const AccP& p, AccDp& dp, Dsum dsum) {
 
 // Whether a step of rows [row0, row0 + block_m) against the CTA's keys [n0, n0 + block_n) needs
 // the mask: its rows or keys run past the ends, or a row does not see every key (causal
-// diagonal, sliding window: bottom-right aligned, diag = k_len - seqlen_q).
+// diagonal, sliding window: bottom-right aligned, diag = k_len - q_len).
 template <typename Cfg>
 __device__ __forceinline__ bool StepMasked(BwdKernelParams<Cfg> const& params, int row0,
-                                           int block_m, int n0, int block_n, int k_len,
-                                           int diag) {
-  return n0 + block_n > k_len || row0 + block_m > params.seqlen_q ||
+                                           int block_m, int n0, int block_n, int q_len,
+                                           int k_len, int diag) {
+  return n0 + block_n > k_len || row0 + block_m > q_len ||
          (params.window_right >= 0 && row0 + diag + params.window_right < n0 + block_n - 1) ||
          (params.window_left >= 0 && row0 + block_m - 1 + diag - params.window_left > n0);
 }
@@ -173,8 +185,8 @@ __device__ __forceinline__ bool StepMasked(BwdKernelParams<Cfg> const& params, i
 // Whether query row `row` sees key `key`.
 template <typename Cfg>
 __device__ __forceinline__ bool KeyVisible(BwdKernelParams<Cfg> const& params, int key, int row,
-                                           int k_len, int diag) {
-  return key < k_len && row < params.seqlen_q &&
+                                           int q_len, int k_len, int diag) {
+  return key < k_len && row < q_len &&
          (params.window_right < 0 || key <= row + diag + params.window_right) &&
          (params.window_left < 0 || key >= row + diag - params.window_left);
 }
@@ -528,10 +540,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 // thread's float4 loads are issued before the first smem store (a loop of load-then-store ran at
 // 3.2 TB/s on the H200, ncu 2026-12-03), and each float pair of a row goes out as one 4-byte
 // store: DqAccumRowCol puts elements 0, 1 (and 2, 3) of a float4 side by side in one row.
-template <typename Cfg>
+// kSeqPadded (varlen q, the wide kernel): dq_accum is [num_heads, m_blocks * kBlockM rows] in
+// the workspace's per-sequence padding (PaddedSeqRow0), one CTA per (block of those rows, q
+// head); seqlen_q is then total_q and dq packed [total_q, num_heads, head_dim]. A block no
+// sequence owns (padding) does nothing.
+template <typename Cfg, bool kSeqPadded = false>
 __global__ void __launch_bounds__(256)
     FlashBwdSm90DqConvertKernel(const float* dq_accum, typename Cfg::Element* dq, int seqlen_q,
-                                int num_heads, int m_blocks, float softmax_scale) {
+                                int num_heads, int m_blocks, float softmax_scale,
+                                const int* cu_seqlens_q = nullptr, int batch_count = 0) {
   using Element = typename Cfg::Element;
   constexpr int kBlockM = Cfg::kBlockM;
   constexpr int kD = Cfg::kHeadDim;
@@ -542,6 +559,18 @@ __global__ void __launch_bounds__(256)
   const int m = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
   const float* src =
       dq_accum + ((int64_t(batch) * num_heads + head) * m_blocks + m) * (kBlockM * kD);
+  // kSeqPadded: the dq row of the block's row 0 and the sequence's rows from there on, as the
+  // row block 0 of a "batch" of that many rows, so the store loop below serves both forms.
+  int row_block = m;
+  int64_t dq_row0 = 0;
+  if constexpr (kSeqPadded) {
+    const PaddedSeq s = FindPaddedSeq(cu_seqlens_q, batch_count, seqlen_q, int64_t(m) * kBlockM,
+                                      kBlockM);
+    if (s.rows_left <= 0) return;  // the whole CTA: padding
+    dq_row0 = s.q_row;
+    seqlen_q = s.rows_left;
+    row_block = 0;
+  }
   float4 x[kLoads];
 #pragma unroll
   for (int l = 0; l < kLoads; ++l)
@@ -570,9 +599,12 @@ __global__ void __launch_bounds__(256)
 #pragma unroll
   for (int idx = threadIdx.x; idx < kBlockM * kChunks; idx += 256) {
     const int r = idx / kChunks, c = idx % kChunks;
-    const int row = m * kBlockM + r;
+    const int row = row_block * kBlockM + r;
     if (row >= seqlen_q) continue;
-    Element* out = dq + ((int64_t(batch) * seqlen_q + row) * num_heads + head) * kD + c * 8;
+    Element* out =
+        dq + ((kSeqPadded ? dq_row0 + row : int64_t(batch) * seqlen_q + row) * num_heads + head) *
+                 kD +
+             c * 8;
     *reinterpret_cast<uint4*>(out) = *reinterpret_cast<const uint4*>(tile + r * kStride + c * 8);
   }
 }
