@@ -104,7 +104,7 @@ def _cuda(ctx, sources, cutlass):
         "@jax_sgl_src//:ffi/cuda/attention/instantiations.json"))))
     sm80, sm80_guards = _instantiations(
         inst, "sm80", _setting(ctx, "JAX_SGL_ATTN_HEAD_DIMS", "64;96;128;192;256"), ["bf16", "fp16"])
-    sm90_dims = _setting(ctx, "JAX_SGL_SM90_HEAD_DIMS", "64;128;256")
+    sm90_dims = _setting(ctx, "JAX_SGL_SM90_HEAD_DIMS", "64;128;192;256")
     sm90, sm90_guards = [], []
     if "90a" in archs and cutlass and sm90_dims:
         sm90, sm90_guards = _instantiations(inst, "sm90", sm90_dims,

@@ -1,8 +1,29 @@
 """Shared pytest setup: GPU tests (marked `gpu` / `multigpu` / `blackwell`) skip cleanly without
-the CUDA device they need."""
+the CUDA device they need; with JAX_SGL_FAILED_LOG set, each failure's test id and error line is
+appended to that file as it happens (a GPU run cut by its time limit never prints pytest's summary).
+"""
+
+import os
 
 import jax
 import pytest
+
+_failed_log = None
+
+
+def pytest_configure(config):
+  global _failed_log
+  # Under pytest-xdist the controller sees every worker's reports: only it writes.
+  if not hasattr(config, "workerinput"):
+    _failed_log = os.environ.get("JAX_SGL_FAILED_LOG") or None
+
+
+def pytest_runtest_logreport(report):
+  if _failed_log and report.failed:
+    crash = getattr(report.longrepr, "reprcrash", None)
+    why = crash.message.splitlines()[0][:300] if crash is not None and crash.message else ""
+    with open(_failed_log, "a") as f:
+      f.write(f"{report.nodeid} ({report.when}): {why}\n")
 
 
 def _num_cuda_devices() -> int:

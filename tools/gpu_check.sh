@@ -84,6 +84,9 @@ row targets "$(tail -1 "$OUT/build.log")"
 if [[ "${GPU_CHECK_TESTS:-}" != none ]]; then
   read -r -a tests <<< "${GPU_CHECK_TESTS:-tests/}"
   tests=("${tests[@]/#tests/$REPO/tests}")
+  # Failures are written as they happen (tests/conftest.py), so a run cut short still names them.
+  export JAX_SGL_FAILED_LOG="$OUT/failed.txt"
+  : > "$JAX_SGL_FAILED_LOG"
   # Without preallocation: XLA's default (75% of the GPU per process) starves parallel workers
   # (pytest -n), which then fail or see no GPU.
   XLA_PYTHON_CLIENT_PREALLOCATE="${XLA_PYTHON_CLIENT_PREALLOCATE:-false}" \
@@ -100,6 +103,9 @@ if [[ "${GPU_CHECK_TESTS:-}" != none ]]; then
   "$PY" -m pytest -m "gpu and bigmem" -q -rfEs -p no:cacheprovider --rootdir "$REPO" \
     "${alone[@]}" > "$OUT/pytest_bigmem.log" 2>&1
   row bigmem "$(grep -E '(passed|failed|error|skipped|no tests ran)' "$OUT/pytest_bigmem.log" | tail -1)"
+  if [[ -s "$JAX_SGL_FAILED_LOG" ]]; then
+    row failed "$(wc -l < "$JAX_SGL_FAILED_LOG") (failed.txt); first: $(head -1 "$JAX_SGL_FAILED_LOG" | cut -c1-200)"
+  fi
 fi
 
 # Clock / power trace of the benchmarks (GPU_CHECK_CLOCKS=1): do the benchmark ratios move with

@@ -56,6 +56,10 @@ inline bool HeadDimBuilt(int d) {
 // stages with 32-bit slot indices, or with 64-bit row indices for pools of 2^31 rows or more; or
 // TMA / cp.async stages of an fp8 (e4m3) KV cache under bf16/fp16 q (the only fp8-KV forms).
 enum class DecodeWarpForm { kTma, kCpAsync, kCpAsyncInt64, kTmaFp8Kv, kCpAsyncFp8Kv };
+// The forms that read an fp8 KV cache (their own launcher, LaunchFlashDecodeWarpFp8Kv).
+inline bool IsFp8KvForm(DecodeWarpForm form) {
+  return form == DecodeWarpForm::kTmaFp8Kv || form == DecodeWarpForm::kCpAsyncFp8Kv;
+}
 
 // Split-KV never uses more splits than one warp of the combine kernel reads at once.
 inline constexpr int kMaxSplits = 32;

@@ -244,8 +244,6 @@ void PlanDecodeWarpKernel(const AttentionParams& p, const DeviceInfo& dev, Flash
   plan->block_m = kDecodeWarpMmaMaxRows;
   plan->m_blocks = 1;
   plan->decode_m_tiles = kDecodeWarpMmaMaxRows;
-  const bool fp8_kv =
-      form == DecodeWarpForm::kTmaFp8Kv || form == DecodeWarpForm::kCpAsyncFp8Kv;
   int stages = form == DecodeWarpForm::kTmaFp8Kv       ? kDecodeWarpStagesTmaFp8Kv
                : form == DecodeWarpForm::kCpAsyncFp8Kv ? kDecodeWarpStagesCpAsyncFp8Kv
                                                        : kDecodeWarpStages;
@@ -260,7 +258,7 @@ void PlanDecodeWarpKernel(const AttentionParams& p, const DeviceInfo& dev, Flash
   while (stages > 2 && smem(stages) > dev.smem_optin) --stages;
   plan->decode_stages = stages;
   int ctas_per_sm;
-  if (fp8_kv)
+  if (IsFp8KvForm(form))
     ctas_per_sm = p.q_type == DType::kBF16 ? DecodeWarpFp8KvCtasPerSm<bf16_t>(cap, stages, form)
                                            : DecodeWarpFp8KvCtasPerSm<f16_t>(cap, stages, form);
   else
@@ -446,8 +444,7 @@ const char* RunFlashFwd(const AttentionParams& p, const FlashPlan& plan, void* s
     const bool warp = kernel == FwdKernel::kDecodeWarp;
     FlashDecodeArgs d{args, plan.decode_stages, plan.decode_m_tiles, plan.m_blocks};
     if (warp) d.warp_form = plan.choice.warp_form;
-    if (warp && (d.warp_form == DecodeWarpForm::kTmaFp8Kv ||
-                 d.warp_form == DecodeWarpForm::kCpAsyncFp8Kv))
+    if (warp && IsFp8KvForm(d.warp_form))
       err = p.q_type == DType::kBF16
                 ? LaunchDecodeFp8KvForType<bf16_t>(plan.choice.head_dim_cap, d, stream)
                 : LaunchDecodeFp8KvForType<f16_t>(plan.choice.head_dim_cap, d, stream);
