@@ -191,6 +191,52 @@ __device__ __forceinline__ bool KeyVisible(BwdKernelParams<Cfg> const& params, i
          (params.window_left < 0 || key >= row + diag - params.window_left);
 }
 
+// Keys of sequence `batch`: seqused_k's count clamped to [0, seqlen_k], or seqlen_k.
+__device__ __forceinline__ int UsedKeys(const int* seqused_k, int batch, int seqlen_k) {
+  return seqused_k == nullptr ? seqlen_k : min(max(seqused_k[batch], 0), seqlen_k);
+}
+
+// The softcap path's score math (x = cap tanh(s scale / cap), so dS also takes x' = 1 - tanh^2):
+// P and dS in one pass once both GEMMs are done. P in place in s (0 where `masked` and
+// !visible(i)), dS = P (dP - D) x' in place in dp.
+template <typename AccS, typename AccDp, typename Lse, typename Dsum, typename Visible>
+__device__ __forceinline__ void SoftcapScoresToPDs(AccS& s, AccDp& dp, float softcap_scale,
+                                                   float cap_log2, bool masked, Lse lse,
+                                                   Dsum dsum, Visible visible) {
+#pragma unroll
+  for (int i = 0; i < size(s); ++i) {
+    const float t = tanhf(s(i) * softcap_scale);
+    const float p = !masked || visible(i) ? Exp2Ftz(fmaf(t, cap_log2, -lse(i))) : 0.f;
+    dp(i) = p * (dp(i) - dsum(i)) * (1.f - t * t);
+    s(i) = p;
+  }
+}
+
+// Adds a consumer's float32 dQ part (accumulator order) to its block of dq_accum at dst.
+template <typename Acc>
+__device__ __forceinline__ void RedAddDqPart(float* dst, const Acc& dq, int thread_in_wg) {
+#pragma unroll
+  for (int j = 0; j < size(dq) / 4; ++j)
+    RedAddV4(dst + DqAccumIndex(j, thread_in_wg), dq(4 * j), dq(4 * j + 1), dq(4 * j + 2),
+             dq(4 * j + 3));
+}
+
+// dK x softmax_scale and dV, in the input dtype, into their smem partitions (the K / V tiles,
+// free once every consumer's last GEMM that reads them is done).
+template <typename Element, typename AccK, typename AccV, typename SmemK, typename SmemV>
+__device__ __forceinline__ void StoreDkDv(const AccK& dk_acc, const AccV& dv_acc,
+                                          float softmax_scale, SmemK& sk, SmemV& sv) {
+  Tensor dk = make_tensor_like<Element>(dk_acc);
+  Tensor dv = make_tensor_like<Element>(dv_acc);
+#pragma unroll
+  for (int i = 0; i < size(dk_acc); ++i) {
+    dk(i) = Element(dk_acc(i) * softmax_scale);
+    dv(i) = Element(dv_acc(i));
+  }
+  StorePairs(dk, sk);
+  StorePairs(dv, sv);
+}
+
 // The producer's loads of step (row block m): the Q tile with its lse2 row values and the dO tile
 // with its D values into the next stages of their rings (the row values ride on the tiles'
 // barriers as bulk copies). Shared by FlashBwdSm90Kernel and FlashBwdSm90WideKernel.
@@ -253,9 +299,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const int n0 = n_block * kBlockN;
   // Keys of this sequence: the causal diagonal and the key mask use k_len (as the sm80 kernels
   // and the reference do); a CTA wholly past it has no step and stores zero dK, dV.
-  const int k_len = params.seqused_k == nullptr
-                        ? params.seqlen_k
-                        : min(max(params.seqused_k[batch], 0), params.seqlen_k);
+  const int k_len = UsedKeys(params.seqused_k, batch, params.seqlen_k);
   const RowBlocks rows(n0, kBlockM, kBlockN, params.seqlen_q, k_len, params.window_left,
                        params.window_right);
   const int m_steps = n0 < k_len ? rows.m_end - rows.m_begin : 0;  // per q head
@@ -417,20 +461,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           warpgroup_fence_operand(tdPrdP);
           PToDs(tSrS, tdPrdP, d);
         } else {
-          // Softcap: x = cap tanh(s scale / cap), so dS^T also takes x' = 1 - tanh^2: P^T and
-          // dS^T come from one pass once both GEMMs are done.
           warpgroup_wait<0>();
           warpgroup_fence_operand(tSrS);
           warpgroup_fence_operand(tdPrdP);
-#pragma unroll
-          for (int i = 0; i < size(tSrS); ++i) {
-            const float t = tanhf(tSrS(i) * params.softcap_scale);
-            const float p = !masked || visible(i)
-                                ? Exp2Ftz(fmaf(t, params.cap_log2, -lse2[AccCoord::Col(i)]))
-                                : 0.f;
-            tdPrdP(i) = p * (tdPrdP(i) - dsum[AccCoord::Col(i)]) * (1.f - t * t);
-            tSrS(i) = p;
-          }
+          SoftcapScoresToPDs(tSrS, tdPrdP, params.softcap_scale, params.cap_log2, masked, lse, d,
+                             visible);
 #pragma unroll
           for (int i = 0; i < size(tSrS); ++i) tPrP(i) = Element(tSrS(i));
           Gemm<false, true>(mma_kv, tPrP, tdVrdO(_, _, _, read_do.index()), tdVrdV);
@@ -457,11 +492,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           warpgroup_wait<1>();  // dV and dQ done; dK runs on (it reads Q: released below)
           warpgroup_fence_operand(tdQrdQ);
           pipe_do.consumer_release(read_do);
-          float* dst = params.dq_accum + dq_tile + consumer * Cfg::kDqPartFloats;
-#pragma unroll
-          for (int j = 0; j < size(tdQrdQ) / 4; ++j)
-            RedAddV4(dst + DqAccumIndex(j, thread_in_wg), tdQrdQ(4 * j), tdQrdQ(4 * j + 1),
-                     tdQrdQ(4 * j + 2), tdQrdQ(4 * j + 3));
+          RedAddDqPart(params.dq_accum + dq_tile + consumer * Cfg::kDqPartFloats, tdQrdQ,
+                       thread_in_wg);
           warpgroup_wait<0>();
           pipe_q.consumer_release(read_q);
         } else {
@@ -502,17 +534,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     cutlass::arch::NamedBarrier::sync(kConsumerThreads, uint32_t(BwdBarrier::kMmaDone));
     Tensor tdKsK = thr_kv.partition_C(sK(_, _, consumer));
     Tensor tdVsV = thr_kv.partition_C(sV(_, _, consumer));
-    {
-      Tensor dk = make_tensor_like<Element>(tdKrdK);
-      Tensor dv = make_tensor_like<Element>(tdVrdV);
-#pragma unroll
-      for (int i = 0; i < size(tdKrdK); ++i) {
-        dk(i) = Element(tdKrdK(i) * params.softmax_scale);
-        dv(i) = Element(tdVrdV(i));
-      }
-      StorePairs(dk, tdKsK);
-      StorePairs(dv, tdVsV);
-    }
+    StoreDkDv<Element>(tdKrdK, tdVrdV, params.softmax_scale, tdKsK, tdVsV);
     cutlass::arch::fence_view_async_shared();  // generic-proxy writes -> TMA reads
     cutlass::arch::NamedBarrier::sync(128, uint32_t(BwdBarrier::kEpilogue0) + consumer);
     if (thread_in_wg == 0) {

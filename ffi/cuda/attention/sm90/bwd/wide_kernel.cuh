@@ -54,9 +54,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     seq.q_row0 = seq.k_row0 = 0;  // the TMA views' batch mode places the sequence
     seq.q_len = params.seqlen_q;
     // Keys of this sequence (seqused_k): as FlashBwdSm90Kernel.
-    seq.k_len = params.seqused_k == nullptr
-                    ? params.seqlen_k
-                    : min(max(params.seqused_k[seq.batch], 0), params.seqlen_k);
+    seq.k_len = UsedKeys(params.seqused_k, seq.batch, params.seqlen_k);
     seq.ws_row0 = int64_t(seq.batch) * params.num_heads * params.ws_rows;
   }
   const int n_block = seq.n_block, batch = seq.batch, q_len = seq.q_len, k_len = seq.k_len;
@@ -224,19 +222,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       warpgroup_fence_operand(tdPrdP);
       PToDs(tSrS, tdPrdP, d);
     } else {
-      // Softcap: x = cap tanh(s scale / cap), so dS^T also takes x' = 1 - tanh^2.
       warpgroup_wait<0>();
       warpgroup_fence_operand(tSrS);
       warpgroup_fence_operand(tdPrdP);
+      SoftcapScoresToPDs(tSrS, tdPrdP, params.softcap_scale, params.cap_log2, masked, lse, d,
+                         visible);
 #pragma unroll
-      for (int i = 0; i < size(tSrS); ++i) {
-        const float t = tanhf(tSrS(i) * params.softcap_scale);
-        const float p = !masked || visible(i)
-                            ? Exp2Ftz(fmaf(t, params.cap_log2, -lse2[AccCoord::Col(i)]))
-                            : 0.f;
-        tdPrdP(i) = p * (tdPrdP(i) - dsum[AccCoord::Col(i)]) * (1.f - t * t);
-        tPrP(i) = Element(p);
-      }
+      for (int i = 0; i < size(tSrS); ++i) tPrP(i) = Element(tSrS(i));
     }
     Tensor tdSrdS = make_tensor_like<Element>(tdPrdP);
 #pragma unroll
@@ -262,11 +254,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       warpgroup_wait<1>();  // dV and dQ done; dK runs on (it reads Q: released below)
       warpgroup_fence_operand(tdQrdQ);
       pipe_do.consumer_release(read_do);
-      float* dst = params.dq_accum + dq_tile + consumer * Cfg::kDqPartFloats;
-#pragma unroll
-      for (int j = 0; j < size(tdQrdQ) / 4; ++j)
-        RedAddV4(dst + DqAccumIndex(j, thread_in_wg), tdQrdQ(4 * j), tdQrdQ(4 * j + 1),
-                 tdQrdQ(4 * j + 2), tdQrdQ(4 * j + 3));
+      RedAddDqPart(params.dq_accum + dq_tile + consumer * Cfg::kDqPartFloats, tdQrdQ,
+                   thread_in_wg);
       warpgroup_wait<0>();
       pipe_q.consumer_release(read_q);
     } else {
@@ -288,17 +277,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       local_tile(sK(_, _, 0), typename Cfg::KeysHalf{}, make_coord(_0{}, consumer)));
   Tensor tdVsV = thr_kv.partition_C(
       local_tile(sV(_, _, 0), typename Cfg::KeysHalf{}, make_coord(_0{}, consumer)));
-  {
-    Tensor dk = make_tensor_like<Element>(tdKrdK);
-    Tensor dv = make_tensor_like<Element>(tdVrdV);
-#pragma unroll
-    for (int i = 0; i < size(tdKrdK); ++i) {
-      dk(i) = Element(tdKrdK(i) * params.softmax_scale);
-      dv(i) = Element(tdVrdV(i));
-    }
-    StorePairs(dk, tdKsK);
-    StorePairs(dv, tdVsV);
-  }
+  StoreDkDv<Element>(tdKrdK, tdVrdV, params.softmax_scale, tdKsK, tdVsV);
   cutlass::arch::fence_view_async_shared();  // generic-proxy writes -> TMA reads
   cutlass::arch::NamedBarrier::sync(kConsumerThreads, uint32_t(BwdBarrier::kEpilogue0));
   // Each tile holds both consumers' halves: consumer 0 stores dK, consumer 1 dV.
