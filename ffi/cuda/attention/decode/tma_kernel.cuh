@@ -200,7 +200,11 @@ __global__ void __launch_bounds__(kDecodeWarpThreads, 3)
   __syncthreads();
 
   decode_warp_mma::StageScoring scoring(p, s, group, rows_here, lane);
-  if constexpr (kFp8Kv) scoring.ScaleBy(Descale(p.k_descale, p, b, kv_head));
+  if constexpr (kFp8Kv) {
+    float inv_pow2[2];
+    decode_warp_mma::QRowPow2<T, kD>(sq, lane, inv_pow2);
+    scoring.ScaleRows(Descale(p.k_descale, p, b, kv_head), inv_pow2);
+  }
 
   uint32_t qa[kD / 16][4];
   decode_warp_mma::LoadQFragments<T, kD>(sq, lane, qa);
@@ -250,7 +254,7 @@ __global__ void __launch_bounds__(kDecodeWarpThreads, 3)
 
     float sc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
     if constexpr (kFp8Kv) {
-      decode_fp8kv::Scores<T, kD>(
+      decode_fp8kv::Scores<kD>(
           qa, [&](int row, int byte) { return sk + Fp8SwizzledOffset<kD>(row, byte); }, lane, sc);
     } else {
 #pragma unroll
@@ -266,9 +270,13 @@ __global__ void __launch_bounds__(kDecodeWarpThreads, 3)
       }
     }
     float blk_max[2];
-    scoring.Apply(sc, key0, valid, lane, blk_max);
     if constexpr (kFp8Kv) {
-      decode_fp8kv::SoftmaxPv<T, kD>(
+      scoring.ApplyRows(sc, key0, valid, lane, blk_max);
+    } else {
+      scoring.Apply(sc, key0, valid, lane, blk_max);
+    }
+    if constexpr (kFp8Kv) {
+      decode_fp8kv::SoftmaxPv<kD>(
           sc, blk_max, m_run, l_run, o,
           [&](int row, int byte) { return sk + kTileBytes + Fp8SwizzledOffset<kD>(row, byte); },
           lane);
