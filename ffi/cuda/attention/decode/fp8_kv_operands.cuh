@@ -125,7 +125,7 @@ __device__ __forceinline__ void Scores(const uint32_t (&qa)[kD / 16][4], At at, 
   }
 }
 
-// SoftmaxStep (P packed as f16) and o += P V over the V byte tile (at as Scores'); o's n tile t,
+// SoftmaxStep (P by Exp2Ftz, packed as f16) and o += P V over the V byte tile (at as Scores'); o's n tile t,
 // column n is feature OutFeature(t, n).
 template <int kD, typename At>
 __device__ __forceinline__ void SoftmaxPv(float (&sc)[2][4], const float (&blk_max)[2],
@@ -133,7 +133,7 @@ __device__ __forceinline__ void SoftmaxPv(float (&sc)[2][4], const float (&blk_m
                                           float (&o)[kD / 8][4], At at, int lane) {
   constexpr int kLaneBytes = kD / 8;
   uint32_t pa[4];
-  decode::SoftmaxStep<f16_t, kD, true>(sc, blk_max, m_run, l_run, o, pa);
+  decode::SoftmaxStep<f16_t, kD, true, true>(sc, blk_max, m_run, l_run, o, pa);
   const int g = lane / 4, c = lane % 4;
   // Key rows 2c, 2c + 1, 2c + 8, 2c + 9: the B fragment's k positions of this lane.
   uint32_t w[4][kLaneBytes / 4];
