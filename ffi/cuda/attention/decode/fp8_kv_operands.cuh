@@ -125,8 +125,8 @@ __device__ __forceinline__ void Scores(const uint32_t (&qa)[kD / 16][4], At at, 
   }
 }
 
-// SoftmaxStep (P by Exp2Ftz, packed as f16) and o += P V over the V byte tile (at as Scores'); o's n tile t,
-// column n is feature OutFeature(t, n).
+// SoftmaxStep (P by Exp2Ftz, packed as f16) and o += P V over the V byte tile (at as Scores');
+// o's n tile t, column n is feature OutFeature(t, n).
 template <int kD, typename At>
 __device__ __forceinline__ void SoftmaxPv(float (&sc)[2][4], const float (&blk_max)[2],
                                           float (&m_run)[2], float (&l_run)[2],

@@ -26,8 +26,9 @@
 //
 // Over jax_sgl's fp8 KV cache (kFp8Kv: e4m3 K/V under bf16/fp16 q), a stage's K and V tiles are
 // 16 rows of kD bytes, one TMA box (kD, 1, 16) each with the kD-byte swizzle (128 or 64 bytes),
-// half the 16-bit tiles' bytes; decode_fp8kv (fp8_kv_operands.cuh) turns them into q's type in
-// registers, k_descale joins the score scale and v_descale the output.
+// half the 16-bit tiles' bytes; decode_fp8kv (fp8_kv_operands.cuh) turns them into f16 in
+// registers (the mma type under bf16 q too), k_descale joins the score scale and v_descale the
+// output.
 #pragma once
 
 #include <cuda.h>
