@@ -15,7 +15,7 @@ per-head, per-(batch, head) and scalar descales. Dense fp8 K/V and a fused kv_bu
 softcap / window. The kernels' mmas are f16 under bf16 q too (each q row scaled by a power of two
 into f16's top binade, folded back through the row's score scale): q rows of extreme and mixed
 magnitudes (zero, f16-subnormal-sized, 1e-30, 1e25) within one GQA group, and bf16 q against the
-same values as f16 q (the same scores, so the same LSE bits).
+same values as f16 q (the same scores, so LSEs equal to float32 rounding).
 """
 
 from __future__ import annotations
