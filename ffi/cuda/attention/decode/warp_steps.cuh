@@ -141,30 +141,48 @@ struct StageScoring : flash::RowScores {
   // log2 domain, -inf where a row does not see the key, and each row half's max.
   __device__ __forceinline__ void Apply(float (&sc)[2][4], int key0, uint32_t valid, int lane,
                                         float (&blk_max)[2]) const {
-    const float scale[2] = {score_scale, score_scale};
-    ApplyScaled(sc, key0, valid, lane, scale, blk_max);
-  }
-  // Apply with ScaleRows' per-row scales.
-  __device__ __forceinline__ void ApplyRows(float (&sc)[2][4], int key0, uint32_t valid, int lane,
-                                            float (&blk_max)[2]) const {
-    ApplyScaled(sc, key0, valid, lane, row_scale, blk_max);
-  }
-
-  // Apply with scale[h] for row half h. A stage every row sees whole skips the per-element mask
-  // (a warp-uniform branch).
-  __device__ __forceinline__ void ApplyScaled(float (&sc)[2][4], int key0, uint32_t valid,
-                                              int lane, const float (&scale)[2],
-                                              float (&blk_max)[2]) const {
-    const bool whole = valid == 0xffffu && key0 >= all_lo && key0 + 16 <= all_hi;
+    const bool whole = Whole(key0, valid);
 #pragma unroll
     for (int t = 0; t < 2; ++t) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        float x = sc[t][e] * scale[e / 2];
+        float x = sc[t][e] * score_scale;
         if (softcap) x = cap_log2 * tanhf(x);
         sc[t][e] = x;
       }
     }
+    MaskStageAndMax(sc, key0, valid, whole, lane, blk_max);
+  }
+  // Apply with ScaleRows' per-row scales, and one softcap branch for the stage rather than the
+  // compiler's one per element (8 branches a stage on the fp8 form's issue-bound path).
+  __device__ __forceinline__ void ApplyRows(float (&sc)[2][4], int key0, uint32_t valid, int lane,
+                                            float (&blk_max)[2]) const {
+    const bool whole = Whole(key0, valid);
+#pragma unroll
+    for (int t = 0; t < 2; ++t) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) sc[t][e] *= row_scale[e / 2];
+    }
+    if (softcap) {
+#pragma unroll
+      for (int t = 0; t < 2; ++t) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) sc[t][e] = cap_log2 * tanhf(sc[t][e]);
+      }
+    }
+    MaskStageAndMax(sc, key0, valid, whole, lane, blk_max);
+  }
+
+  // Whether every row sees the whole stage: then Apply skips the per-element mask (a
+  // warp-uniform branch).
+  __device__ __forceinline__ bool Whole(int key0, uint32_t valid) const {
+    return valid == 0xffffu && key0 >= all_lo && key0 + 16 <= all_hi;
+  }
+
+  // Apply's end: -inf where a row does not see the key, and each row half's max.
+  __device__ __forceinline__ void MaskStageAndMax(float (&sc)[2][4], int key0, uint32_t valid,
+                                                  bool whole, int lane,
+                                                  float (&blk_max)[2]) const {
     if (!whole) {
 #pragma unroll
       for (int t = 0; t < 2; ++t) {
