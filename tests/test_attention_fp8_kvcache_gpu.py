@@ -304,9 +304,10 @@ def test_prefill_shape_is_refused():
     _run(_gpu(), q, pool.k_pages, pool.v_pages, dict(causal=True, **pool.arrays()))
 
 
+@pytest.mark.parametrize("page", [5, 16])
 @pytest.mark.parametrize("extra", [dict(softcap=20.0), dict(window=(64, 0))])
-def test_softcap_and_window_against_the_cpu(extra):
-  pool = Pool(17, K_LENS, page=16, h=16, hkv=4, d=128, dtype=BF16, bad=[(5, 2)])
+def test_softcap_and_window_against_the_cpu(extra, page):
+  pool = Pool(17, K_LENS, page=page, h=16, hkv=4, d=128, dtype=BF16, bad=[(5, 2)])
   q = pool.query(1)
   kw = dict(causal=True, **extra, **pool.arrays())
   out, lse = _run(_gpu(), q, pool.k_pages, pool.v_pages, kw)
