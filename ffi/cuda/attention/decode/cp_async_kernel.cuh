@@ -239,15 +239,12 @@ __global__ void __launch_bounds__(kDecodeWarpThreads, CpAsyncMinCtasPerSm(kD, kF
     float blk_max[2];
     if constexpr (kFp8Kv) {
       scoring.ApplyRows(sc, key0, valid, lane, blk_max);
-    } else {
-      scoring.Apply(sc, key0, valid, lane, blk_max);
-    }
-    if constexpr (kFp8Kv) {
       decode_fp8kv::SoftmaxPv<kD>(
           sc, blk_max, m_run, l_run, o,
           [&](int row, int byte) { return sk8 + kTileBytes + uint32_t(row * kRowBytes + byte); },
           lane);
     } else {
+      scoring.Apply(sc, key0, valid, lane, blk_max);
       decode_warp_mma::SoftmaxPv<T, kD, true>(sc, blk_max, m_run, l_run, o, sv, lane);
     }
   }

@@ -273,15 +273,12 @@ __global__ void __launch_bounds__(kDecodeWarpThreads, 3)
     float blk_max[2];
     if constexpr (kFp8Kv) {
       scoring.ApplyRows(sc, key0, valid, lane, blk_max);
-    } else {
-      scoring.Apply(sc, key0, valid, lane, blk_max);
-    }
-    if constexpr (kFp8Kv) {
       decode_fp8kv::SoftmaxPv<kD>(
           sc, blk_max, m_run, l_run, o,
           [&](int row, int byte) { return sk + kTileBytes + Fp8SwizzledOffset<kD>(row, byte); },
           lane);
     } else {
+      scoring.Apply(sc, key0, valid, lane, blk_max);
       decode::SoftmaxPvAt<T, kD, true>(
           sc, blk_max, m_run, l_run, o,
           [&](int row, int col) -> const void* { return sv_ptr + SwizzledOffset(row, col); },
