@@ -5,7 +5,8 @@
 // instantiation unless JAX_SGL_DISABLE=sm90_varlen (p.disable) keeps them on the portable
 // kernel. Paged k/v runs on it at any page size (TMA boxes for multiples of 16, else the
 // producer's cp.async gather, Sm90PagedGather); paged calls of few q rows per sequence pack the
-// GQA group's heads into the tile rows (Sm90PackGqa).
+// GQA group's heads into the tile rows (Sm90PackGqa), and those whose tiles are too few for the
+// SMs run each tile as key shares merged by the split-KV combine (Sm90KeySplits).
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
@@ -14,6 +15,7 @@
 #include <string>
 
 #include "ffi/common/numeric.h"
+#include "ffi/cuda/attention/flash_fwd_launch.h"
 #include "ffi/cuda/attention/sm90/kernel_list.h"
 #include "ffi/cuda/attention/sm90/fwd/launch.h"
 #include "ffi/cuda/attention/sm90/fwd/tile_size.h"
@@ -35,11 +37,12 @@ bool Built(DType t, int d) {
 }
 
 // Launches the (dtype, head dim) instantiation, which must be built.
-cudaError_t Launch(DType t, int d, const AttentionParams& p, void* scratch, cudaStream_t stream) {
-  (void)t, (void)d, (void)p, (void)scratch, (void)stream;
+cudaError_t Launch(DType t, int d, const AttentionParams& p, int key_splits, void* scratch,
+                   cudaStream_t stream) {
+  (void)t, (void)d, (void)p, (void)key_splits, (void)scratch, (void)stream;
 #define JAX_SGL_SM90_FWD(D, T)            \
   if (t == sm90::kDType_##T && d == D) \
-    return LaunchFlashFwdSm90<sm90::Type_##T, D>(p, scratch, stream);
+    return LaunchFlashFwdSm90<sm90::Type_##T, D>(p, key_splits, scratch, stream);
 #define JAX_SGL_SM90_BWD(D, T)
 #include "ffi/cuda/attention/instantiations/sm90_kernels.inc"
 #undef JAX_SGL_SM90_FWD
@@ -58,11 +61,15 @@ const char* VarlenUnsupported(const AttentionParams& p) {
     if (p.num_pages < 1 || p.max_pages < 1) return "sm90 kernel: a non-empty pool and page table";
     // Its 128-row tiles hold one sequence's rows, of one q head or, packed (Sm90PackGqa), of
     // the q heads of one kv head: below an average of 64 tile rows per sequence (decode-like
-    // calls without GQA) they are mostly empty and the portable kernel runs the call.
-    const int64_t rows =
-        QRowsPerSequence(p) * (Sm90PackGqa(p) ? p.num_heads / p.num_kv_heads : 1);
-    if (rows < 64)
-      return "sm90 kernel: paged k/v with at least 64 q rows per sequence on average";
+    // calls without GQA) they are mostly empty and the portable kernel runs the call. Verify-like
+    // calls (kSm90VerifyMinQRows q rows per sequence) may have half that: their tiles stream
+    // a long history each, whose K/V bytes bound them rather than the empty rows' MMAs, and
+    // the key split (Sm90KeySplits) spreads them over the SMs.
+    const int64_t q_rows = QRowsPerSequence(p);
+    const int64_t rows = q_rows * (Sm90PackGqa(p) ? p.num_heads / p.num_kv_heads : 1);
+    if (rows < 64 && !(q_rows >= kSm90VerifyMinQRows && rows >= kSm90VerifyMinRows))
+      return "sm90 kernel: paged k/v with at least 64 tile rows per sequence on average (32 "
+             "with at least 8 q rows per sequence)";
     // PackGQA's tile rows (q rows x group) stay in int.
     if (Sm90PackGqa(p) && p.total_q * (p.num_heads / p.num_kv_heads) >= (int64_t(1) << 30))
       return "sm90 kernel: paged total_q * group below 2^30";
@@ -147,6 +154,43 @@ bool Sm90PackGqa(const AttentionParams& p) {
   return QRowsPerSequence(p) < 128;
 }
 
+Sm90Tiles Sm90TileGrid(const AttentionParams& p, int block_m) {
+  const bool varlen =
+      p.cu_seqlens_q != nullptr || p.kv_layout != KvLayout::kDense || p.seqused_k != nullptr;
+  const int pack = Sm90PackGqa(p) ? p.num_heads / p.num_kv_heads : 1;
+  const int num_m_blocks =
+      !varlen ? (p.seqlen_q + block_m - 1) / block_m
+      : p.cu_seqlens_q != nullptr
+          ? int((p.total_q * pack + block_m - 1) / block_m) + p.batch
+          : (p.seqlen_q * pack + block_m - 1) / block_m * p.batch;
+  return {pack, p.num_heads / pack, num_m_blocks, varlen ? 1 : p.batch};
+}
+
+// The key split's share count: the fewest shares that make kKeySplitWaves waves of the SMs'
+// one persistent CTA each (a partial last wave then idles the SMs for at most a third of the
+// call rather than up to all of it: verify of B=4 sequences x 8 kv heads is 32 tiles, a quarter
+// wave on 132 SMs, run as 8 shares each; B=32 is 256 tiles, 512 shares), but no share under
+// kKeySplitMinKeyTiles key tiles of the longest sequence (its fixed costs, the Q load, the first
+// K wait, a page-table window and the partial's write, then stay near a tenth of its time), and
+// at most kMaxSplits (the combine holds one split per lane). Calls already at kKeySplitWaves
+// waves keep whole tiles: splitting them adds partial traffic and a combine for no fuller wave.
+// To be tuned on the H200 (bench_attention_paged.py --only verify).
+constexpr int kKeySplitWaves = 3;
+constexpr int kKeySplitMinKeyTiles = 8;
+
+int Sm90KeySplits(const AttentionParams& p, int num_sms) {
+  const sm90::FwdTileSize tile = sm90::FwdTile(p.head_dim);
+  if (p.kv_layout != KvLayout::kPaged || !tile.persistent || num_sms < 1) return 1;
+  const int64_t tiles = Sm90TileGrid(p, sm90::kSm90FwdBlockM).count();
+  const int64_t key_tiles = (int64_t(p.max_pages) * p.page_size + tile.block_n - 1) / tile.block_n;
+  if (tiles < 1) return 1;
+  int64_t splits = (int64_t(kKeySplitWaves) * num_sms + tiles - 1) / tiles;
+  splits = std::min<int64_t>({splits, key_tiles / kKeySplitMinKeyTiles, kMaxSplits});
+  // Work items stay in int (launch.cuh).
+  if (splits < 2 || tiles * splits >= (int64_t(1) << 30)) return 1;
+  return int(splits);
+}
+
 bool Sm90TailSplitRequested(const AttentionParams& p) {
   const bool dense = p.cu_seqlens_q == nullptr && p.kv_layout == KvLayout::kDense &&
                      p.seqused_k == nullptr;
@@ -154,13 +198,16 @@ bool Sm90TailSplitRequested(const AttentionParams& p) {
 }
 
 size_t Sm90ScratchBytes(const AttentionParams& p, int num_sms) {
+  if (const int splits = Sm90KeySplits(p, num_sms); splits > 1)
+    return kSm90CounterBytes + Sm90KeySplitBytes(p, splits);
   if (!Sm90TailSplitRequested(p) || !sm90::FwdTile(p.head_dim).persistent)
     return kSm90CounterBytes;
   return kSm90CounterBytes + Sm90TailBytes(num_sms, std::max(p.head_dim, p.head_dim_v));
 }
 
-cudaError_t RunFlashFwdSm90(const AttentionParams& p, void* scratch, cudaStream_t stream) {
-  return Launch(p.q_type, p.head_dim, p, scratch, stream);
+cudaError_t RunFlashFwdSm90(const AttentionParams& p, int key_splits, void* scratch,
+                            cudaStream_t stream) {
+  return Launch(p.q_type, p.head_dim, p, key_splits, scratch, stream);
 }
 
 }  // namespace jax_sgl::cuda
