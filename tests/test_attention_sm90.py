@@ -394,17 +394,19 @@ PAGED = {
 }
 
 
-def _paged_inputs(case, head_dim, dtype, seed):
+def _paged_inputs(case, head_dim, dtype, seed, spec=None, min_keys=0):
   """q (packed, or dense [B, n, H, D]), the pool with its NaN-poisoned copy, and the index
   arrays: shuffled pages, padding (-1) and entries past the pool after the used ones, and one
-  bad entry inside the first sequence's used pages (its keys are masked)."""
-  lens_q, lens_k, ps, h, hkv, *_, dense_q = PAGED[case]
+  bad entry inside the first sequence's used pages (its keys are masked). spec: the case's
+  tuple (default PAGED[case]); min_keys: a page table at least that many keys wide (its bound
+  on every sequence's keys, which sizes the key split)."""
+  lens_q, lens_k, ps, h, hkv, *_, dense_q = spec or PAGED[case]
   rng = np.random.default_rng(seed)
   keys = jax.random.split(jax.random.PRNGKey(seed), 3)
   rand = lambda key, s: jax.random.normal(key, s, jnp.float32).astype(dtype)
   need = [-(-n // ps) for n in lens_k]
   num_pages = sum(need) + 7
-  max_pages = max(need) + 2
+  max_pages = max(max(need) + 2, -(-min_keys // ps))
   perm = rng.permutation(num_pages)
   table = np.full((len(lens_k), max_pages), -1, np.int32)
   at = 0
@@ -437,10 +439,10 @@ def _paged_inputs(case, head_dim, dtype, seed):
 PAGED_SINKS = ("verify_g5", "mixed_g7", "p8_mixed_g5")
 
 
-def _paged_call(case, q, k, v, cu_q, table, used, fn=None):
-  *_, heads, _kv_heads, causal, window, softcap, _dense = PAGED[case]
+def _paged_call(case, q, k, v, cu_q, table, used, fn=None, spec=None, sinks=False):
+  *_, heads, _kv_heads, causal, window, softcap, _dense = spec or PAGED[case]
   kw = dict(causal=causal, window=window, softcap=softcap)
-  if case in PAGED_SINKS:
+  if case in PAGED_SINKS or sinks:
     kw["sinks"] = jnp.asarray(np.random.default_rng(heads).normal(size=heads) * 2, jnp.float32)
   return _indexed_call(q, k, v, dict(cu_seqlens_q=cu_q, seqused_k=used, page_table=table), kw,
                        kernel=fn is not None)
@@ -485,3 +487,81 @@ def test_paged_runs_the_sm90_kernel(monkeypatch, case):
   monkeypatch.setenv("JAX_SGL_DISABLE", "sm90_varlen")
   np.testing.assert_array_equal(run(), portable)
   assert not np.array_equal(sm90, portable)
+
+
+# ---- The key split of paged calls (Sm90KeySplits): calls whose tiles are too few for the SMs
+# run every tile as shares of the key tiles it visits, merged by the split-KV combine. Each case
+# has few tiles (24-48: sequences x kv heads x row blocks) and a page table 8k keys wide, so on
+# the H200's 132 SMs it splits 3-7 ways at hd128 (3-5 at hd64; Sm90KeySplits); the sequences'
+# real histories are ragged, down to fewer keys than one share and none at all, so many shares
+# of short sequences are empty. Verify-like q: 8 drafts per sequence (32 packed rows: the routing of 8-draft calls
+# away from the block-wide decode kernel), 32 and 64 (packed rows of one and two tiles), and
+# packed q of 1, 5, 8, 32 and 64 rows per sequence. Pools NaN-poisoned as above; LSE checked.
+# (lens_q, lens_k, page_size, heads, kv heads, causal, window, softcap, dense q)
+SPLIT_KEYS = 8192
+SPLIT = {
+    "draft8_p16": ((8,) * 6, (8000, 8, 3000, 100, 5000, 700), 16, 32, 8, True, (-1, -1), 0.0,
+                   True),
+    "draft8_p1": ((8,) * 5, (6000, 900, 8, 4100, 2), 1, 32, 8, True, (-1, -1), 0.0, True),
+    "draft8_p64_full": ((8,) * 4, (7000, 64, 1500, 8100), 64, 32, 8, False, (-1, -1), 0.0, True),
+    "draft8_p16_window": ((8,) * 4, (8000, 2500, 300, 6000), 16, 32, 8, True, (700, -1), 0.0,
+                          True),
+    "draft8_p64_softcap_g8": ((8,) * 3, (5000, 7000, 40), 64, 64, 8, True, (-1, -1), 20.0, True),
+    "draft32_p16": ((32,) * 4, (8100, 1000, 32, 5000), 16, 32, 8, True, (-1, -1), 0.0, True),
+    "draft64_p64_window": ((64,) * 3, (8000, 3000, 64), 64, 32, 8, True, (2000, -1), 0.0, True),
+    "ragged_p16": ((1, 5, 8, 32, 64, 1), (8000, 300, 6000, 5, 4000, 1024), 16, 16, 4, True,
+                   (-1, -1), 0.0, False),
+    "ragged_p1": ((1, 5, 8, 32, 64), (5000, 8000, 17, 2000, 3000), 1, 16, 4, True, (-1, -1), 0.0,
+                  False),
+    "ragged_p64_window": ((64, 1, 32, 5, 8), (3000, 7000, 8000, 40, 2100), 64, 16, 4, True,
+                          (500, -1), 0.0, False),
+}
+# Cases that also pass attention sinks (applied once, by the combine, never per share).
+SPLIT_SINKS = ("draft8_p64_softcap_g8", "ragged_p16")
+
+
+def _split_inputs(case, head_dim, dtype, seed):
+  return _paged_inputs(case, head_dim, dtype, seed, spec=SPLIT[case], min_keys=SPLIT_KEYS)
+
+
+def _split_call(case, q, k, v, cu_q, table, used, fn=None):
+  return _paged_call(case, q, k, v, cu_q, table, used, fn=fn, spec=SPLIT[case],
+                     sinks=case in SPLIT_SINKS)
+
+
+def _check_split(case, head_dim, dtype, seed):
+  q, k, v, (kk, vv), cu_q, table, used = _split_inputs(case, head_dim, dtype, seed)
+  want_out, want_lse = _split_call(case, q, k, v, cu_q, table, used)
+  check_kernel_output(lambda: _split_call(case, q, kk, vv, cu_q, table, used, fn=True), want_out,
+                      want_lse, dtype, TOL[jnp.dtype(dtype)])
+
+
+@pytest.mark.parametrize("case", SPLIT, ids=str)
+@pytest.mark.parametrize("head_dim", (64, 128))
+def test_key_split_matches_reference(head_dim, case):
+  _need(head_dim, jnp.bfloat16)
+  _check_split(case, head_dim, jnp.bfloat16, seed=3 * head_dim + list(SPLIT).index(case))
+
+
+@pytest.mark.parametrize("case", ("draft8_p16", "ragged_p1"), ids=str)
+def test_key_split_fp16(case):
+  _need(128, jnp.float16)
+  _check_split(case, 128, jnp.float16, seed=37)
+
+
+@pytest.mark.parametrize("case", ("draft8_p16", "draft8_p1", "draft32_p16", "ragged_p64_window"),
+                         ids=str)
+def test_key_split_runs_the_sm90_kernel(monkeypatch, case):
+  """The split calls run on the sm90 kernel (8 drafts: no longer the block-wide decode kernel),
+  bitwise the same on a second call (the shares' tile counter restarts, the combine sums the
+  shares in order); JAX_SGL_DISABLE=sm90 gives other bits (the decode or portable kernel)."""
+  _need(128, jnp.bfloat16)
+  q, k, v, _, cu_q, table, used = _split_inputs(case, 128, jnp.bfloat16, seed=43)
+  run = lambda: np.asarray(_split_call(case, q, k, v, cu_q, table, used, fn=True)[0]).view(
+      np.uint16)
+  monkeypatch.delenv("JAX_SGL_DISABLE", raising=False)
+  sm90 = run()
+  poison_allocator(sm90.size * 2)
+  np.testing.assert_array_equal(sm90, run())
+  monkeypatch.setenv("JAX_SGL_DISABLE", "sm90")
+  assert not np.array_equal(sm90, run())

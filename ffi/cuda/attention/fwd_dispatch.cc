@@ -336,12 +336,14 @@ FwdChoice ChooseFwdKernel(const AttentionParams& p, const DeviceInfo& dev) {
   // with that few rows in all) take the dedicated decode kernels: the warp-sliced ones for at
   // most kDecodeWarpMmaMaxRows packed rows, else the block-wide one, except verify-like paged
   // calls (kSm90VerifyMinQRows q rows per sequence and kSm90VerifyMinRows packed rows: 8 drafts
-  // of a GQA group of 4 or more) on Hopper, which the sm90 kernel takes, packed and key-split
-  // (Sm90KeySplits): the block-wide kernel ran B=32 x 8 drafts over 8k keys at 0.53x FA3.
+  // of a GQA group of 4 or more, over kSm90VerifyMinKeys keys) on Hopper, which the sm90 kernel
+  // takes, packed and key-split (Sm90KeySplits): the block-wide kernel ran B=32 x 8 drafts over
+  // 8k keys at 0.53x FA3.
   const bool decode_shape = p.seqlen_q >= 1 && p.seqlen_q <= kDecodeMaxQLen;
 #ifdef JAX_SGL_HAVE_SM90
   if (decode_shape && p.kv_layout == KvLayout::kPaged && p.seqlen_q >= kSm90VerifyMinQRows &&
-      Sm90Unsupported(p) == nullptr && Sm90Enabled(p, dev)) {
+      KeyBound(p) >= kSm90VerifyMinKeys && Sm90Unsupported(p) == nullptr &&
+      Sm90Enabled(p, dev)) {
     c.kernel = FwdKernel::kSm90;
     return c;
   }

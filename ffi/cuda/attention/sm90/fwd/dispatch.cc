@@ -166,29 +166,39 @@ Sm90Tiles Sm90TileGrid(const AttentionParams& p, int block_m) {
   return {pack, p.num_heads / pack, num_m_blocks, varlen ? 1 : p.batch};
 }
 
-// The key split's share count: the fewest shares that make kKeySplitWaves waves of the SMs'
-// one persistent CTA each (a partial last wave then idles the SMs for at most a third of the
-// call rather than up to all of it: verify of B=4 sequences x 8 kv heads is 32 tiles, a quarter
-// wave on 132 SMs, run as 8 shares each; B=32 is 256 tiles, 512 shares), but no share under
-// kKeySplitMinKeyTiles key tiles of the longest sequence (its fixed costs, the Q load, the first
-// K wait, a page-table window and the partial's write, then stay near a tenth of its time), and
-// at most kMaxSplits (the combine holds one split per lane). Calls already at kKeySplitWaves
-// waves keep whole tiles: splitting them adds partial traffic and a combine for no fuller wave.
-// To be tuned on the H200 (bench_attention_paged.py --only verify).
-constexpr int kKeySplitWaves = 3;
+// The key split's share count n, by a model of the call's time on the SMs' one persistent CTA
+// each: waves of shares times a share's length, ceil(tiles n / SMs) (K / n + c) in key tiles,
+// where K is the longest sequence's key tiles and c = kKeySplitShareCost the fixed cost of a
+// share (its Q load and first K wait, a page-table window, the partial's write and its part of
+// the combine), the smallest n of the least time. At one CTA per SM, shares add no loads in
+// flight per SM: they only fill the SMs that the tiles leave idle, so calls of a wave or more
+// of tiles whose last wave is full keep n = 1 (B=32 sequences x 8 kv heads of verify: 256
+// tiles, 1.94 waves on 132 SMs), and few tiles split most (B=4: 32 tiles, a quarter wave, run
+// as 4 shares each). Each share keeps kKeySplitMinKeyTiles key tiles at least, and n <=
+// kMaxSplits (the combine holds one split per lane). A split must save kKeySplitMinGain of the
+// time, as the model leaves out the partials' traffic (float32 rows of O: up to 7% of the K/V
+// bytes of an 8k history at 2 shares) and a varlen call's tile count is a bound: the mixed
+// batch (4 x 512 + 64 decode rows, 1072 tiles bound, 1024 real) keeps whole tiles. To be tuned
+// on the H200 (bench_attention_paged.py --only verify mixed --verify-batches 4 8 32).
+constexpr int kKeySplitShareCost = 2;
 constexpr int kKeySplitMinKeyTiles = 8;
+constexpr double kKeySplitMinGain = 0.1;
 
 int Sm90KeySplits(const AttentionParams& p, int num_sms) {
   const sm90::FwdTileSize tile = sm90::FwdTile(p.head_dim);
   if (p.kv_layout != KvLayout::kPaged || !tile.persistent || num_sms < 1) return 1;
   const int64_t tiles = Sm90TileGrid(p, sm90::kSm90FwdBlockM).count();
   const int64_t key_tiles = (int64_t(p.max_pages) * p.page_size + tile.block_n - 1) / tile.block_n;
-  if (tiles < 1) return 1;
-  int64_t splits = (int64_t(kKeySplitWaves) * num_sms + tiles - 1) / tiles;
-  splits = std::min<int64_t>({splits, key_tiles / kKeySplitMinKeyTiles, kMaxSplits});
-  // Work items stay in int (launch.cuh).
-  if (splits < 2 || tiles * splits >= (int64_t(1) << 30)) return 1;
-  return int(splits);
+  const int64_t most = std::min<int64_t>(key_tiles / kKeySplitMinKeyTiles, kMaxSplits);
+  if (tiles < 1 || most < 2 || tiles * most >= (int64_t(1) << 30)) return 1;  // items in int
+  auto time = [&](int n) {
+    return double((tiles * n + num_sms - 1) / num_sms) *
+           (double(key_tiles) / n + kKeySplitShareCost);
+  };
+  int best = 1;
+  for (int n = 2; n <= most; ++n)
+    if (time(n) < time(best)) best = n;
+  return time(best) <= (1.0 - kKeySplitMinGain) * time(1) ? best : 1;
 }
 
 bool Sm90TailSplitRequested(const AttentionParams& p) {
