@@ -12,6 +12,7 @@
 #include "ffi/cuda/attention/flash_fwd_launch.h"
 #include "ffi/cuda/attention/sm100/fwd/launch.h"
 #include "ffi/cuda/attention/sm90/fwd/launch.h"
+#include "ffi/cuda/attention/sm90/fwd/tile_size.h"
 
 namespace jax_sgl::cuda {
 namespace {
@@ -338,12 +339,13 @@ FwdChoice ChooseFwdKernel(const AttentionParams& p, const DeviceInfo& dev) {
   // calls (kSm90VerifyMinQRows q rows per sequence and kSm90VerifyMinRows packed rows: 8 drafts
   // of a GQA group of 4 or more, over kSm90VerifyMinKeys keys) on Hopper, which the sm90 kernel
   // takes, packed and key-split (Sm90KeySplits): the block-wide kernel ran B=32 x 8 drafts over
-  // 8k keys at 0.53x FA3.
+  // 8k keys at 0.53x FA3. Only head dims whose sm90 tiles are persistent (64, 128): the key
+  // split needs them, and hd256's one-CTA-per-tile kernel was never measured on such calls.
   const bool decode_shape = p.seqlen_q >= 1 && p.seqlen_q <= kDecodeMaxQLen;
 #ifdef JAX_SGL_HAVE_SM90
   if (decode_shape && p.kv_layout == KvLayout::kPaged && p.seqlen_q >= kSm90VerifyMinQRows &&
-      KeyBound(p) >= kSm90VerifyMinKeys && Sm90Unsupported(p) == nullptr &&
-      Sm90Enabled(p, dev)) {
+      KeyBound(p) >= kSm90VerifyMinKeys && sm90::FwdTile(p.head_dim).persistent &&
+      Sm90Unsupported(p) == nullptr && Sm90Enabled(p, dev)) {
     c.kernel = FwdKernel::kSm90;
     return c;
   }
