@@ -6,8 +6,9 @@ anything but a compute-capability-9.0 device, or in a build
 without the (dtype, head dim) instantiation, the test is skipped rather than silently testing the
 portable kernel. Outputs are poisoned beforehand so unwritten elements show up as NaN.
 Each head dim runs its one tile choice (ffi/cuda/attention/sm90/fwd/tile_size.h): persistent at
-64 and 128, one CTA per tile at 256. Decode-shaped calls (at most 8 q rows) never reach it: they
-run on the decode kernels (test_attention_decode_gpu.py).
+64 and 128, one CTA per tile at 256. Decode-shaped calls (at most 8 q rows) run on the decode
+kernels (test_attention_decode_gpu.py), except paged verify of 8 drafts with a GQA group of 4 or
+more over a long history, which runs here with the key split (SPLIT below).
 """
 
 from __future__ import annotations
@@ -394,13 +395,20 @@ PAGED = {
 }
 
 
-def _paged_inputs(case, head_dim, dtype, seed, spec=None, min_keys=0):
+def _spec(case):
+  """A paged case (PAGED or SPLIT): its tuple, the least width of its page table in keys (the
+  bound on every sequence's keys, which sizes the key split), and whether it passes sinks."""
+  if case in SPLIT:
+    return SPLIT[case], SPLIT_KEYS, case in SPLIT_SINKS
+  return PAGED[case], 0, case in PAGED_SINKS
+
+
+def _paged_inputs(case, head_dim, dtype, seed):
   """q (packed, or dense [B, n, H, D]), the pool with its NaN-poisoned copy, and the index
   arrays: shuffled pages, padding (-1) and entries past the pool after the used ones, and one
-  bad entry inside the first sequence's used pages (its keys are masked). spec: the case's
-  tuple (default PAGED[case]); min_keys: a page table at least that many keys wide (its bound
-  on every sequence's keys, which sizes the key split)."""
-  lens_q, lens_k, ps, h, hkv, *_, dense_q = spec or PAGED[case]
+  bad entry inside the first sequence's used pages (its keys are masked)."""
+  spec, min_keys, _ = _spec(case)
+  lens_q, lens_k, ps, h, hkv, *_, dense_q = spec
   rng = np.random.default_rng(seed)
   keys = jax.random.split(jax.random.PRNGKey(seed), 3)
   rand = lambda key, s: jax.random.normal(key, s, jnp.float32).astype(dtype)
@@ -439,10 +447,11 @@ def _paged_inputs(case, head_dim, dtype, seed, spec=None, min_keys=0):
 PAGED_SINKS = ("verify_g5", "mixed_g7", "p8_mixed_g5")
 
 
-def _paged_call(case, q, k, v, cu_q, table, used, fn=None, spec=None, sinks=False):
-  *_, heads, _kv_heads, causal, window, softcap, _dense = spec or PAGED[case]
+def _paged_call(case, q, k, v, cu_q, table, used, fn=None):
+  spec, _, sinks = _spec(case)
+  *_, heads, _kv_heads, causal, window, softcap, _dense = spec
   kw = dict(causal=causal, window=window, softcap=softcap)
-  if case in PAGED_SINKS or sinks:
+  if sinks:
     kw["sinks"] = jnp.asarray(np.random.default_rng(heads).normal(size=heads) * 2, jnp.float32)
   return _indexed_call(q, k, v, dict(cu_seqlens_q=cu_q, seqused_k=used, page_table=table), kw,
                        kernel=fn is not None)
@@ -469,12 +478,15 @@ def test_paged_fp16(case):
 
 
 @pytest.mark.parametrize("case", ("p16_ragged", "p64_full", "p128_causal_window", "verify",
-                                  "mixed", "verify_g5", "p5", "p1_tokens"), ids=str)
+                                  "mixed", "verify_g5", "p5", "p1_tokens", "draft8_p16",
+                                  "draft8_p1", "draft32_p16", "ragged_p64_window"), ids=str)
 def test_paged_runs_the_sm90_kernel(monkeypatch, case):
   """Paged calls with pages of 16k keys and at least 64 tile rows per sequence on average (q
-  rows, times the GQA group where the call packs it) run on the sm90 kernel by default (its results differ from the portable kernel's somewhere; both match the
-  reference above), bitwise the same on a second call; JAX_SGL_DISABLE=sm90_varlen keeps them on
-  the portable kernel."""
+  rows, times the GQA group where the call packs it; 32 with 8 q rows or more: the key split's
+  cases below) run on the sm90 kernel by default (its results differ from the other kernel's
+  somewhere; both match the reference), bitwise the same on a second call (the key shares'
+  counter restarts, the combine sums shares in order); JAX_SGL_DISABLE=sm90_varlen keeps them on
+  the kernel JAX_SGL_DISABLE=sm90 gives (portable; block-wide decode for 8 drafts)."""
   _need(128, jnp.bfloat16)
   q, k, v, _, cu_q, table, used = _paged_inputs(case, 128, jnp.bfloat16, seed=41)
   run = lambda: np.asarray(_paged_call(case, q, k, v, cu_q, table, used, fn=True)[0]).view(
@@ -520,48 +532,14 @@ SPLIT = {
 SPLIT_SINKS = ("draft8_p64_softcap_g8", "ragged_p16")
 
 
-def _split_inputs(case, head_dim, dtype, seed):
-  return _paged_inputs(case, head_dim, dtype, seed, spec=SPLIT[case], min_keys=SPLIT_KEYS)
-
-
-def _split_call(case, q, k, v, cu_q, table, used, fn=None):
-  return _paged_call(case, q, k, v, cu_q, table, used, fn=fn, spec=SPLIT[case],
-                     sinks=case in SPLIT_SINKS)
-
-
-def _check_split(case, head_dim, dtype, seed):
-  q, k, v, (kk, vv), cu_q, table, used = _split_inputs(case, head_dim, dtype, seed)
-  want_out, want_lse = _split_call(case, q, k, v, cu_q, table, used)
-  check_kernel_output(lambda: _split_call(case, q, kk, vv, cu_q, table, used, fn=True), want_out,
-                      want_lse, dtype, TOL[jnp.dtype(dtype)])
-
-
 @pytest.mark.parametrize("case", SPLIT, ids=str)
 @pytest.mark.parametrize("head_dim", (64, 128))
 def test_key_split_matches_reference(head_dim, case):
   _need(head_dim, jnp.bfloat16)
-  _check_split(case, head_dim, jnp.bfloat16, seed=3 * head_dim + list(SPLIT).index(case))
+  _check_paged(case, head_dim, jnp.bfloat16, seed=3 * head_dim + list(SPLIT).index(case))
 
 
 @pytest.mark.parametrize("case", ("draft8_p16", "ragged_p1"), ids=str)
 def test_key_split_fp16(case):
   _need(128, jnp.float16)
-  _check_split(case, 128, jnp.float16, seed=37)
-
-
-@pytest.mark.parametrize("case", ("draft8_p16", "draft8_p1", "draft32_p16", "ragged_p64_window"),
-                         ids=str)
-def test_key_split_runs_the_sm90_kernel(monkeypatch, case):
-  """The split calls run on the sm90 kernel (8 drafts: no longer the block-wide decode kernel),
-  bitwise the same on a second call (the shares' tile counter restarts, the combine sums the
-  shares in order); JAX_SGL_DISABLE=sm90 gives other bits (the decode or portable kernel)."""
-  _need(128, jnp.bfloat16)
-  q, k, v, _, cu_q, table, used = _split_inputs(case, 128, jnp.bfloat16, seed=43)
-  run = lambda: np.asarray(_split_call(case, q, k, v, cu_q, table, used, fn=True)[0]).view(
-      np.uint16)
-  monkeypatch.delenv("JAX_SGL_DISABLE", raising=False)
-  sm90 = run()
-  poison_allocator(sm90.size * 2)
-  np.testing.assert_array_equal(sm90, run())
-  monkeypatch.setenv("JAX_SGL_DISABLE", "sm90")
-  assert not np.array_equal(sm90, run())
+  _check_paged(case, 128, jnp.float16, seed=37)
