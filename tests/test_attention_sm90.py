@@ -506,9 +506,10 @@ def test_paged_runs_the_sm90_kernel(monkeypatch, case):
 # has few tiles (24-48: sequences x kv heads x row blocks) and a page table 8k keys wide, so on
 # the H200's 132 SMs it splits 3-7 ways at hd128 (3-5 at hd64; Sm90KeySplits); the sequences'
 # real histories are ragged, down to fewer keys than one share and none at all, so many shares
-# of short sequences are empty. Verify-like q: 8 drafts per sequence (32 packed rows: the routing of 8-draft calls
-# away from the block-wide decode kernel), 32 and 64 (packed rows of one and two tiles), and
-# packed q of 1, 5, 8, 32 and 64 rows per sequence. Pools NaN-poisoned as above; LSE checked.
+# of short sequences are empty. Verify-like q: 8 drafts per sequence (32 packed rows: the
+# routing of 8-draft calls away from the block-wide decode kernel), 32 and 64 (packed rows of
+# one and two tiles), and packed q of 1, 5, 8, 32 and 64 rows per sequence. Pools NaN-poisoned
+# as above; LSE checked.
 # (lens_q, lens_k, page_size, heads, kv heads, causal, window, softcap, dense q)
 SPLIT_KEYS = 8192
 SPLIT = {

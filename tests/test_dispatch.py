@@ -126,9 +126,9 @@ def test_many_packed_decode_rows_take_the_block_kernel():
 
 
 def test_verify_with_8_drafts_runs_sm90_on_hopper():
-  # 8 drafts x a group of 4 = 32 packed rows over a long paged history (4k keys): the sm90 kernel
-  # with the key split instead of the block-wide decode kernel (Sm90KeySplits, docs/kernels.md);
-  # off Hopper, or with sm90 switched off, the block-wide kernel as before.
+  # 8 drafts x a group of 4 = 32 packed rows over a long paged history (4096 keys): the sm90
+  # kernel with the key split instead of the block-wide decode kernel (Sm90KeySplits,
+  # docs/kernels.md); off Hopper, or with sm90 switched off, the block-wide kernel as before.
   if not _built("sm90_fwd", 128):
     pytest.skip("this build has no sm90 hd128 bf16 forward")
   long = dict(sq=8, page=16, pages=4096, max_pages=256)
@@ -137,8 +137,8 @@ def test_verify_with_8_drafts_runs_sm90_on_hopper():
                       causal=True) == "sm90"
   assert _paged_fwd(HOPPER, *_paged(**long, h=64, hkv=8), causal=False) == "sm90"
   assert _paged_fwd(AMPERE, *_paged(**long), causal=True) == "decode_block"
-  # A short history (256 keys) stays on the decode kernel.
-  assert _paged_fwd(HOPPER, *_paged(sq=8, page=16, pages=64, max_pages=16),
+  # A shorter history (at most 4096 keys in the page table) stays on the decode kernel.
+  assert _paged_fwd(HOPPER, *_paged(sq=8, page=16, pages=4096, max_pages=255),
                     causal=True) == "decode_block"
   # Fewer than 32 packed rows (a group of 3: 24), or fewer than 8 q rows per sequence, too.
   assert _paged_fwd(HOPPER, *_paged(**long, h=24, hkv=8), causal=True) == "decode_block"

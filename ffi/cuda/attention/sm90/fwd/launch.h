@@ -86,9 +86,10 @@ inline size_t Sm90KeySplitBytes(const AttentionParams& p, int splits) {
 inline constexpr int kSm90VerifyMinQRows = 8;
 inline constexpr int kSm90VerifyMinRows = 32;
 // Decode-shaped verify calls (kDecodeMaxQLen q rows) leave the decode kernel only over at least
-// this many keys per sequence (the page table's bound): a history the key split can cut into two
-// shares of its minimum; shorter calls are latency-bound, which the decode kernel is tuned for.
-inline constexpr int kSm90VerifyMinKeys = 2048;
+// this many keys per sequence (the page table's bound): 32 key tiles, a history the key split
+// can cut into four shares of its minimum (the 0.53x FA3 row is 8k); shorter calls stay on the
+// decode kernels, measured and tested on them (decode GPU tests: about 2k keys).
+inline constexpr int kSm90VerifyMinKeys = 4096;
 
 // Whether a paged call packs the q heads of each GQA group into the tile rows (PackGQA,
 // sm90/fwd/tile_scheduler.cuh): the tile then covers group x fewer q rows of all the group's

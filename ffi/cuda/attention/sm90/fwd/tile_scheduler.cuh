@@ -1,7 +1,7 @@
 // The sm_90a flash forward's tile scheduler: which work tiles (128 query rows of one (q head,
-// batch), or a share of one's keys under the tail or key split) a CTA runs, in what order, and which key
-// tiles each visits. Non-persistent kernels run the grid's one tile per CTA; persistent ones start
-// at blockIdx.x and take the next from a stride or a counter. The consumers read their current
+// batch), or a share of one's keys under the tail or key split) a CTA runs, in what order, and
+// which key tiles each visits. Non-persistent kernels run the grid's one tile per CTA; persistent
+// ones start at blockIdx.x and take the next from a stride or a counter. The consumers read their current
 // tile back from smem (HeldTile) rather than keep it in registers across the main loop.
 #pragma once
 
