@@ -6,9 +6,9 @@
 // of the split partials. Then tells the producer when Q is free.
 // Attention sinks are applied here from the finished LSE alone (a few scalars per row, after the
 // main loop), except to a tail or key share, whose combine applies them. ptxas -v, sm_90a,
-// 2026-12-04: hd128 still spills nothing; the hd256 dense kernels go from 32 / 24 to 40 / 36 bytes of spill
-// stores (plain / softcap), varlen unchanged (80 / 88); moving the sink after the tail branch or
-// a one-branch ApplySink gave the same numbers. Not yet timed on a GPU.
+// 2026-12-04: hd128 still spills nothing; the hd256 dense kernels go from 32 / 24 to 40 / 36
+// bytes of spill stores (plain / softcap), varlen unchanged (80 / 88); moving the sink after the
+// tail branch or a one-branch ApplySink gave the same numbers. Not yet timed on a GPU.
 #pragma once
 
 #include <cute/tensor.hpp>
