@@ -125,6 +125,39 @@ def test_many_packed_decode_rows_take_the_block_kernel():
   assert _paged_fwd(AMPERE, q, k, v, pt, su, causal=True) == "decode_block"
 
 
+def test_verify_with_8_drafts_runs_sm90_on_hopper():
+  # 8 drafts x a group of 4 = 32 packed rows over a long paged history (4096 keys): the sm90
+  # kernel with the key split instead of the block-wide decode kernel (Sm90KeySplits,
+  # docs/kernels.md); off Hopper, or with sm90 switched off, the block-wide kernel as before.
+  if not _built("sm90_fwd", 128):
+    pytest.skip("this build has no sm90 hd128 bf16 forward")
+  long = dict(sq=8, page=16, pages=4096, max_pages=256)
+  for page, max_pages in ((1, 4096), (16, 256), (64, 64)):  # the gather and the TMA boxes
+    assert _paged_fwd(HOPPER, *_paged(sq=8, page=page, pages=8192, max_pages=max_pages),
+                      causal=True) == "sm90"
+  assert _paged_fwd(HOPPER, *_paged(**long, h=64, hkv=8), causal=False) == "sm90"
+  assert _paged_fwd(AMPERE, *_paged(**long), causal=True) == "decode_block"
+  # A shorter history (at most 4096 keys in the page table) stays on the decode kernel.
+  assert _paged_fwd(HOPPER, *_paged(sq=8, page=16, pages=4096, max_pages=255),
+                    causal=True) == "decode_block"
+  # Fewer than 32 packed rows (a group of 3: 24), or fewer than 8 q rows per sequence, too.
+  assert _paged_fwd(HOPPER, *_paged(**long, h=24, hkv=8), causal=True) == "decode_block"
+  assert _paged_fwd(HOPPER, *_paged(**{**long, "sq": 5}, h=64, hkv=8),
+                    causal=True) == "decode_block"
+  # 9-15 q rows of a group of 4 (36-60 packed rows) ran on the portable kernel: now sm90.
+  assert _paged_fwd(HOPPER, *_paged(**{**long, "sq": 12}), causal=True) == "sm90"
+  assert _paged_fwd(AMPERE, *_paged(**{**long, "sq": 12}), causal=True) == "portable"
+  # Without GQA, 8-16 q rows are 8-16 tile rows: the decode / portable kernels keep them.
+  assert _paged_fwd(HOPPER, *_paged(**{**long, "sq": 12}, h=8, hkv=8),
+                    causal=True) == "portable"
+
+
+def test_verify_disable_switch_keeps_the_decode_kernel(monkeypatch):
+  monkeypatch.setenv(_disable.ENV, "sm90")
+  assert _paged_fwd(HOPPER, *_paged(sq=8, page=16, pages=4096, max_pages=256),
+                    causal=True) == "decode_block"
+
+
 def test_paged_prefill_and_verify_run_sm90_on_hopper():
   if not _built("sm90_fwd", 128):
     pytest.skip("this build has no sm90 hd128 bf16 forward")

@@ -13,6 +13,7 @@
 #include "ffi/cuda/attention/flash_fwd_launch.h"
 #include "ffi/cuda/attention/sm100/fwd/launch.h"
 #include "ffi/cuda/attention/sm90/fwd/launch.h"
+#include "ffi/cuda/attention/sm90/fwd/tile_size.h"
 
 namespace jax_sgl::cuda {
 namespace {
@@ -382,6 +383,25 @@ int PortableFp8SmemBytes(int cap) {
   });
 }
 
+// Split-KV partials, as the split kernels write them and LaunchSplitCombine reads them: float32
+// O [splits, total_q, num_heads, head_dim_v] at o_partial, then LSE [splits, total_q, num_heads].
+float* LsePartial(const AttentionParams& p, int splits, float* o_partial) {
+  return o_partial + size_t(splits) * p.total_q * p.num_heads * p.head_dim_v;
+}
+
+const char* CombineSplits(const AttentionParams& p, int splits, float* o_partial,
+                          cudaStream_t stream) {
+  SplitCombineArgs c;
+  c.p = p;
+  c.group = p.num_heads / p.num_kv_heads;
+  c.num_splits = splits;
+  c.o_partial = o_partial;
+  c.lse_partial = LsePartial(p, splits, o_partial);
+  c.lse_partial_type = DType::kF32;
+  c.o_type = KernelComputeType(p);  // bf16 / fp16 out, fp8 q too
+  return LaunchSplitCombine(c, stream);
+}
+
 }  // namespace
 
 FwdChoice ChooseFwdKernel(const AttentionParams& p, const DeviceInfo& dev) {
@@ -411,8 +431,21 @@ FwdChoice ChooseFwdKernel(const AttentionParams& p, const DeviceInfo& dev) {
   }
   // Decode-shaped calls (a bound of kDecodeMaxQLen q rows per sequence: dense q, or varlen q
   // with that few rows in all) take the dedicated decode kernels: the warp-sliced ones for at
-  // most kDecodeWarpMmaMaxRows packed rows, else the block-wide one.
+  // most kDecodeWarpMmaMaxRows packed rows, else the block-wide one, except verify-like paged
+  // calls (kSm90VerifyMinQRows q rows per sequence and kSm90VerifyMinRows packed rows: 8 drafts
+  // of a GQA group of 4 or more, over kSm90VerifyMinKeys keys) on Hopper, which the sm90 kernel
+  // takes, packed and key-split (Sm90KeySplits): the block-wide kernel ran B=32 x 8 drafts over
+  // 8k keys at 0.53x FA3. Only head dims whose sm90 tiles are persistent (64, 128): the key
+  // split needs them, and hd256's one-CTA-per-tile kernel was never measured on such calls.
   const bool decode_shape = p.seqlen_q >= 1 && p.seqlen_q <= kDecodeMaxQLen;
+#ifdef JAX_SGL_HAVE_SM90
+  if (decode_shape && p.kv_layout == KvLayout::kPaged && p.seqlen_q >= kSm90VerifyMinQRows &&
+      KeyBound(p) >= kSm90VerifyMinKeys && sm90::FwdTile(p.head_dim).persistent &&
+      Sm90Unsupported(p) == nullptr && Sm90Enabled(p, dev)) {
+    c.kernel = FwdKernel::kSm90;
+    return c;
+  }
+#endif
   if (decode_shape && CheckSm80Support(p, &c.head_dim_cap) == nullptr) {
     const int64_t rows = int64_t(p.seqlen_q) * (p.num_heads / p.num_kv_heads);
     if (rows <= kDecodeWarpMmaMaxRows) {
@@ -478,6 +511,7 @@ const char* PlanFlashFwd(const AttentionParams& p, const DeviceInfo& dev, FlashP
     case FwdKernel::kDecodeBlock: PlanDecodeKernel(p, dev, plan); return nullptr;
     case FwdKernel::kSm90:
 #ifdef JAX_SGL_HAVE_SM90
+      plan->num_splits = Sm90KeySplits(p, dev.num_sms);
       plan->scratch_bytes = Sm90ScratchBytes(p, dev.num_sms);
 #endif
       return nullptr;
@@ -521,8 +555,13 @@ const char* RunFlashFwd(const AttentionParams& p, const FlashPlan& plan, void* s
 #endif
 #ifdef JAX_SGL_HAVE_SM90
   if (plan.choice.kernel == FwdKernel::kSm90) {
-    const cudaError_t err = RunFlashFwdSm90(p, scratch, stream);
-    return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
+    const cudaError_t err = RunFlashFwdSm90(p, plan.num_splits, scratch, stream);
+    if (err != cudaSuccess) return cudaGetErrorString(err);
+    if (plan.num_splits == 1) return nullptr;
+    // The key split's partials (Sm90KeySplitBytes), after the kernel's tile counter.
+    return CombineSplits(p, plan.num_splits,
+                         reinterpret_cast<float*>(static_cast<char*>(scratch) + kSm90CounterBytes),
+                         stream);
   }
 #endif
   FlashFwdArgs args;
@@ -533,8 +572,7 @@ const char* RunFlashFwd(const AttentionParams& p, const FlashPlan& plan, void* s
   args.lse_partial = nullptr;
   if (plan.num_splits > 1) {
     args.o_partial = static_cast<float*>(scratch);
-    args.lse_partial =
-        args.o_partial + size_t(plan.num_splits) * p.total_q * p.num_heads * p.head_dim_v;
+    args.lse_partial = LsePartial(p, plan.num_splits, args.o_partial);
   }
   cudaError_t err;
   const FwdKernel kernel = plan.choice.kernel;
@@ -559,15 +597,7 @@ const char* RunFlashFwd(const AttentionParams& p, const FlashPlan& plan, void* s
   }
   if (err != cudaSuccess) return cudaGetErrorString(err);
   if (plan.num_splits == 1) return nullptr;
-  SplitCombineArgs c;
-  c.p = p;
-  c.group = args.group;
-  c.num_splits = plan.num_splits;
-  c.o_partial = args.o_partial;
-  c.lse_partial = args.lse_partial;
-  c.lse_partial_type = DType::kF32;
-  c.o_type = KernelComputeType(p);
-  return LaunchSplitCombine(c, stream);
+  return CombineSplits(p, plan.num_splits, args.o_partial, stream);
 }
 
 const char* PortableBuiltHeadDims() {

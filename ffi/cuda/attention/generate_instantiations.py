@@ -48,10 +48,10 @@ KINDS = {
         "template cudaError_t LaunchFlashBwd<{t}, {d}>(const FlashBwdArgs&, cudaStream_t);",
     ]),
     "sm90_fwd": ("sm90/fwd/launch.cuh", [
-        "template cudaError_t LaunchFlashFwdSm90<{t}, {d}>(const AttentionParams&, void*, cudaStream_t);",
+        "template cudaError_t LaunchFlashFwdSm90<{t}, {d}>(const AttentionParams&, int, void*, cudaStream_t);",
     ]),
     "sm90_fwd_e4m3": ("sm90/fwd/launch.cuh", [
-        "template cudaError_t LaunchFlashFwdSm90<{t}, {d}>(const AttentionParams&, void*, cudaStream_t);",
+        "template cudaError_t LaunchFlashFwdSm90<{t}, {d}>(const AttentionParams&, int, void*, cudaStream_t);",
     ]),
     "sm90_bwd": ("sm90/bwd/launch.cuh", [
         "template cudaError_t LaunchFlashBwdSm90<{t}, {d}>(const FlashBwdArgs&, float*, bool, cudaStream_t);",

@@ -30,7 +30,8 @@ using namespace cute;
 struct WorkTile {
   int m_block, head, batch;
   int q_row0 = 0, q_len = 0, k_row0 = 0, k_len = 0;
-  int split = -1;  // tail split (dense, persistent): which share of the key tiles, else -1
+  int split = -1;  // tail split (dense) or key split (paged), persistent: which share of the
+                   // key tiles, else -1
 };
 
 // Persistent CTAs: a consumer's current work tile and its ordinal (whose parity is the phase of
@@ -66,6 +67,7 @@ struct FlashConfig {
   static constexpr int kWarpgroupRows = 64;                   // wgmma M per warpgroup
   static constexpr int kConsumers = 2;                        // consumer warpgroups (ping-pong)
   static constexpr int kBlockM = kWarpgroupRows * kConsumers; // query rows per CTA
+  static_assert(kBlockM == kSm90FwdBlockM, "the host counts tiles of kSm90FwdBlockM rows");
   // Keys per tile: a multiple of 16 (the K step of P V), at most 256 (wgmma N, TMA box).
   static constexpr int kBlockN = kTile.block_n;
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256);

@@ -21,6 +21,10 @@ struct FwdTileSize {
   bool early_rescale;
 };
 
+// Query rows per work tile (config.h kBlockM: two consumer warpgroups of 64 rows), for the host's
+// tile counts (Sm90TileGrid).
+inline constexpr int kSm90FwdBlockM = 128;
+
 // Paged K/V: keys per TMA box of the page pool (config.h kPageBoxRows): 16 rows are two 128-byte
 // swizzle atoms, so each box lands aligned in the key tile; the dispatch takes page sizes that
 // are multiples of it, so that no box straddles a page.
