@@ -70,47 +70,117 @@ __device__ __forceinline__ auto AccToAFp8(Acc const& acc) {
   return a;
 }
 
-// V^T of one staged V tile: sVt(d, k, stage) = sV(Fp8KeyOfColumn(k), d, slot), by the 128
-// threads of the producer warpgroup, each moving 4 x 4 byte blocks (four 32-bit loads, eight
-// byte permutes, four 32-bit stores); the caller fences and signals. Block (kb, db): keys
-// 4 kb.. of V^T rows 4 db... hd128 with 128-key tiles (both rings 128-byte rows under the
-// 128-byte swizzle: 16-byte chunk ^= row % 8) uses a lane -> block map under which a warp's 32
-// loads, and its 32 stores, each fall in 32 distinct banks: load bank bits (db0, db1, db2 ^ i,
-// db3 ^ kb0, db4 ^ kb1), store bank bits (kb0, kb1, kb2 ^ j0, kb3 ^ j1, kb4 ^ db0) for load i and
-// store j, both one-to-one in the lane under the map below. Other shapes go in plain order.
-template <typename Cfg, typename SV, typename SVt>
-__device__ __forceinline__ void TransposeV(SV const& sV, SVt& sVt, int slot, int stage, int t) {
-  constexpr int kKeyBlocks = Cfg::kBlockN / 4, kDimBlocks = Cfg::kHeadDim / 4;
-  constexpr int kPerThread = kKeyBlocks * kDimBlocks / 128;
+// First key of V^T's 4-column block kb (Fp8KeyOfColumn(4 kb)); its +1, +8, +9 follow. A bit
+// placement (kb bits 0, 1 -> key bits 1, 2; kb bits 2.. -> key bits 4..), so it commutes with
+// XOR: Fp8KeyOfBlock(a ^ b) == Fp8KeyOfBlock(a) ^ Fp8KeyOfBlock(b).
+__host__ __device__ constexpr uint32_t Fp8KeyOfBlock(uint32_t kb) {
+  return 16 * (kb >> 2) + 2 * (kb & 3);
+}
+
+// TransposeV's share of thread t (of the 128 producer threads): block `it` (< kPerThread) is
+// the 4 x 4 bytes V(Fp8KeyOfBlock(kb) + {0, 1, 8, 9}, 4 db + {0..3}) -> V^T(4 db + {0..3},
+// 4 kb + {0..3}), as byte offsets into the `v` / `vt` rings (their CuTe layouts). __host__ too:
+// tools/check_fp8_transpose.cu replays the map on the host against the layouts and counts the
+// smem banks of every warp access.
+// hd128 with 128-key tiles (both rings 128-byte rows under the 128-byte swizzle: 16-byte chunk
+// ^= row % 8) uses a lane -> block map under which a warp's 32 loads, and its 32 stores, each
+// fall in 32 distinct banks: load bank bits (db0, db1, db2 ^ i, db3 ^ kb0, db4 ^ kb1), store
+// bank bits (kb0, kb1, kb2 ^ j0, kb3 ^ j1, kb4 ^ db0) for load i and store j, both one-to-one in
+// the lane under the map below. There block `it` is kb = kb_t ^ it, db = db_t, and both layouts
+// are XOR-linear in (row, column) bits (a power-of-two tile under a swizzle), so each offset is
+// the thread's block-0 offset XOR a constant of `it` and i / j: one LOP3 an address once the
+// loop is unrolled, where evaluating the swizzled layout per access cost ~10. Other shapes go
+// in plain order, their offsets from the layouts.
+template <typename Cfg>
+struct Fp8TransposeMap {
+  using LayoutV = typename Cfg::SmemLayoutKV;      // [keys, head dim, stage], bytes
+  using LayoutVt = typename Cfg::SmemLayoutVtFp8;  // [head dim, keys, stage], bytes
+  static constexpr int kKeyBlocks = Cfg::kBlockN / 4, kDimBlocks = Cfg::kHeadDim / 4;
+  static constexpr int kPerThread = kKeyBlocks * kDimBlocks / 128;
   static_assert(kKeyBlocks * kDimBlocks % 128 == 0 && Cfg::kBlockN % 16 == 0);
-  constexpr bool kMapped = kKeyBlocks == 32 && kDimBlocks == 32;
-  const int l = t % 32;
-  const int l0 = l & 1, l1 = (l >> 1) & 1, l2 = (l >> 2) & 1, l3 = (l >> 3) & 1, l4 = l >> 4;
-  const int db_lane = l0 | l1 << 1 | l2 << 2 | (l3 ^ l2) << 3 | (l4 ^ l3) << 4;
-  const int kb_lane = l2 | l3 << 1 | l4 << 2 | l0 << 3 | (l1 ^ l0) << 4;
-  // Rolled: the producer has 24 registers (unrolled, the blocks' addresses spilled).
-#pragma unroll 1
-  for (int it = 0; it < kPerThread; ++it) {
-    int kb, db;
+  static constexpr bool kMapped = kKeyBlocks == 32 && kDimBlocks == 32;
+  // Row of load i past the block's first key: 0, 1, 8, 9.
+  __host__ __device__ static constexpr uint32_t KeyStep(int i) { return (i & 1) | (i & 2) << 2; }
+
+  uint32_t kb0, db0;       // mapped: block 0 of this thread; plain: kb0 is the thread
+  uint32_t load0, store0;  // mapped: block 0's offsets (load 0, store 0)
+  int stage;
+
+  __host__ __device__ Fp8TransposeMap(int t, int stage_) : stage(stage_) {
     if constexpr (kMapped) {
-      kb = kb_lane ^ ((t / 32) * kPerThread + it);
-      db = db_lane;
+      const uint32_t l = uint32_t(t) % 32;
+      const uint32_t l0 = l & 1, l1 = (l >> 1) & 1, l2 = (l >> 2) & 1, l3 = (l >> 3) & 1,
+                     l4 = l >> 4;
+      db0 = l0 | l1 << 1 | l2 << 2 | (l3 ^ l2) << 3 | (l4 ^ l3) << 4;
+      kb0 = (l2 | l3 << 1 | l4 << 2 | l0 << 3 | (l1 ^ l0) << 4) ^ (uint32_t(t) / 32 * kPerThread);
+      load0 = uint32_t(LayoutV{}(int(Fp8KeyOfBlock(kb0)), int(4 * db0), stage));
+      store0 = uint32_t(LayoutVt{}(int(4 * db0), int(4 * kb0), stage));
     } else {
-      const int b = t + 128 * it;
-      kb = b % kKeyBlocks;
-      db = b / kKeyBlocks;
+      kb0 = uint32_t(t);
+      db0 = load0 = store0 = 0;
     }
-    const int key = 16 * (kb >> 2) + 2 * (kb & 3);  // Fp8KeyOfColumn(4 kb); +1, +8, +9 follow
-    const uint32_t r0 = *reinterpret_cast<uint32_t const*>(&sV(key, 4 * db, slot));
-    const uint32_t r1 = *reinterpret_cast<uint32_t const*>(&sV(key + 1, 4 * db, slot));
-    const uint32_t r2 = *reinterpret_cast<uint32_t const*>(&sV(key + 8, 4 * db, slot));
-    const uint32_t r3 = *reinterpret_cast<uint32_t const*>(&sV(key + 9, 4 * db, slot));
-    const uint32_t lo01 = __byte_perm(r0, r1, 0x5140), lo23 = __byte_perm(r2, r3, 0x5140);
-    const uint32_t hi01 = __byte_perm(r0, r1, 0x7362), hi23 = __byte_perm(r2, r3, 0x7362);
-    *reinterpret_cast<uint32_t*>(&sVt(4 * db + 0, 4 * kb, stage)) = __byte_perm(lo01, lo23, 0x5410);
-    *reinterpret_cast<uint32_t*>(&sVt(4 * db + 1, 4 * kb, stage)) = __byte_perm(lo01, lo23, 0x7632);
-    *reinterpret_cast<uint32_t*>(&sVt(4 * db + 2, 4 * kb, stage)) = __byte_perm(hi01, hi23, 0x5410);
-    *reinterpret_cast<uint32_t*>(&sVt(4 * db + 3, 4 * kb, stage)) = __byte_perm(hi01, hi23, 0x7632);
+  }
+  __host__ __device__ uint32_t Load(int it, int i) const {
+    if constexpr (kMapped) {
+      return load0 ^ uint32_t(LayoutV{}(int(Fp8KeyOfBlock(uint32_t(it)) ^ KeyStep(i)), 0, 0));
+    } else {
+      const uint32_t b = kb0 + 128 * uint32_t(it), kb = b % kKeyBlocks, db = b / kKeyBlocks;
+      return uint32_t(LayoutV{}(int(Fp8KeyOfBlock(kb) + KeyStep(i)), int(4 * db), stage));
+    }
+  }
+  __host__ __device__ uint32_t Store(int it, int j) const {
+    if constexpr (kMapped) {
+      return store0 ^ uint32_t(LayoutVt{}(j, int(4 * it), 0));
+    } else {
+      const uint32_t b = kb0 + 128 * uint32_t(it), kb = b % kKeyBlocks, db = b / kKeyBlocks;
+      return uint32_t(LayoutVt{}(int(4 * db) + j, int(4 * kb), stage));
+    }
+  }
+};
+
+// The 4 x 4 byte transpose of one block: r[i] holds V row key + Fp8TransposeMap::KeyStep(i)
+// (4 head-dim bytes); word j of the result is V^T row 4 db + j (4 key bytes, in
+// Fp8KeyOfColumn's order). BytePerm: __byte_perm, spelled out for the host replay.
+__host__ __device__ inline uint32_t BytePerm(uint32_t a, uint32_t b, uint32_t s) {
+#if defined(__CUDA_ARCH__)
+  return __byte_perm(a, b, s);
+#else
+  const uint64_t x = uint64_t(b) << 32 | a;
+  uint32_t r = 0;
+  for (int i = 0; i < 4; ++i) r |= uint32_t(x >> (8 * ((s >> (4 * i)) & 7)) & 0xff) << (8 * i);
+  return r;
+#endif
+}
+__host__ __device__ inline void TransposeBlock4x4(const uint32_t (&r)[4], uint32_t (&w)[4]) {
+  const uint32_t lo01 = BytePerm(r[0], r[1], 0x5140), lo23 = BytePerm(r[2], r[3], 0x5140);
+  const uint32_t hi01 = BytePerm(r[0], r[1], 0x7362), hi23 = BytePerm(r[2], r[3], 0x7362);
+  w[0] = BytePerm(lo01, lo23, 0x5410);
+  w[1] = BytePerm(lo01, lo23, 0x7632);
+  w[2] = BytePerm(hi01, hi23, 0x5410);
+  w[3] = BytePerm(hi01, hi23, 0x7632);
+}
+
+// V^T of one staged V tile: Vt(d, k, stage) = V(Fp8KeyOfColumn(k), d, stage), by the 128
+// threads of the producer warpgroup (Fp8TransposeMap's blocks: four 32-bit loads, eight byte
+// permutes, four 32-bit stores each); the caller fences and signals. v_smem / vt_smem: the `v`
+// and `vt` rings as shared-window addresses, so that the accesses are LDS / STS on 32-bit
+// offsets: through CuTe's swizzled smem pointers they compiled to generic LD.E / ST.E with the
+// swizzle applied to 64-bit addresses (107 instructions a block against 32 now, SASS).
+template <typename Cfg>
+__device__ __forceinline__ void TransposeV(uint32_t v_smem, uint32_t vt_smem, int stage, int t) {
+  using Map = Fp8TransposeMap<Cfg>;
+  const Map map(t, stage);
+  // Unrolled, the mapped offsets are constants; the plain ones, unrolled, spilled the producer.
+#pragma unroll(Map::kMapped ? Map::kPerThread : 1)
+  for (int it = 0; it < Map::kPerThread; ++it) {
+    uint32_t r[4], w[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      asm volatile("ld.shared.b32 %0, [%1];" : "=r"(r[i]) : "r"(v_smem + map.Load(it, i)));
+    TransposeBlock4x4(r, w);
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      asm volatile("st.shared.b32 [%0], %1;" ::"r"(vt_smem + map.Store(it, j)), "r"(w[j]));
   }
 }
 
