@@ -69,14 +69,16 @@ struct FlashConfig {
   // Keys per tile: a multiple of 16 (the K step of P V), at most 256 (wgmma N, TMA box).
   static constexpr int kBlockN = kTile.block_n;
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256);
-  static constexpr int kStages = 2;
+  static constexpr int kStages = kTile.stages;
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static constexpr int kHoleWords = (kBlockN + 31) / 32;  // paged gather: one hole bit per key
   // Registers per thread after setmaxnreg: producers give theirs to the consumers.
   // (24 + 2 * 240) * 128 = 64512 <= 65536, the register file of one SM. fp8 too: the producer's
-  // V transpose on 32-bit smem offsets (fp8.cuh Fp8TransposeMap) fits 24 without spills.
-  static constexpr int kProducerRegs = 24;
-  static constexpr int kConsumerRegs = 240;
+  // V transpose on 32-bit smem offsets (fp8.cuh Fp8TransposeMap) fits 24 without spills; with
+  // three stages (tile_size.h kFp8Hd128Stages) its ring arithmetic (count % 3) spilled 16 bytes
+  // in 24, so it keeps 32 and the consumers 232 ((32 + 2 * 232) * 128 = 63488).
+  static constexpr int kProducerRegs = kFp8 && kStages > 2 ? 32 : 24;
+  static constexpr int kConsumerRegs = kFp8 && kStages > 2 ? 232 : 240;
 
   using RowsD = Shape<Int<kWarpgroupRows>, Int<kHeadDim>>;
   using TileQK = Shape<Int<kWarpgroupRows>, Int<kBlockN>, Int<kHeadDim>>;  // S = Q K^T
