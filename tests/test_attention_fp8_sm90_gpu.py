@@ -184,6 +184,18 @@ def test_dense(head_dim, shape, causal):
 
 
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_many_tiles(head_dim, causal):
+  """More work tiles than SMs (2 x 16 heads x 8 row blocks = 256 on an H100 / H200's 132), so a
+  persistent CTA runs several: the K, V staging and V^T rings' slots and barrier phases carry
+  from one tile to the next (by a per-tile key-tile count that varies when causal), and the
+  transpose writes every ring slot many times. 1000 rows and keys end mid-tile."""
+  _need(head_dim)
+  _, q, k, v, qd, kd, vd = _dense_case(6, (2, 1000, 1000, 16, 4), head_dim)
+  _check(q, k, v, qd, kd, vd, "batch_head", None, None, {"causal": causal}, {})
+
+
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
 @pytest.mark.parametrize("kind", ["batch_head", "head", "scalar"])
 def test_descale_shapes(head_dim, kind):
   _need(head_dim)
