@@ -36,6 +36,9 @@ SHAPES = {
     "square": (2, 333, 333, 8, 2),
     "q_short": (3, 19, 989, 4, 4),
     "k_short": (2, 300, 129, 6, 2),
+    # One key past a 192-key tile (tile_size.h kFp8Hd128Keys), q longer than k: causal rows
+    # above the bottom-right diagonal see no key.
+    "k_one_past": (2, 200, 193, 4, 2),
 }
 
 
