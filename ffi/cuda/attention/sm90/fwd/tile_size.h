@@ -59,9 +59,10 @@ constexpr FwdTileSize FwdTile(int head_dim) {
 inline constexpr int kFp8Hd128Stages = 2;
 // fp8 hd128 keys per tile, 128 or 192 (the two with a bank-conflict-free transpose map, fp8.cuh
 // Fp8TransposeMap), not yet timed: 192 amortizes each step's fixed work (O rescale, row max
-// shuffles, barriers, wgmma descriptors: ~150 of a step's ~470 instructions at 128) over 1.5x
+// shuffles, barriers, wgmma descriptors: ~130 of a step's 469 instructions at 128) over 1.5x
 // the keys, as FA3's wider fp8 tiles do (128 x 224 at hd128), and the smem holds it with two
-// stages (Q 16 + 2 x 3 x 24 + O 32 = 192 KiB). 128 is the default; the H200 run times both.
+// stages (Q 16 + 2 x 3 x 24 + O 32 = 192 KiB; not with three: 264). 128 is the default; the
+// H200 run times both.
 inline constexpr int kFp8Hd128Keys = 128;
 
 // e4m3 inputs (FlashConfig::kFp8). Timed once at hd128 (H200, 0.51x / 0.55x cuDNN fp8 full /
