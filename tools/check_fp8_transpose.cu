@@ -45,7 +45,8 @@ bool Check() {
           for (int b : banks) worst_load = b > worst_load ? b : worst_load;
         }
         for (int lane = 0; lane < 32; ++lane)
-          sm90::TransposeBlock4x4(r[lane], Map(32 * warp + lane, stage).Swap(), w[lane]);
+          sm90::TransposeBlock4x4(r[lane], Map(32 * warp + lane, stage).LoadSwap(),
+                                  Map(32 * warp + lane, stage).Swap(), w[lane]);
         for (int j = 0; j < 4; ++j) {
           int banks[32] = {};
           for (int lane = 0; lane < 32; ++lane) {

@@ -76,9 +76,9 @@ struct FlashConfig {
   // (24 + 2 * 240) * 128 = 64512 <= 65536, the register file of one SM. fp8 hd128 with 128-key
   // tiles and two stages too: the producer's V transpose on XOR-constant smem offsets (fp8.cuh
   // Fp8TransposeMap) fits 24 without spills. Other fp8 producers keep 32 and the consumers 232
-  // ((32 + 2 * 232) * 128 = 63488): in 24, hd64's transpose in plain order spilled 32-36 bytes,
-  // 192-key tiles' (two base offsets) 12, three stages' ring arithmetic (count % 3) 16
-  // (tile_size.h kFp8Hd128Keys, kFp8Hd128Stages).
+  // ((32 + 2 * 232) * 128 = 63488): in 24, hd64's transpose spilled 32-36 bytes (in plain
+  // order; its bank map uses 27 registers), 192-key tiles' (two base offsets) 12, three stages'
+  // ring arithmetic (count % 3) 16 (tile_size.h kFp8Hd128Keys, kFp8Hd128Stages).
   static constexpr bool kFp8WideProducer =
       kFp8 && !(kHeadDim == 128 && kBlockN == 128 && kStages == 2);
   static constexpr int kProducerRegs = kFp8WideProducer ? 32 : 24;

@@ -85,25 +85,27 @@ __host__ __device__ constexpr uint32_t Fp8KeyOfBlock(uint32_t kb) {
 
 // TransposeV's share of thread t (of the 128 producer threads): block `it` (< kPerThread) is
 // the 4 x 4 bytes V(Fp8KeyOfBlock(kb) + {0, 1, 8, 9}, 4 db + {0..3}) -> V^T(4 db + {0..3},
-// 4 kb + {0..3}), as byte offsets into the `v` / `vt` rings (their CuTe layouts); Swap() says
-// which of the block's V^T rows store j writes (4 db + (j ^ Swap())). __host__ too:
-// tools/check_fp8_transpose.cu replays the map on the host against the layouts and counts the
-// smem banks of every warp access.
-// hd128 (V rows of 128 bytes under the 128-byte swizzle: 16-byte chunk ^= row % 8) with 128- or
-// 192-key tiles uses a lane -> block map under which a warp's 32 loads, and its 32 stores, each
-// fall in 32 distinct banks. Load i: bank bits (db0, db1, db2 ^ i0, db3 ^ kb0, db4 ^ kb1).
-// Store j, 128 keys (V^T rows of 128 bytes, 128-byte swizzle): (kb0, kb1, kb2 ^ j0, kb3 ^ j1,
-// kb4 ^ db0), one-to-one in the lane under db = (l0, l1, l2, l3 ^ l2, l4 ^ l3), kb = (l2, l3,
-// l4, l0, l1 ^ l0). 192 keys (rows of 192 bytes, 64-byte swizzle atoms): (kb0, kb1, kb2 ^ r1,
-// kb3 ^ db0, r0) for V^T row r = 4 db + (j ^ Swap()), one-to-one under db = lane, kb = (l1, l2,
-// l3, l0 ^ l4), Swap() = l0 (the row bit 0 a bank bit: without the swap, 2-way conflicts).
-// Each lane's db is fixed, and its key blocks kb_t ^ c run over all 32 (and, 192 keys, 32 +
-// the 16 of (kb_t mod 16) ^ c') as c = 8 warp + it (c' = 4 warp + it - 8) over the warps and
-// steps. Both layouts are XOR-linear in the (row, column) bits a step changes (powers of two
-// under a swizzle), so each offset is the thread's base offset (one for the first 32 key blocks,
-// one for the rest) XOR a constant of `it` and i / j: one LOP3 an address once the loop is
-// unrolled, where evaluating the swizzled layout per access cost ~10. Other shapes go in plain
-// order, their offsets from the layouts.
+// 4 kb + {0..3}), as byte offsets into the `v` / `vt` rings (their CuTe layouts). Load i reads
+// V row key + KeyStep(i ^ LoadSwap()), store j writes V^T row 4 db + (j ^ Swap()).
+// __host__ too: tools/check_fp8_transpose.cu replays the map on the host against the layouts
+// and counts the smem banks of every warp access.
+// Three shapes have a lane -> block map under which a warp's 32 loads, and its 32 stores, each
+// fall in 32 distinct banks (bank bits from the swizzles: 128-byte, 16-byte chunk ^= row % 8;
+// 64-byte, chunk ^= (row / 2) % 4; r: the row a lane's access hits):
+// - hd128, 128 keys (V and V^T rows of 128 bytes): load (db0, db1, db2 ^ r0, db3 ^ kb0,
+//   db4 ^ kb1), store (kb0, kb1, kb2 ^ r0, kb3 ^ r1, kb4 ^ db0), one-to-one in the lane under
+//   db = (l0, l1, l2, l3 ^ l2, l4 ^ l3), kb = (l2, l3, l4, l0, l1 ^ l0).
+// - hd128, 192 keys (V^T rows of 192 bytes, 64-byte atoms): store (kb0, kb1, kb2 ^ r1,
+//   kb3 ^ db0, r0), row bit 0 a bank bit: db = lane, kb = (l1, l2, l3, l0 ^ l4), Swap() = l0.
+// - hd64, 128 keys (V rows of 64 bytes, 64-byte atoms): load (db0, db1, db2 ^ kb0, db3 ^ kb1,
+//   r0), row bit 0 a bank bit: db = lane % 16, kb = (l0, l1, l2, l3, l4 ^ l0), LoadSwap() = l4.
+// Each lane's db is fixed, and its key blocks kb_t ^ c run over all 32 (192 keys: and 32 + the
+// 16 of (kb_t mod 16) ^ c') as c = kLow warp + it (c' = 4 warp + it - 8) over the warps and
+// steps (hd64: the two lanes of a db split them by kb bit 4). Both layouts are XOR-linear in
+// the (row, column) bits a step changes (powers of two under a swizzle), so each offset is the
+// thread's base offset (one for the first 32 key blocks, one for the rest) XOR a constant of
+// `it` and i / j: one LOP3 an address once the loop is unrolled, where evaluating the swizzled
+// layout per access cost ~10. Other shapes go in plain order, their offsets from the layouts.
 template <typename Cfg>
 struct Fp8TransposeMap {
   using LayoutV = typename Cfg::SmemLayoutKV;      // [keys, head dim, stage], bytes
@@ -111,9 +113,10 @@ struct Fp8TransposeMap {
   static constexpr int kKeyBlocks = Cfg::kBlockN / 4, kDimBlocks = Cfg::kHeadDim / 4;
   static constexpr int kPerThread = kKeyBlocks * kDimBlocks / 128;
   static_assert(kKeyBlocks * kDimBlocks % 128 == 0 && Cfg::kBlockN % 16 == 0);
-  static constexpr bool kWide = kKeyBlocks == 48;  // 192 keys
-  static constexpr bool kMapped = kDimBlocks == 32 && (kKeyBlocks == 32 || kWide);
-  static constexpr int kLow = 8;  // mapped: steps over the first 32 key blocks
+  static constexpr bool kWide = kDimBlocks == 32 && kKeyBlocks == 48;   // hd128, 192 keys
+  static constexpr bool kNarrow = kDimBlocks == 16 && kKeyBlocks == 32;  // hd64, 128 keys
+  static constexpr bool kMapped = (kDimBlocks == 32 && kKeyBlocks == 32) || kWide || kNarrow;
+  static constexpr int kLow = kNarrow ? 4 : 8;  // mapped: steps over the first 32 key blocks
   // Row of load i past the block's first key: 0, 1, 8, 9.
   __host__ __device__ static constexpr uint32_t KeyStep(int i) { return (i & 1) | (i & 2) << 2; }
 
@@ -121,6 +124,7 @@ struct Fp8TransposeMap {
   uint32_t load0, store0;  // mapped: step 0's offsets (load 0, store 0)
   uint32_t load8, store8;  // mapped, 192 keys: step 8's (the first past the 32 key blocks)
   uint32_t swap;           // mapped, 192 keys: lane bit 0
+  uint32_t load_swap;      // mapped, hd64: lane bit 4
   int stage;
 
   __host__ __device__ Fp8TransposeMap(int t, int stage_) : stage(stage_) {
@@ -129,27 +133,35 @@ struct Fp8TransposeMap {
       const uint32_t l0 = l & 1, l1 = (l >> 1) & 1, l2 = (l >> 2) & 1, l3 = (l >> 3) & 1,
                      l4 = l >> 4;
       uint32_t kb_lane;
+      load_swap = 0;
       if constexpr (kWide) {
         db0 = l;
         kb_lane = l1 | l2 << 1 | l3 << 2 | (l0 ^ l4) << 3;
         swap = l0;
+      } else if constexpr (kNarrow) {
+        db0 = l % 16;
+        kb_lane = l % 16 | (l4 ^ l0) << 4;
+        swap = 0;
+        load_swap = l4;
       } else {
         db0 = l0 | l1 << 1 | l2 << 2 | (l3 ^ l2) << 3 | (l4 ^ l3) << 4;
         kb_lane = l2 | l3 << 1 | l4 << 2 | l0 << 3 | (l1 ^ l0) << 4;
         swap = 0;
       }
       kb0 = kb_lane ^ (warp * kLow);
-      load0 = uint32_t(LayoutV{}(int(Fp8KeyOfBlock(kb0)), int(4 * db0), stage));
+      load0 = uint32_t(LayoutV{}(int(Fp8KeyOfBlock(kb0) ^ KeyStep(int(load_swap))),
+                                 int(4 * db0), stage));
       store0 = uint32_t(LayoutVt{}(int(4 * db0 + swap), int(4 * kb0), stage));
       const uint32_t kb8 = 32 + ((kb_lane % 16) ^ (warp * 4));
       load8 = kWide ? uint32_t(LayoutV{}(int(Fp8KeyOfBlock(kb8)), int(4 * db0), stage)) : 0;
       store8 = kWide ? uint32_t(LayoutVt{}(int(4 * db0 + swap), int(4 * kb8), stage)) : 0;
     } else {
       kb0 = uint32_t(t);
-      db0 = load0 = store0 = load8 = store8 = swap = 0;
+      db0 = load0 = store0 = load8 = store8 = swap = load_swap = 0;
     }
   }
   __host__ __device__ uint32_t Swap() const { return swap; }
+  __host__ __device__ uint32_t LoadSwap() const { return load_swap; }
   __host__ __device__ uint32_t Load(int it, int i) const {
     if constexpr (kMapped) {
       const uint32_t c = uint32_t(it < kLow ? it : it - kLow);
@@ -171,9 +183,9 @@ struct Fp8TransposeMap {
   }
 };
 
-// The 4 x 4 byte transpose of one block: r[i] holds V row key + Fp8TransposeMap::KeyStep(i)
-// (4 head-dim bytes); word j of the result is V^T row 4 db + (j ^ swap) (4 key bytes, in
-// Fp8KeyOfColumn's order). BytePerm: __byte_perm, spelled out for the host replay.
+// The 4 x 4 byte transpose of one block: r[i] holds V row key + Fp8TransposeMap::KeyStep(i ^
+// load_swap) (4 head-dim bytes); word j of the result is V^T row 4 db + (j ^ swap) (4 key bytes,
+// in Fp8KeyOfColumn's order). BytePerm: __byte_perm, spelled out for the host replay.
 __host__ __device__ inline uint32_t BytePerm(uint32_t a, uint32_t b, uint32_t s) {
 #if defined(__CUDA_ARCH__)
   return __byte_perm(a, b, s);
@@ -184,13 +196,16 @@ __host__ __device__ inline uint32_t BytePerm(uint32_t a, uint32_t b, uint32_t s)
   return r;
 #endif
 }
-__host__ __device__ inline void TransposeBlock4x4(const uint32_t (&r)[4], uint32_t swap,
-                                                  uint32_t (&w)[4]) {
+__host__ __device__ inline void TransposeBlock4x4(const uint32_t (&r)[4], uint32_t load_swap,
+                                                  uint32_t swap, uint32_t (&w)[4]) {
+  // r[i] holds key + KeyStep(i ^ load_swap): with load_swap the operands of each pair come
+  // swapped, and so do the selectors' operand halves (nibble ^ 4).
+  const uint32_t lo = load_swap ? 0x1504 : 0x5140, hi = load_swap ? 0x3726 : 0x7362;
   // 0x5410 takes the low halves of the (lo, hi) pairs (rows 4 db + 0 and + 2), 0x7632 the high
   // halves (rows + 1 and + 3); swap exchanges them.
   const uint32_t even = swap ? 0x7632 : 0x5410, odd = swap ? 0x5410 : 0x7632;
-  const uint32_t lo01 = BytePerm(r[0], r[1], 0x5140), lo23 = BytePerm(r[2], r[3], 0x5140);
-  const uint32_t hi01 = BytePerm(r[0], r[1], 0x7362), hi23 = BytePerm(r[2], r[3], 0x7362);
+  const uint32_t lo01 = BytePerm(r[0], r[1], lo), lo23 = BytePerm(r[2], r[3], lo);
+  const uint32_t hi01 = BytePerm(r[0], r[1], hi), hi23 = BytePerm(r[2], r[3], hi);
   w[0] = BytePerm(lo01, lo23, even);
   w[1] = BytePerm(lo01, lo23, odd);
   w[2] = BytePerm(hi01, hi23, even);
@@ -214,7 +229,7 @@ __device__ __forceinline__ void TransposeV(uint32_t v_smem, uint32_t vt_smem, in
 #pragma unroll
     for (int i = 0; i < 4; ++i)
       asm volatile("ld.shared.b32 %0, [%1];" : "=r"(r[i]) : "r"(v_smem + map.Load(it, i)));
-    TransposeBlock4x4(r, map.Swap(), w);
+    TransposeBlock4x4(r, map.LoadSwap(), map.Swap(), w);
 #pragma unroll
     for (int j = 0; j < 4; ++j)
       asm volatile("st.shared.b32 [%0], %1;" ::"r"(vt_smem + map.Store(it, j)), "r"(w[j]));

@@ -68,8 +68,8 @@ inline constexpr int kFp8Hd128Keys = 128;
 // e4m3 inputs (FlashConfig::kFp8). Timed once at hd128 (H200, 0.51x / 0.55x cuDNN fp8 full /
 // causal at S 4k) before the transpose and P-packing fixes (fp8.cuh); not since. The choices are
 // bounded by registers and by the producer's V transpose. 128-key tiles at hd64 and hd128: the
-// transpose's bank-conflict-free thread map (fp8.cuh Fp8TransposeMap) covers 128 x 128 byte
-// tiles, and the V^T ring's rows are then one 128-byte swizzle atom. FA3 runs 128 x 224 at hd128
+// transpose's bank-conflict-free thread maps (fp8.cuh Fp8TransposeMap) cover 64 / 128 x 128
+// byte tiles, and the V^T ring's rows are then one 128-byte swizzle atom. FA3 runs 128 x 224 at hd128
 // (bytes are half those of bf16, so smem holds wider tiles); S (112) + P (28) + O (64) registers
 // leave ptxas little room beside the 240 a consumer has, and 192- / 224-byte V^T rows take 64- /
 // 32-byte swizzle atoms, under which a warp's 4-byte transpose stores to rows of one parity meet
