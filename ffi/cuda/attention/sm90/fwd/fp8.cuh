@@ -222,7 +222,9 @@ template <typename Cfg>
 __device__ __forceinline__ void TransposeV(uint32_t v_smem, uint32_t vt_smem, int stage, int t) {
   using Map = Fp8TransposeMap<Cfg>;
   const Map map(t, stage);
-  // Unrolled, the mapped offsets are constants; the plain ones, unrolled, spilled the producer.
+  // Unrolled, the mapped offsets are constants; the plain form (hd256) stays rolled: its
+  // offsets come from the layouts per access either way, and unrolled (hd64's before its map)
+  // it spilled the producer.
 #pragma unroll(Map::kMapped ? Map::kPerThread : 1)
   for (int it = 0; it < Map::kPerThread; ++it) {
     uint32_t r[4], w[4];
