@@ -36,6 +36,9 @@ SHAPES = {
     "square": (2, 333, 333, 8, 2),
     "q_short": (3, 19, 989, 4, 4),
     "k_short": (2, 300, 129, 6, 2),
+    # One key past a 192-key tile (tile_size.h kFp8Hd128Keys), q longer than k: causal rows
+    # above the bottom-right diagonal see no key.
+    "k_one_past": (2, 200, 193, 4, 2),
 }
 
 
@@ -180,6 +183,18 @@ def _dense_case(seed, shape, head_dim):
 def test_dense(head_dim, shape, causal):
   _need(head_dim)
   _, q, k, v, qd, kd, vd = _dense_case(1, SHAPES[shape], head_dim)
+  _check(q, k, v, qd, kd, vd, "batch_head", None, None, {"causal": causal}, {})
+
+
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_many_tiles(head_dim, causal):
+  """More work tiles than SMs (2 x 16 heads x 8 row blocks = 256 on an H100 / H200's 132), so a
+  persistent CTA runs several: the K, V staging and V^T rings' slots and barrier phases carry
+  from one tile to the next (by a per-tile key-tile count that varies when causal), and the
+  transpose writes every ring slot many times. 1000 rows and keys end mid-tile."""
+  _need(head_dim)
+  _, q, k, v, qd, kd, vd = _dense_case(6, (2, 1000, 1000, 16, 4), head_dim)
   _check(q, k, v, qd, kd, vd, "batch_head", None, None, {"causal": causal}, {})
 
 

@@ -40,12 +40,18 @@ constexpr bool Fp8KeyOrderConsistent() {
 }
 static_assert(Fp8KeyOrderConsistent());
 
-// Four floats -> four e4m3 bytes (IEEE round to nearest, saturating at +-448), x0 lowest.
+// Four floats -> four e4m3 bytes (IEEE round to nearest, saturating at +-448), x0 lowest. One
+// asm block, the halves joined by mov.b32 (ptxas: two F2FP, the second merging into the first):
+// two 16-bit outputs joined in C++ compiled to byte extracts and shifts (~8 instructions a word).
 __device__ __forceinline__ uint32_t PackE4m3x4(float x0, float x1, float x2, float x3) {
-  uint16_t lo, hi;
-  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %2, %1;" : "=h"(lo) : "f"(x0), "f"(x1));
-  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %2, %1;" : "=h"(hi) : "f"(x2), "f"(x3));
-  return uint32_t(lo) | uint32_t(hi) << 16;
+  uint32_t word;
+  asm("{\n\t.reg .b16 lo, hi;\n\t"
+      "cvt.rn.satfinite.e4m3x2.f32 lo, %2, %1;\n\t"
+      "cvt.rn.satfinite.e4m3x2.f32 hi, %4, %3;\n\t"
+      "mov.b32 %0, {lo, hi};\n\t}"
+      : "=r"(word)
+      : "f"(x0), "f"(x1), "f"(x2), "f"(x3));
+  return word;
 }
 
 // The 64 x kN S accumulator ((2, 2, kN / 8): column bit, row half, 8-column block) as the e4m3 A
@@ -70,47 +76,165 @@ __device__ __forceinline__ auto AccToAFp8(Acc const& acc) {
   return a;
 }
 
-// V^T of one staged V tile: sVt(d, k, stage) = sV(Fp8KeyOfColumn(k), d, slot), by the 128
-// threads of the producer warpgroup, each moving 4 x 4 byte blocks (four 32-bit loads, eight
-// byte permutes, four 32-bit stores); the caller fences and signals. Block (kb, db): keys
-// 4 kb.. of V^T rows 4 db... hd128 with 128-key tiles (both rings 128-byte rows under the
-// 128-byte swizzle: 16-byte chunk ^= row % 8) uses a lane -> block map under which a warp's 32
-// loads, and its 32 stores, each fall in 32 distinct banks: load bank bits (db0, db1, db2 ^ i,
-// db3 ^ kb0, db4 ^ kb1), store bank bits (kb0, kb1, kb2 ^ j0, kb3 ^ j1, kb4 ^ db0) for load i and
-// store j, both one-to-one in the lane under the map below. Other shapes go in plain order.
-template <typename Cfg, typename SV, typename SVt>
-__device__ __forceinline__ void TransposeV(SV const& sV, SVt& sVt, int slot, int stage, int t) {
-  constexpr int kKeyBlocks = Cfg::kBlockN / 4, kDimBlocks = Cfg::kHeadDim / 4;
-  constexpr int kPerThread = kKeyBlocks * kDimBlocks / 128;
+// First key of V^T's 4-column block kb (Fp8KeyOfColumn(4 kb)); its +1, +8, +9 follow. A bit
+// placement (kb bits 0, 1 -> key bits 1, 2; kb bits 2.. -> key bits 4..), so it commutes with
+// XOR: Fp8KeyOfBlock(a ^ b) == Fp8KeyOfBlock(a) ^ Fp8KeyOfBlock(b).
+__host__ __device__ constexpr uint32_t Fp8KeyOfBlock(uint32_t kb) {
+  return 16 * (kb >> 2) + 2 * (kb & 3);
+}
+
+// TransposeV's share of thread t (of the 128 producer threads): block `it` (< kPerThread) is
+// the 4 x 4 bytes V(Fp8KeyOfBlock(kb) + {0, 1, 8, 9}, 4 db + {0..3}) -> V^T(4 db + {0..3},
+// 4 kb + {0..3}), as byte offsets into the `v` / `vt` rings (their CuTe layouts). Load i reads
+// V row key + KeyStep(i ^ LoadSwap()), store j writes V^T row 4 db + (j ^ Swap()).
+// __host__ too: tools/check_fp8_transpose.cu replays the map on the host against the layouts
+// and counts the smem banks of every warp access.
+// Three shapes have a lane -> block map under which a warp's 32 loads, and its 32 stores, each
+// fall in 32 distinct banks (bank bits from the swizzles: 128-byte, 16-byte chunk ^= row % 8;
+// 64-byte, chunk ^= (row / 2) % 4; r: the row a lane's access hits):
+// - hd128, 128 keys (V and V^T rows of 128 bytes): load (db0, db1, db2 ^ r0, db3 ^ kb0,
+//   db4 ^ kb1), store (kb0, kb1, kb2 ^ r0, kb3 ^ r1, kb4 ^ db0), one-to-one in the lane under
+//   db = (l0, l1, l2, l3 ^ l2, l4 ^ l3), kb = (l2, l3, l4, l0, l1 ^ l0).
+// - hd128, 192 keys (V^T rows of 192 bytes, 64-byte atoms): store (kb0, kb1, kb2 ^ r1,
+//   kb3 ^ db0, r0), row bit 0 a bank bit: db = lane, kb = (l1, l2, l3, l0 ^ l4), Swap() = l0.
+// - hd64, 128 keys (V rows of 64 bytes, 64-byte atoms): load (db0, db1, db2 ^ kb0, db3 ^ kb1,
+//   r0), row bit 0 a bank bit: db = lane % 16, kb = (l0, l1, l2, l3, l4 ^ l0), LoadSwap() = l4.
+// Each lane's db is fixed, and its key blocks kb_t ^ c run over all 32 (192 keys: and 32 + the
+// 16 of (kb_t mod 16) ^ c') as c = kLow warp + it (c' = 4 warp + it - 8) over the warps and
+// steps (hd64: the two lanes of a db split them by kb bit 4). Both layouts are XOR-linear in
+// the (row, column) bits a step changes (powers of two under a swizzle), so each offset is the
+// thread's base offset (one for the first 32 key blocks, one for the rest) XOR a constant of
+// `it` and i / j: one LOP3 an address once the loop is unrolled, where evaluating the swizzled
+// layout per access cost ~10. Other shapes go in plain order, their offsets from the layouts.
+template <typename Cfg>
+struct Fp8TransposeMap {
+  using LayoutV = typename Cfg::SmemLayoutKV;      // [keys, head dim, stage], bytes
+  using LayoutVt = typename Cfg::SmemLayoutVtFp8;  // [head dim, keys, stage], bytes
+  static constexpr int kKeyBlocks = Cfg::kBlockN / 4, kDimBlocks = Cfg::kHeadDim / 4;
+  static constexpr int kPerThread = kKeyBlocks * kDimBlocks / 128;
   static_assert(kKeyBlocks * kDimBlocks % 128 == 0 && Cfg::kBlockN % 16 == 0);
-  constexpr bool kMapped = kKeyBlocks == 32 && kDimBlocks == 32;
-  const int l = t % 32;
-  const int l0 = l & 1, l1 = (l >> 1) & 1, l2 = (l >> 2) & 1, l3 = (l >> 3) & 1, l4 = l >> 4;
-  const int db_lane = l0 | l1 << 1 | l2 << 2 | (l3 ^ l2) << 3 | (l4 ^ l3) << 4;
-  const int kb_lane = l2 | l3 << 1 | l4 << 2 | l0 << 3 | (l1 ^ l0) << 4;
-  // Rolled: the producer has 24 registers (unrolled, the blocks' addresses spilled).
-#pragma unroll 1
-  for (int it = 0; it < kPerThread; ++it) {
-    int kb, db;
+  static constexpr bool kWide = kDimBlocks == 32 && kKeyBlocks == 48;   // hd128, 192 keys
+  static constexpr bool kNarrow = kDimBlocks == 16 && kKeyBlocks == 32;  // hd64, 128 keys
+  static constexpr bool kMapped = (kDimBlocks == 32 && kKeyBlocks == 32) || kWide || kNarrow;
+  static constexpr int kLow = kNarrow ? 4 : 8;  // mapped: steps over the first 32 key blocks
+  // Row of load i past the block's first key: 0, 1, 8, 9.
+  __host__ __device__ static constexpr uint32_t KeyStep(int i) { return (i & 1) | (i & 2) << 2; }
+
+  uint32_t kb0, db0;       // mapped: step 0's block of this thread; plain: kb0 is the thread
+  uint32_t load0, store0;  // mapped: step 0's offsets (load 0, store 0)
+  uint32_t load8, store8;  // mapped, 192 keys: step 8's (the first past the 32 key blocks)
+  uint32_t swap;           // mapped, 192 keys: lane bit 0
+  uint32_t load_swap;      // mapped, hd64: lane bit 4
+  int stage;
+
+  __host__ __device__ Fp8TransposeMap(int t, int stage_) : stage(stage_) {
     if constexpr (kMapped) {
-      kb = kb_lane ^ ((t / 32) * kPerThread + it);
-      db = db_lane;
+      const uint32_t l = uint32_t(t) % 32, warp = uint32_t(t) / 32;
+      const uint32_t l0 = l & 1, l1 = (l >> 1) & 1, l2 = (l >> 2) & 1, l3 = (l >> 3) & 1,
+                     l4 = l >> 4;
+      uint32_t kb_lane;
+      load_swap = 0;
+      if constexpr (kWide) {
+        db0 = l;
+        kb_lane = l1 | l2 << 1 | l3 << 2 | (l0 ^ l4) << 3;
+        swap = l0;
+      } else if constexpr (kNarrow) {
+        db0 = l % 16;
+        kb_lane = l % 16 | (l4 ^ l0) << 4;
+        swap = 0;
+        load_swap = l4;
+      } else {
+        db0 = l0 | l1 << 1 | l2 << 2 | (l3 ^ l2) << 3 | (l4 ^ l3) << 4;
+        kb_lane = l2 | l3 << 1 | l4 << 2 | l0 << 3 | (l1 ^ l0) << 4;
+        swap = 0;
+      }
+      kb0 = kb_lane ^ (warp * kLow);
+      load0 = uint32_t(LayoutV{}(int(Fp8KeyOfBlock(kb0) ^ KeyStep(int(load_swap))),
+                                 int(4 * db0), stage));
+      store0 = uint32_t(LayoutVt{}(int(4 * db0 + swap), int(4 * kb0), stage));
+      const uint32_t kb8 = 32 + ((kb_lane % 16) ^ (warp * 4));
+      load8 = kWide ? uint32_t(LayoutV{}(int(Fp8KeyOfBlock(kb8)), int(4 * db0), stage)) : 0;
+      store8 = kWide ? uint32_t(LayoutVt{}(int(4 * db0 + swap), int(4 * kb8), stage)) : 0;
     } else {
-      const int b = t + 128 * it;
-      kb = b % kKeyBlocks;
-      db = b / kKeyBlocks;
+      kb0 = uint32_t(t);
+      db0 = load0 = store0 = load8 = store8 = swap = load_swap = 0;
     }
-    const int key = 16 * (kb >> 2) + 2 * (kb & 3);  // Fp8KeyOfColumn(4 kb); +1, +8, +9 follow
-    const uint32_t r0 = *reinterpret_cast<uint32_t const*>(&sV(key, 4 * db, slot));
-    const uint32_t r1 = *reinterpret_cast<uint32_t const*>(&sV(key + 1, 4 * db, slot));
-    const uint32_t r2 = *reinterpret_cast<uint32_t const*>(&sV(key + 8, 4 * db, slot));
-    const uint32_t r3 = *reinterpret_cast<uint32_t const*>(&sV(key + 9, 4 * db, slot));
-    const uint32_t lo01 = __byte_perm(r0, r1, 0x5140), lo23 = __byte_perm(r2, r3, 0x5140);
-    const uint32_t hi01 = __byte_perm(r0, r1, 0x7362), hi23 = __byte_perm(r2, r3, 0x7362);
-    *reinterpret_cast<uint32_t*>(&sVt(4 * db + 0, 4 * kb, stage)) = __byte_perm(lo01, lo23, 0x5410);
-    *reinterpret_cast<uint32_t*>(&sVt(4 * db + 1, 4 * kb, stage)) = __byte_perm(lo01, lo23, 0x7632);
-    *reinterpret_cast<uint32_t*>(&sVt(4 * db + 2, 4 * kb, stage)) = __byte_perm(hi01, hi23, 0x5410);
-    *reinterpret_cast<uint32_t*>(&sVt(4 * db + 3, 4 * kb, stage)) = __byte_perm(hi01, hi23, 0x7632);
+  }
+  __host__ __device__ uint32_t Swap() const { return swap; }
+  __host__ __device__ uint32_t LoadSwap() const { return load_swap; }
+  __host__ __device__ uint32_t Load(int it, int i) const {
+    if constexpr (kMapped) {
+      const uint32_t c = uint32_t(it < kLow ? it : it - kLow);
+      return (it < kLow ? load0 : load8) ^
+             uint32_t(LayoutV{}(int(Fp8KeyOfBlock(c) ^ KeyStep(i)), 0, 0));
+    } else {
+      const uint32_t b = kb0 + 128 * uint32_t(it), kb = b % kKeyBlocks, db = b / kKeyBlocks;
+      return uint32_t(LayoutV{}(int(Fp8KeyOfBlock(kb) + KeyStep(i)), int(4 * db), stage));
+    }
+  }
+  __host__ __device__ uint32_t Store(int it, int j) const {
+    if constexpr (kMapped) {
+      const uint32_t c = uint32_t(it < kLow ? it : it - kLow);
+      return (it < kLow ? store0 : store8) ^ uint32_t(LayoutVt{}(j, int(4 * c), 0));
+    } else {
+      const uint32_t b = kb0 + 128 * uint32_t(it), kb = b % kKeyBlocks, db = b / kKeyBlocks;
+      return uint32_t(LayoutVt{}(int(4 * db) + j, int(4 * kb), stage));
+    }
+  }
+};
+
+// The 4 x 4 byte transpose of one block: r[i] holds V row key + Fp8TransposeMap::KeyStep(i ^
+// load_swap) (4 head-dim bytes); word j of the result is V^T row 4 db + (j ^ swap) (4 key bytes,
+// in Fp8KeyOfColumn's order). BytePerm: __byte_perm, spelled out for the host replay.
+__host__ __device__ inline uint32_t BytePerm(uint32_t a, uint32_t b, uint32_t s) {
+#if defined(__CUDA_ARCH__)
+  return __byte_perm(a, b, s);
+#else
+  const uint64_t x = uint64_t(b) << 32 | a;
+  uint32_t r = 0;
+  for (int i = 0; i < 4; ++i) r |= uint32_t(x >> (8 * ((s >> (4 * i)) & 7)) & 0xff) << (8 * i);
+  return r;
+#endif
+}
+__host__ __device__ inline void TransposeBlock4x4(const uint32_t (&r)[4], uint32_t load_swap,
+                                                  uint32_t swap, uint32_t (&w)[4]) {
+  // r[i] holds key + KeyStep(i ^ load_swap): with load_swap the operands of each pair come
+  // swapped, and so do the selectors' operand halves (nibble ^ 4).
+  const uint32_t lo = load_swap ? 0x1504 : 0x5140, hi = load_swap ? 0x3726 : 0x7362;
+  // 0x5410 takes the low halves of the (lo, hi) pairs (rows 4 db + 0 and + 2), 0x7632 the high
+  // halves (rows + 1 and + 3); swap exchanges them.
+  const uint32_t even = swap ? 0x7632 : 0x5410, odd = swap ? 0x5410 : 0x7632;
+  const uint32_t lo01 = BytePerm(r[0], r[1], lo), lo23 = BytePerm(r[2], r[3], lo);
+  const uint32_t hi01 = BytePerm(r[0], r[1], hi), hi23 = BytePerm(r[2], r[3], hi);
+  w[0] = BytePerm(lo01, lo23, even);
+  w[1] = BytePerm(lo01, lo23, odd);
+  w[2] = BytePerm(hi01, hi23, even);
+  w[3] = BytePerm(hi01, hi23, odd);
+}
+
+// V^T of one staged V tile: Vt(d, k, stage) = V(Fp8KeyOfColumn(k), d, stage), by the 128
+// threads of the producer warpgroup (Fp8TransposeMap's blocks: four 32-bit loads, eight byte
+// permutes, four 32-bit stores each); the caller fences and signals. v_smem / vt_smem: the `v`
+// and `vt` rings as shared-window addresses, so that the accesses are LDS / STS on 32-bit
+// offsets: through CuTe's swizzled smem pointers they compiled to generic LD.E / ST.E with the
+// swizzle applied to 64-bit addresses (107 instructions a block against 32 now, SASS).
+template <typename Cfg>
+__device__ __forceinline__ void TransposeV(uint32_t v_smem, uint32_t vt_smem, int stage, int t) {
+  using Map = Fp8TransposeMap<Cfg>;
+  const Map map(t, stage);
+  // Unrolled, the mapped offsets are constants; the plain form (hd256) stays rolled: its
+  // offsets come from the layouts per access either way, and unrolled (hd64's before its map)
+  // it spilled the producer.
+#pragma unroll(Map::kMapped ? Map::kPerThread : 1)
+  for (int it = 0; it < Map::kPerThread; ++it) {
+    uint32_t r[4], w[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      asm volatile("ld.shared.b32 %0, [%1];" : "=r"(r[i]) : "r"(v_smem + map.Load(it, i)));
+    TransposeBlock4x4(r, map.LoadSwap(), map.Swap(), w);
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      asm volatile("st.shared.b32 [%0], %1;" ::"r"(vt_smem + map.Store(it, j)), "r"(w[j]));
   }
 }
 

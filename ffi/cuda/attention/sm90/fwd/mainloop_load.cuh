@@ -273,8 +273,9 @@ struct MainloopLoad {
           const uint32_t count = k_loads - behind;
           shared.pipe_v.empty_barrier_[write_v.index()].wait(write_v.phase());
           shared.v_staged[write_v.index()].wait((count / Cfg::kStages) & 1u);
-          Tensor sVt = make_tensor(make_smem_ptr(shared.vt.data()), typename Cfg::SmemLayoutVt{});
-          TransposeV<Cfg>(sV, sVt, write_v.index(), write_v.index(), int(threadIdx.x));
+          TransposeV<Cfg>(cute::cast_smem_ptr_to_uint(shared.v.data()),
+                          cute::cast_smem_ptr_to_uint(shared.vt.data()), write_v.index(),
+                          int(threadIdx.x));
           cutlass::arch::fence_view_async_shared();  // generic-proxy writes -> wgmma reads
           shared.pipe_v.full_barrier_[write_v.index()].arrive();
           // Every thread has read the staging slot before the next K load's TMA refills it.
