@@ -8,8 +8,9 @@
 //   P^T = exp2(S^T scale log2e - lse2),  dS^T = P^T (dP^T - D)   (registers)
 //   dV += P^T dO,  dK += dS^T Q           (RS wgmma: P^T and dS^T straight from registers)
 // and, after both consumers have written their dS^T into smem, dQ_part = dS K over all 128 keys
-// (SS wgmma; each consumer one half of the dQ tile), added to a float32 buffer with vector
-// reductions (bwd_kernel.cuh). dK is issued after dQ, so it runs while the dQ part is reduced.
+// (SS wgmma; each consumer one half of the dQ tile), written to smem and added to a float32
+// buffer by a TMA bulk reduce-add (dq_reduce.cuh). dK is issued after dQ, so it runs while the
+// dQ part is stored.
 //
 // hd96 runs on this shape, not wide_config.h's head-dim split: its dK + dV (96 floats) fit
 // beside 64-row score tiles (96 + 64 + 24 dQ = 184 registers), and this shape keeps P^T / dS^T
@@ -126,6 +127,10 @@ struct BwdConfig {
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutRows>> q;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutRows>> dout;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutDs>> ds;
+    // Each consumer's float32 dQ part of the step, in dq_accum's order, for the writer warp's
+    // bulk reduce-add (dq_reduce.cuh); 32 KiB at hd64 / hd128, 24 KiB at hd96.
+    alignas(128) float dq[kConsumers * kDqPartFloats];
+    float* dq_dst[kConsumers];  // where each buffer goes in dq_accum; nullptr: no more steps
     alignas(16) float lse2[kStages][kBlockM];  // lse * log2(e) of the Q stage's rows
     alignas(16) float dsum[kStages][kBlockM];  // D = rowsum(dO O) - dlse of the dO stage's rows
     typename Pipeline::SharedStorage pipe_q;
