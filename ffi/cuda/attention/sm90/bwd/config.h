@@ -53,6 +53,12 @@ struct BwdConfig {
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = 240;  // (24 + 2 * 240) * 128 <= 65536
+  // The consumer index taken warp-uniform (cutlass::canonical_warp_group_idx: lane 0's, shuffled)
+  // lets the compiler build the smem descriptors that depend on it (K / V half, dS^T part, dQ
+  // operands) in uniform registers; from threadIdx.x / 128 they are built in vector registers and
+  // moved by R2UR before every wgmma (52 a step at hd128). Not at hd64: its consumers sit at the
+  // 240-register limit and ptxas then spilled (nvcc 13.0).
+  static constexpr bool kUniformConsumer = kHeadDim != 64;
 
   // dQ tile [kBlockM, kHeadDim] split between the consumers: by columns at hd128 (64 rows, wgmma
   // M = 64 takes them all), by rows at hd64 (128 rows). Each consumer's part is 64 x 64 (hd96:

@@ -390,7 +390,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   } else {
     // ---- Consumers -----------------------------------------------------------------------
     cutlass::arch::warpgroup_reg_alloc<Cfg::kConsumerRegs>();
-    const int consumer = warpgroup - 1;
+    const int consumer =
+        Cfg::kUniformConsumer ? cutlass::canonical_warp_group_idx() - 1 : warpgroup - 1;
 
     Tensor sQt = make_tensor(make_smem_ptr(shared.q.data()), typename Cfg::SmemLayoutRowsT{});
     Tensor sdOt = make_tensor(make_smem_ptr(shared.dout.data()), typename Cfg::SmemLayoutRowsT{});
