@@ -223,6 +223,19 @@ def test_long_sequences(mask):
                    "window": {"window": (300, 17)}}[mask])
 
 
+@pytest.mark.parametrize("head_dim", [64, 96, 128])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_dq_many_steps(causal, head_dim):
+  """dQ summed over 16 key blocks, each CTA running 4 q heads x up to 32 row blocks: the sm90
+  kernel's dQ parts pass through smem to its writer warp's bulk reduce-add every step, so a
+  handshake or step-order slip shows up here as a wrong dQ (or a hang)."""
+  keys = jax.random.split(jax.random.PRNGKey(5 + head_dim), 3)
+  q = _rand(keys[0], (1, 2048, 4, head_dim), jnp.bfloat16)
+  k = _rand(keys[1], (1, 2048, 1, head_dim), jnp.bfloat16)
+  v = _rand(keys[2], (1, 2048, 1, head_dim), jnp.bfloat16)
+  _check(q, k, v, {"causal": causal})
+
+
 @pytest.mark.parametrize("deterministic", [True, False], ids=["det", "default"])
 def test_deterministic(bwd_kernel, deterministic):
   """Two runs give bitwise-equal gradients: always on sm80 (no atomics anywhere), on sm90 with
