@@ -1,5 +1,7 @@
 """fp8 attention on CUDA in every call shape the fp8-KV decode does not take: the portable kernel's
-fp8 form (ffi/cuda/attention/prefill_sm80/kernel.cuh, kFp8; docs/kernels.md "portable_fp8").
+fp8 form (ffi/cuda/attention/prefill_sm80/kernel.cuh, kFp8; docs/kernels.md "portable_fp8"), and
+on Hopper the e4m3 q/k/v calls the sm90 fp8 forward takes (dense and varlen; its own matrix is
+tests/test_attention_fp8_sm90_gpu.py).
 
 Three kinds of fp8 call: e4m3 q/k/v with q/k/v_descale (bf16 out), the v_dequant path (bf16 /
 fp16 q and k over e4m3 V with v_descale) and an fp8 KV cache read by more q rows than a decode
@@ -11,7 +13,8 @@ page-table entries outside the pool, head dims at each capacity (64, 128, 256) a
 
 Each GPU result is held to a float64 oracle of the dequantized inputs (stored x descale) by
 FlashAttention's rule (error at most 3x that of the same math done in the compute type, plus a
-float32-noise floor) and to the CPU kernel on the same inputs; LSE alike; no output element left
+float32-noise floor; P rounded to e4m3 where the sm90 fp8 forward runs the call, as its P V
+product takes e4m3 P) and to the CPU kernel on the same inputs; LSE alike; no output element left
 unwritten (the allocator is NaN-poisoned first).
 """
 
@@ -22,8 +25,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from attention_cases import (naive_attention, poison_allocator, random_page_table,
-                             run_attention_on)
+import jax_sgl
+from attention_cases import (is_sm90_device, naive_attention, poison_allocator,
+                             random_page_table, run_attention_on)
+from jax_sgl._plan import cuda_attention_kernels
 
 pytestmark = pytest.mark.gpu
 
@@ -155,15 +160,17 @@ class Problem:
       k, v = f64(self.k[cu[s]:cu[s + 1]]), f64(self.v[cu[s]:cu[s + 1]])
     return q, (k * ks)[None], (v * vs)[None], {}
 
-  def oracle(self, options, rounding=None):
+  def oracle(self, options, rounding=None, p_rounding=None):
     """(out, lse) in jax_sgl's layouts: float64 over the dequantized inputs, or with `rounding`
-    the kernels' math in their compute type: P and the output rounded (the scores, products of
-    exactly widened e4m3 or 16-bit values, accumulate in float32)."""
+    the kernels' math in their compute type: P (by `p_rounding` where given) and the output
+    rounded (the scores, products of exactly widened e4m3 or 16-bit values, accumulate in
+    float32)."""
     rnd = (lambda x: x) if rounding is None else rounding
     outs, lses = [], []
     for s in range(len(self.q_lens)):
       q, k, v, arrays = self._sequence(s)
-      o, lse = naive_attention(q, k, v, return_lse=True, p_round=rounding, **options, **arrays)
+      o, lse = naive_attention(q, k, v, return_lse=True, p_round=p_rounding or rounding,
+                               **options, **arrays)
       outs.append(rnd(o[0]))
       lses.append(lse[0])     # [Sq, H]
     if self.dense_q:
@@ -176,10 +183,23 @@ def _rounding(dtype):
   return lambda x: np.asarray(x, np.float32).astype(dtype).astype(np.float64)
 
 
+def _gpu_kernel(args, kw):
+  """The forward kernel the GPU runs the call on (jax_sgl._plan, this build's dispatch)."""
+  if not is_sm90_device():
+    return None
+  static = {n: x for n, x in kw.items() if n in ("causal", "softcap", "window")}
+  operands = {n: np.asarray(x) for n, x in kw.items() if n not in static}
+  (_, kernel), = cuda_attention_kernels(
+      lambda q, k, v, a: jax_sgl.attention(q, k, v, **static, **a), *args, operands,
+      compute_capability=(9, 0))
+  return kernel
+
+
 def check(problem, **options):
   """The GPU against the float64 oracle (FlashAttention's rule) and the CPU kernel."""
   kw = dict(options, **problem.arrays)
   args = (problem.q, problem.k, problem.v)
+  sm90 = _gpu_kernel(args, kw) == "sm90"
   out_bytes = problem.q.size // problem.d * problem.dv * 4
   poison_allocator(out_bytes + problem.q.size // problem.d * 4)
   out, lse = run_attention_on(_gpu(), *args, kw)
@@ -189,11 +209,16 @@ def check(problem, **options):
   got = np.asarray(out, np.float64)
   assert np.isfinite(got).all(), "unwritten or non-finite output elements (a masked NaN read?)"
   want, want_lse = problem.oracle(options)
-  base, _ = problem.oracle(options, _rounding(problem.compute))
+  base, _ = problem.oracle(options, _rounding(problem.compute),
+                           _rounding(E4M3) if sm90 else None)
   err, base_err = np.abs(got - want).max(), np.abs(base - want).max()
   assert err <= 3 * base_err + 1e-5, (err, base_err)
-  tol = 2.5e-2 if problem.compute == BF16 else 4e-3
-  np.testing.assert_allclose(got, np.asarray(cpu_out, np.float64), atol=tol, rtol=tol)
+  if sm90:   # P in e4m3 against the CPU's P in bf16: each held to the oracle by the rule instead
+    cpu_err = np.abs(np.asarray(cpu_out, np.float64) - want).max()
+    assert cpu_err <= 3 * base_err + 1e-5, (cpu_err, base_err)
+  else:
+    tol = 2.5e-2 if problem.compute == BF16 else 4e-3
+    np.testing.assert_allclose(got, np.asarray(cpu_out, np.float64), atol=tol, rtol=tol)
   lse_np, cpu_lse_np = np.asarray(lse), np.asarray(cpu_lse)
   for ref in (cpu_lse_np, want_lse):
     np.testing.assert_array_equal(np.isneginf(lse_np), np.isneginf(ref))

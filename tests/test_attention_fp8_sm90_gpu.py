@@ -163,8 +163,10 @@ def _check(q, k, v, qd, kd, vd, kind, rows_batch_q, rows_batch_k, static, arrays
   oracle = np.moveaxis(want_lse, -1, -2) if rows_batch_q is None else want_lse.T
   np.testing.assert_array_equal(np.isneginf(lse), np.isneginf(oracle))
   fin = np.isfinite(oracle)
-  np.testing.assert_allclose(lse[fin], oracle[fin], atol=2e-3, rtol=1e-4)
-  np.testing.assert_allclose(lse[fin], np.asarray(cpu_lse, np.float64)[fin], atol=2e-3, rtol=1e-4)
+  # rtol 3e-4, not float32's 1e-4: Hopper's fp8 wgmma adds its products in fewer bits than
+  # float32 (about 14 mantissa bits, DeepSeek-V3 report 3.3.2), so scores near 10 err ~1e-3.
+  np.testing.assert_allclose(lse[fin], oracle[fin], atol=2e-3, rtol=3e-4)
+  np.testing.assert_allclose(lse[fin], np.asarray(cpu_lse, np.float64)[fin], atol=2e-3, rtol=3e-4)
 
 
 def _dense_case(seed, shape, head_dim):
