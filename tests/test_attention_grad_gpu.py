@@ -226,9 +226,9 @@ def test_long_sequences(mask):
 @pytest.mark.parametrize("head_dim", [64, 96, 128])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_dq_many_steps(causal, head_dim):
-  """dQ summed over 16 key blocks, each CTA running 4 q heads x up to 32 row blocks: the sm90
-  kernel's dQ parts pass through smem to its writer warp's bulk reduce-add every step, so a
-  handshake or step-order slip shows up here as a wrong dQ (or a hang)."""
+  """dQ summed over 16 key blocks, each CTA running 4 q heads x up to 32 row blocks: every
+  step adds a dQ part into the float32 accumulator, so a lost or doubled part, or a step-order
+  slip, shows up here as a wrong dQ (or a hang)."""
   keys = jax.random.split(jax.random.PRNGKey(5 + head_dim), 3)
   q = _rand(keys[0], (1, 2048, 4, head_dim), jnp.bfloat16)
   k = _rand(keys[1], (1, 2048, 1, head_dim), jnp.bfloat16)

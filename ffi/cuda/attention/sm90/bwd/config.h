@@ -8,9 +8,8 @@
 //   P^T = exp2(S^T scale log2e - lse2),  dS^T = P^T (dP^T - D)   (registers)
 //   dV += P^T dO,  dK += dS^T Q           (RS wgmma: P^T and dS^T straight from registers)
 // and, after both consumers have written their dS^T into smem, dQ_part = dS K over all 128 keys
-// (SS wgmma; each consumer one half of the dQ tile), written to smem and added to a float32
-// buffer by a TMA bulk reduce-add (dq_reduce.cuh). dK is issued after dQ, so it runs while the
-// dQ part is stored.
+// (SS wgmma; each consumer one half of the dQ tile), added to a float32 buffer with vector
+// reductions (bwd_kernel.cuh). dK is issued after dQ, so it runs while the dQ part is reduced.
 //
 // hd96 runs on this shape, not wide_config.h's head-dim split: its dK + dV (96 floats) fit
 // beside 64-row score tiles (96 + 64 + 24 dQ = 184 registers), and this shape keeps P^T / dS^T
@@ -53,12 +52,6 @@ struct BwdConfig {
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = 240;  // (24 + 2 * 240) * 128 <= 65536
-  // The consumer index taken warp-uniform (cutlass::canonical_warp_group_idx: lane 0's, shuffled)
-  // lets the compiler build the smem descriptors that depend on it (K / V half, dS^T part, dQ
-  // operands) in uniform registers; from threadIdx.x / 128 they are built in vector registers and
-  // moved by R2UR before every wgmma (52 a step at hd128). Not at hd64: its consumers sit at the
-  // 240-register limit and ptxas then spilled (nvcc 13.0).
-  static constexpr bool kUniformConsumer = kHeadDim != 64;
 
   // dQ tile [kBlockM, kHeadDim] split between the consumers: by columns at hd128 (64 rows, wgmma
   // M = 64 takes them all), by rows at hd64 (128 rows). Each consumer's part is 64 x 64 (hd96:
@@ -133,10 +126,6 @@ struct BwdConfig {
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutRows>> q;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutRows>> dout;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutDs>> ds;
-    // Each consumer's float32 dQ part of the step, in dq_accum's order, for the writer warp's
-    // bulk reduce-add (dq_reduce.cuh); 32 KiB at hd64 / hd128, 24 KiB at hd96.
-    alignas(128) float dq[kConsumers * kDqPartFloats];
-    float* dq_dst[kConsumers];  // where each buffer goes in dq_accum; nullptr: no more steps
     alignas(16) float lse2[kStages][kBlockM];  // lse * log2(e) of the Q stage's rows
     alignas(16) float dsum[kStages][kBlockM];  // D = rowsum(dO O) - dlse of the dO stage's rows
     typename Pipeline::SharedStorage pipe_q;

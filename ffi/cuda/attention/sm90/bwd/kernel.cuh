@@ -9,10 +9,8 @@
 // once through smem by TMA: no atomics for them, and the q heads of a GQA group are summed in
 // order inside the CTA, so dK and dV are deterministic.
 // dQ gets a contribution from every key block: each step's dQ part (float32, 64 x 64 per
-// consumer) goes to smem in the accumulator's own register order (see DqAccumIndex) and warp 1
-// of the producer warpgroup adds it to dq_accum with a TMA bulk reduce-add (dq_reduce.cuh; the
-// wide kernel adds its parts with red.global.add.v4.f32 per thread), and
-// FlashBwdSm90DqConvertKernel turns the sums into dQ. The order of
+// consumer) is added to dq_accum with red.global.add.v4.f32, in the accumulator's own register
+// order (see DqAccumIndex), and FlashBwdSm90DqConvertKernel turns the sums into dQ. The order of
 // the float additions varies from run to run: this dQ is not bitwise reproducible. With dq_accum
 // == nullptr the kernel skips dQ (the deterministic mode computes it with the dQ kernel of
 // bwd_dq_kernel.cuh, or the sm80 one).
@@ -33,7 +31,6 @@
 
 #include "ffi/cuda/attention/flash_bwd_launch.h"  // FindPaddedSeq
 #include "ffi/cuda/attention/sm90/bwd/config.h"
-#include "ffi/cuda/attention/sm90/bwd/dq_reduce.cuh"
 #include "ffi/cuda/attention/sm90/fwd/softmax.h"  // AccCoord
 #include "ffi/cuda/attention/sm90/wgmma.cuh"
 
@@ -95,12 +92,6 @@ enum class BwdBarrier : uint32_t {
   kMmaDone = 1,
   kEpilogue0 = 2,
   kEpilogue1 = 3,
-  // config.h's kernel: each consumer's dQ smem buffer (dq_reduce.cuh). 8 in all: every id
-  // CUTLASS leaves to users.
-  kDqEmpty0 = 4,
-  kDqEmpty1 = 5,
-  kDqFull0 = 6,
-  kDqFull1 = 7,
 };
 
 // Query-row blocks a CTA with keys [n0, n0 + block_n) visits, per q head: [m_begin, m_end), the
@@ -337,15 +328,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   if (warpgroup == 0) {
     // ---- Producer ------------------------------------------------------------------------
     cutlass::arch::warpgroup_reg_dealloc<Cfg::kProducerRegs>();
-    if (threadIdx.x / 32 == 1) {
-      // dQ writer: needs nothing of the step geometry (the consumers name each part's
-      // destination), so the loader below keeps the registers it had alone.
-      if (params.dq_accum != nullptr)
-        ReduceDqParts<Cfg::kDqPartFloats>(shared.dq, shared.dq_dst,
-                                          uint32_t(BwdBarrier::kDqEmpty0),
-                                          uint32_t(BwdBarrier::kDqFull0));
-      return;
-    }
     if (threadIdx.x != 0) return;
     Tensor mK = params.tma_k.get_tma_tensor(params.kv_shape);
     Tensor mV = params.tma_v.get_tma_tensor(params.kv_shape);
@@ -380,18 +362,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       const int64_t row_values = (int64_t(batch) * params.num_heads + head) * params.ws_rows;
       const int m_lo = rows.m_begin + (kTail ? max(step_begin - g * m_steps, 0) : 0);
       const int m_hi = rows.m_begin + (kTail ? min(step_end - g * m_steps, m_steps) : m_steps);
-      // Not unrolled: the unrolled loads (16 TMA issues per body) kept more addresses live than
-      // the 24 registers hold once the producer warpgroup also runs the dQ writer (ptxas
-      // spilled); one thread issuing a step's 4 copies is far from the critical path.
-#pragma unroll 1
       for (int m = m_lo; m < m_hi; ++m)
         ProduceStep(params, shared, pipe_q, pipe_do, write_q, write_do, tQ, tdO, m, row_values);
     }
   } else {
     // ---- Consumers -----------------------------------------------------------------------
     cutlass::arch::warpgroup_reg_alloc<Cfg::kConsumerRegs>();
-    const int consumer =
-        Cfg::kUniformConsumer ? cutlass::canonical_warp_group_idx() - 1 : warpgroup - 1;
+    const int consumer = warpgroup - 1;
 
     Tensor sQt = make_tensor(make_smem_ptr(shared.q.data()), typename Cfg::SmemLayoutRowsT{});
     Tensor sdOt = make_tensor(make_smem_ptr(shared.dout.data()), typename Cfg::SmemLayoutRowsT{});
@@ -515,11 +492,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           warpgroup_wait<1>();  // dV and dQ done; dK runs on (it reads Q: released below)
           warpgroup_fence_operand(tdQrdQ);
           pipe_do.consumer_release(read_do);
-          StoreDqPart(params.dq_accum + dq_tile + consumer * Cfg::kDqPartFloats,
-                      shared.dq + consumer * Cfg::kDqPartFloats, shared.dq_dst + consumer, tdQrdQ,
-                      thread_in_wg, [](int j, int t) { return DqAccumIndex(j, t); },
-                      uint32_t(BwdBarrier::kDqEmpty0) + consumer,
-                      uint32_t(BwdBarrier::kDqFull0) + consumer);
+          RedAddDqPart(params.dq_accum + dq_tile + consumer * Cfg::kDqPartFloats, tdQrdQ,
+                       thread_in_wg);
           warpgroup_wait<0>();
           pipe_q.consumer_release(read_q);
         } else {
@@ -532,9 +506,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         ++read_do;
       }
     }
-    if (params.dq_accum != nullptr)
-      EndDqParts(shared.dq_dst + consumer, thread_in_wg, uint32_t(BwdBarrier::kDqEmpty0) + consumer,
-                 uint32_t(BwdBarrier::kDqFull0) + consumer);
 
     // ---- Epilogue: dK (x softmax_scale) and dV -> the K / V smem halves -> TMA store ------
     warpgroup_fence_operand(tdKrdK);
