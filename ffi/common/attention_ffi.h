@@ -52,29 +52,16 @@ struct AttentionAttrs {
 
 constexpr size_t kAttentionOperands = 11;
 
-// Element `index` of the call's operands (RemainingArgs, kind "operand") or results
-// (RemainingRets, kind "result") as T, or an error naming it.
-template <typename T, typename Remaining, typename Out>
-ffi::Error GetIndexed(const Remaining& list, const char* kind, size_t index, const char* name,
-                      std::optional<Out>* out) {
-  auto value = list.template get<T>(index);
-  if (value.has_error())
-    return InvalidArgument(std::string("jax_sgl.attention: ") + kind + " " +
-                           std::to_string(index) + " (" + name + "): " + value.error().message());
-  out->emplace(*value);
-  return ffi::Error::Success();
-}
-
 template <typename T>
 ffi::Error GetOperand(const ffi::RemainingArgs& args, size_t index, const char* name,
                       std::optional<T>* out) {
-  return GetIndexed<T>(args, "operand", index, name, out);
+  return GetIndexed<T>("jax_sgl.attention", args, "operand", index, name, out);
 }
 
 template <typename T>
 ffi::Error GetResult(const ffi::RemainingRets& rets, size_t index, const char* name,
                      std::optional<ffi::Result<T>>* out) {
-  return GetIndexed<T>(rets, "result", index, name, out);
+  return GetIndexed<T>("jax_sgl.attention", rets, "result", index, name, out);
 }
 
 inline ffi::Error CheckCount(const char* what, size_t got, size_t expected) {

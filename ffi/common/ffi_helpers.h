@@ -2,6 +2,7 @@
 // Handlers report bad runtime input as ffi::Error; they never throw, abort or synchronize.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -32,6 +33,19 @@ inline int64_t TrailingSize(ffi::AnyBuffer::Dimensions dims, size_t first) {
 
 inline ffi::Error InvalidArgument(const std::string& what) {
   return ffi::Error::InvalidArgument(what);
+}
+
+// Element `index` of a call's operands (RemainingArgs, kind "operand") or results
+// (RemainingRets, kind "result") as T, or an error naming the function `fn` and the element.
+template <typename T, typename Remaining, typename Out>
+ffi::Error GetIndexed(const char* fn, const Remaining& list, const char* kind, size_t index,
+                      const char* name, std::optional<Out>* out) {
+  auto value = list.template get<T>(index);
+  if (value.has_error())
+    return InvalidArgument(std::string(fn) + ": " + kind + " " + std::to_string(index) + " (" +
+                           name + "): " + value.error().message());
+  out->emplace(*value);
+  return ffi::Error::Success();
 }
 
 }  // namespace jax_sgl

@@ -7,34 +7,33 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
+#include <utility>
 
 #include "ffi/common/ffi_helpers.h"
 #include "ffi/common/rope_pool_params.h"
 
 namespace jax_sgl {
 
+// The attributes, decoded as one struct (registered below).
+struct RopePoolAttrs {
+  int64_t rotary_dim;
+  bool is_neox;
+};
+
+// Operands, by index: q [T, Hq, D], k [T, Hkv, D], v [T, Hkv, D], positions [T] and slots [T]
+// (int32 / int64), inv_freq [rotary_dim / 2] float32, kv_scales [2, Hkv] float32 (fp8 pool) or
+// [0], k_pool [N, Hkv, D] or the fused kv_buffer [..., 2 * Hkv, Dp] (aliased with result 2),
+// then v_pool [N, Hkv, D] (aliased with result 3) unless the pool is fused. Results: q_rot, k_rot,
+// k_pool / kv_buffer out, and v_pool out with separate pools.
+constexpr size_t kRopePoolOperands = 8;
+constexpr size_t kRopePoolResults = 3;
+
 // Appends the operands, results and attributes to a binding that already holds the platform
-// context.
+// context: every handler then takes (context, args, rets, attrs).
 template <typename Binding>
 auto BindRopePool(Binding binding) {
-  return std::move(binding)
-      .template Arg<ffi::AnyBuffer>()        // q [T, Hq, D]
-      .template Arg<ffi::AnyBuffer>()        // k [T, Hkv, D]
-      .template Arg<ffi::AnyBuffer>()        // v [T, Hkv, D]
-      .template Arg<ffi::AnyBuffer>()        // positions [T] int32/int64
-      .template Arg<ffi::AnyBuffer>()        // slots [T] int32/int64
-      .template Arg<ffi::AnyBuffer>()        // inv_freq [rotary_dim / 2] float32
-      .template Arg<ffi::AnyBuffer>()        // kv_scales [2, Hkv] float32 (fp8 pool), or [0]
-      .template Arg<ffi::AnyBuffer>()        // k_pool [N, Hkv, D], or the fused kv_buffer
-                                             // [..., 2 * Hkv, Dp] (aliased with result 2)
-      .RemainingArgs()                       // v_pool [N, Hkv, D] (aliased with result 3);
-                                             // absent with a fused kv_buffer
-      .template Ret<ffi::AnyBuffer>()        // q_rot
-      .template Ret<ffi::AnyBuffer>()        // k_rot
-      .template Ret<ffi::AnyBuffer>()        // k_pool / kv_buffer out
-      .RemainingRets()                       // v_pool out (separate pools only)
-      .template Attr<int64_t>("rotary_dim")
-      .template Attr<bool>("is_neox");
+  return std::move(binding).RemainingArgs().RemainingRets().template Attrs<RopePoolAttrs>();
 }
 
 // The pool buffers of a call, as the handlers copy them when XLA did not alias an output with its
@@ -50,16 +49,50 @@ struct RopePoolBuffers {
 
 // Validates what abstract eval cannot guarantee for a direct FFI caller, fills the params and
 // names the pool buffers.
-inline ffi::Error MakeRopePoolParams(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
-                                     ffi::AnyBuffer positions, ffi::AnyBuffer slots,
-                                     ffi::AnyBuffer inv_freq, ffi::AnyBuffer kv_scales,
-                                     ffi::AnyBuffer pool_in,
-                                     ffi::RemainingArgs v_pool_in,
-                                     ffi::Result<ffi::AnyBuffer> q_rot,
-                                     ffi::Result<ffi::AnyBuffer> k_rot,
-                                     ffi::Result<ffi::AnyBuffer> pool_out,
-                                     ffi::RemainingRets v_pool_out, int64_t rotary_dim,
-                                     bool is_neox, RopePoolParams* p, RopePoolBuffers* pools) {
+// The call's operands and results, decoded (for handlers that need more than their data
+// pointers: Metal's buffer sizes).
+struct RopePoolOperands {
+  std::optional<ffi::AnyBuffer> q, k, v, positions, slots, inv_freq, kv_scales, pool, v_pool;
+  std::optional<ffi::Result<ffi::AnyBuffer>> q_rot, k_rot, pool_out, v_pool_out;
+};
+
+inline ffi::Error MakeRopePoolParams(const ffi::RemainingArgs& args,
+                                     const ffi::RemainingRets& rets, const RopePoolAttrs& attrs,
+                                     RopePoolParams* p, RopePoolBuffers* pools,
+                                     RopePoolOperands* o) {
+  constexpr const char* kFn = "jax_sgl.rope_pool_fused";
+  const bool separate = args.size() == kRopePoolOperands + 1;
+  if ((args.size() != kRopePoolOperands && !separate) ||
+      rets.size() != kRopePoolResults + (separate ? 1 : 0))
+    return InvalidArgument("rope_pool_fused: expects k_pool and v_pool, or one kv_buffer");
+  auto arg = [&](size_t i, const char* name, std::optional<ffi::AnyBuffer>* out) {
+    return GetIndexed<ffi::AnyBuffer>(kFn, args, "operand", i, name, out);
+  };
+  auto ret = [&](size_t i, const char* name, std::optional<ffi::Result<ffi::AnyBuffer>>* out) {
+    return GetIndexed<ffi::AnyBuffer>(kFn, rets, "result", i, name, out);
+  };
+  ffi::Error errs[] = {
+      arg(0, "q", &o->q),
+      arg(1, "k", &o->k),
+      arg(2, "v", &o->v),
+      arg(3, "positions", &o->positions),
+      arg(4, "slots", &o->slots),
+      arg(5, "inv_freq", &o->inv_freq),
+      arg(6, "kv_scales", &o->kv_scales),
+      arg(7, "pool", &o->pool),
+      ret(0, "q_rot", &o->q_rot),
+      ret(1, "k_rot", &o->k_rot),
+      ret(2, "pool", &o->pool_out),
+      separate ? arg(8, "v_pool", &o->v_pool) : ffi::Error::Success(),
+      separate ? ret(3, "v_pool", &o->v_pool_out) : ffi::Error::Success(),
+  };
+  for (ffi::Error& err : errs)
+    if (err.failure()) return std::move(err);
+  const ffi::AnyBuffer &q = *o->q, &k = *o->k, &v = *o->v, &positions = *o->positions,
+                       &slots = *o->slots, &inv_freq = *o->inv_freq,
+                       &kv_scales = *o->kv_scales, &pool_in = *o->pool;
+  ffi::Result<ffi::AnyBuffer> &q_rot = *o->q_rot, &k_rot = *o->k_rot, &pool_out = *o->pool_out;
+  const int64_t rotary_dim = attrs.rotary_dim;
   auto qd = q.dimensions();
   auto kd = k.dimensions();
   auto pd = pool_in.dimensions();
@@ -86,8 +119,6 @@ inline ffi::Error MakeRopePoolParams(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::An
   if (inv_freq.element_type() != ffi::DataType::F32 ||
       int64_t(inv_freq.element_count()) != rotary_dim / 2)
     return InvalidArgument("rope_pool_fused: inv_freq must be float32 [rotary_dim / 2]");
-  if (v_pool_in.size() != v_pool_out.size() || v_pool_in.size() > 1)
-    return InvalidArgument("rope_pool_fused: expects k_pool and v_pool, or one kv_buffer");
   if (fp8_pool && (kv_scales.element_type() != ffi::DataType::F32 ||
                    int64_t(kv_scales.element_count()) != 2 * hkv))
     return InvalidArgument("rope_pool_fused: kv_scales must be float32 [2, num_kv_heads]");
@@ -98,20 +129,18 @@ inline ffi::Error MakeRopePoolParams(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::An
   pools->in[0] = pool_in.untyped_data();
   pools->out[0] = pool;
   pools->bytes[0] = pool_in.size_bytes();
-  if (v_pool_in.size() == 1) {  // separate pools [N, Hkv, D]
-    auto v_in = v_pool_in.get<ffi::AnyBuffer>(0);
-    auto v_out = v_pool_out.get<ffi::AnyBuffer>(0);
-    if (v_in.has_error() || v_out.has_error())
-      return InvalidArgument("rope_pool_fused: v_pool must be a buffer");
-    if (pd.size() != 3 || v_in->dimensions().size() != 3)
+  if (separate) {  // separate pools [N, Hkv, D]
+    const ffi::AnyBuffer& v_in = *o->v_pool;
+    ffi::Result<ffi::AnyBuffer>& v_out = *o->v_pool_out;
+    if (pd.size() != 3 || v_in.dimensions().size() != 3)
       return InvalidArgument("rope_pool_fused expects pool tensors to be 3-D");
-    if (pd[1] != hkv || pd[2] != head_dim || v_in->element_count() != pool_in.element_count() ||
-        v_in->element_type() != pool_type)
+    if (pd[1] != hkv || pd[2] != head_dim || v_in.element_count() != pool_in.element_count() ||
+        v_in.element_type() != pool_type)
       return InvalidArgument("rope_pool_fused: k_pool/v_pool must both be [num_slots, Hkv, D]");
     pools->count = 2;
-    pools->in[1] = v_in->untyped_data();
-    pools->out[1] = (*v_out)->untyped_data();
-    pools->bytes[1] = v_in->size_bytes();
+    pools->in[1] = v_in.untyped_data();
+    pools->out[1] = v_out->untyped_data();
+    pools->bytes[1] = v_in.size_bytes();
     SetSeparatePools(p, pool, pools->out[1], pd[0]);
   } else {  // fused [..., 2 * Hkv, Dp]: any rank, read as [num_slots, 2 * Hkv, Dp]
     const int64_t d_pad = pd.size() >= 3 ? pd.back() : 0;
@@ -135,7 +164,7 @@ inline ffi::Error MakeRopePoolParams(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::An
   p->num_tokens = qd[0];
   p->num_qo_heads = int(qd[1]);
   p->rotary_dim = int(rotary_dim);
-  p->is_neox = is_neox;
+  p->is_neox = attrs.is_neox;
   p->dtype = dt;
   p->pool_dtype = fp8_pool ? DType::kF8E4M3 : dt;
   const float* scales = static_cast<const float*>(kv_scales.untyped_data());
@@ -145,4 +174,15 @@ inline ffi::Error MakeRopePoolParams(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::An
   return ffi::Error::Success();
 }
 
+inline ffi::Error MakeRopePoolParams(const ffi::RemainingArgs& args,
+                                     const ffi::RemainingRets& rets, const RopePoolAttrs& attrs,
+                                     RopePoolParams* p, RopePoolBuffers* pools) {
+  RopePoolOperands operands;
+  return MakeRopePoolParams(args, rets, attrs, p, pools, &operands);
+}
+
 }  // namespace jax_sgl
+
+XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(jax_sgl::RopePoolAttrs,
+                                      xla::ffi::StructMember<int64_t>("rotary_dim"),
+                                      xla::ffi::StructMember<bool>("is_neox"));

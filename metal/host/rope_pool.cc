@@ -19,19 +19,12 @@ namespace {
 // until measured on Apple hardware).
 constexpr double kRopePoolAutoThreshold = 65536;
 
-ffi::Error RopePoolFwdMetalImpl(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
-                                ffi::AnyBuffer positions, ffi::AnyBuffer slots,
-                                ffi::AnyBuffer inv_freq, ffi::AnyBuffer kv_scales,
-                                ffi::AnyBuffer pool_in,
-                                ffi::RemainingArgs v_pool_in, ffi::Result<ffi::AnyBuffer> q_rot,
-                                ffi::Result<ffi::AnyBuffer> k_rot,
-                                ffi::Result<ffi::AnyBuffer> pool_out,
-                                ffi::RemainingRets v_pool_out, int64_t rotary_dim, bool is_neox) {
+ffi::Error RopePoolFwdMetalImpl(ffi::RemainingArgs args, ffi::RemainingRets rets,
+                                RopePoolAttrs attrs) {
   RopePoolParams p;
   RopePoolBuffers pools;
-  if (auto err = MakeRopePoolParams(q, k, v, positions, slots, inv_freq, kv_scales, pool_in, v_pool_in, q_rot,
-                                    k_rot, pool_out, v_pool_out, rotary_dim, is_neox, &p, &pools);
-      err.failure())
+  RopePoolOperands o;
+  if (auto err = MakeRopePoolParams(args, rets, attrs, &p, &pools, &o); err.failure())
     return err;
   const char* name = RopePoolKernelName(p.dtype, p.index_type);
   const double work = double(p.num_tokens) * (p.num_qo_heads + p.num_kv_heads) * p.head_dim;
@@ -51,19 +44,19 @@ ffi::Error RopePoolFwdMetalImpl(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuff
   static float dummy = 0.f;
   void* v_binding = pools.fused() ? &dummy : pools.out[1];
   const size_t v_bytes = pools.fused() ? sizeof(dummy) : pools.bytes[1];
-  const std::vector<HostArg> args = {
-      {kRopeInvFreq, inv_freq.untyped_data(), inv_freq.size_bytes(), false},
-      {kRopeQ, q.untyped_data(), q.size_bytes(), false},
-      {kRopeK, k.untyped_data(), k.size_bytes(), false},
-      {kRopeV, v.untyped_data(), v.size_bytes(), false},
-      {kRopePositions, positions.untyped_data(), positions.size_bytes(), false},
-      {kRopeSlots, slots.untyped_data(), slots.size_bytes(), false},
-      {kRopeQRot, q_rot->untyped_data(), q_rot->size_bytes(), true},
-      {kRopeKRot, k_rot->untyped_data(), k_rot->size_bytes(), true},
+  const std::vector<HostArg> bindings = {
+      {kRopeInvFreq, o.inv_freq->untyped_data(), o.inv_freq->size_bytes(), false},
+      {kRopeQ, o.q->untyped_data(), o.q->size_bytes(), false},
+      {kRopeK, o.k->untyped_data(), o.k->size_bytes(), false},
+      {kRopeV, o.v->untyped_data(), o.v->size_bytes(), false},
+      {kRopePositions, o.positions->untyped_data(), o.positions->size_bytes(), false},
+      {kRopeSlots, o.slots->untyped_data(), o.slots->size_bytes(), false},
+      {kRopeQRot, (*o.q_rot)->untyped_data(), (*o.q_rot)->size_bytes(), true},
+      {kRopeKRot, (*o.k_rot)->untyped_data(), (*o.k_rot)->size_bytes(), true},
       {kRopeKPool, pools.out[0], pools.bytes[0], true},
       {kRopeVPool, v_binding, v_bytes, !pools.fused()},
   };
-  const std::string error = Dispatch(name, RopePoolGrid(p), args, &mp, sizeof(mp), kRopeParams);
+  const std::string error = Dispatch(name, RopePoolGrid(p), bindings, &mp, sizeof(mp), kRopeParams);
   if (!error.empty()) return ffi::Error::Internal("jax_sgl.rope_pool_fused (Metal): " + error);
   return ffi::Error::Success();
 }

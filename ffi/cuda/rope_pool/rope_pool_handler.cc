@@ -18,18 +18,11 @@ ffi::Error CudaError(const char* what, cudaError_t err) {
 
 // With donation the output pool is the input pool and nothing is copied: only the written rows
 // are touched. Without it XLA hands us a fresh buffer that must start as a copy of the input.
-ffi::Error RopePoolFwdImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
-                           ffi::AnyBuffer v, ffi::AnyBuffer positions, ffi::AnyBuffer slots,
-                           ffi::AnyBuffer inv_freq, ffi::AnyBuffer kv_scales,
-                           ffi::AnyBuffer pool_in,
-                           ffi::RemainingArgs v_pool_in, ffi::Result<ffi::AnyBuffer> q_rot,
-                           ffi::Result<ffi::AnyBuffer> k_rot, ffi::Result<ffi::AnyBuffer> pool_out,
-                           ffi::RemainingRets v_pool_out, int64_t rotary_dim, bool is_neox) {
+ffi::Error RopePoolFwdImpl(cudaStream_t stream, ffi::RemainingArgs args, ffi::RemainingRets rets,
+                           RopePoolAttrs attrs) {
   RopePoolParams p;
   RopePoolBuffers pools;
-  if (auto err = MakeRopePoolParams(q, k, v, positions, slots, inv_freq, kv_scales, pool_in, v_pool_in, q_rot,
-                                    k_rot, pool_out, v_pool_out, rotary_dim, is_neox, &p, &pools);
-      err.failure())
+  if (auto err = MakeRopePoolParams(args, rets, attrs, &p, &pools); err.failure())
     return err;
   for (int i = 0; i < pools.count; ++i) {
     if (pools.out[i] == pools.in[i] || pools.bytes[i] == 0) continue;
