@@ -73,7 +73,7 @@ def _instantiations(inst, family, dims, dtypes):
     files, built, guards = [], {}, []
     for kind, kind_dims in fam["kinds"].items():
         for d in kind_dims:
-            for t in inst["dtypes"]:
+            for t in inst.get("kind_dtypes", {}).get(kind, inst["dtypes"]):
                 guard = fam["guard"].replace("{d}", str(d)).replace("{DTYPE}", t.upper())
                 if guard not in guards:
                     guards.append(guard)
@@ -104,11 +104,11 @@ def _cuda(ctx, sources, cutlass):
         "@jax_sgl_src//:ffi/cuda/attention/instantiations.json"))))
     sm80, sm80_guards = _instantiations(
         inst, "sm80", _setting(ctx, "JAX_SGL_ATTN_HEAD_DIMS", "64;96;128;192;256"), ["bf16", "fp16"])
-    sm90_dims = _setting(ctx, "JAX_SGL_SM90_HEAD_DIMS", "64;128;192;256")
+    sm90_dims = _setting(ctx, "JAX_SGL_SM90_HEAD_DIMS", "64;96;128;192;256")
     sm90, sm90_guards = [], []
     if "90a" in archs and cutlass and sm90_dims:
         sm90, sm90_guards = _instantiations(inst, "sm90", sm90_dims,
-                                            _setting(ctx, "JAX_SGL_SM90_DTYPES", "bf16;fp16"))
+                                            _setting(ctx, "JAX_SGL_SM90_DTYPES", "bf16;fp16;e4m3"))
     # The sm100 family of instantiations.json (Blackwell, on the nvidia-cutlass wheel's
     # 77_blackwell_fmha collectives, which //:cutlass does not carry) is not built by Bazel: without
     # JAX_SGL_HAVE_SM100 the dispatch compiles it out and compute capability 10.0 devices run the

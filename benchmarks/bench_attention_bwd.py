@@ -18,7 +18,10 @@
            lowered, and every variant's functions are jitted afresh after it is set.
 
 Issue 4's cases: bf16, D=128, H=16 (MHA), B*S = 32768 tokens, S in {4k, 8k}, causal and not;
---head-dims 64 128 256 adds issue 27's (FA3 beside cuDNN and XLA at each head dim).
+--head-dims 64 128 256 adds issue 27's (FA3 beside cuDNN and XLA at each head dim). --varlen
+passes jax_sgl the same sequences packed (cu_seqlens_q / cu_seqlens_k, the layout of a
+training batch of documents; the anchors keep the dense batch, the same work): e.g.
+`--varlen --bwd sm80 sm90` times the varlen backward's two kernels in one process.
 TFLOP/s count the forward's 4*B*H*S^2*D (halved when causal) times 3.5 for forward+backward
 (jax.grad of the loss runs both) and times 2.5 for the backward alone, whose time is taken as the
 forward+backward time minus the forward's. Each timing is the median over batches of
@@ -68,9 +71,18 @@ def sm90_bwd_available(head_dim, name="sm90"):
           and getattr(device, "compute_capability", "") == "9.0")
 
 
-def attention_fns(impl, causal, deterministic=False):
-  """(forward, forward+backward) jitted for one implementation."""
-  if impl.startswith("jax_sgl"):
+def attention_fns(impl, causal, deterministic=False, varlen=False):
+  """(forward, forward+backward) jitted for one implementation; `varlen`: jax_sgl gets the batch
+  packed, [B * S, H, D] with cu_seqlens of equal lengths S."""
+  if impl.startswith("jax_sgl") and varlen:
+    def attn(q, k, v):
+      b, s = q.shape[:2]
+      cu = jnp.arange(b + 1, dtype=jnp.int32) * s
+      pack = lambda x: x.reshape((b * s,) + x.shape[2:])
+      out = jax_sgl.attention(pack(q), pack(k), pack(v), causal=causal, cu_seqlens_q=cu,
+                              cu_seqlens_k=cu, deterministic=deterministic)
+      return out.reshape(q.shape[:3] + out.shape[-1:])
+  elif impl.startswith("jax_sgl"):
     attn = lambda q, k, v: jax_sgl.attention(q, k, v, causal=causal, deterministic=deterministic)
   elif impl == "fa3":
     attn = fa3.dense_attention(causal)
@@ -82,10 +94,11 @@ def attention_fns(impl, causal, deterministic=False):
   return jax.jit(attn), jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
 
 
-def check_close(q, k, v, causal, deterministic, impl="jax_sgl", refs=("cudnn", "xla")):
+def check_close(q, k, v, causal, deterministic, impl="jax_sgl", refs=("cudnn", "xla"),
+                varlen=False):
   """max |grad - anchor| / max |anchor| over dq, dk, dv of `impl` against the first of `refs`
   that runs, on the benchmark's own inputs; None when none runs."""
-  _, ours = attention_fns(impl, causal, deterministic)
+  _, ours = attention_fns(impl, causal, deterministic, varlen)
   for ref in refs:
     try:
       _, anchor = attention_fns(ref, causal)
@@ -163,7 +176,7 @@ def bench_head_dim(d, args):
             print(f"  (fa3 n/a at S={s} D{d} causal={causal}: {why})")
             rows[impl] = None
             continue
-        fwd, fwd_bwd = attention_fns(impl, causal, deterministic)
+        fwd, fwd_bwd = attention_fns(impl, causal, deterministic, args.varlen)
         t_all = try_time(fwd_bwd, (q, k, v), calls, args.batches)
         t_fwd = try_time(fwd, (q, k, v), calls, args.batches) if t_all else None
         rows[impl] = (t_all, t_fwd) if t_all else None
@@ -187,7 +200,7 @@ def bench_head_dim(d, args):
       for name in ran:
         deterministic = set_bwd_variant(name, args.reference_bwd)
         try:
-          errs[name] = check_close(q, k, v, causal, deterministic)
+          errs[name] = check_close(q, k, v, causal, deterministic, varlen=args.varlen)
         except Exception as e:  # report, keep benchmarking the other cases
           print(f"  ({name} check: {type(e).__name__}: {str(e).splitlines()[0][:100]})")
           errs[name] = None
@@ -198,8 +211,8 @@ def bench_head_dim(d, args):
                        for name in ran if name != shown)
       anchor = lambda impl: (f"{3.5 * flops / rows[impl][0] / 1e12:.0f} "
                              f"({rows[impl][0] / ours:.2f}x)" if rows[impl] else "n/a")
-      print(f"SUMMARY attention fwd+bwd S={s // 1024}k H{h} D{d} causal={causal}: "
-            f"{3.5 * flops / ours / 1e12:.0f} TFLOP/s ({shown} bwd{others}), "
+      print(f"SUMMARY attention fwd+bwd{' varlen' if args.varlen else ''} S={s // 1024}k H{h} "
+            f"D{d} causal={causal}: {3.5 * flops / ours / 1e12:.0f} TFLOP/s ({shown} bwd{others}), "
             f"cudnn {anchor('cudnn')}, fa3 {anchor('fa3')}, xla {anchor('xla')}; "
             f"rel err vs anchor {err if err is not None else float('nan'):.1e}")
       del q, k, v
@@ -219,6 +232,8 @@ def main():
                       default=["sm80", "sm90", "sm90det"],
                       help="CUDA backward variants to time (sm90 ones only where available)")
   parser.add_argument("--skip-xla", action="store_true", help="leave out the XLA anchor")
+  parser.add_argument("--varlen", action="store_true",
+                      help="jax_sgl over the batch packed with cu_seqlens (anchors stay dense)")
   args = parser.parse_args()
   print(f"device: {jax.devices()[0].device_kind}, jax {jax.__version__}")
   print(f"jax_sgl attention backend: {jax_sgl.attention_backend_info()}, "

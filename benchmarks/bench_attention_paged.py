@@ -7,8 +7,9 @@ Workloads (bf16, 32 q / 8 kv heads, D=128, causal with the last query on the las
            (seqused_k = history + 1024), pages of 16 / 64 / 128;
   mixed    one packed batch (q [total_q, H, D] with cu_seqlens_q): 4 chunks of 512 new tokens,
            then 64 decode tokens, all after 8k of history; pages of 16 / 64;
-  verify   speculative decoding's verify step: B=32, 8 / 32 draft tokens each after 8k of
-           history, q dense [B, n, H, D]; pages of 16.
+  verify   speculative decoding's verify step: B=32 (--verify-batches), 8 / 32 draft tokens
+           each after 8k of history, q dense [B, n, H, D]; pages of 16.
+--only verify mixed runs just those rows (the verify and mixed rows of issue 23's key split).
 Each page table is a random permutation of a pool 25% larger than the sequences need, so no page
 follows its predecessor and some pages are never read (as in a server's pool).
 
@@ -49,6 +50,7 @@ DTYPE = jnp.bfloat16
 # Pool pages over the pages the sequences use: a server's pool always has free pages.
 POOL_SLACK = 1.25
 IMPLS = ("paged", "contiguous", "fa3", "fa3_varlen")
+WORKLOADS = ("prefill", "mixed", "verify")
 # Max |difference| of jax_sgl paged from jax_sgl contiguous above which the row is flagged (the
 # same keys in the same order: only the kernels' rounding differs).
 MAX_DIFF = 5e-2
@@ -84,24 +86,25 @@ def workloads(args):
   bat = (lambda b: max(2, b // 16)) if args.tiny else (lambda b: b)
   full = lambda b, n: np.full(b, n, np.int64)
   out = []
-  if not args.skip_prefill:
+  if not args.skip_prefill and "prefill" in args.only:
     b, n = bat(8), tok(1024)
     for hist in args.history:
       for page in args.pages:
         out.append(Workload(f"prefill B{b} new {n} hist {tok(hist)} page {page}", full(b, n),
                             full(b, tok(hist) + n), page, packed=False))
-  if not args.skip_mixed:
+  if not args.skip_mixed and "mixed" in args.only:
     chunks, chunk, decodes, hist = bat(4), tok(512), bat(64), tok(8192)
     new = np.concatenate([full(chunks, chunk), full(decodes, 1)])
     for page in args.mixed_pages:
       out.append(Workload(f"mixed {chunks}x{chunk} + {decodes}x1 hist {hist} page {page}", new,
                           new + hist, page, packed=True))
-  if not args.skip_verify:
-    b, hist = bat(32), tok(8192)
-    for drafts in args.drafts:
-      for page in args.verify_pages:
-        out.append(Workload(f"verify B{b} draft {drafts} hist {hist} page {page}",
-                            full(b, drafts), full(b, hist + drafts), page, packed=False))
+  if not args.skip_verify and "verify" in args.only:
+    hist = tok(8192)
+    for b in map(bat, args.verify_batches):
+      for drafts in args.drafts:
+        for page in args.verify_pages:
+          out.append(Workload(f"verify B{b} draft {drafts} hist {hist} page {page}",
+                              full(b, drafts), full(b, hist + drafts), page, packed=False))
   return out
 
 
@@ -267,6 +270,10 @@ def main():
   parser.add_argument("--drafts", type=int, nargs="+", default=[8, 32],
                       help="verify: draft tokens per sequence")
   parser.add_argument("--verify-pages", type=int, nargs="+", default=[16])
+  parser.add_argument("--verify-batches", type=int, nargs="+", default=[32],
+                      help="verify: sequences per call")
+  parser.add_argument("--only", nargs="+", choices=WORKLOADS, default=list(WORKLOADS),
+                      help="run only these workloads")
   parser.add_argument("--skip-prefill", action="store_true")
   parser.add_argument("--skip-mixed", action="store_true")
   parser.add_argument("--skip-verify", action="store_true")

@@ -9,6 +9,9 @@
   kv_buffer   jax_sgl.rope_pool_fused into one fused K/V buffer as sglang-jax keeps it
               ([num_slots, 1, Hkv, 2, D]: K and V interleaved on the head axis), donated. Same
               bytes moved; its pool rows are the K/V halves of one buffer row.
+  fp8 pool    jax_sgl.rope_pool_fused into e4m3 pools with per-kv-head k_scale / v_scale
+              (quantize on write, issue 24), donated; against 'jax fp8', the same quantizing
+              write in jitted JAX (tuned scatter). Pool rows are one byte per element here.
 
 Problem (issue 9): 8192 and 65536 tokens, 32 q heads / 8 kv heads, head_dim 128, bf16, pools of
 1M slots, distinct random slots, random positions below 32768. Bytes counted per call: q, k, v
@@ -107,6 +110,57 @@ def check_kv_buffer_once(fn, inputs, kv_buffer):
                                rtol=1.6e-2, atol=1.6e-2)
 
 
+def jax_rope_pool_fp8(q, k, v, positions, slots, k_pool, v_pool, k_scale, v_scale):
+  cos, sin = reference.rope_cos_sin(positions, reference.rope_inv_freq(D, 10000.0))
+  q_rot = reference.apply_rope(q, cos, sin, rotary_dim=D, is_neox=True)
+  k_rot = reference.apply_rope(k, cos, sin, rotary_dim=D, is_neox=True)
+  quant = lambda x, s: jnp.clip(x.astype(jnp.float32) / s[:, None], -448, 448).astype(
+      jnp.float8_e4m3fn)
+  kw = dict(unique_indices=True, mode="promise_in_bounds")
+  return (q_rot, k_rot, k_pool.at[slots].set(quant(k_rot, k_scale), **kw),
+          v_pool.at[slots].set(quant(v, v_scale), **kw))
+
+
+def run_fp8(num_tokens, num_slots, copy_bw, batches, rng, sets):
+  """The fp8 (e4m3) pool: the rows written are half the bytes of the bf16 pool's."""
+  scales = (jnp.asarray(rng.uniform(0.01, 0.05, HKV), jnp.float32),
+            jnp.asarray(rng.uniform(0.01, 0.05, HKV), jnp.float32))
+  zeros = lambda: jnp.zeros((num_slots, HKV, D), jnp.float8_e4m3fn)
+  impls = {
+      "jax fp8": jax.jit(jax_rope_pool_fp8, donate_argnums=(5, 6)),
+      "fp8 pool": jax.jit(lambda *a: jax_sgl.rope_pool_fused(*a[:7], k_scale=a[7],
+                                                             v_scale=a[8]),
+                          donate_argnums=(5, 6)),
+  }
+  inputs = sets[0]
+  got = impls["fp8 pool"](*inputs, zeros(), zeros(), *scales)
+  want = reference.rope_pool_fused(*inputs, zeros(), zeros(), k_scale=scales[0],
+                                   v_scale=scales[1])
+  slots = inputs[4]
+  for g, w in zip(got, want):
+    if g.dtype == jnp.float8_e4m3fn:  # the CPU kernel's bits, up to one e4m3 step on ties
+      g, w = g[slots], w[slots]
+    np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(w, np.float32),
+                               rtol=1.6e-2 if g.dtype != jnp.float8_e4m3fn else 0.13, atol=1.6e-2)
+  del got, want
+  nbytes = num_tokens * (HQ + 2 * HKV + HQ + HKV) * D * 2 + num_tokens * 2 * HKV * D
+  calls = min(500, max(10, 4_000_000 // num_tokens))
+  pools, rows = (zeros(), zeros()), {}
+  for name, fn in impls.items():
+    step = lambda i, s, fn=fn: fn(*sets[i % len(sets)], s[2], s[3], *scales)[:4]
+    t, out = median_seconds(step, (None, None) + pools, calls, batches)
+    pools = (out[2], out[3])
+    rows[name] = t
+  del pools, out
+  print(f"rope_pool_fused into e4m3 pools, {num_tokens} tokens, {nbytes / 1e6:.1f} MB per call")
+  for name, t in rows.items():
+    print(f"{name:<10} {t * 1e6:9.1f} {nbytes / t / 1e9:8.0f} {100 * nbytes / t / copy_bw:6.1f}% "
+          f"{t / rows['fp8 pool']:9.2f}x")
+  t = rows["fp8 pool"]
+  print(f"SUMMARY rope_pool fp8 pool T={num_tokens}: {t * 1e6:.1f} us, {nbytes / t / 1e9:.0f} "
+        f"GB/s = {100 * nbytes / t / copy_bw:.1f}% of copy; {rows['jax fp8'] / t:.2f}x jax fp8")
+
+
 def run(num_tokens, num_slots, copy_bw, batches, rng):
   sets = make_sets(rng, num_tokens, num_slots)
   pools = (normal(rng, num_slots, HKV, D), normal(rng, num_slots, HKV, D))
@@ -147,6 +201,8 @@ def run(num_tokens, num_slots, copy_bw, batches, rng):
   t = rows["kv_buffer"]
   print(f"SUMMARY rope_pool kv_buffer T={num_tokens}: {t * 1e6:.1f} us, "
         f"{nbytes / t / 1e9:.0f} GB/s = {100 * nbytes / t / copy_bw:.1f}% of copy")
+  del kv_buffer
+  run_fp8(num_tokens, num_slots, copy_bw, batches, rng, sets)
 
 
 def main():

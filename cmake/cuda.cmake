@@ -57,8 +57,18 @@ function(jax_sgl_instantiations family want_dims want_dtypes out_sources out_gua
     math(EXPR _ndims "${_ndims} - 1")
     foreach(j RANGE ${_ndims})
       string(JSON d GET "${_jax_sgl_inst}" families ${family} kinds ${_kind} ${j})
-      foreach(i RANGE ${_ndtypes})
-        string(JSON t GET "${_jax_sgl_inst}" dtypes ${i})
+      # A kind may list its own dtypes (instantiations.json kind_dtypes).
+      string(JSON _kdtypes ERROR_VARIABLE _no_kdtypes GET "${_jax_sgl_inst}" kind_dtypes ${_kind})
+      if(_no_kdtypes)
+        set(_dtypes_key dtypes)
+        set(_kn ${_ndtypes})
+      else()
+        set(_dtypes_key kind_dtypes ${_kind})
+        string(JSON _kn LENGTH "${_jax_sgl_inst}" kind_dtypes ${_kind})
+        math(EXPR _kn "${_kn} - 1")
+      endif()
+      foreach(i RANGE ${_kn})
+        string(JSON t GET "${_jax_sgl_inst}" ${_dtypes_key} ${i})
         string(TOUPPER "${t}" _t)
         string(REPLACE "{d}" "${d}" _g "${_pattern}")
         string(REPLACE "{DTYPE}" "${_t}" _g "${_g}")
@@ -139,8 +149,8 @@ endfunction()
 # Hopper flash forward and backward (ffi/cuda/attention/sm90, CuTe wgmma + TMA): built when 90a is
 # among the archs and CuTe is found. At run time JAX_SGL_DISABLE=sm90 turns the forward off and
 # JAX_SGL_DISABLE=sm90_bwd the backward.
-set(JAX_SGL_SM90_HEAD_DIMS "64;128;192;256" CACHE STRING "sm90 attention head dims to build")
-set(JAX_SGL_SM90_DTYPES "bf16;fp16" CACHE STRING "sm90 attention dtypes to build")
+set(JAX_SGL_SM90_HEAD_DIMS "64;96;128;192;256" CACHE STRING "sm90 attention head dims to build")
+set(JAX_SGL_SM90_DTYPES "bf16;fp16;e4m3" CACHE STRING "sm90 attention dtypes to build (e4m3: the forward only)")
 if("90a" IN_LIST JAX_SGL_CUDA_ARCHS AND TARGET jax_sgl_cutlass AND JAX_SGL_SM90_HEAD_DIMS)
   jax_sgl_arch_family(sm90 90a "${JAX_SGL_SM90_HEAD_DIMS}" "${JAX_SGL_SM90_DTYPES}" "")
   # sm90_defines: wgmma N other than 2^k (hd256's 80-key tiles) is behind

@@ -549,16 +549,12 @@ def _check_blockscaled_shapes(q, k, q_descale, k_descale, head_dim: int, varlen_
 CUDA_ATTENTION_DTYPES = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
 
 
-def check_attention_cuda(q_dtype, v_dtype, qk_blockscaled: bool = False, k_dtype=None,
-                         spec: AttentionSpec | None = None, max_seqlen_q: int | None = None
-                         ) -> None:
-  """The CUDA kernel (ffi/cuda/attention) runs float16/bfloat16 q/k/v, and an fp8 (e4m3) KV cache
-  under float16/bfloat16 q in decode calls (check_fp8_kv_decode_cuda; `spec` and `max_seqlen_q`
-  give the call shape it needs); float32 and fp8 q have no GPU kernel yet. Every head dim the
-  checks above accept is served (multiples of 8 up to 256, and head_dim_v != head_dim)."""
-  if k_dtype is not None and is_fp8(k_dtype) and not is_fp8(q_dtype):
-    check_fp8_kv_decode_cuda(q_dtype, k_dtype, spec, max_seqlen_q)
-    return
+def check_attention_cuda(q_dtype, v_dtype, qk_blockscaled: bool = False, k_dtype=None) -> None:
+  """The CUDA kernels (ffi/cuda/attention) run float16/bfloat16 q/k/v and fp8 as float8_e4m3fn
+  (check_fp8_cuda: e4m3 q/k/v, v_dequant, an fp8 KV cache; every call shape); float32 inputs have
+  no GPU kernel. Every head dim the checks above accept is served (multiples of 8 up to 256, and
+  head_dim_v != head_dim)."""
+  k_dtype = q_dtype if k_dtype is None else k_dtype
   if qk_blockscaled:
     # Hopper has no block-scaled MMA, and the Blackwell collectives we build on (CUTLASS's FMHA)
     # do not use tcgen05's block-scaled MMA: named first, it is what a caller must know.
@@ -566,42 +562,33 @@ def check_attention_cuda(q_dtype, v_dtype, qk_blockscaled: bool = False, k_dtype
         f"{ATTN_FN}: block-scaled q/k (qk_blockscaled) runs on the CPU only: no CUDA kernel "
         "applies e8m0 block scales yet (the Hopper kernels have no block-scaled MMA and the "
         "Blackwell kernels' FMHA collectives do not use tcgen05's block-scaled MMA)")
+  if any(is_fp8(t) for t in (q_dtype, k_dtype, v_dtype)):
+    check_fp8_cuda(q_dtype, k_dtype, v_dtype)
+    return
   if jnp.dtype(q_dtype) not in CUDA_ATTENTION_DTYPES or jnp.dtype(v_dtype) != jnp.dtype(q_dtype):
     raise NotImplementedError(
         f"{ATTN_FN}: the CUDA kernel supports q/k/v in {names(CUDA_ATTENTION_DTYPES)}; got q "
-        f"{jnp.dtype(q_dtype)}, v {jnp.dtype(v_dtype)} (float32 and fp8 inputs run on the CPU "
-        "backend only)")
+        f"{jnp.dtype(q_dtype)}, v {jnp.dtype(v_dtype)} (float32 inputs run on the CPU backend "
+        "only)")
 
 
-# The call shapes the CUDA fp8 KV-cache decode serves (ffi/cuda/attention/fwd_dispatch.cc
-# CheckFp8KvDecode, which also needs compute capability 8.0+: the device is unknown here).
-FP8_KV_DECODE_MAX_Q_LEN = 8
-FP8_KV_DECODE_MAX_ROWS = 16
+# Head-dim capacities of the CUDA portable kernel's fp8 form (ffi/cuda/attention/
+# flash_fwd_launch.h kFp8HeadDimCapacities): a call runs on the smallest one >= its head dim.
+CUDA_FP8_HEAD_DIM_CAPACITIES = (64, 128, 256)
 
 
-def check_fp8_kv_decode_cuda(q_dtype, k_dtype, spec: AttentionSpec | None,
-                             max_seqlen_q: int | None) -> None:
-  """An fp8 KV cache on CUDA: the warp-sliced decode reads it (bf16/fp16 q, at most 8 q rows per
-  sequence and 16 q rows x q heads per kv head, head dims 64 / 128; any KV layout and page size);
-  every other call shape raises, naming what is missing."""
-  head = (f"{ATTN_FN}: the CUDA fp8 KV-cache read (q {jnp.dtype(q_dtype)}, k/v "
-          f"{jnp.dtype(k_dtype)} with k_descale/v_descale) runs in the decode kernel only")
-  if jnp.dtype(q_dtype) not in CUDA_ATTENTION_DTYPES:
-    raise NotImplementedError(f"{head}, under float16 or bfloat16 q; {jnp.dtype(q_dtype)} q over "
-                              "an fp8 KV cache runs on the CPU backend only")
-  if spec is None or max_seqlen_q is None:
-    raise NotImplementedError(f"{head}; the call shape is needed to check it")
-  group = spec.num_heads // spec.num_kv_heads
-  if (not 1 <= max_seqlen_q <= FP8_KV_DECODE_MAX_Q_LEN
-      or max_seqlen_q * group > FP8_KV_DECODE_MAX_ROWS):
-    raise NotImplementedError(
-        f"{head}: at most {FP8_KV_DECODE_MAX_Q_LEN} q rows per sequence and "
-        f"{FP8_KV_DECODE_MAX_ROWS} q rows x q heads per kv head (got {max_seqlen_q} x {group}); "
-        "the prefill kernels and the block-wide decode read 16-bit K/V only (the CPU backend "
-        "runs this call)")
-  need = max(spec.head_dim, spec.head_dim_v)
-  if need > 128 or spec.head_dim % 16 or spec.head_dim_v % 16 or 64 < need <= 96:
-    raise NotImplementedError(
-        f"{head}, at head dims 64 and 128 (multiples of 16 up to 64, or above 96 up to 128); got "
-        f"head_dim {spec.head_dim}, head_dim_v {spec.head_dim_v}")
-
+def check_fp8_cuda(q_dtype, k_dtype, v_dtype) -> None:
+  """fp8 on CUDA (the dtypes check_attention_dtypes accepted): float8_e4m3fn only, under float16/
+  bfloat16 compute. The fp8-KV decode takes decode calls over an fp8 KV cache, the portable
+  kernel's fp8 form every other call shape (dense, varlen, paged at any page size; fp8 q/k/v,
+  v_dequant, chunked prefill / mixed batches / verify over an fp8 pool; ffi/cuda/attention/
+  fwd_dispatch.cc). Forward only: jax.grad through fp8 raises in jax_sgl.attention."""
+  got = f"q {jnp.dtype(q_dtype)}, k {jnp.dtype(k_dtype)}, v {jnp.dtype(v_dtype)}"
+  e4m3 = jnp.dtype(jnp.float8_e4m3fn)
+  if any(is_fp8(t) and jnp.dtype(t) != e4m3 for t in (q_dtype, k_dtype, v_dtype)):
+    raise NotImplementedError(f"{ATTN_FN}: the CUDA kernels read fp8 as float8_e4m3fn only; got "
+                              f"{got} (float8_e5m2 runs on the CPU backend only)")
+  if not is_fp8(q_dtype) and jnp.dtype(q_dtype) not in CUDA_ATTENTION_DTYPES:
+    raise NotImplementedError(f"{ATTN_FN}: the CUDA kernels read fp8 k/v under float16 or "
+                              f"bfloat16 q; got {got} ({jnp.dtype(q_dtype)} q over fp8 k/v runs "
+                              "on the CPU backend only)")

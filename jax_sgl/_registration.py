@@ -21,6 +21,7 @@ if tuple(int(x) for x in re.findall(r"\d+", jax.__version__)[:2]) < _MIN_JAX:
                     f"this environment has jax {jax.__version__}: pip install 'jax>=0.10'")
 
 from jax_sgl import _disable  # noqa: E402
+from jax_sgl._checks import CUDA_FP8_HEAD_DIM_CAPACITIES  # noqa: E402
 from jax_sgl import _native as _ext  # type: ignore[attr-defined]  # noqa: E402
 
 CPU_TARGETS: frozenset[str] = frozenset(_ext.cpu_targets())
@@ -33,7 +34,7 @@ for _name, _capsule in _ext.cuda_targets().items():
 
 
 # Native dtype names of the sm90 kernel list (ffi/cuda/attention/sm90/kernel_list.h).
-_DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16"}
+_DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16", "e4m3": "float8_e4m3fn"}
 
 
 def _instantiations(text: str) -> dict:
@@ -48,17 +49,22 @@ def attention_backend_info() -> dict:
 
   cuda: the CUDA handlers are built. kernels: per family, the head dims and dtypes compiled in:
   "portable" (mma.sync, any GPU from sm80; a call runs on the smallest head-dim capacity >= its
-  head dim), "sm90_fwd" and "sm90_bwd" (Hopper wgmma + TMA, compute capability 9.0; other calls
-  fall back to the portable kernels), "sm100_fwd" and "sm100_bwd" (Blackwell tcgen05 + TMEM + TMA
-  on CUTLASS's FMHA collectives, compute capability 10.0; compiled, not yet run on Blackwell);
-  empty without CUDA. disabled: the families JAX_SGL_DISABLE names now (they apply to calls
-  lowered from then on). sm90_absent: why a CUDA build has no sm90 kernels, or None.
+  head dim), "portable_fp8" (the same kernel over float8_e4m3fn operands, computing in the dtypes
+  listed; head-dim capacities 64, 128, 256), "sm90_fwd" and "sm90_bwd" (Hopper wgmma + TMA,
+  compute capability 9.0; other calls fall back to the portable kernels), "sm100_fwd" and
+  "sm100_bwd" (Blackwell tcgen05 + TMEM + TMA on CUTLASS's FMHA collectives, compute capability
+  10.0; compiled, not yet run on Blackwell); empty without CUDA. disabled: the families
+  JAX_SGL_DISABLE names now (they apply to calls lowered from then on). sm90_absent: why a CUDA
+  build has no sm90 kernels, or None.
   """
   kernels = {}
   if CUDA_TARGETS:
     built = _ext.attention_kernels()
-    kernels = {"portable": {"head_dims": [int(d) for d in built["portable"].split()],
-                            "dtypes": ["bfloat16", "float16"]},
+    portable = [int(d) for d in built["portable"].split()]
+    kernels = {"portable": {"head_dims": portable, "dtypes": ["bfloat16", "float16"]},
+               "portable_fp8": {"head_dims": [d for d in portable
+                                              if d in CUDA_FP8_HEAD_DIM_CAPACITIES],
+                                "dtypes": ["bfloat16", "float16"]},
                "sm90_fwd": _instantiations(built["sm90_fwd"]),
                "sm90_bwd": _instantiations(built["sm90_bwd"]),
                "sm100_fwd": _instantiations(built.get("sm100_fwd", "")),
@@ -92,14 +98,25 @@ def sm90_absent_reason() -> str | None:
   return "trimmed out of this build (JAX_SGL_SM90_HEAD_DIMS is empty)"
 
 
-def sm90_bwd_built(head_dim: int, dtype) -> bool:
-  """Whether this build holds the sm90 backward for exactly (head_dim, dtype)."""
+def _sm90_built(family: str, head_dim: int, dtype) -> bool:
+  """Whether this build holds the sm90 `family` ("sm90_fwd", "sm90_bwd") kernel for exactly
+  (head_dim, dtype)."""
   if not CUDA_TARGETS:
     return False
   pairs = [name.removeprefix("hdim").split("_") for name in
-           _ext.attention_kernels()["sm90_bwd"].split()]
+           _ext.attention_kernels()[family].split()]
   return any(int(d) == head_dim and _DTYPE_NAMES.get(t, t) == jnp.dtype(dtype).name
              for d, t in pairs)
+
+
+def sm90_bwd_built(head_dim: int, dtype) -> bool:
+  """Whether this build holds the sm90 backward for exactly (head_dim, dtype)."""
+  return _sm90_built("sm90_bwd", head_dim, dtype)
+
+
+def sm90_fwd_built(head_dim: int, dtype) -> bool:
+  """Whether this build holds the sm90 forward for exactly (head_dim, dtype)."""
+  return _sm90_built("sm90_fwd", head_dim, dtype)
 
 
 def local_cuda_devices_are_hopper() -> bool:

@@ -22,7 +22,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import batching, mlir
 
 from jax_sgl import _disable, reference
-from jax_sgl._checks import (ATTN_FN, KV_DENSE, KV_PAGED, AttentionSpec, check_attention,
+from jax_sgl._checks import (ATTN_FN, KV_PAGED, AttentionSpec, check_attention,
                              check_attention_cuda)
 from jax_sgl._dtypes import is_fp8
 from jax_sgl._kv_buffer import kv_buffer_shape
@@ -73,7 +73,7 @@ def _ffi_attrs(ctx, spec: AttentionSpec) -> dict:
   max_seqlen_q = q_aval.shape[0] if spec.varlen_q else q_aval.shape[1]
   if "cuda" in ctx.module_context.platforms:
     check_attention_cuda(q_aval.dtype, ctx.avals_in[2].dtype, spec.qk_blockscaled,
-                         k_dtype=ctx.avals_in[1].dtype, spec=spec, max_seqlen_q=max_seqlen_q)
+                         k_dtype=ctx.avals_in[1].dtype)
     warn_if_sm90_absent()
   return dict(
       kv_layout=np.int64(spec.kv_layout), varlen_q=np.bool_(spec.varlen_q),
@@ -215,7 +215,8 @@ _native_bwd_rule = ffi_rule(BWD_TARGET)
 # flash_bwd_launch.h).
 CUDA_BWD_MAX_HEAD_DIM = 128
 # Head dims above it with a CUDA backward on Hopper only: the sm90 backward's wide kernel
-# (ffi/cuda/attention/sm90/bwd/wide_kernel.cuh), dense, head_dim == head_dim_v, not deterministic.
+# (ffi/cuda/attention/sm90/bwd/wide_kernel.cuh), dense or varlen, head_dim == head_dim_v;
+# deterministic=True on the dense layout (its dQ from the atomic-free dQ kernel).
 SM90_BWD_WIDE_HEAD_DIMS = (192, 256)
 
 
@@ -232,10 +233,11 @@ def _wide_bwd_unsupported(spec: AttentionSpec, q_dtype) -> str | None:
     return (f"head dims {d}/{spec.head_dim_v}: the CUDA backward serves multiples of 8 up to "
             f"{CUDA_BWD_MAX_HEAD_DIM}, and head_dim == head_dim_v in {SM90_BWD_WIDE_HEAD_DIMS} "
             "on Hopper")
-  if spec.varlen_q or spec.kv_layout != KV_DENSE:
-    return f"head dim {d}: the Hopper backward is dense only (varlen q/k has no CUDA backward)"
-  if spec.deterministic:
-    return f"head dim {d}: deterministic=True has a CUDA backward up to head dim 128 only"
+  if spec.kv_layout == KV_PAGED:
+    return f"head dim {d}: gradients through paged KV have no CUDA backward"
+  if spec.deterministic and spec.varlen_q:
+    return (f"head dim {d}: deterministic=True with varlen q/k has a CUDA backward up to head dim "
+            "128 only (the sm80 one)")
   if "sm90_bwd" in _disable.disabled():
     return f"head dim {d}: {_disable.ENV} names sm90_bwd, the only CUDA backward above 128"
   if not _registration.sm90_bwd_built(d, q_dtype):

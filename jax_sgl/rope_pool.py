@@ -51,12 +51,6 @@ _kv_buffer_rule = ffi_rule(TARGET, operand_output_aliases={7: 2})
 
 
 def _rope_pool_lowering(ctx, *args, spec):
-  if spec.kv_scaled and "cuda" in ctx.module_context.platforms:
-    # The CUDA kernel's quantizing write is on branch fp8-kvcache until its GPU run: it also
-    # reshapes the 16-bit pools' stores, which must be measured before they ship.
-    raise NotImplementedError(
-        f"{ROPE_FN}: writing an fp8 (e4m3) pool runs on the CPU only: the CUDA kernel does not "
-        "quantize on write yet")
   rule = _kv_buffer_rule if spec.kv_buffer_ndim else _separate_pools_rule
   return rule(ctx, *args, rotary_dim=np.int64(spec.rotary_dim), is_neox=np.bool_(spec.is_neox))
 

@@ -10,6 +10,7 @@ import numpy as np
 import jax
 import jax.numpy as jnp
 
+import jax_sgl
 from jax_sgl import reference
 from jax_sgl._checks import KV_PAGED, check_attention
 
@@ -26,6 +27,21 @@ TOL = {jnp.float32: 2e-5, jnp.float16: 2e-3, jnp.bfloat16: 2e-2}
 
 def _normal(rng, shape, dtype, scale=1.0):
   return jnp.asarray(rng.standard_normal(shape, dtype=np.float32) * scale).astype(dtype)
+
+
+def random_page_table(rng, k_lens, page_size, extra_pages):
+  """A page table [batch, max pages + 1] giving each sequence's keys distinct shuffled pages
+  (-1 past them: a spare column of padding), and the pool's page count (extra_pages more)."""
+  pages_per_seq = [-(-kl // page_size) for kl in k_lens]
+  max_pages = max(pages_per_seq + [1]) + 1
+  num_pages = sum(pages_per_seq) + extra_pages
+  perm = rng.permutation(num_pages)
+  table = np.full((len(k_lens), max_pages), -1, np.int32)
+  used = 0
+  for b, n in enumerate(pages_per_seq):
+    table[b, :n] = perm[used:used + n]
+    used += n
+  return table, num_pages
 
 
 def make_case(layout, *, seed=0, batch=3, q_lens=None, k_lens=None, num_heads=4, num_kv_heads=2,
@@ -54,15 +70,7 @@ def make_case(layout, *, seed=0, batch=3, q_lens=None, k_lens=None, num_heads=4,
     kwargs["cu_seqlens_k"] = jnp.asarray(cu_k)
     return q, k, v, kwargs
   ps = 1 if layout == "paged_tokens" else page_size
-  pages_per_seq = [-(-kl // ps) for kl in k_lens]
-  max_pages = max(pages_per_seq + [1]) + 1           # a spare column of padding
-  num_pages = sum(pages_per_seq) + extra_pages
-  perm = rng.permutation(num_pages)
-  table = np.full((batch, max_pages), -1, np.int32)
-  used = 0
-  for b, n in enumerate(pages_per_seq):
-    table[b, :n] = perm[used:used + n]
-    used += n
+  table, num_pages = random_page_table(rng, k_lens, ps, extra_pages)
   shape = (num_pages, hkv, d) if ps == 1 else (num_pages, ps, hkv, d)
   k = _normal(rng, shape, dtype)
   v = _normal(rng, shape[:-1] + (dv,), dtype)
@@ -92,10 +100,12 @@ def reference_attention(q, k, v, *, causal=False, softmax_scale=None, window=(-1
 
 
 def naive_attention(q, k, v, *, causal=False, window=(-1, -1), softcap=0.0, sinks=None,
-                    return_lse=False, softmax_scale=None, **arrays):
+                    return_lse=False, softmax_scale=None, p_round=None, **arrays):
   """A per-sequence, per-head NumPy loop in float64: an oracle independent of reference.py.
   With `sinks` each head's logit joins the denominator; `return_lse` adds lse per (row, head)
-  in q's row layout ([B, Sq, H] or [total_q, H]; rows of no sequence are left out)."""
+  in q's row layout ([B, Sq, H] or [total_q, H]; rows of no sequence are left out). `p_round`
+  rounds the unnormalized probabilities (relative to the row max) before P V, the denominator
+  staying unrounded: a kernel's P precision (the fp8 kernels' e4m3 P)."""
   q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
   cu_q, cu_k = arrays.get("cu_seqlens_q"), arrays.get("cu_seqlens_k")
   table, used = arrays.get("page_table"), arrays.get("seqused_k")
@@ -161,12 +171,26 @@ def naive_attention(q, k, v, *, causal=False, window=(-1, -1), softcap=0.0, sink
         top = max(s[m].max(), sink)
         p = np.exp(s[m] - top)
         denom = p.sum() + np.exp(sink - top)
-        o[i, hh] = (p / denom) @ vb[m, hh // group]
+        o[i, hh] = ((p if p_round is None else p_round(p)) @ vb[m, hh // group]) / denom
         lse[i, hh] = top + np.log(denom)
     outs.append(o)
     lses.append(lse)
   join = np.concatenate if cu_q is not None else np.stack
   return (join(outs), join(lses)) if return_lse else join(outs)
+
+
+# Call options of jax_sgl.attention that are Python values (static), not operands.
+STATIC_OPTIONS = ("causal", "softcap", "window", "softmax_scale")
+
+
+def run_attention_on(device, q, k, v, kwargs):
+  """(out, lse) of jax_sgl.attention with every operand placed on `device` (so that the call
+  lowers for, and runs on, its platform): the GPU tests' way to run the CPU kernel beside it."""
+  static = {n: x for n, x in kwargs.items() if n in STATIC_OPTIONS}
+  put = lambda x: jax.device_put(np.asarray(x), device)
+  operands = {n: put(x) for n, x in kwargs.items() if n not in STATIC_OPTIONS}
+  f = jax.jit(lambda q, k, v, a: jax_sgl.attention(q, k, v, return_lse=True, **static, **a))
+  return f(put(q), put(k), put(v), operands)
 
 
 def is_sm90_device():

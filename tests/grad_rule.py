@@ -3,8 +3,9 @@ backwards: each of dQ / dK / dV from the kernel is within 3x (plus a small floor
 that jax.grad of the pure-JAX reference makes in the input precision, both measured against a
 float64 oracle (dense attention under x64, independent of reference.py, which computes in
 float32). The oracle covers dense layouts: causal / sliding window (bottom-right aligned),
-softcap, seqused_k, GQA and sinks; other arguments (varlen) use the float32 reference as the
-oracle. Gradient buffers are poisoned with NaN first, so an unwritten element fails."""
+softcap, seqused_k, GQA and sinks; check_varlen_grads applies it sequence by sequence to packed
+(cu_seqlens) calls. Arguments it lacks use the float32 reference as the oracle. Gradient buffers
+are poisoned with NaN first, so an unwritten element fails."""
 
 from __future__ import annotations
 
@@ -116,6 +117,11 @@ def check_grads(q, k, v, kw, *, with_lse=False, deterministic=False):
     with jax.default_matmul_precision("highest"):
       want = [np.asarray(g, np.float64) for g in _reference_grads(
           *(x.astype(jnp.float32) for x in (q, k, v)), kw, w_out32, w_lse32)]
+  _compare(q, k, v, kw, w_out32, w_lse32, low, want, deterministic)
+
+
+def _compare(q, k, v, kw, w_out32, w_lse32, low, want, deterministic):
+  """Runs jax_sgl's gradients on NaN-poisoned buffers and applies the rule."""
   poison_allocator(sum(x.size * x.dtype.itemsize for x in (q, k, v)))
   fn = _loss(lambda q, k, v: jax_sgl.attention(q, k, v, return_lse=True,
                                                deterministic=deterministic, **kw), w_out32, w_lse32)
@@ -141,3 +147,50 @@ def bwd_kernel(q, k, v, kw):
   kernels = cuda_attention_kernels(jax.grad(loss, argnums=(0, 1, 2)), q, k, v,
                                    compute_capability=cc)
   return kernels[-1] if kernels[-1][0] == "bwd" else None
+
+
+def varlen_inputs(q_lens, k_lens, heads, head_dim, dtype, seed, pad=3):
+  """(q, k, v, kw): packed q and k / v over sequences of q_lens / k_lens rows, each with `pad`
+  trailing rows that no sequence covers (their gradients must be 0), and the cu_seqlens in kw."""
+  num_heads, num_kv_heads = heads
+  keys = jax.random.split(jax.random.PRNGKey(seed), 3)
+  cu_q = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+  cu_k = np.concatenate([[0], np.cumsum(k_lens)]).astype(np.int32)
+  q = rand(keys[0], (int(cu_q[-1]) + pad, num_heads, head_dim), dtype)
+  k = rand(keys[1], (int(cu_k[-1]) + pad, num_kv_heads, head_dim), dtype)
+  v = rand(keys[2], (int(cu_k[-1]) + pad, num_kv_heads, head_dim), dtype)
+  return q, k, v, {"cu_seqlens_q": jnp.asarray(cu_q), "cu_seqlens_k": jnp.asarray(cu_k)}
+
+
+def check_varlen_grads(q, k, v, kw, *, with_lse=False):
+  """The rule for a call with cu_seqlens_q and cu_seqlens_k: the float64 oracle and the
+  input-precision reference run on each sequence alone (dense [1, len, H, D]) and are placed at
+  its rows; rows no sequence covers want 0."""
+  cu_q, cu_k = np.asarray(kw["cu_seqlens_q"]), np.asarray(kw["cu_seqlens_k"])
+  used = kw.get("seqused_k")
+  seq_kw = {n: x for n, x in kw.items() if n in ORACLE_ARGS and n != "seqused_k"}
+  rng = np.random.default_rng(7)
+  w_out = rng.standard_normal(q.shape[:-1] + (v.shape[-1],))
+  w_lse = rng.standard_normal((q.shape[1], q.shape[0])) if with_lse else None  # lse [H, total_q]
+  want = [np.zeros(x.shape, np.float64) for x in (q, k, v)]
+  low = [np.zeros(x.shape, np.float64) for x in (q, k, v)]
+  for b in range(len(cu_q) - 1):
+    iq, ik = np.s_[cu_q[b]:cu_q[b + 1]], np.s_[cu_k[b]:cu_k[b + 1]]
+    qb, kb, vb = q[iq][None], k[ik][None], v[ik][None]
+    k_len = kb.shape[1] if used is None else min(int(np.asarray(used)[b]), kb.shape[1])
+    if qb.shape[1] == 0 or k_len == 0:
+      continue   # no query or no key: every gradient of the sequence is 0
+    kwb = dict(seq_kw)
+    if used is not None:
+      kwb["seqused_k"] = jnp.asarray([k_len], jnp.int32)
+    wo = w_out[iq][None]
+    wl = None if w_lse is None else w_lse[:, iq][None]
+    parts = (_oracle_grads(qb, kb, vb, kwb, wo, wl),
+             _reference_grads(qb, kb, vb, kwb, jnp.asarray(wo, jnp.float32),
+                              None if wl is None else jnp.asarray(wl, jnp.float32)))
+    for full, part in zip((want, low), parts):
+      for j, idx in enumerate((iq, ik, ik)):
+        full[j][idx] += np.asarray(part[j]).astype(np.float64)[0]
+  low = [jnp.asarray(x, jnp.float32) for x in low]
+  w_lse32 = None if w_lse is None else jnp.asarray(w_lse, jnp.float32)
+  _compare(q, k, v, kw, jnp.asarray(w_out, jnp.float32), w_lse32, low, want, False)

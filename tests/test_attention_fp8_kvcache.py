@@ -14,7 +14,7 @@ import pytest
 
 import jax_sgl
 from attention_cases import naive_attention, reference_attention
-from jax_sgl._checks import KV_DENSE, KV_PAGED, AttentionSpec, check_attention_cuda
+from jax_sgl._checks import check_attention_cuda
 
 E4M3, E5M2, BF16, F16 = jnp.float8_e4m3fn, jnp.float8_e5m2, jnp.bfloat16, jnp.float16
 H, HKV, D, PAGE = 8, 2, 128, 16
@@ -291,48 +291,27 @@ def test_not_differentiable():
         jnp.float32).sum())(q)
 
 
-def _spec(*, page=16, h=H, hkv=HKV, d=D, dv=D, layout=KV_PAGED):
-  return AttentionSpec(kv_layout=layout, varlen_q=False, batch=2, num_heads=h, num_kv_heads=hkv,
-                       head_dim=d, head_dim_v=dv, softmax_scale=1.0, softcap=0.0, causal=False,
-                       window_left=-1, window_right=-1, out_dtype=BF16, page_size=page,
-                       deterministic=False)
-
-
-@pytest.mark.parametrize("kwargs,q_len,msg", [
-    (dict(), 16, "at most 8 q rows per sequence"),
-    (dict(h=64, hkv=2), 1, r"16 q rows x q heads per kv head \(got 1 x 32\)"),
-    (dict(), 5, r"\(got 5 x 4\)"),
-    (dict(d=96, dv=96), 1, "at head dims 64 and 128"),
-    (dict(d=256, dv=256), 1, "at head dims 64 and 128"),
-])
-def test_cuda_fp8_kv_shapes_it_does_not_serve(kwargs, q_len, msg):
-  """The CUDA kernels read an fp8 KV cache in the warp-sliced decode only: every other call shape
-  raises at trace time, naming what is missing."""
-  with pytest.raises(NotImplementedError, match=msg):
-    check_attention_cuda(BF16, E4M3, False, k_dtype=E4M3, spec=_spec(**kwargs),
-                         max_seqlen_q=q_len)
-
-
-def test_cuda_fp8_kv_decode_shapes_pass_the_check():
-  for kwargs, q_len in [(dict(), 1), (dict(), 4), (dict(h=16, hkv=2), 2), (dict(page=64), 1),
-                        (dict(page=1), 1), (dict(page=5), 3), (dict(d=64, dv=64), 1),
-                        (dict(layout=KV_DENSE, page=0), 1)]:
-    check_attention_cuda(F16, E4M3, False, k_dtype=E4M3, spec=_spec(**kwargs), max_seqlen_q=q_len)
-  with pytest.raises(NotImplementedError, match="float32 q over an fp8 KV cache runs on the CPU"):
-    check_attention_cuda(jnp.float32, E4M3, False, k_dtype=E4M3, spec=_spec(), max_seqlen_q=1)
-  with pytest.raises(NotImplementedError, match="the call shape is needed"):
-    check_attention_cuda(BF16, E4M3, False, k_dtype=E4M3)
+def test_cuda_serves_every_fp8_kv_call_shape():
+  """On CUDA the fp8-KV decode takes decode calls and the portable kernel's fp8 form every other
+  call shape (prefill, chunked prefill, verify; any head dim the general checks accept): only
+  float32 q and float8_e5m2 raise at trace time, naming what is missing."""
+  check_attention_cuda(BF16, E4M3, False, k_dtype=E4M3)
+  check_attention_cuda(F16, E4M3, False, k_dtype=E4M3)
+  with pytest.raises(NotImplementedError, match="float32 q over fp8 k/v runs on the CPU"):
+    check_attention_cuda(jnp.float32, E4M3, False, k_dtype=E4M3)
+  with pytest.raises(NotImplementedError, match="float8_e4m3fn only"):
+    check_attention_cuda(BF16, E5M2, False, k_dtype=E5M2)
   check_attention_cuda(BF16, BF16, False, k_dtype=BF16)   # the 16-bit path is untouched
 
 
-def test_cuda_lowering_of_a_prefill_shape_raises():
-  """With a CUDA build, lowering for CUDA (no GPU needed) reaches the check; a decode passes."""
+def test_cuda_lowering_of_a_prefill_shape_passes():
+  """With a CUDA build, lowering for CUDA (no GPU needed) reaches the check: prefill and decode
+  over an fp8 pool both lower."""
   if "jax_sgl_attention_fwd" not in jax_sgl.CUDA_TARGETS:
     pytest.skip("needs the CUDA build")
   cache = Cache(8, [17, 4])
   arrays = cache.arrays()
   lower = lambda q: jax.jit(lambda q, k, v: jax_sgl.attention(q, k, v, **arrays)).trace(
       q, cache.k_pages, cache.v_pages).lower(lowering_platforms=("cuda",))
-  with pytest.raises(NotImplementedError, match="at most 8 q rows per sequence"):
-    lower(cache.query(12))
+  lower(cache.query(12))
   lower(cache.query(1))

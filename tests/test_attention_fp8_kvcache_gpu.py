@@ -12,7 +12,11 @@ lengths 1..8 (causal), head dims 64 / 128, ragged seqused_k with empty sequences
 are no multiple of the page size, pools whose unreferenced pages and page tails hold NaN,
 out-of-range page-table entries (negative, past the pool) inside used ranges (masked keys), and
 per-head, per-(batch, head) and scalar descales. Dense fp8 K/V and a fused kv_buffer too, and
-softcap / window.
+softcap / window. The kernels' mmas are f16 under bf16 q too (each q row scaled by a power of two
+into f16's top binade, folded back through the row's score scale): q rows of extreme and mixed
+magnitudes (zero, f16-subnormal-sized, 1e-30, 1e25) within one GQA group, and bf16 q against the
+same values as f16 q (the same scores, so LSEs equal to float32 rounding). A 16-row prefill over
+the pool runs on the portable kernel's fp8 form.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import numpy as np
 import pytest
 
 import jax_sgl
-from attention_cases import naive_attention, poison_allocator
+from attention_cases import naive_attention, poison_allocator, run_attention_on
 
 pytestmark = pytest.mark.gpu
 
@@ -80,9 +84,12 @@ class Pool:
     self.v_pages = np.asarray(v_pool).reshape(shape)
     assert self.k_pages.dtype == E4M3
 
-  def query(self, q_len):
+  def query(self, q_len, mags=(1.0,)):
+    """Normal q; with `mags`, (sequence, position, head) row i times mags[i % len(mags)], so that
+    one GQA group's rows (and a lane's two rows, packed rows r and r + 8) mix magnitudes."""
     x = self.rng.standard_normal((len(self.k_lens), q_len, self.h, self.d))
-    return jnp.asarray(x, jnp.float32).astype(self.dtype)
+    m = np.resize(np.asarray(mags, np.float64), x.shape[:3])[..., None]
+    return jnp.asarray(x * m, jnp.float32).astype(self.dtype)
 
   def arrays(self, descale="head"):
     b, hkv = len(self.k_lens), self.hkv
@@ -101,21 +108,6 @@ class Pool:
     s = lambda x: np.broadcast_to(np.asarray(x, np.float64).reshape(-1), (self.hkv,))[:, None]
     return (np.asarray(self.k_pages).astype(np.float64) * s(self.k_scale),
             np.asarray(self.v_pages).astype(np.float64) * s(self.v_scale))
-
-
-# Call options that are Python values (static), not operands.
-STATIC = ("causal", "softcap", "window")
-
-
-def _run(device, q, k, v, kwargs):
-  """(out, lse) of jax_sgl.attention with every operand placed on `device` (so that the call
-  lowers for, and runs on, its platform)."""
-  static = {n: x for n, x in kwargs.items() if n in STATIC}
-  operands = {n: jax.device_put(np.asarray(x), device) for n, x in kwargs.items()
-              if n not in STATIC}
-  f = jax.jit(lambda q, k, v, a: jax_sgl.attention(q, k, v, return_lse=True, **static, **a))
-  put = lambda x: jax.device_put(np.asarray(x), device)
-  return f(put(q), put(k), put(v), operands)
 
 
 def _same_math_in(dtype, q, k64, v64, *, causal, page_table, seqused_k, **_):
@@ -153,13 +145,13 @@ def _same_math_in(dtype, q, k64, v64, *, causal, page_table, seqused_k, **_):
   return np.stack(outs)
 
 
-def check(pool, q_len, *, causal, descale="head"):
-  q = pool.query(q_len)
+def check(pool, q_len, *, causal, descale="head", mags=(1.0,)):
+  q = pool.query(q_len, mags)
   arrays = pool.arrays(descale)
   kw = dict(causal=causal, **arrays)
   poison_allocator(q.size * 8)
-  out, lse = _run(_gpu(), q, pool.k_pages, pool.v_pages, kw)
-  cpu_out, cpu_lse = _run(_cpu(), q, pool.k_pages, pool.v_pages, kw)
+  out, lse = run_attention_on(_gpu(), q, pool.k_pages, pool.v_pages, kw)
+  cpu_out, cpu_lse = run_attention_on(_cpu(), q, pool.k_pages, pool.v_pages, kw)
   assert out.dtype == pool.dtype and out.shape == q.shape
   got = np.asarray(out, np.float64)
   assert np.isfinite(got).all(), "unwritten or non-finite output elements (a masked NaN read?)"
@@ -194,6 +186,48 @@ def test_paged_decode(dtype, page, group):
   check(pool, 1, causal=False)
 
 
+# q row magnitudes: zero rows, rows far below and far above 1 (bf16: past f16's range both ways,
+# where only the per-row power of two keeps them; f16: its subnormals and near its top after the
+# scores' growth), each GQA group mixing them.
+ROW_MAGS = {
+    BF16: (1.0, 0.0, 1e-30, 3e-3, 40.0, 1e25, 2.0**-60, 1e4, 7.0),
+    F16: (1.0, 0.0, 1e-7, 3e-3, 40.0, 100.0, 2.0**-20, 0.5, 7.0),
+}
+
+
+@pytest.mark.parametrize("dtype", [BF16, F16])
+@pytest.mark.parametrize("page", [5, 16])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("group", [1, 4, 8])
+def test_q_row_magnitudes(dtype, group, d, page):
+  """Both forms (pages of 5: cp.async, 16: TMA), GQA groups 1 / 4 / 8 (8: two q rows per sequence,
+  so a lane's rows r and r + 8 are both real), ragged lengths with NaN page tails."""
+  pool = Pool(3 * group + d + page, K_LENS, page=page, h=2 * group, hkv=2, d=d, dtype=dtype,
+              bad=[(4, 1)])
+  q_len = 2 if group == 8 else 1
+  check(pool, q_len, causal=q_len > 1, mags=ROW_MAGS[dtype])
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_bf16_q_scores_match_f16_q(d):
+  """bf16 q holding values f16 holds exactly (no f16 subnormals) and the same values as f16 q: the
+  bf16 kernel's scores are (2^e q) . k times score scale x 2^-e, powers of two, so its softmax is
+  the f16 kernel's (TMA form: the same registers, plan and splits for both types) and the LSEs
+  agree to float32 rounding (bitwise where the mma's accumulation is scale-invariant); a wrong
+  power of two would move them by whole factors. The outputs differ by their last rounding."""
+  pool = Pool(41 + d, K_LENS, page=16, h=8, hkv=2, d=d, dtype=BF16, bad=[(4, 1)])
+  q = np.asarray(pool.query(1, (1.0, 30.0, 0.01, 1.0)), np.float32)
+  q = np.where(np.abs(q) < 2.0**-10, 0.0, q).astype(np.float32)
+  q_bf, q_f16 = jnp.asarray(q).astype(BF16), jnp.asarray(q).astype(F16)
+  np.testing.assert_array_equal(np.asarray(q_bf, np.float32), np.asarray(q_f16, np.float32))
+  kw = dict(causal=False, **pool.arrays())
+  out_bf, lse_bf = run_attention_on(_gpu(), q_bf, pool.k_pages, pool.v_pages, kw)
+  out_f16, lse_f16 = run_attention_on(_gpu(), q_f16, pool.k_pages, pool.v_pages, kw)
+  np.testing.assert_allclose(np.asarray(lse_bf), np.asarray(lse_f16), rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(np.asarray(out_bf, np.float32), np.asarray(out_f16, np.float32),
+                             atol=1e-2, rtol=1e-2)
+
+
 @pytest.mark.parametrize("page", [5, 16])
 @pytest.mark.parametrize("q_len,group", [(2, 8), (4, 4), (8, 2), (3, 1)])
 def test_short_q_causal(q_len, group, page):
@@ -214,7 +248,8 @@ def test_descale_shapes_agree_on_the_gpu():
   """Per-head and per-(batch, head) descales with the same values give the same bits."""
   pool = Pool(5, [24, 9, 300], page=16, h=8, hkv=2, d=128, dtype=BF16)
   q = pool.query(1)
-  a, b = (_run(_gpu(), q, pool.k_pages, pool.v_pages, dict(causal=False, **pool.arrays(s)))[0]
+  a, b = (run_attention_on(_gpu(), q, pool.k_pages, pool.v_pages,
+                           dict(causal=False, **pool.arrays(s)))[0]
           for s in ("head", "batch_head"))
   np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
 
@@ -228,8 +263,8 @@ def test_token_pool():
   k_tok = pool.k_pages.reshape(-1, 4, 128)
   v_tok = pool.v_pages.reshape(-1, 4, 128)
   kw = dict(causal=False, **arrays)
-  out, lse = _run(_gpu(), q, k_tok, v_tok, kw)
-  paged, paged_lse = _run(_gpu(), q, pool.k_pages, pool.v_pages, kw)
+  out, lse = run_attention_on(_gpu(), q, k_tok, v_tok, kw)
+  paged, paged_lse = run_attention_on(_gpu(), q, pool.k_pages, pool.v_pages, kw)
   np.testing.assert_array_equal(np.asarray(out, np.float32), np.asarray(paged, np.float32))
   check(pool, 1, causal=False)
 
@@ -245,24 +280,27 @@ def test_kv_buffer_reads_as_its_k_and_v_pools(page):
   arrays = {n: jax.device_put(np.asarray(x), _gpu()) for n, x in pool.arrays().items()}
   fused = jax.jit(lambda q, b, a: jax_sgl.attention(q, kv_buffer=b, **a))(
       jax.device_put(np.asarray(q), _gpu()), jax.device_put(buf, _gpu()), arrays)
-  split, _ = _run(_gpu(), q, pool.k_pages, pool.v_pages, dict(causal=False, **pool.arrays()))
+  split, _ = run_attention_on(_gpu(), q, pool.k_pages, pool.v_pages,
+                              dict(causal=False, **pool.arrays()))
   np.testing.assert_array_equal(np.asarray(fused, np.float32), np.asarray(split, np.float32))
 
 
-def test_prefill_shape_is_refused():
-  pool = Pool(3, [40, 75], page=16, h=8, hkv=2, d=128, dtype=BF16)
-  q = pool.query(16)
-  with pytest.raises(NotImplementedError, match="at most 8 q rows per sequence"):
-    _run(_gpu(), q, pool.k_pages, pool.v_pages, dict(causal=True, **pool.arrays()))
+@pytest.mark.parametrize("page", [5, 16])
+def test_prefill_shape_runs_on_the_portable_fp8_kernel(page):
+  """16 q rows per sequence: past the fp8-KV decode, the portable kernel's fp8 form
+  (test_attention_fp8_gpu.py has the full matrix)."""
+  pool = Pool(3 + page, K_LENS, page=page, h=8, hkv=2, d=128, dtype=BF16, bad=[(4, 1)])
+  check(pool, 16, causal=True)
 
 
+@pytest.mark.parametrize("page", [5, 16])
 @pytest.mark.parametrize("extra", [dict(softcap=20.0), dict(window=(64, 0))])
-def test_softcap_and_window_against_the_cpu(extra):
-  pool = Pool(17, K_LENS, page=16, h=16, hkv=4, d=128, dtype=BF16, bad=[(5, 2)])
+def test_softcap_and_window_against_the_cpu(extra, page):
+  pool = Pool(17, K_LENS, page=page, h=16, hkv=4, d=128, dtype=BF16, bad=[(5, 2)])
   q = pool.query(1)
   kw = dict(causal=True, **extra, **pool.arrays())
-  out, lse = _run(_gpu(), q, pool.k_pages, pool.v_pages, kw)
-  cpu_out, cpu_lse = _run(_cpu(), q, pool.k_pages, pool.v_pages, kw)
+  out, lse = run_attention_on(_gpu(), q, pool.k_pages, pool.v_pages, kw)
+  cpu_out, cpu_lse = run_attention_on(_cpu(), q, pool.k_pages, pool.v_pages, kw)
   got = np.asarray(out, np.float32)
   assert np.isfinite(got).all()
   np.testing.assert_allclose(got, np.asarray(cpu_out, np.float32), atol=2.5e-2, rtol=2.5e-2)
@@ -279,7 +317,7 @@ def test_dense_fp8_kv():
   v8 = e4m3(rng.standard_normal((3, 333, 4, 128)))
   kw = dict(causal=False, k_descale=np.float32([0.02, 0.01, 0.015, 0.03]),
             v_descale=np.float32(0.03))
-  out, _ = _run(_gpu(), q, k8, v8, kw)
-  cpu_out, _ = _run(_cpu(), q, k8, v8, kw)
+  out, _ = run_attention_on(_gpu(), q, k8, v8, kw)
+  cpu_out, _ = run_attention_on(_cpu(), q, k8, v8, kw)
   np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(cpu_out, np.float32),
                              atol=2.5e-2, rtol=2.5e-2)

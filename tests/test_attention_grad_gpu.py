@@ -10,9 +10,9 @@ what actually runs, and that unsupported head dims fall back to the reference lo
 
 Every test runs twice, once per CUDA backward: "sm80" (JAX_SGL_DISABLE=sm90_bwd: the portable
 mma.sync kernels) and "sm90" (the default: the Hopper wgmma + TMA kernel wherever it covers the call,
-i.e. dense layouts (seqused_k, causal, sliding windows and softcap included) at head dims 64 and
-128 with head_dim == head_dim_v; every other case checks the explicit fallback to the sm80
-kernels). The sm90 runs are skipped off
+i.e. dense layouts (seqused_k, causal, sliding windows and softcap included) at head dims 64, 96
+and 128 with head_dim == head_dim_v, and varlen there on the wide kernel's varlen instantiation;
+every other case checks the explicit fallback to the sm80 kernels). The sm90 runs are skipped off
 compute capability 9.0. test_dense (below) adds dense shapes, mostly without seqused_k, and runs
 the sm90 backward's deterministic dQ kernel (deterministic=True) too.
 
@@ -221,6 +221,19 @@ def test_long_sequences(mask):
   v = _rand(keys[2], (2, 1100, 2, 128), jnp.bfloat16)
   _check(q, k, v, {"none": {}, "causal": {"causal": True},
                    "window": {"window": (300, 17)}}[mask])
+
+
+@pytest.mark.parametrize("head_dim", [64, 96, 128])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_dq_many_steps(causal, head_dim):
+  """dQ summed over 16 key blocks, each CTA running 4 q heads x up to 32 row blocks: every
+  step adds a dQ part into the float32 accumulator, so a lost or doubled part, or a step-order
+  slip, shows up here as a wrong dQ (or a hang)."""
+  keys = jax.random.split(jax.random.PRNGKey(5 + head_dim), 3)
+  q = _rand(keys[0], (1, 2048, 4, head_dim), jnp.bfloat16)
+  k = _rand(keys[1], (1, 2048, 1, head_dim), jnp.bfloat16)
+  v = _rand(keys[2], (1, 2048, 1, head_dim), jnp.bfloat16)
+  _check(q, k, v, {"causal": causal})
 
 
 @pytest.mark.parametrize("deterministic", [True, False], ids=["det", "default"])

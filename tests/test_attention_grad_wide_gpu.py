@@ -1,13 +1,18 @@
-"""Gradients at head dims 192 and 256 on a Hopper GPU: the sm90 backward's wide kernel
-(ffi/cuda/attention/sm90/bwd/wide_kernel.cuh: 64-key CTAs whose two consumer warpgroups split the
-head dim), checked by FlashAttention's rule against a float64 oracle (tests/grad_rule.py), with
+"""Gradients on a Hopper GPU at head dims 96, 192 and 256, and varlen at every head dim: the sm90
+backward's wide kernel (ffi/cuda/attention/sm90/bwd/wide_kernel.cuh: 64-key CTAs whose two
+consumer warpgroups split the head dim) at 192 / 256 and for varlen, config.h's kernel with 64- /
+32-byte swizzle atoms at 96, and with deterministic=True the atomic-free dQ kernel (32-key tiles
+above 128), checked by FlashAttention's rule against a float64 oracle (tests/grad_rule.py), with
 NaN-poisoned gradient buffers. Skipped off compute capability 9.0 and where the build left the
 (head dim, dtype) out.
 
 Shapes are ragged: tails of the 64-row steps and 64-key blocks, keys shorter than queries (causal
 rows that see no key), seqused_k, GQA groups of 1, 3, 4 and 8; masks: none, causal, sliding
-window, softcap. Calls the wide kernel does not serve (deterministic=True, varlen,
-head_dim != head_dim_v) lower to the reference (no native backward call), checked here too.
+window, softcap. Varlen (the kernel's kVarlen instantiation): packed q and k / v with rows
+no sequence covers, sequences without queries or keys, lengths off the 64-row / 64-key grid,
+seqused_k, checked sequence by sequence against the oracle (grad_rule.check_varlen_grads). Calls
+the wide kernel does not serve (head_dim != head_dim_v, varlen with deterministic=True) lower to the
+reference (no native backward call), checked here too.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import pytest
 
 import jax_sgl
 from attention_cases import is_sm90_device
-from grad_rule import bwd_kernel, check_grads, dense_inputs
+from grad_rule import bwd_kernel, check_grads, check_varlen_grads, dense_inputs, varlen_inputs
 
 pytestmark = pytest.mark.gpu
 
@@ -30,6 +35,9 @@ if "xla_gpu_autotune_level" not in os.environ.get("XLA_FLAGS", ""):
                              " --xla_gpu_autotune_level=0").strip()
 
 HEAD_DIMS = (192, 256)
+DENSE_HEAD_DIMS = (96,) + HEAD_DIMS
+# Varlen runs on the wide kernel's varlen instantiation at every head dim.
+VARLEN_HEAD_DIMS = (64, 96, 128) + HEAD_DIMS
 DTYPES = (jnp.bfloat16, jnp.float16)
 # (batch, seqlen_q, seqlen_k, num_heads, num_kv_heads): one row, ragged step / block tails, keys
 # shorter than queries, several 64-key blocks and q steps per CTA.
@@ -55,34 +63,76 @@ def _need(head_dim, dtype):
     pytest.skip(f"sm90 backward hdim{head_dim} {jnp.dtype(dtype).name} not in this build")
 
 
+@pytest.mark.parametrize("deterministic", [False, True], ids=["reduced_dq", "det_dq"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
-@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("head_dim", DENSE_HEAD_DIMS)
 @pytest.mark.parametrize("mask", MASKS)
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
-def test_dense(shape, mask, head_dim, dtype):
+def test_dense(shape, mask, head_dim, dtype, deterministic):
   _need(head_dim, dtype)
   q, k, v = dense_inputs(shape, head_dim, dtype, seed=head_dim + 3 * shape[1] + len(mask))
   kw = MASKS[mask]
-  assert bwd_kernel(q, k, v, kw) == ("bwd", "sm90_bwd")
-  check_grads(q, k, v, kw)
+  want = "sm90_bwd_dq_kernel" if deterministic else "sm90_bwd"
+  assert bwd_kernel(q, k, v, {**kw, "deterministic": deterministic}) == ("bwd", want)
+  check_grads(q, k, v, kw, deterministic=deterministic)
 
 
-@pytest.mark.parametrize("head_dim", HEAD_DIMS)
-def test_seqused_k_and_lse_cotangent(head_dim):
+@pytest.mark.parametrize("deterministic", [False, True], ids=["reduced_dq", "det_dq"])
+@pytest.mark.parametrize("head_dim", DENSE_HEAD_DIMS)
+def test_seqused_k_and_lse_cotangent(head_dim, deterministic):
   """Ragged used keys (one empty sequence, one shorter than a key block) and a loss on lse."""
   _need(head_dim, jnp.bfloat16)
   q, k, v = dense_inputs((4, 150, 300, 8, 2), head_dim, jnp.bfloat16, seed=head_dim + 1)
   used = jnp.asarray([300, 0, 45, 211], jnp.int32)
-  check_grads(q, k, v, {"seqused_k": used, "causal": True}, with_lse=True)
-  check_grads(q, k, v, {"seqused_k": used, "window": (100, 20)})
+  check_grads(q, k, v, {"seqused_k": used, "causal": True}, with_lse=True,
+              deterministic=deterministic)
+  check_grads(q, k, v, {"seqused_k": used, "window": (100, 20)}, deterministic=deterministic)
 
 
-@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("head_dim", DENSE_HEAD_DIMS)
 def test_sinks(head_dim):
   _need(head_dim, jnp.bfloat16)
   q, k, v = dense_inputs((2, 19, 300, 6, 2), head_dim, jnp.bfloat16, seed=head_dim + 2)
   sinks = jax.random.normal(jax.random.PRNGKey(5), (6,), jnp.float32)
   check_grads(q, k, v, {"causal": True, "sinks": sinks})
+
+
+# Ragged sequences: one row, an empty q, a sequence without keys (its rows see none), tails of the
+# 64-row steps and 64-key blocks, keys shorter than queries, exact multiples of 64.
+Q_LENS = (1, 150, 0, 333, 64, 19)
+K_LENS = (300, 130, 45, 400, 0, 77)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("head_dim", VARLEN_HEAD_DIMS)
+@pytest.mark.parametrize("mask", MASKS)
+def test_varlen(mask, head_dim, dtype):
+  _need(head_dim, dtype)
+  q, k, v, kw = varlen_inputs(Q_LENS, K_LENS, (8, 2), head_dim, dtype, seed=head_dim + len(mask))
+  kw = {**kw, **MASKS[mask]}
+  assert bwd_kernel(q, k, v, kw) == ("bwd", "sm90_bwd")
+  check_varlen_grads(q, k, v, kw)
+
+
+@pytest.mark.parametrize("head_dim", VARLEN_HEAD_DIMS)
+def test_varlen_seqused_k_sinks_and_lse_cotangent(head_dim):
+  _need(head_dim, jnp.bfloat16)
+  q, k, v, kw = varlen_inputs(Q_LENS, K_LENS, (8, 1), head_dim, jnp.bfloat16, seed=head_dim + 5)
+  used = jnp.asarray([250, 130, 45, 7, 0, 64], jnp.int32)
+  check_varlen_grads(q, k, v, {**kw, "seqused_k": used, "causal": True}, with_lse=True)
+  sinks = jax.random.normal(jax.random.PRNGKey(6), (8,), jnp.float32)
+  check_varlen_grads(q, k, v, {**kw, "sinks": sinks, "window": (100, 20)})
+
+
+def test_varlen_many_sequences():
+  """Many sequences (the key-block scan over cu_seqlens_k, the convert's search over the padded
+  workspace) and long ones (dq_accum sums over many key blocks)."""
+  _need(256, jnp.bfloat16)
+  rng = np.random.default_rng(3)
+  q_lens = tuple(int(x) for x in rng.integers(0, 300, 40)) + (1500,)
+  k_lens = tuple(int(x) for x in rng.integers(1, 300, 40)) + (1700,)
+  q, k, v, kw = varlen_inputs(q_lens, k_lens, (4, 2), 256, jnp.bfloat16, seed=21)
+  check_varlen_grads(q, k, v, {**kw, "causal": True})
 
 
 def test_long_sequence():
@@ -106,15 +156,26 @@ def test_dk_dv_are_bitwise_reproducible():
   assert np.max(np.abs(a - b)) <= 1e-2 * np.max(np.abs(a)), "dq differs between runs"
 
 
-@pytest.mark.parametrize("kw", [{"deterministic": True}, {"head_dim_v": 128}],
-                         ids=["deterministic", "dv_ne_d"])
-def test_uncovered_calls_lower_to_the_reference(kw):
-  """What the wide kernel does not serve has no native backward call and still differentiates
-  correctly (the reference's vjp)."""
-  kw = dict(kw)
-  deterministic = kw.pop("deterministic", False)
-  d_v = kw.pop("head_dim_v", 256)
+@pytest.mark.parametrize("head_dim", DENSE_HEAD_DIMS)
+def test_deterministic_dq_is_bitwise_reproducible(head_dim):
+  """deterministic=True: dQ from the atomic-free dQ kernel, one CTA per row block summing its key
+  tiles in order: two runs agree bitwise in all three gradients."""
+  _need(head_dim, jnp.bfloat16)
+  q, k, v = dense_inputs((2, 700, 900, 8, 2), head_dim, jnp.bfloat16, seed=head_dim + 11)
+  fn = jax.jit(jax.grad(lambda q, k, v: jax_sgl.attention(q, k, v, causal=True,
+                                                          deterministic=True)
+                        .astype(jnp.float32).sum(), argnums=(0, 1, 2)))
+  first, second = [[np.asarray(x) for x in fn(q, k, v)] for _ in range(2)]
+  for name, a, b in zip("qkv", first, second):
+    np.testing.assert_array_equal(a.view(np.uint16), b.view(np.uint16), err_msg=f"d{name}")
+
+
+def test_uncovered_calls_lower_to_the_reference():
+  """What the wide kernel does not serve (head_dim_v != head_dim; varlen with deterministic=True)
+  has no native backward call and still differentiates correctly (the reference's vjp)."""
   q, k, v = dense_inputs((2, 150, 200, 8, 2), 256, jnp.bfloat16, seed=13)
-  v = v[..., :d_v]
-  assert bwd_kernel(q, k, v, {"causal": True, "deterministic": deterministic}) is None
-  check_grads(q, k, v, {"causal": True}, deterministic=deterministic)
+  v = v[..., :128]
+  assert bwd_kernel(q, k, v, {"causal": True}) is None
+  check_grads(q, k, v, {"causal": True})
+  q, k, v, kw = varlen_inputs(Q_LENS, K_LENS, (8, 2), 256, jnp.bfloat16, seed=14)
+  assert bwd_kernel(q, k, v, {**kw, "causal": True, "deterministic": True}) is None

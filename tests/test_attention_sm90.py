@@ -6,8 +6,9 @@ anything but a compute-capability-9.0 device, or in a build
 without the (dtype, head dim) instantiation, the test is skipped rather than silently testing the
 portable kernel. Outputs are poisoned beforehand so unwritten elements show up as NaN.
 Each head dim runs its one tile choice (ffi/cuda/attention/sm90/fwd/tile_size.h): persistent at
-64 and 128, one CTA per tile at 256. Decode-shaped calls (at most 8 q rows) never reach it: they
-run on the decode kernels (test_attention_decode_gpu.py).
+64 and 128, one CTA per tile at 256. Decode-shaped calls (at most 8 q rows) run on the decode
+kernels (test_attention_decode_gpu.py), except paged verify of 8 drafts with a GQA group of 4 or
+more over a long history, which runs here with the key split (SPLIT below).
 """
 
 from __future__ import annotations
@@ -394,17 +395,26 @@ PAGED = {
 }
 
 
+def _spec(case):
+  """A paged case (PAGED or SPLIT): its tuple, the least width of its page table in keys (the
+  bound on every sequence's keys, which sizes the key split), and whether it passes sinks."""
+  if case in SPLIT:
+    return SPLIT[case], SPLIT_KEYS, case in SPLIT_SINKS
+  return PAGED[case], 0, case in PAGED_SINKS
+
+
 def _paged_inputs(case, head_dim, dtype, seed):
   """q (packed, or dense [B, n, H, D]), the pool with its NaN-poisoned copy, and the index
   arrays: shuffled pages, padding (-1) and entries past the pool after the used ones, and one
   bad entry inside the first sequence's used pages (its keys are masked)."""
-  lens_q, lens_k, ps, h, hkv, *_, dense_q = PAGED[case]
+  spec, min_keys, _ = _spec(case)
+  lens_q, lens_k, ps, h, hkv, *_, dense_q = spec
   rng = np.random.default_rng(seed)
   keys = jax.random.split(jax.random.PRNGKey(seed), 3)
   rand = lambda key, s: jax.random.normal(key, s, jnp.float32).astype(dtype)
   need = [-(-n // ps) for n in lens_k]
   num_pages = sum(need) + 7
-  max_pages = max(need) + 2
+  max_pages = max(max(need) + 2, -(-min_keys // ps))
   perm = rng.permutation(num_pages)
   table = np.full((len(lens_k), max_pages), -1, np.int32)
   at = 0
@@ -438,9 +448,10 @@ PAGED_SINKS = ("verify_g5", "mixed_g7", "p8_mixed_g5")
 
 
 def _paged_call(case, q, k, v, cu_q, table, used, fn=None):
-  *_, heads, _kv_heads, causal, window, softcap, _dense = PAGED[case]
+  spec, _, sinks = _spec(case)
+  *_, heads, _kv_heads, causal, window, softcap, _dense = spec
   kw = dict(causal=causal, window=window, softcap=softcap)
-  if case in PAGED_SINKS:
+  if sinks:
     kw["sinks"] = jnp.asarray(np.random.default_rng(heads).normal(size=heads) * 2, jnp.float32)
   return _indexed_call(q, k, v, dict(cu_seqlens_q=cu_q, seqused_k=used, page_table=table), kw,
                        kernel=fn is not None)
@@ -467,12 +478,15 @@ def test_paged_fp16(case):
 
 
 @pytest.mark.parametrize("case", ("p16_ragged", "p64_full", "p128_causal_window", "verify",
-                                  "mixed", "verify_g5", "p5", "p1_tokens"), ids=str)
+                                  "mixed", "verify_g5", "p5", "p1_tokens", "draft8_p16",
+                                  "draft8_p1", "draft32_p16", "ragged_p64_window"), ids=str)
 def test_paged_runs_the_sm90_kernel(monkeypatch, case):
   """Paged calls with pages of 16k keys and at least 64 tile rows per sequence on average (q
-  rows, times the GQA group where the call packs it) run on the sm90 kernel by default (its results differ from the portable kernel's somewhere; both match the
-  reference above), bitwise the same on a second call; JAX_SGL_DISABLE=sm90_varlen keeps them on
-  the portable kernel."""
+  rows, times the GQA group where the call packs it; 32 with 8 q rows or more: the key split's
+  cases below) run on the sm90 kernel by default (its results differ from the other kernel's
+  somewhere; both match the reference), bitwise the same on a second call (the key shares'
+  counter restarts, the combine sums shares in order); JAX_SGL_DISABLE=sm90_varlen keeps them on
+  the kernel JAX_SGL_DISABLE=sm90 gives (portable; block-wide decode for 8 drafts)."""
   _need(128, jnp.bfloat16)
   q, k, v, _, cu_q, table, used = _paged_inputs(case, 128, jnp.bfloat16, seed=41)
   run = lambda: np.asarray(_paged_call(case, q, k, v, cu_q, table, used, fn=True)[0]).view(
@@ -485,3 +499,48 @@ def test_paged_runs_the_sm90_kernel(monkeypatch, case):
   monkeypatch.setenv("JAX_SGL_DISABLE", "sm90_varlen")
   np.testing.assert_array_equal(run(), portable)
   assert not np.array_equal(sm90, portable)
+
+
+# ---- The key split of paged calls (Sm90KeySplits): calls whose tiles are too few for the SMs
+# run every tile as shares of the key tiles it visits, merged by the split-KV combine. Each case
+# has few tiles (24-48: sequences x kv heads x row blocks) and a page table 8k keys wide, so on
+# the H200's 132 SMs it splits 3-7 ways at hd128 (3-5 at hd64; Sm90KeySplits); the sequences'
+# real histories are ragged, down to fewer keys than one share and none at all, so many shares
+# of short sequences are empty. Verify-like q: 8 drafts per sequence (32 packed rows: the
+# routing of 8-draft calls away from the block-wide decode kernel), 32 and 64 (packed rows of
+# one and two tiles), and packed q of 1, 5, 8, 32 and 64 rows per sequence. Pools NaN-poisoned
+# as above; LSE checked.
+# (lens_q, lens_k, page_size, heads, kv heads, causal, window, softcap, dense q)
+SPLIT_KEYS = 8192
+SPLIT = {
+    "draft8_p16": ((8,) * 6, (8000, 8, 3000, 100, 5000, 700), 16, 32, 8, True, (-1, -1), 0.0,
+                   True),
+    "draft8_p1": ((8,) * 5, (6000, 900, 8, 4100, 2), 1, 32, 8, True, (-1, -1), 0.0, True),
+    "draft8_p64_full": ((8,) * 4, (7000, 64, 1500, 8100), 64, 32, 8, False, (-1, -1), 0.0, True),
+    "draft8_p16_window": ((8,) * 4, (8000, 2500, 300, 6000), 16, 32, 8, True, (700, -1), 0.0,
+                          True),
+    "draft8_p64_softcap_g8": ((8,) * 3, (5000, 7000, 40), 64, 64, 8, True, (-1, -1), 20.0, True),
+    "draft32_p16": ((32,) * 4, (8100, 1000, 32, 5000), 16, 32, 8, True, (-1, -1), 0.0, True),
+    "draft64_p64_window": ((64,) * 3, (8000, 3000, 64), 64, 32, 8, True, (2000, -1), 0.0, True),
+    "ragged_p16": ((1, 5, 8, 32, 64, 1), (8000, 300, 6000, 5, 4000, 1024), 16, 16, 4, True,
+                   (-1, -1), 0.0, False),
+    "ragged_p1": ((1, 5, 8, 32, 64), (5000, 8000, 17, 2000, 3000), 1, 16, 4, True, (-1, -1), 0.0,
+                  False),
+    "ragged_p64_window": ((64, 1, 32, 5, 8), (3000, 7000, 8000, 40, 2100), 64, 16, 4, True,
+                          (500, -1), 0.0, False),
+}
+# Cases that also pass attention sinks (applied once, by the combine, never per share).
+SPLIT_SINKS = ("draft8_p64_softcap_g8", "ragged_p16")
+
+
+@pytest.mark.parametrize("case", SPLIT, ids=str)
+@pytest.mark.parametrize("head_dim", (64, 128))
+def test_key_split_matches_reference(head_dim, case):
+  _need(head_dim, jnp.bfloat16)
+  _check_paged(case, head_dim, jnp.bfloat16, seed=3 * head_dim + list(SPLIT).index(case))
+
+
+@pytest.mark.parametrize("case", ("draft8_p16", "ragged_p1"), ids=str)
+def test_key_split_fp16(case):
+  _need(128, jnp.float16)
+  _check_paged(case, 128, jnp.float16, seed=37)

@@ -125,6 +125,39 @@ def test_many_packed_decode_rows_take_the_block_kernel():
   assert _paged_fwd(AMPERE, q, k, v, pt, su, causal=True) == "decode_block"
 
 
+def test_verify_with_8_drafts_runs_sm90_on_hopper():
+  # 8 drafts x a group of 4 = 32 packed rows over a long paged history (4096 keys): the sm90
+  # kernel with the key split instead of the block-wide decode kernel (Sm90KeySplits,
+  # docs/kernels.md); off Hopper, or with sm90 switched off, the block-wide kernel as before.
+  if not _built("sm90_fwd", 128):
+    pytest.skip("this build has no sm90 hd128 bf16 forward")
+  long = dict(sq=8, page=16, pages=4096, max_pages=256)
+  for page, max_pages in ((1, 4096), (16, 256), (64, 64)):  # the gather and the TMA boxes
+    assert _paged_fwd(HOPPER, *_paged(sq=8, page=page, pages=8192, max_pages=max_pages),
+                      causal=True) == "sm90"
+  assert _paged_fwd(HOPPER, *_paged(**long, h=64, hkv=8), causal=False) == "sm90"
+  assert _paged_fwd(AMPERE, *_paged(**long), causal=True) == "decode_block"
+  # A shorter history (at most 4096 keys in the page table) stays on the decode kernel.
+  assert _paged_fwd(HOPPER, *_paged(sq=8, page=16, pages=4096, max_pages=255),
+                    causal=True) == "decode_block"
+  # Fewer than 32 packed rows (a group of 3: 24), or fewer than 8 q rows per sequence, too.
+  assert _paged_fwd(HOPPER, *_paged(**long, h=24, hkv=8), causal=True) == "decode_block"
+  assert _paged_fwd(HOPPER, *_paged(**{**long, "sq": 5}, h=64, hkv=8),
+                    causal=True) == "decode_block"
+  # 9-15 q rows of a group of 4 (36-60 packed rows) ran on the portable kernel: now sm90.
+  assert _paged_fwd(HOPPER, *_paged(**{**long, "sq": 12}), causal=True) == "sm90"
+  assert _paged_fwd(AMPERE, *_paged(**{**long, "sq": 12}), causal=True) == "portable"
+  # Without GQA, 8-16 q rows are 8-16 tile rows: the decode / portable kernels keep them.
+  assert _paged_fwd(HOPPER, *_paged(**{**long, "sq": 12}, h=8, hkv=8),
+                    causal=True) == "portable"
+
+
+def test_verify_disable_switch_keeps_the_decode_kernel(monkeypatch):
+  monkeypatch.setenv(_disable.ENV, "sm90")
+  assert _paged_fwd(HOPPER, *_paged(sq=8, page=16, pages=4096, max_pages=256),
+                    causal=True) == "decode_block"
+
+
 def test_paged_prefill_and_verify_run_sm90_on_hopper():
   if not _built("sm90_fwd", 128):
     pytest.skip("this build has no sm90 hd128 bf16 forward")
@@ -149,15 +182,15 @@ def test_kv_buffer_plans_like_a_page_pool():
   assert cuda_attention_kernels(f, q, buf, pt, su, compute_capability=HOPPER) == [("fwd", "sm90")]
 
 
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float8_e4m3fn])
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float8_e5m2])
 def test_dtypes_without_a_cuda_kernel_raise_at_trace_time(dtype):
   q, k, v = _dense(dtype=dtype)
   kwargs = {}
-  if dtype == jnp.float8_e4m3fn:
+  if dtype == jnp.float8_e5m2:
     descale = _sds((2, 4), jnp.float32)
     f = lambda q, k, v, qd, kd, vd: jax_sgl.attention(q, k, v, q_descale=qd, k_descale=kd,
                                                       v_descale=vd)
-    with pytest.raises(NotImplementedError, match="CPU"):
+    with pytest.raises(NotImplementedError, match="float8_e4m3fn only"):
       cuda_attention_kernels(f, q, k, v, descale, descale, descale, compute_capability=HOPPER)
     return
   with pytest.raises(NotImplementedError, match="CPU"):
@@ -189,14 +222,14 @@ def test_backward_disable_switch(monkeypatch):
 
 
 @pytest.mark.parametrize("cc", [HOPPER, BLACKWELL])
-def test_varlen_backward_runs_portable(cc):
-  q, k = _sds((3000, 16, 128)), _sds((5000, 4, 128))
-  cu = _sds((4,), jnp.int32)
-  loss = lambda q, k, v, cq, ck: jax_sgl.attention(q, k, v, cu_seqlens_q=cq, cu_seqlens_k=ck,
-                                                   causal=True).astype(jnp.float32).sum()
-  kernels = cuda_attention_kernels(jax.grad(loss, argnums=(0, 1, 2)), q, k, k, cu, cu,
-                                   compute_capability=cc)
-  assert kernels[-1] == ("bwd", "portable_bwd")
+def test_varlen_backward_up_to_128_runs_the_wide_sm90_kernel_on_hopper(cc):
+  """Varlen at hd <= 128: the wide kernel's varlen instantiation on Hopper (config.h's kernel has
+  no varlen), the sm80 backward elsewhere and with deterministic=True."""
+  sm90 = cc == HOPPER and _built("sm90_bwd", 128)
+  assert _varlen_grad_kernels(cc, 128, causal=True)[-1] == (
+      "bwd", "sm90_bwd" if sm90 else "portable_bwd")
+  assert _varlen_grad_kernels(cc, 128, causal=True, deterministic=True)[-1] == (
+      "bwd", "portable_bwd")
 
 
 def test_head_dims_above_128_lower_to_the_reference_without_a_local_hopper(monkeypatch):
@@ -209,14 +242,16 @@ def test_head_dims_above_128_lower_to_the_reference_without_a_local_hopper(monke
   assert [d for d, _ in kernels] == ["fwd"], kernels
 
 
+@pytest.mark.parametrize("deterministic,want", [(False, "sm90_bwd"), (True, "sm90_bwd_dq_kernel")])
 @pytest.mark.parametrize("head_dim", [192, 256])
-def test_wide_backward_runs_sm90_on_hopper_only(monkeypatch, head_dim):
+def test_wide_backward_runs_sm90_on_hopper_only(monkeypatch, head_dim, deterministic, want):
+  """deterministic=True: the wide dK/dV kernel, then the atomic-free dQ kernel."""
   if not _built("sm90_bwd", head_dim):
     pytest.skip(f"this build has no sm90 hd{head_dim} bf16 backward")
   monkeypatch.setattr(_registration, "local_cuda_devices_are_hopper", lambda: True)
   args = _dense(sq=1000, sk=777, h=12, hkv=4, d=head_dim)
   for kw in ({"causal": True}, {"window": (100, 0)}, {"softcap": 30.0}, {}):
-    assert _grad_kernels(HOPPER, *args, **kw)[-1] == ("bwd", "sm90_bwd"), kw
+    assert _grad_kernels(HOPPER, *args, deterministic=deterministic, **kw)[-1] == ("bwd", want), kw
   # Off Hopper the dispatch has no backward for it: the Python gate must not emit the call there.
   kind, kernel = _grad_kernels(AMPERE, *args, causal=True)[-1]
   assert kind == "bwd" and kernel.startswith("none") and "Hopper" in kernel, kernel
@@ -224,17 +259,56 @@ def test_wide_backward_runs_sm90_on_hopper_only(monkeypatch, head_dim):
   assert kind == "bwd" and kernel.startswith("none"), kernel
 
 
-@pytest.mark.parametrize("kwargs", [{"deterministic": True}, {"d_v": 128}],
-                         ids=["deterministic", "dv_ne_d"])
-def test_wide_calls_the_sm90_backward_leaves_out_lower_to_the_reference(monkeypatch, kwargs):
+def test_wide_calls_the_sm90_backward_leaves_out_lower_to_the_reference(monkeypatch):
   monkeypatch.setattr(_registration, "local_cuda_devices_are_hopper", lambda: True)
   monkeypatch.setattr(_primitive, "_warned", set())
-  kwargs = dict(kwargs)
   q, k, v = _dense(d=256)
-  if "d_v" in kwargs:
-    v = _sds(v.shape[:-1] + (kwargs.pop("d_v"),))
   with pytest.warns(RuntimeWarning, match="reference"):
-    kernels = _grad_kernels(HOPPER, q, k, v, causal=True, **kwargs)
+    kernels = _grad_kernels(HOPPER, q, k, _sds(v.shape[:-1] + (128,)), causal=True)
+  assert [d for d, _ in kernels] == ["fwd"], kernels
+
+
+@pytest.mark.parametrize("deterministic,kernel", [(False, "sm90_bwd"),
+                                                  (True, "sm90_bwd_dq_kernel")])
+def test_hd96_backward_runs_sm90_on_hopper(deterministic, kernel):
+  """hd96: config.h's kernel (64- / 32-byte swizzle atoms) on Hopper, dense; varlen on the wide
+  kernel's varlen instantiation, as at 64 / 128."""
+  if not _built("sm90_bwd", 96):
+    pytest.skip("this build has no sm90 hd96 bf16 backward")
+  args = _dense(d=96)
+  assert _grad_kernels(HOPPER, *args, causal=True, deterministic=deterministic)[-1] == (
+      "bwd", kernel)
+  assert _grad_kernels(AMPERE, *args, causal=True, deterministic=deterministic)[-1] == (
+      "bwd", "portable_bwd")
+  assert _varlen_grad_kernels(HOPPER, 96, causal=True)[-1] == ("bwd", "sm90_bwd")
+
+
+def _varlen_grad_kernels(cc, d, **kwargs):
+  """The kernels of jax.grad of a ragged batch of 3 (packed q and k / v)."""
+  q, k, cu = _sds((3000, 12, d)), _sds((5000, 4, d)), _sds((4,), jnp.int32)
+  loss = lambda q, k, v, cq, ck: jax_sgl.attention(q, k, v, cu_seqlens_q=cq, cu_seqlens_k=ck,
+                                                   **kwargs).astype(jnp.float32).sum()
+  return cuda_attention_kernels(jax.grad(loss, argnums=(0, 1, 2)), q, k, k, cu, cu,
+                                compute_capability=cc)
+
+
+@pytest.mark.parametrize("head_dim", [192, 256])
+def test_wide_varlen_backward_runs_sm90_on_hopper(monkeypatch, head_dim):
+  """Above 128 varlen runs on the wide kernel's varlen instantiation (as at 64 / 96 / 128)."""
+  if not _built("sm90_bwd", head_dim):
+    pytest.skip(f"this build has no sm90 hd{head_dim} bf16 backward")
+  monkeypatch.setattr(_registration, "local_cuda_devices_are_hopper", lambda: True)
+  for kw in ({"causal": True}, {"window": (100, 0)}, {"softcap": 30.0}, {}):
+    assert _varlen_grad_kernels(HOPPER, head_dim, **kw)[-1] == ("bwd", "sm90_bwd"), kw
+  kind, kernel = _varlen_grad_kernels(AMPERE, head_dim, causal=True)[-1]
+  assert kind == "bwd" and kernel.startswith("none") and "Hopper" in kernel, kernel
+
+
+def test_wide_varlen_deterministic_lowers_to_the_reference(monkeypatch):
+  monkeypatch.setattr(_registration, "local_cuda_devices_are_hopper", lambda: True)
+  monkeypatch.setattr(_primitive, "_warned", set())
+  with pytest.warns(RuntimeWarning, match="reference"):
+    kernels = _varlen_grad_kernels(HOPPER, 256, causal=True, deterministic=True)
   assert [d for d, _ in kernels] == ["fwd"], kernels
 
 
@@ -245,18 +319,6 @@ def test_wide_backward_disable_switch(monkeypatch):
   with pytest.warns(RuntimeWarning, match="reference"):
     kernels = _grad_kernels(HOPPER, *_dense(d=256), causal=True)
   assert [d for d, _ in kernels] == ["fwd"], kernels
-
-
-def test_rope_into_an_fp8_pool_raises_on_cuda():
-  q, k = _sds((8, 4, 64)), _sds((8, 2, 64))
-  pos, slots = _sds((8,), jnp.int32), _sds((8,), jnp.int32)
-  pool = _sds((64, 2, 64), jnp.float8_e4m3fn)
-  scale = _sds((2,), jnp.float32)
-  f = lambda q, k, v, p, s, kp, vp, ks, vs: jax_sgl.rope_pool_fused(
-      q, k, v, p, s, kp, vp, k_scale=ks, v_scale=vs)
-  lowered = jax.jit(f).trace(q, k, k, pos, slots, pool, pool, scale, scale)
-  with pytest.raises(NotImplementedError, match="fp8 .e4m3. pool runs on the CPU only"):
-    lowered.lower(lowering_platforms=("cuda",))
 
 
 # ---- Blackwell (compute capability 10.0): the sm100 forward (sm100/fwd/dispatch.cc says what it
@@ -410,14 +472,90 @@ def test_fp8_kv_decode_needs_ampere():
   assert kernel.startswith("none: ") and "compute capability 8.0" in kernel, kernel
 
 
-@pytest.mark.parametrize("case,msg", [
-    (dict(sq=16, causal=True), "at most 8 q rows per sequence"),
-    (dict(sq=4, h=64, hkv=8, causal=True), "16 q rows x q heads per kv head"),
-    (dict(d=256), "at head dims 64 and 128"),
-])
-def test_other_fp8_kv_call_shapes_raise_at_trace_time(case, msg):
-  with pytest.raises(NotImplementedError, match=msg):
-    _fp8_paged_fwd(HOPPER, **case)
+def _fp8_built(d: int) -> bool:
+  return d in jax_sgl.attention_backend_info()["kernels"]["portable_fp8"]["head_dims"]
+
+
+@pytest.mark.parametrize("cc", [HOPPER, BLACKWELL, AMPERE, ADA])
+@pytest.mark.parametrize("case", [
+    dict(sq=16, causal=True),                 # chunked prefill over the pool
+    dict(sq=32, causal=True),                 # a 32-row verify
+    dict(sq=4, h=64, hkv=8, causal=True),     # 32 packed rows: past the warp decode's 16
+    dict(sq=300, page=1, causal=True), dict(sq=300, page=5, causal=True),
+    dict(sq=300, page=64, causal=True, window=(100, 0)), dict(sq=100, dense=True, softcap=30.0),
+    dict(sq=100, q_dtype=jnp.float16, causal=True)])
+def test_other_fp8_kv_call_shapes_take_the_portable_fp8_kernel(cc, case):
+  if not _fp8_built(128):
+    pytest.skip("this build left out the hd128 fp8 kernels")
+  assert _fp8_paged_fwd(cc, **case) == "portable_fp8"
+
+
+@pytest.mark.parametrize("d,cap", [(256, 256), (96, 128), (192, 256), (64, 64)])
+def test_fp8_kv_head_dims_the_decode_leaves_take_the_portable_fp8_kernel(d, cap):
+  if not _fp8_built(cap):
+    pytest.skip(f"this build left out the hd{cap} fp8 kernels")
+  # hd64 decodes on the fp8-KV decode; a 16-row prefill at 64 is the portable kernel's.
+  assert _fp8_paged_fwd(HOPPER, d=d, sq=16 if d == 64 else 1, causal=True) == "portable_fp8"
+
+
+def _fp8_qkv_fwd(cc, *, layout="dense", b=2, sq=128, h=16, hkv=4, d=128, page=16, **kwargs):
+  """e4m3 q/k/v with q/k/v descales [B, Hkv]: dense, varlen or paged."""
+  q = _sds((b, sq, h, d), E4M3)
+  descale = _sds((b, hkv), jnp.float32)
+  att = lambda q, k, v, qd, kd, vd, **kw: jax_sgl.attention(q, k, v, q_descale=qd, k_descale=kd,
+                                                              v_descale=vd, **kw, **kwargs)
+  if layout == "dense":
+    kv = _sds((b, 256, hkv, d), E4M3)
+    kernels = cuda_attention_kernels(att, q, kv, kv, descale, descale, descale,
+                                     compute_capability=cc)
+  elif layout == "varlen":
+    qv, kv = _sds((b * sq, h, d), E4M3), _sds((b * 256, hkv, d), E4M3)
+    cu = _sds((b + 1,), jnp.int32)
+    f = lambda q, k, v, cq, ck, qd, kd, vd: att(q, k, v, qd, kd, vd, cu_seqlens_q=cq,
+                                                cu_seqlens_k=ck)
+    kernels = cuda_attention_kernels(f, qv, kv, kv, cu, cu, descale, descale, descale,
+                                     compute_capability=cc)
+  else:
+    pool = _sds((64, page, hkv, d), E4M3) if page > 1 else _sds((64, hkv, d), E4M3)
+    f = lambda q, k, v, pt, su, qd, kd, vd: att(q, k, v, qd, kd, vd, page_table=pt,
+                                                seqused_k=su)
+    kernels = cuda_attention_kernels(f, q, pool, pool, _sds((b, 16), jnp.int32),
+                                     _sds((b,), jnp.int32), descale, descale, descale,
+                                     compute_capability=cc)
+  assert [k for k, _ in kernels] == ["fwd"], kernels
+  return kernels[0][1]
+
+
+@pytest.mark.parametrize("cc", [HOPPER, BLACKWELL, AMPERE, ADA])
+@pytest.mark.parametrize("case", [
+    dict(), dict(causal=True), dict(sq=1), dict(layout="varlen", causal=True),
+    dict(layout="paged", page=1), dict(layout="paged", page=5, causal=True),
+    dict(layout="paged", page=16, sq=1), dict(layout="paged", page=64, window=(64, 0)),
+    dict(softcap=20.0, causal=True)])
+def test_fp8_qkv_takes_the_portable_fp8_kernel(cc, case):
+  """e4m3 q/k/v: no 16-bit kernel and not the fp8-KV decode (its q is 16-bit), whatever the
+  rows; on Hopper the sm90 fp8 kernel takes its shapes (dense and varlen k/v) first."""
+  if not _fp8_built(128):
+    pytest.skip("this build left out the hd128 fp8 kernels")
+  sm90 = (cc == HOPPER and case.get("layout", "dense") != "paged" and
+          _built("sm90_fwd", 128, E4M3))
+  assert _fp8_qkv_fwd(cc, **case) == ("sm90" if sm90 else "portable_fp8")
+
+
+@pytest.mark.parametrize("sq", [1, 128])
+def test_v_dequant_takes_the_portable_fp8_kernel(sq):
+  if not _fp8_built(128):
+    pytest.skip("this build left out the hd128 fp8 kernels")
+  q, k, _ = _dense(sq=sq)
+  v, vd = _sds(k.shape, E4M3), _sds((2, 4), jnp.float32)
+  f = lambda q, k, v, vd: jax_sgl.attention(q, k, v, v_descale=vd, causal=True)
+  assert cuda_attention_kernels(f, q, k, v, vd, compute_capability=HOPPER) == [
+      ("fwd", "portable_fp8")]
+
+
+def test_fp8_needs_ampere():
+  kernel = _fp8_qkv_fwd((7, 5))
+  assert kernel.startswith("none: ") and "compute capability 8.0" in kernel, kernel
 
 
 @pytest.mark.parametrize("page,want", [(16, "decode_warp_tma_fp8kv"),
@@ -432,3 +570,68 @@ def test_fp8_kv_buffer_decodes_like_a_page_pool(page, want):
                                                      k_descale=kd, v_descale=vd)
   assert cuda_attention_kernels(f, q, buf, pt, su, descale, descale,
                                 compute_capability=HOPPER) == [("fwd", want)]
+
+
+# The Hopper fp8 forward (sm90/fwd/fp8.cuh): e4m3 q/k/v with per-head descales, dense or varlen
+# k/v, head dims 64 / 128 / 256. The Python gate emits the native call only when every local CUDA device
+# is Hopper (mocked here); off Hopper, or for what it lacks, sm90 does not take the call (the
+# portable kernel or the dispatch's reason does).
+E4M3 = jnp.float8_e4m3fn
+
+
+def _fp8_kernels(cc, q, k, v, *extra, **kwargs):
+  d = _sds((q.shape[0] if len(extra) == 0 else extra[0].shape[0] - 1, k.shape[-2]), jnp.float32)
+  if extra:  # varlen: cu_seqlens_q, cu_seqlens_k
+    f = lambda q, k, v, cq, ck, qd, kd, vd: jax_sgl.attention(
+        q, k, v, cu_seqlens_q=cq, cu_seqlens_k=ck, q_descale=qd, k_descale=kd, v_descale=vd,
+        **kwargs)
+  else:
+    f = lambda q, k, v, qd, kd, vd: jax_sgl.attention(q, k, v, q_descale=qd, k_descale=kd,
+                                                      v_descale=vd, **kwargs)
+  kernels = cuda_attention_kernels(f, q, k, v, *extra, d, d, d, compute_capability=cc)
+  assert [x for x, _ in kernels] == ["fwd"], kernels
+  return kernels[0][1]
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("kwargs", [{}, {"causal": True}, {"window": (100, 0)},
+                                    {"softcap": 30.0}], ids=["full", "causal", "window", "softcap"])
+def test_fp8_prefill_runs_sm90_on_hopper_only(monkeypatch, head_dim, kwargs):
+  if not _built("sm90_fwd", head_dim, E4M3):
+    pytest.skip(f"this build has no sm90 hd{head_dim} e4m3 forward")
+  monkeypatch.setattr(_registration, "local_cuda_devices_are_hopper", lambda: True)
+  args = _dense(sq=1000, sk=777, h=12, hkv=4, d=head_dim, dtype=E4M3)
+  assert _fp8_kernels(HOPPER, *args, **kwargs) == "sm90"
+  for cc in (AMPERE, ADA, (9, 1), BLACKWELL):
+    assert _fp8_kernels(cc, *args, **kwargs) != "sm90"
+
+
+def test_fp8_varlen_runs_sm90_on_hopper(monkeypatch):
+  if not _built("sm90_fwd", 128, E4M3):
+    pytest.skip("this build has no sm90 hd128 e4m3 forward")
+  monkeypatch.setattr(_registration, "local_cuda_devices_are_hopper", lambda: True)
+  q, k = _sds((3000, 16, 128), E4M3), _sds((5000, 4, 128), E4M3)
+  cu = _sds((4,), jnp.int32)
+  assert _fp8_kernels(HOPPER, q, k, k, cu, cu, causal=True) == "sm90"
+
+
+def test_fp8_disable_switch(monkeypatch):
+  if not _built("sm90_fwd", 128, E4M3):
+    pytest.skip("this build has no sm90 hd128 e4m3 forward")
+  monkeypatch.setattr(_registration, "local_cuda_devices_are_hopper", lambda: True)
+  monkeypatch.setenv(_disable.ENV, "sm90")
+  try:
+    kernel = _fp8_kernels(HOPPER, *_dense(dtype=E4M3), causal=True)
+  except NotImplementedError:  # no other CUDA kernel takes fp8 q/k/v yet
+    return
+  assert kernel != "sm90"
+
+
+@pytest.mark.parametrize("head_dim", [96, 192])
+def test_fp8_head_dims_without_the_hopper_kernel(monkeypatch, head_dim):
+  monkeypatch.setattr(_registration, "local_cuda_devices_are_hopper", lambda: True)
+  try:
+    kernel = _fp8_kernels(HOPPER, *_dense(d=head_dim, dtype=E4M3), causal=True)
+  except NotImplementedError:
+    return
+  assert kernel != "sm90"

@@ -45,12 +45,22 @@ cudaError_t LaunchForType(int cap, const FlashBwdArgs& args, cudaStream_t stream
 // The choices whose dK / dV come from the sm90 kernel (its dQ by reductions or by the dQ kernel).
 bool RunsSm90DkDv(BwdKernel k) { return k == BwdKernel::kSm90 || k == BwdKernel::kSm90DqKernel; }
 
+// Floats of softmax_d (and of lse_log2): lse's layout, dense rows padded to ws_rows; varlen q on
+// the sm90 backward the padded [num_heads, ws_rows] (PaddedSeqRow0).
+size_t WsFloats(const AttentionParams& p, const FlashBwdPlan& plan) {
+  const size_t rows = !p.cu_seqlens_q            ? size_t(p.batch) * plan.ws_rows
+                      : plan.ws_seq_align > 0 ? size_t(plan.ws_rows)
+                                              : size_t(p.total_q);
+  return rows * size_t(p.num_heads);
+}
+
 size_t Bytes(int64_t rows, int64_t heads, int dim, DType t) {
   return size_t(rows) * size_t(heads) * size_t(dim) * (t == DType::kF32 ? 4 : 2);
 }
 
 // Head dims above the sm80 kernels' 128 (192, 256): the sm90 backward's wide kernel only, on a
-// Hopper device, for what it covers (dense, head_dim == head_dim_v, not deterministic:
+// Hopper device, for what it covers (dense or varlen, head_dim == head_dim_v; deterministic=True
+// dense only, its dQ by the atomic-free dQ kernel:
 // Sm90BwdUnsupported); everything else has no CUDA backward (the Python layer lowers it to the
 // reference: attention.py, cuda_bwd_unsupported).
 BwdChoice ChooseWideBwdKernel(const AttentionParams& p, const DeviceInfo& dev) {
@@ -59,7 +69,7 @@ BwdChoice ChooseWideBwdKernel(const AttentionParams& p, const DeviceInfo& dev) {
 #ifdef JAX_SGL_HAVE_SM90
   const char* why = Sm90BwdUnsupported(p);
   if (why == nullptr && Sm90BwdEnabled(p, dev)) {
-    c.kernel = BwdKernel::kSm90;
+    c.kernel = p.deterministic ? BwdKernel::kSm90DqKernel : BwdKernel::kSm90;
     return c;
   }
   if (why != nullptr) {
@@ -101,8 +111,9 @@ BwdChoice ChooseBwdKernel(const AttentionParams& p, const DeviceInfo& dev) {
   }
 #endif
 #ifdef JAX_SGL_HAVE_SM90
-  // Anything the sm90 kernels do not cover (varlen, other head dims, d != d_v, ...) runs
-  // on the sm80 kernels: Sm90BwdUnsupported names it. deterministic=True: dQ from the
+  // Anything the sm90 kernels do not cover (other head dims, d != d_v, varlen with
+  // deterministic=True, ...) runs on the sm80 kernels: Sm90BwdUnsupported names it. Varlen runs on
+  // the wide kernel's varlen instantiation (config.h's kernel has none). deterministic=True: dQ from the
   // atomic-free sm90 dQ kernel instead of float32 reductions.
   if (Sm90BwdUnsupported(p) == nullptr && Sm90BwdEnabled(p, dev))
     c.kernel = p.deterministic ? BwdKernel::kSm90DqKernel : BwdKernel::kSm90;
@@ -126,15 +137,18 @@ const char* PlanFlashBwd(const AttentionParams& p, const DeviceInfo& dev, FlashB
   if (plan->choice.kernel == BwdKernel::kNone) return plan->choice.why;
   const bool sm90 = RunsSm90DkDv(plan->choice.kernel);
   plan->ws_rows = p.seqlen_q;
+  plan->ws_seq_align = 0;
 #ifdef JAX_SGL_HAVE_SM90
   if (sm90) {
     const int block = Sm90BwdRowBlock(p);
     plan->ws_rows = (p.seqlen_q + block - 1) / block * block;
+    if (p.cu_seqlens_q) {
+      plan->ws_rows = Sm90BwdVarlenWsRows(p);
+      plan->ws_seq_align = block;
+    }
   }
 #endif
-  // softmax_d and lse_log2: lse's layout, dense rows padded to ws_rows.
-  const size_t rows = p.cu_seqlens_q ? size_t(p.total_q) : size_t(p.batch) * plan->ws_rows;
-  plan->scratch_bytes = 2 * rows * size_t(p.num_heads) * sizeof(float);
+  plan->scratch_bytes = 2 * WsFloats(p, *plan) * sizeof(float);
   plan->sm90_tail_bytes = 0;
 #ifdef JAX_SGL_HAVE_SM100
   // Then the dQ accumulator, at the next 16 bytes (a TMA destination).
@@ -174,17 +188,17 @@ const char* RunFlashBwd(const AttentionBwdParams& bp, const FlashBwdPlan& plan, 
   FlashBwdArgs args;
   args.bp = bp;
   args.ws_rows = plan.ws_rows;
-  const size_t ws_floats = (p.cu_seqlens_q ? size_t(p.total_q) : size_t(p.batch) * plan.ws_rows) *
-                           size_t(p.num_heads);
+  args.ws_seq_align = plan.ws_seq_align;
+  const size_t ws_floats = WsFloats(p, plan);
   args.bp.softmax_d = static_cast<float*>(scratch);
   args.lse_log2 = args.bp.softmax_d + ws_floats;
   args.group = p.num_heads / p.num_kv_heads;
   const bool sm90 = RunsSm90DkDv(plan.choice.kernel);
   args.skip_dkdv = sm90;
   args.negated = plan.choice.kernel == BwdKernel::kSm100;
-  // Padding rows of the workspace (sm90: rows up to the row block) are read but masked: any
-  // finite value does, zeros are cheapest.
-  if (plan.ws_rows != p.seqlen_q) {
+  // Padding rows of the workspace (sm90: rows up to the row block, or between varlen sequences)
+  // are read but masked: any finite value does, zeros are cheapest.
+  if (plan.ws_rows != p.seqlen_q || plan.ws_seq_align > 0) {
     if (cudaError_t err = cudaMemsetAsync(scratch, 0, 2 * ws_floats * sizeof(float), stream);
         err != cudaSuccess)
       return cudaGetErrorString(err);

@@ -39,7 +39,8 @@ struct FlashBwdArgs {
   int group;        // num_heads / num_kv_heads
   float* lse_log2;  // lse's layout: lse * log2(e), +inf for fully masked rows
   // Dense calls: rows per (batch, head) of softmax_d and lse_log2, seqlen_q or (sm90 backward)
-  // seqlen_q rounded up to its row block; varlen calls use lse's layout as it is.
+  // seqlen_q rounded up to its row block; varlen calls use lse's layout as it is, except on the
+  // sm90 backward (ws_seq_align: rows per head of its padded layout).
   int ws_rows;
   bool skip_dkdv;   // LaunchFlashBwd runs the dQ kernel only (the sm90 kernel did dK, dV)
   // The preprocess writes -D and -lse_log2 (+inf rows: -inf): the sign convention of CUTLASS's
@@ -49,7 +50,56 @@ struct FlashBwdArgs {
   // sm90 tail split (Sm90BwdTailSplitRequested): Sm90BwdTailBytes of scratch for the float32
   // dK / dV shares, else nullptr.
   float* sm90_tail = nullptr;
+  // Varlen q on the sm90 backward: the row block M of the padded workspace (PaddedSeqRow0), which
+  // softmax_d and lse_log2 then use instead of lse's layout; 0 otherwise.
+  int ws_seq_align = 0;
 };
+
+// Varlen q on the sm90 backward (ws_seq_align = its row block M): softmax_d, lse_log2 and the dQ
+// accumulator are [num_heads, ws_rows] rows with sequence b's from PaddedSeqRow0 on
+// (FlashAttention-3's layout). Every M-row block of a sequence then starts 16-byte aligned (the
+// kernel's bulk copies of row values) and ends at or before the next sequence's first row, and
+// all of them below total_q + batch M (Sm90BwdVarlenWsRows). The sm80 kernels never read it.
+JAX_SGL_HD int64_t PaddedSeqRow0(int64_t q_row0, int b, int align) {
+  return (q_row0 + int64_t(b) * align) / align * align;
+}
+
+// Packed q row i's row in that layout, or -1 where no sequence holds it. The binary searches
+// here assume ascending cu_seqlens_q; bad ones still index inside the buffers (ClampedRows).
+JAX_SGL_HD int64_t PaddedWsRow(const int32_t* cu, int batch, int64_t total_q, int64_t i,
+                               int align) {
+  if (batch <= 0) return -1;
+  int lo = 0, hi = batch - 1;  // the last sequence starting at or before i
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (ClampI64(cu[mid], 0, total_q) <= i) lo = mid;
+    else hi = mid - 1;
+  }
+  const RowRange r = ClampedRows(cu[lo], cu[lo + 1], total_q);
+  return i >= r.begin && i < r.begin + r.len ? PaddedSeqRow0(r.begin, lo, align) + i - r.begin
+                                             : -1;
+}
+
+// The sequence holding padded row w: q_row, its packed q row, and rows_left, its rows from there
+// on (<= 0: padding that no sequence holds).
+struct PaddedSeq {
+  int64_t q_row;
+  int rows_left;
+};
+JAX_SGL_HD PaddedSeq FindPaddedSeq(const int32_t* cu, int batch, int64_t total_q, int64_t w,
+                                   int align) {
+  if (batch <= 0) return {0, 0};
+  int lo = 0, hi = batch - 1;  // the last sequence whose rows start at or before w
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (PaddedSeqRow0(ClampI64(cu[mid], 0, total_q), mid, align) <= w) lo = mid;
+    else hi = mid - 1;
+  }
+  const RowRange r = ClampedRows(cu[lo], cu[lo + 1], total_q);
+  const int64_t off = w - PaddedSeqRow0(r.begin, lo, align);
+  if (off < 0 || off >= r.len) return {0, 0};
+  return {r.begin + off, int(r.len - off)};
+}
 
 // Index of (sequence b, head h, row i of that sequence) in softmax_d and lse_log2.
 JAX_SGL_HD int64_t WsIndex(const FlashBwdArgs& a, const SeqBounds& s, int b, int h, int i) {
@@ -82,7 +132,9 @@ const char* BwdKernelName(const BwdChoice& choice);
 // call, so the workspace size and the launches agree.
 struct FlashBwdPlan {
   BwdChoice choice;
-  int ws_rows;           // dense calls: rows per (batch, head) of softmax_d and lse_log2
+  int ws_rows;           // dense calls: rows per (batch, head) of softmax_d and lse_log2; varlen
+                         // q on the sm90 backward: rows per head (Sm90BwdVarlenWsRows)
+  int ws_seq_align = 0;  // varlen q on the sm90 backward: FlashBwdArgs::ws_seq_align
   size_t sm90_tail_bytes = 0;  // sm90 tail split's dK / dV shares (Sm90BwdTailBytes), or 0
   size_t scratch_bytes;  // softmax_d, lse_log2, (kSm90, kSm100) the float32 dQ accumulator,
                          // the shares

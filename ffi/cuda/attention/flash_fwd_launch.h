@@ -72,6 +72,7 @@ enum class FwdKernel {
   kSm90,         // Hopper wgmma + TMA (sm90/fwd/)
   kSm100,        // Blackwell tcgen05 + TMEM on CUTLASS's FMHA collectives (sm100/fwd/)
   kPortable,     // mma.sync prefill / decode layouts (prefill_sm80/kernel.cuh)
+  kPortableFp8,  // the same kernel over e4m3 operands, prefill layout (LaunchFlashFwdFp8)
 };
 
 struct FwdChoice {
@@ -119,6 +120,18 @@ const char* RunFlashFwd(const AttentionParams& p, const FlashPlan& plan, void* s
 // One instantiation per (storage type, head-dim capacity, warp layout), in instantiations/.
 template <typename T, int kHeadDim, bool kDecode>
 cudaError_t LaunchFlashFwd(const FlashFwdArgs& args, int m_blocks, cudaStream_t stream);
+
+// The same kernel over fp8 operands (prefill_sm80/kernel.cuh, kFp8): e4m3 V under T = bf16 / fp16
+// compute, K e4m3 or T, q e4m3 (T = bf16) or T; prefill warp layout only. Instantiated for the
+// capacities kFp8HeadDimCapacities, with the shared memory one CTA takes.
+template <typename T, int kHeadDim>
+cudaError_t LaunchFlashFwdFp8(const FlashFwdArgs& args, int m_blocks, cudaStream_t stream);
+template <typename T, int kHeadDim>
+int FlashFwdFp8SmemBytes();
+// The fp8 kernel's head-dim capacities (instantiations.json's prefill_sm80_fp8): as the 16-bit
+// kernel, a call runs on the smallest one >= max(d, d_v), so every multiple of 8 up to 256 is
+// served; three instantiations per dtype instead of five, as the sm90 fp8 kernel's 64/128/256.
+inline constexpr int kFp8HeadDimCapacities[] = {64, 128, 256};
 
 // Combine step and the clearing of varlen rows no sequence covers (common/split_combine.cu).
 struct SplitCombineArgs {

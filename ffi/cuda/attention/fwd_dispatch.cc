@@ -4,6 +4,7 @@
 // alone (DeviceInfo; no device memory is read), so the same plan holds when XLA replays the
 // call. Host code only: the kernels live in the generated instantiations/ files.
 #include <algorithm>
+#include <climits>
 #include <string>
 #include <type_traits>
 
@@ -12,6 +13,7 @@
 #include "ffi/cuda/attention/flash_fwd_launch.h"
 #include "ffi/cuda/attention/sm100/fwd/launch.h"
 #include "ffi/cuda/attention/sm90/fwd/launch.h"
+#include "ffi/cuda/attention/sm90/fwd/tile_size.h"
 
 namespace jax_sgl::cuda {
 namespace {
@@ -50,19 +52,21 @@ int64_t KeyBound(const AttentionParams& p) {
   }
 }
 
+// The smallest of a kernel's head-dim capacities that holds the call's head dims (0: none).
+template <size_t N>
+int SmallestCapacity(const AttentionParams& p, const int (&caps)[N]) {
+  const int need = std::max(p.head_dim, p.head_dim_v);
+  for (int d : caps)
+    if (d >= need) return d;
+  return 0;
+}
+
 // Whether the portable kernels take the call's dtypes and head dims; sets the head-dim capacity.
 const char* CheckSm80Support(const AttentionParams& p, int* cap) {
   if (!HalfPrecisionOperands(p))
     return "jax_sgl.attention: the CUDA kernel supports float16 and bfloat16 q/k/v only "
-           "(float32 and fp8 inputs run on the CPU backend)";
-  const int need = std::max(p.head_dim, p.head_dim_v);
-  *cap = 0;
-  for (int d : kHeadDimCapacities) {
-    if (d >= need) {
-      *cap = d;
-      break;
-    }
-  }
+           "(float32 inputs run on the CPU backend)";
+  *cap = SmallestCapacity(p, kHeadDimCapacities);
   if (*cap == 0 || p.head_dim % 8 || p.head_dim_v % 8)
     return "jax_sgl.attention: the CUDA kernel supports head dims that are multiples of 8 up to 256";
   if (!HeadDimBuilt(*cap))
@@ -72,9 +76,8 @@ const char* CheckSm80Support(const AttentionParams& p, int* cap) {
 }
 
 // Whether the fp8-KV decode (the warp forms over e4m3 K/V, decode/fp8_kv_operands.cuh) takes the
-// call; sets the head-dim capacity. They are the only CUDA kernels reading an fp8 KV cache: the
-// block-wide decode, the portable, sm90 and sm100 kernels stay 16-bit, so every other fp8-KV call
-// shape is refused here (and at trace time, jax_sgl/_checks.py check_fp8_kv_decode_cuda).
+// call; sets the head-dim capacity. The fp8-KV call shapes it leaves (more q rows, other head
+// dims, float32 q) go to the portable kernel's fp8 form (CheckPortableFp8), or are refused there.
 const char* CheckFp8KvDecode(const AttentionParams& p, const DeviceInfo& dev, int* cap) {
   *cap = 0;
   if (!(p.q_type == DType::kBF16 || p.q_type == DType::kF16) || p.out_type != p.q_type)
@@ -100,6 +103,63 @@ const char* CheckFp8KvDecode(const AttentionParams& p, const DeviceInfo& dev, in
   if (dev.cc_major < 8)
     return "jax_sgl.attention: the CUDA fp8 KV-cache decode needs compute capability 8.0 or later";
   *cap = c;
+  return nullptr;
+}
+
+// Whether any of q, k, v is fp8 (e4m3 or e5m2): the call shapes ChooseFwdKernel routes apart.
+bool HasFp8Operand(const AttentionParams& p) {
+  auto fp8 = [](DType t) { return t == DType::kF8E4M3 || t == DType::kF8E5M2; };
+  return fp8(p.q_type) || fp8(p.k_type) || fp8(p.v_type);
+}
+
+// The 16-bit type the mma.sync kernels compute in and write: q's, bf16 under e4m3 q (SGLang's
+// fp8 output type).
+DType KernelComputeType(const AttentionParams& p) {
+  return p.q_type == DType::kF8E4M3 ? DType::kBF16 : p.q_type;
+}
+
+// Shared memory one CTA of the fp8 form takes at head-dim capacity cap (INT_MAX: not built).
+int PortableFp8SmemBytes(int cap);
+
+// Whether the portable kernel's fp8 form (LaunchFlashFwdFp8) takes the call; sets the head-dim
+// capacity. Its dtypes: e4m3 q/k/v (bf16 out), bf16/fp16 q and k over e4m3 V (v_dequant), and
+// bf16/fp16 q over e4m3 K and V (an fp8 KV cache), each dequantized by the descales the params
+// carry; e5m2, float32 q and block-scaled q/k have no CUDA kernel.
+const char* CheckPortableFp8(const AttentionParams& p, const DeviceInfo& dev, int* cap) {
+  *cap = 0;
+  if (p.qk_block_scale != BlockScaleType::kNone)
+    return "jax_sgl.attention: block-scaled q/k (qk_blockscaled) runs on the CPU only: no CUDA "
+           "kernel applies e8m0 block scales yet";
+  const bool half_q = p.q_type == DType::kBF16 || p.q_type == DType::kF16;
+  const bool types =
+      p.v_type == DType::kF8E4M3 &&
+      (p.q_type == DType::kF8E4M3
+           ? p.k_type == DType::kF8E4M3 && p.out_type == DType::kBF16
+           : half_q && (p.k_type == p.q_type || p.k_type == DType::kF8E4M3) &&
+                 p.out_type == p.q_type);
+  if (!types)
+    return "jax_sgl.attention: the CUDA kernels read fp8 as float8_e4m3fn under bfloat16/float16 "
+           "compute: e4m3 q/k/v, bfloat16/float16 q and k over e4m3 v (v_dequant), or "
+           "bfloat16/float16 q over e4m3 k/v (an fp8 KV cache); float8_e5m2 and float32 q run on "
+           "the CPU backend";
+  *cap = SmallestCapacity(p, kFp8HeadDimCapacities);
+  if (*cap == 0 || p.head_dim % 8 || p.head_dim_v % 8)
+    return "jax_sgl.attention: the CUDA fp8 kernel supports head dims that are multiples of 8 up "
+           "to 256";
+  if (!HeadDimBuilt(*cap))
+    return "jax_sgl.attention: this build left out the CUDA fp8 kernel for the head dim "
+           "(JAX_SGL_ATTN_DISABLE_HDIM*; built for head-dim capacities 64, 128 and 256)";
+  // 8-byte copies of the e4m3 rows, 16-byte ones of a 16-bit K's.
+  if (p.k_row_stride % 8 || p.k_head_stride % 8 || p.v_row_stride % 8 || p.v_head_stride % 8)
+    return "jax_sgl.attention: the CUDA fp8 kernel needs K/V rows and heads at strides of 8 "
+           "elements";
+  if (int64_t(p.batch) * p.num_kv_heads > 65535)
+    return "jax_sgl.attention: the CUDA kernel supports batch * num_kv_heads <= 65535";
+  if (dev.cc_major < 8)
+    return "jax_sgl.attention: the CUDA fp8 kernel needs compute capability 8.0 or later";
+  if (PortableFp8SmemBytes(*cap) > dev.smem_optin)
+    return "jax_sgl.attention: the CUDA fp8 kernel at this head dim needs more shared memory per "
+           "block than this device allows (99 KiB at head-dim capacity 256)";
   return nullptr;
 }
 
@@ -302,21 +362,90 @@ cudaError_t LaunchForType(const FlashPlan& plan, const FlashFwdArgs& args, cudaS
   });
 }
 
+// The fp8 form's capacities: kFp8HeadDimCapacities (64, 128, 256).
+template <int kD>
+constexpr bool kFp8Built = kD == 64 || kD == 128 || kD == 256;
+
+template <typename T>
+cudaError_t LaunchFp8ForType(const FlashPlan& plan, const FlashFwdArgs& args, cudaStream_t stream) {
+  return WithHeadDimCap(plan.choice.head_dim_cap, cudaErrorInvalidValue, [&](auto d) {
+    constexpr int kD = decltype(d)::value;
+    if constexpr (kFp8Built<kD>) return LaunchFlashFwdFp8<T, kD>(args, plan.m_blocks, stream);
+    return cudaErrorInvalidValue;
+  });
+}
+
+int PortableFp8SmemBytes(int cap) {
+  return WithHeadDimCap(cap, INT_MAX, [](auto d) {
+    constexpr int kD = decltype(d)::value;
+    if constexpr (kFp8Built<kD>) return FlashFwdFp8SmemBytes<bf16_t, kD>();
+    return INT_MAX;
+  });
+}
+
+// Split-KV partials, as the split kernels write them and LaunchSplitCombine reads them: float32
+// O [splits, total_q, num_heads, head_dim_v] at o_partial, then LSE [splits, total_q, num_heads].
+float* LsePartial(const AttentionParams& p, int splits, float* o_partial) {
+  return o_partial + size_t(splits) * p.total_q * p.num_heads * p.head_dim_v;
+}
+
+const char* CombineSplits(const AttentionParams& p, int splits, float* o_partial,
+                          cudaStream_t stream) {
+  SplitCombineArgs c;
+  c.p = p;
+  c.group = p.num_heads / p.num_kv_heads;
+  c.num_splits = splits;
+  c.o_partial = o_partial;
+  c.lse_partial = LsePartial(p, splits, o_partial);
+  c.lse_partial_type = DType::kF32;
+  c.o_type = KernelComputeType(p);  // bf16 / fp16 out, fp8 q too
+  return LaunchSplitCombine(c, stream);
+}
+
 }  // namespace
 
 FwdChoice ChooseFwdKernel(const AttentionParams& p, const DeviceInfo& dev) {
   FwdChoice c;
-  if (Fp8KvCacheTypes(p)) {
-    if ((c.why = CheckFp8KvDecode(p, dev, &c.head_dim_cap)) != nullptr) return c;
-    c.kernel = FwdKernel::kDecodeWarp;
-    c.warp_form = DecodeTmaServes(p, c.head_dim_cap, dev) ? DecodeWarpForm::kTmaFp8Kv
-                                                          : DecodeWarpForm::kCpAsyncFp8Kv;
+  if (HasFp8Operand(p)) {
+    // Decode calls over an fp8 KV cache: the fp8-KV decode, which reads the pool's bytes as they
+    // are (decode is bandwidth bound: half the bytes per key is the cache's point).
+    if (Fp8KvCacheTypes(p) && CheckFp8KvDecode(p, dev, &c.head_dim_cap) == nullptr) {
+      c.kernel = FwdKernel::kDecodeWarp;
+      c.warp_form = DecodeTmaServes(p, c.head_dim_cap, dev) ? DecodeWarpForm::kTmaFp8Kv
+                                                            : DecodeWarpForm::kCpAsyncFp8Kv;
+      return c;
+    }
+    // Every other fp8 call shape (fp8 q/k/v, v_dequant, prefill / mixed batches / verify over an
+    // fp8 pool; dense, varlen, paged at any page size): the portable kernel's fp8 form, on any
+    // GPU from sm80, except what the Hopper fp8 forward takes first on a 9.0 device (e4m3 q/k/v
+    // over dense or varlen k/v at its built head dims, sm90/fwd/dispatch.cc Sm90Fp8Operands).
+#ifdef JAX_SGL_HAVE_SM90
+    if (Sm90Unsupported(p) == nullptr && Sm90Enabled(p, dev)) {
+      c.kernel = FwdKernel::kSm90;
+      return c;
+    }
+#endif
+    if ((c.why = CheckPortableFp8(p, dev, &c.head_dim_cap)) != nullptr) return c;
+    c.kernel = FwdKernel::kPortableFp8;
     return c;
   }
   // Decode-shaped calls (a bound of kDecodeMaxQLen q rows per sequence: dense q, or varlen q
   // with that few rows in all) take the dedicated decode kernels: the warp-sliced ones for at
-  // most kDecodeWarpMmaMaxRows packed rows, else the block-wide one.
+  // most kDecodeWarpMmaMaxRows packed rows, else the block-wide one, except verify-like paged
+  // calls (kSm90VerifyMinQRows q rows per sequence and kSm90VerifyMinRows packed rows: 8 drafts
+  // of a GQA group of 4 or more, over kSm90VerifyMinKeys keys) on Hopper, which the sm90 kernel
+  // takes, packed and key-split (Sm90KeySplits): the block-wide kernel ran B=32 x 8 drafts over
+  // 8k keys at 0.53x FA3. Only head dims whose sm90 tiles are persistent (64, 128): the key
+  // split needs them, and hd256's one-CTA-per-tile kernel was never measured on such calls.
   const bool decode_shape = p.seqlen_q >= 1 && p.seqlen_q <= kDecodeMaxQLen;
+#ifdef JAX_SGL_HAVE_SM90
+  if (decode_shape && p.kv_layout == KvLayout::kPaged && p.seqlen_q >= kSm90VerifyMinQRows &&
+      KeyBound(p) >= kSm90VerifyMinKeys && sm90::FwdTile(p.head_dim).persistent &&
+      Sm90Unsupported(p) == nullptr && Sm90Enabled(p, dev)) {
+    c.kernel = FwdKernel::kSm90;
+    return c;
+  }
+#endif
   if (decode_shape && CheckSm80Support(p, &c.head_dim_cap) == nullptr) {
     const int64_t rows = int64_t(p.seqlen_q) * (p.num_heads / p.num_kv_heads);
     if (rows <= kDecodeWarpMmaMaxRows) {
@@ -366,6 +495,7 @@ const char* FwdKernelName(const FwdChoice& choice) {
     case FwdKernel::kSm90: return "sm90";
     case FwdKernel::kSm100: return "sm100";
     case FwdKernel::kPortable: return "portable";
+    case FwdKernel::kPortableFp8: return "portable_fp8";
     case FwdKernel::kNone: break;
   }
   return "none";
@@ -381,17 +511,19 @@ const char* PlanFlashFwd(const AttentionParams& p, const DeviceInfo& dev, FlashP
     case FwdKernel::kDecodeBlock: PlanDecodeKernel(p, dev, plan); return nullptr;
     case FwdKernel::kSm90:
 #ifdef JAX_SGL_HAVE_SM90
+      plan->num_splits = Sm90KeySplits(p, dev.num_sms);
       plan->scratch_bytes = Sm90ScratchBytes(p, dev.num_sms);
 #endif
       return nullptr;
     case FwdKernel::kSm100: return nullptr;  // no scratch
-    case FwdKernel::kPortable: break;
+    case FwdKernel::kPortable:
+    case FwdKernel::kPortableFp8: break;
   }
   const int cap = plan->choice.head_dim_cap;
   const int num_sms = dev.num_sms;
   const int group = p.num_heads / p.num_kv_heads;
   const int64_t rows = int64_t(p.seqlen_q) * group;  // packed rows per sequence (a bound)
-  plan->decode = rows <= 16;
+  plan->decode = rows <= 16 && plan->choice.kernel == FwdKernel::kPortable;  // fp8: prefill only
   plan->block_m = plan->decode ? 16 : 64;
   plan->m_blocks = int(std::max<int64_t>(1, (rows + plan->block_m - 1) / plan->block_m));
 
@@ -423,8 +555,13 @@ const char* RunFlashFwd(const AttentionParams& p, const FlashPlan& plan, void* s
 #endif
 #ifdef JAX_SGL_HAVE_SM90
   if (plan.choice.kernel == FwdKernel::kSm90) {
-    const cudaError_t err = RunFlashFwdSm90(p, scratch, stream);
-    return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
+    const cudaError_t err = RunFlashFwdSm90(p, plan.num_splits, scratch, stream);
+    if (err != cudaSuccess) return cudaGetErrorString(err);
+    if (plan.num_splits == 1) return nullptr;
+    // The key split's partials (Sm90KeySplitBytes), after the kernel's tile counter.
+    return CombineSplits(p, plan.num_splits,
+                         reinterpret_cast<float*>(static_cast<char*>(scratch) + kSm90CounterBytes),
+                         stream);
   }
 #endif
   FlashFwdArgs args;
@@ -435,8 +572,7 @@ const char* RunFlashFwd(const AttentionParams& p, const FlashPlan& plan, void* s
   args.lse_partial = nullptr;
   if (plan.num_splits > 1) {
     args.o_partial = static_cast<float*>(scratch);
-    args.lse_partial =
-        args.o_partial + size_t(plan.num_splits) * p.total_q * p.num_heads * p.head_dim_v;
+    args.lse_partial = LsePartial(p, plan.num_splits, args.o_partial);
   }
   cudaError_t err;
   const FwdKernel kernel = plan.choice.kernel;
@@ -452,21 +588,16 @@ const char* RunFlashFwd(const AttentionParams& p, const FlashPlan& plan, void* s
       err = p.q_type == DType::kBF16
               ? LaunchDecodeForType<bf16_t>(plan.choice.head_dim_cap, warp, d, stream)
               : LaunchDecodeForType<f16_t>(plan.choice.head_dim_cap, warp, d, stream);
+  } else if (kernel == FwdKernel::kPortableFp8) {
+    err = KernelComputeType(p) == DType::kBF16 ? LaunchFp8ForType<bf16_t>(plan, args, stream)
+                                               : LaunchFp8ForType<f16_t>(plan, args, stream);
   } else {
     err = p.q_type == DType::kBF16 ? LaunchForType<bf16_t>(plan, args, stream)
                                    : LaunchForType<f16_t>(plan, args, stream);
   }
   if (err != cudaSuccess) return cudaGetErrorString(err);
   if (plan.num_splits == 1) return nullptr;
-  SplitCombineArgs c;
-  c.p = p;
-  c.group = args.group;
-  c.num_splits = plan.num_splits;
-  c.o_partial = args.o_partial;
-  c.lse_partial = args.lse_partial;
-  c.lse_partial_type = DType::kF32;
-  c.o_type = p.q_type;
-  return LaunchSplitCombine(c, stream);
+  return CombineSplits(p, plan.num_splits, args.o_partial, stream);
 }
 
 const char* PortableBuiltHeadDims() {

@@ -7,10 +7,12 @@ for the sm90 and sm100 families: the X-macro list of the family's kernels the di
 over (MACROS), each behind the same guard. Every macro of the list defaults to nothing, so an
 includer defines only the ones it switches over.
 
-Kinds: prefill_sm80 (the portable forward, prefill and decode warp layouts), decode (the decode
-kernels: block-wide and warp forms), decode_fp8kv (the TMA and cp.async warp forms over an fp8 e4m3
+Kinds: prefill_sm80 (the portable forward, prefill and decode warp layouts), prefill_sm80_fp8 (the
+same kernel over e4m3 operands: fp8 q/k/v, v_dequant, an fp8 KV cache; the dtype is the compute
+type), decode (the decode kernels: block-wide and warp forms), decode_fp8kv (the TMA and cp.async warp forms over an fp8 e4m3
 KV cache with bf16/fp16 q), bwd_sm80 (the portable backward), sm90_fwd and sm90_bwd (the
-Hopper forward and backward, sm_90a only), sm100_fwd and sm100_bwd (the Blackwell forward and
+Hopper forward and backward, sm_90a only; sm90_fwd_e4m3: the Hopper forward over e4m3 q/k/v, for
+the dtype "e4m3" only, instantiations.json's kind_dtypes), sm100_fwd and sm100_bwd (the Blackwell forward and
 backward on CUTLASS's FMHA collectives, sm_100a only).
 
 Run from the repository root: python ffi/cuda/attention/generate_instantiations.py
@@ -20,7 +22,7 @@ import json
 import pathlib
 
 HERE = pathlib.Path(__file__).parent
-TYPES = {"bf16": "bf16_t", "fp16": "f16_t"}
+TYPES = {"bf16": "bf16_t", "fp16": "f16_t", "e4m3": "f8e4m3_t"}
 
 # What each kind's file instantiates: its header and the explicit instantiations ({t}: storage
 # type, {d}: head dim or head-dim capacity).
@@ -28,6 +30,10 @@ KINDS = {
     "prefill_sm80": ("prefill_sm80/kernel.cuh", [
         "template cudaError_t LaunchFlashFwd<{t}, {d}, false>(const FlashFwdArgs&, int, cudaStream_t);",
         "template cudaError_t LaunchFlashFwd<{t}, {d}, true>(const FlashFwdArgs&, int, cudaStream_t);",
+    ]),
+    "prefill_sm80_fp8": ("prefill_sm80/kernel.cuh", [
+        "template cudaError_t LaunchFlashFwdFp8<{t}, {d}>(const FlashFwdArgs&, int, cudaStream_t);",
+        "template int FlashFwdFp8SmemBytes<{t}, {d}>();",
     ]),
     "decode": ("decode/warp_launch.cuh", [
         "template cudaError_t LaunchFlashDecode<{t}, {d}>(const FlashDecodeArgs&, cudaStream_t);",
@@ -42,7 +48,10 @@ KINDS = {
         "template cudaError_t LaunchFlashBwd<{t}, {d}>(const FlashBwdArgs&, cudaStream_t);",
     ]),
     "sm90_fwd": ("sm90/fwd/launch.cuh", [
-        "template cudaError_t LaunchFlashFwdSm90<{t}, {d}>(const AttentionParams&, void*, cudaStream_t);",
+        "template cudaError_t LaunchFlashFwdSm90<{t}, {d}>(const AttentionParams&, int, void*, cudaStream_t);",
+    ]),
+    "sm90_fwd_e4m3": ("sm90/fwd/launch.cuh", [
+        "template cudaError_t LaunchFlashFwdSm90<{t}, {d}>(const AttentionParams&, int, void*, cudaStream_t);",
     ]),
     "sm90_bwd": ("sm90/bwd/launch.cuh", [
         "template cudaError_t LaunchFlashBwdSm90<{t}, {d}>(const FlashBwdArgs&, float*, bool, cudaStream_t);",
@@ -58,6 +67,7 @@ KINDS = {
 # The X-macro of each kind listed in its family's <family>_kernels.inc: MACRO(head dim, dtype).
 MACROS = {
     "sm90_fwd": "JAX_SGL_SM90_FWD",
+    "sm90_fwd_e4m3": "JAX_SGL_SM90_FWD",
     "sm90_bwd": "JAX_SGL_SM90_BWD",
     "sm100_fwd": "JAX_SGL_SM100_FWD",
     "sm100_bwd": "JAX_SGL_SM100_BWD",
@@ -81,7 +91,7 @@ def main() -> None:
     for kind, head_dims in family["kinds"].items():
       include, lines = KINDS[kind]
       for d in head_dims:
-        for dtype in spec["dtypes"]:
+        for dtype in spec.get("kind_dtypes", {}).get(kind, spec["dtypes"]):
           g = guard(family, d, dtype)
           body = "\n".join(line.format(t=TYPES[dtype], d=d) for line in lines)
           (out / f"{kind}_hdim{d}_{dtype}.cu").write_text(
@@ -90,7 +100,7 @@ def main() -> None:
           if kind in MACROS:
             listed.append(f"#ifndef {g}\n{MACROS[kind]}({d}, {dtype})\n#endif\n")
     if listed:
-      macros = [MACROS[k] for k in family["kinds"] if k in MACROS]
+      macros = list(dict.fromkeys(MACROS[k] for k in family["kinds"] if k in MACROS))
       inc = [HEADER, f"// X-macros over the {family_name} kernels: "
              + ", ".join(f"{m}(head dim, dtype)" for m in macros)
              + "; each defaults to nothing and is undefined at the end.\n"]

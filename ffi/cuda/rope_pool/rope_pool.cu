@@ -11,14 +11,23 @@
 // allows it; other layouts (odd head_dim, unaligned rotary_dim, a pool stride that is not a whole
 // number of vectors) take the same kernel with kVec = 1.
 //
+// An fp8 pool (RopePoolParams::pool_dtype kF8E4M3) gets e4m3(x / scale) of the rotated k (the
+// k_rot values, in q's dtype) and of v, per KV head: the IEEE quotient (ScaleDivider) and the
+// hardware's cvt.rn.satfinite.e4m3x2, bit for bit what the CPU's FromFloatE4m3 computes. A thread's
+// kVec features become kVec bytes; where its two vectors are adjacent in the row (interleaved
+// pairs, the unrotated tail) and the pool allows it, both go out as one 16-byte store (at bf16/fp16,
+// kVec = 8), else as two 8-byte stores (NeoX halves lie rotary_dim / 2 apart).
+//
 // Why the table: computing cos/sin per thread (12 threads per token share each pair at
 // Hq=32/Hkv=8) cost half the bandwidth on the H200 (50% of copy -> 95% with the table; see
 // benchmarks/RESULTS.md). inv_freq is the caller's float32 table (rope_math.h).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "ffi/common/dispatch.h"
 #include "ffi/common/rope_math.h"
@@ -99,16 +108,118 @@ __device__ __forceinline__ void RotatePairs(P& x0, P& x1, const float* cos_v, co
   }
 }
 
+// kVec e4m3 bytes of a quantized vector, in 32-bit words (one byte when kVec = 1).
+template <int kVec, bool kWords = (kVec >= 4)>
+struct alignas(kVec) Fp8Packed {
+  uint32_t w[kVec / 4];
+};
+template <int kVec>
+struct Fp8Packed<kVec, false> {
+  uint8_t b[kVec];
+};
+
+// x / scale as IEEE division rounds it (the quotient the CPU's FromFloatE4m3 gets). __fdiv_rn
+// checks every quotient for its slow path, and those 256 check-and-branch regions per thread
+// serialized the kernel: on the H200 (2026-12-05) the fp8-pool write ran at 51-61% of copy, 0.76-
+// 0.84x the same write in jitted JAX. Here, with inv the correctly rounded 1 / scale, two fma
+// residual corrections of x * inv give the IEEE quotient of every finite x whose quotient is a
+// normal float; the rest (quotients below 2^-30, or rounding past the largest float) differ from
+// it only where e4m3 gives the same byte (+-0, +-448): tools/check_fp8_quotient.c checks this
+// over every finite float32 x (58 scales in [2^-20, 2^10], x at strides 3-61, on the CPU).
+// Scales outside [2^-125, 2^125], where 1 / scale or the residuals leave the normal range, keep
+// __fdiv_rn (a branch per row, not per element).
+struct ScaleDivider {
+  float scale, inv;
+  bool use_fdiv;
+  __device__ static ScaleDivider Of(float s) {
+    return {s, __frcp_rn(s), !(fabsf(s) >= 0x1p-125f && fabsf(s) <= 0x1p125f)};
+  }
+  __device__ __forceinline__ float operator()(float x) const {
+    const float q0 = x * inv;
+    const float q1 = fmaf(fmaf(-q0, scale, x), inv, q0);
+    const float q2 = fmaf(fmaf(-q1, scale, x), inv, q1);
+    // Past the largest float at q0 or q1 the quotient overflows (the next step would make NaN of
+    // the infinity); NaN x passes as x * inv.
+    return !(fabsf(q0) <= 3.402823466e38f) ? q0 : fabsf(q1) > 3.402823466e38f ? q1 : q2;
+  }
+};
+
+// e4m3(div(x[e])) of the kVec features of x (FromFloatE4m3's rounding and saturation).
+template <int kVec, typename P, typename Div>
+__device__ __forceinline__ Fp8Packed<kVec> Quantize(const P& x, const Div& div) {
+  Fp8Packed<kVec> out;
+  if constexpr (kVec >= 4) {
+#pragma unroll
+    for (int j = 0; j < kVec; j += 4) {
+      const float2 lo = make_float2(div(x.Get(j)), div(x.Get(j + 1)));
+      const float2 hi = make_float2(div(x.Get(j + 2)), div(x.Get(j + 3)));
+      out.w[j / 4] = uint32_t(__nv_cvt_float2_to_fp8x2(lo, __NV_SATFINITE, __NV_E4M3)) |
+                     (uint32_t(__nv_cvt_float2_to_fp8x2(hi, __NV_SATFINITE, __NV_E4M3)) << 16);
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < kVec; ++j)
+      out.b[j] = __nv_cvt_float_to_fp8(div(x.Get(j)), __NV_SATFINITE, __NV_E4M3);
+  }
+  return out;
+}
+
+// Both vectors quantized into an e4m3 pool row (one 2 * kVec-byte access when `adjacent`).
+template <int kVec, typename V, typename Div>
+__device__ __forceinline__ void StoreFp8Row(f8e4m3_t* row, int off0, int off1, bool has_second,
+                                            bool adjacent, const V& y0, const V& y1,
+                                            const Div& div) {
+  const Fp8Packed<kVec> a = Quantize<kVec>(y0, div);
+  if (adjacent) {
+    struct alignas(2 * kVec) Pair {
+      Fp8Packed<kVec> a, b;
+    };
+    *reinterpret_cast<Pair*>(row + off0) = Pair{a, Quantize<kVec>(y1, div)};
+    return;
+  }
+  *reinterpret_cast<Fp8Packed<kVec>*>(row + off0) = a;
+  if (has_second) *reinterpret_cast<Fp8Packed<kVec>*>(row + off1) = Quantize<kVec>(y1, div);
+}
+
+// Both vectors of a thread into a pool row: as they are, or quantized into an e4m3 pool (as one
+// access of 2 * kVec bytes when `adjacent`: off1 == off0 + kVec and the pool aligned for it).
+template <typename P, int kVec, typename V>
+__device__ __forceinline__ void StorePoolRow(P* row, int off0, int off1, bool has_second,
+                                             bool adjacent, const V& y0, const V& y1,
+                                             float scale) {
+  if constexpr (std::is_same_v<P, f8e4m3_t>) {
+    const ScaleDivider div = ScaleDivider::Of(scale);
+    if (div.use_fdiv)
+      StoreFp8Row<kVec>(row, off0, off1, has_second, adjacent, y0, y1,
+                        [scale](float x) { return __fdiv_rn(x, scale); });
+    else
+      StoreFp8Row<kVec>(row, off0, off1, has_second, adjacent, y0, y1, div);
+  } else {
+    *reinterpret_cast<V*>(row + off0) = y0;
+    if (has_second) *reinterpret_cast<V*>(row + off1) = y1;
+  }
+}
+
 // Per-launch geometry derived once on the host from RopePoolParams.
 struct Geometry {
   int rot_groups;        // rotary_dim / (2 * kVec): groups holding rotated pairs
   int groups;            // rot_groups + unrotated-tail groups, per head row
   int heads_total;       // num_qo_heads + 2 * num_kv_heads (q, k, v rows of one token)
   int threads_per_token; // groups * ceil(heads_total / kHeadsPerThread)
+  bool pair_stores;      // an fp8 pool aligned for 2 * kVec-byte stores of adjacent vectors
 };
 
-template <typename T, typename I, int kVec>
-__global__ void __launch_bounds__(kBlockThreads) RopePoolKernel(RopePoolParams p, Geometry geo) {
+// Blocks per SM the register budget must allow. An e4m3 pool's quantization took 88-107
+// registers (2 blocks of 256 threads per SM) against the 16-bit pools' 74-80 (3 blocks), and on
+// the H200 (2026-12-05) its write ran at 51-61% of copy against their 85-95%: the loads a thread
+// issues up front are this kernel's bytes in flight, so it needs the 16-bit pools' occupancy
+// (3 blocks: 80 registers, 8-12 bytes spilled). 0 leaves the 16-bit kernels as they were (same
+// SASS). To be measured: bench_rope_pool's fp8 rows.
+template <typename T, typename P>
+constexpr int kMinBlocksPerSm = std::is_same_v<P, T> ? 0 : 3;
+
+template <typename T, typename P, typename I, int kVec>
+__global__ void __launch_bounds__(kBlockThreads, (kMinBlocksPerSm<T, P>)) RopePoolKernel(RopePoolParams p, Geometry geo) {
   using V = Packed<T, kVec>;
   // (cos, sin) of every rotation pair of the block's tokens: [blockDim.y][rotary_dim / 2].
   extern __shared__ float2 cos_sin[];
@@ -199,31 +310,32 @@ __global__ void __launch_bounds__(kBlockThreads) RopePoolKernel(RopePoolParams p
       else
         RotatePairs<kVec, false>(y0, y1, cos_v, sin_v);
     }
-    T* dst;
-    T* pool_dst = nullptr;
-    if (h < hq) {
-      dst = static_cast<T*>(p.q_rot) + t * q_row + h * d;
-    } else if (!is_v) {
-      dst = static_cast<T*>(p.k_rot) + t * kv_row + (h - hq) * d;
-      if (write_pool)
-        pool_dst = static_cast<T*>(p.k_pool) + slot * p.pool_row_stride +
-                   (h - hq) * p.pool_head_stride;
-    } else {
-      dst = static_cast<T*>(p.v_pool) + slot * p.pool_row_stride +
-            (h - hq - hkv) * p.pool_head_stride;
+    const bool adjacent = geo.pair_stores && has_second && off1 == off0 + kVec;
+    if (is_v) {
+      const int kh = h - hq - hkv;
+      StorePoolRow<P, kVec>(static_cast<P*>(p.v_pool) + slot * p.pool_row_stride +
+                                kh * p.pool_head_stride,
+                            off0, off1, has_second, adjacent, y0, y1,
+                            p.v_scale ? p.v_scale[kh] : 1.f);
+      continue;
     }
+    T* dst = h < hq ? static_cast<T*>(p.q_rot) + t * q_row + h * d
+                    : static_cast<T*>(p.k_rot) + t * kv_row + (h - hq) * d;
     *reinterpret_cast<V*>(dst + off0) = y0;
     if (has_second) *reinterpret_cast<V*>(dst + off1) = y1;
-    if (pool_dst) {
-      *reinterpret_cast<V*>(pool_dst + off0) = y0;
-      if (has_second) *reinterpret_cast<V*>(pool_dst + off1) = y1;
+    if (h >= hq && write_pool) {
+      const int kh = h - hq;
+      StorePoolRow<P, kVec>(static_cast<P*>(p.k_pool) + slot * p.pool_row_stride +
+                                kh * p.pool_head_stride,
+                            off0, off1, has_second, adjacent, y0, y1,
+                            p.k_scale ? p.k_scale[kh] : 1.f);
     }
   }
 }
 
 bool Aligned(const void* ptr, int bytes) { return reinterpret_cast<uintptr_t>(ptr) % bytes == 0; }
 
-template <typename T, typename I, int kVec>
+template <typename T, typename P, typename I, int kVec>
 cudaError_t Launch(cudaStream_t stream, const RopePoolParams& p) {
   Geometry geo;
   geo.rot_groups = p.rotary_dim / (2 * kVec);
@@ -232,6 +344,10 @@ cudaError_t Launch(cudaStream_t stream, const RopePoolParams& p) {
   geo.heads_total = p.num_qo_heads + 2 * p.num_kv_heads;
   geo.threads_per_token =
       geo.groups * ((geo.heads_total + kHeadsPerThread - 1) / kHeadsPerThread);
+  constexpr int kPairBytes = 2 * kVec * int(sizeof(P));
+  geo.pair_stores = !std::is_same_v<P, T> && p.pool_row_stride % (2 * kVec) == 0 &&
+                    p.pool_head_stride % (2 * kVec) == 0 && Aligned(p.k_pool, kPairBytes) &&
+                    Aligned(p.v_pool, kPairBytes);
   // x: the threads of one token (split over blockIdx.y when more than a block); y: tokens.
   const int bx = std::min(geo.threads_per_token, kBlockThreads);
   const int by = std::max(1, kBlockThreads / bx);
@@ -239,20 +355,21 @@ cudaError_t Launch(cudaStream_t stream, const RopePoolParams& p) {
   const dim3 grid(unsigned((p.num_tokens + by - 1) / by),
                   unsigned((geo.threads_per_token + bx - 1) / bx));
   const size_t smem = size_t(by) * (p.rotary_dim / 2) * sizeof(float2);
-  RopePoolKernel<T, I, kVec><<<grid, block, smem, stream>>>(p, geo);
+  RopePoolKernel<T, P, I, kVec><<<grid, block, smem, stream>>>(p, geo);
   return cudaGetLastError();
 }
 
-template <typename T, typename I>
+template <typename T, typename P, typename I>
 cudaError_t LaunchForLayout(cudaStream_t stream, const RopePoolParams& p) {
   constexpr int kVec = kAccessBytes / sizeof(T);
+  constexpr int kPoolBytes = kVec * sizeof(P);  // an fp8 pool's vectors are kVec bytes
   const bool vectorizable = p.head_dim % kVec == 0 && p.rotary_dim % (2 * kVec) == 0 &&
                             p.pool_row_stride % kVec == 0 && p.pool_head_stride % kVec == 0 &&
                             Aligned(p.q, kAccessBytes) && Aligned(p.k, kAccessBytes) &&
                             Aligned(p.v, kAccessBytes) && Aligned(p.q_rot, kAccessBytes) &&
-                            Aligned(p.k_rot, kAccessBytes) && Aligned(p.k_pool, kAccessBytes) &&
-                            Aligned(p.v_pool, kAccessBytes);
-  return vectorizable ? Launch<T, I, kVec>(stream, p) : Launch<T, I, 1>(stream, p);
+                            Aligned(p.k_rot, kAccessBytes) && Aligned(p.k_pool, kPoolBytes) &&
+                            Aligned(p.v_pool, kPoolBytes);
+  return vectorizable ? Launch<T, P, I, kVec>(stream, p) : Launch<T, P, I, 1>(stream, p);
 }
 
 }  // namespace
@@ -261,8 +378,13 @@ cudaError_t LaunchRopePool(cudaStream_t stream, const RopePoolParams& p) {
   if (p.num_tokens == 0) return cudaSuccess;
   return DispatchFloat(p.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    return p.index_type == IndexType::kI32 ? LaunchForLayout<T, int32_t>(stream, p)
-                                           : LaunchForLayout<T, int64_t>(stream, p);
+    auto for_pool = [&](auto pool_tag) {
+      using P = typename decltype(pool_tag)::type;
+      return p.index_type == IndexType::kI32 ? LaunchForLayout<T, P, int32_t>(stream, p)
+                                             : LaunchForLayout<T, P, int64_t>(stream, p);
+    };
+    return p.pool_dtype == DType::kF8E4M3 ? for_pool(TypeTag<f8e4m3_t>{})
+                                          : for_pool(TypeTag<T>{});
   });
 }
 

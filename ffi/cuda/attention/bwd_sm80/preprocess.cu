@@ -2,8 +2,10 @@
 //   softmax_d = rowsum(dO * O) - dlse      (dS = P (dP - D) then covers a loss on lse too)
 //   lse_log2  = lse * log2(e), +inf where lse = -inf (a fully masked row: P = exp2(x - inf) = 0)
 // or, with args.negated (the sm100 backward's convention), -softmax_d and -lse_log2.
-// Both in lse's layout (dense: rows padded to args.ws_rows). Varlen rows that no sequence covers
-// get values nothing reads.
+// Both in lse's layout (dense: rows padded to args.ws_rows), or with args.ws_seq_align (varlen q
+// on the sm90 backward) in its per-sequence padded one (PaddedWsRow: kSeqPadded, an
+// instantiation of its own so the others keep their code). Varlen rows that no sequence covers
+// get values nothing reads (kSeqPadded: none).
 //
 // One CTA per (kRows consecutive rows, head, batch; varlen: one "batch" of total_q rows), so that
 // lse, dlse and both outputs are read and written contiguously. Each half-warp takes kRows / 16
@@ -35,7 +37,7 @@ __device__ __forceinline__ float Dot8(const uint4& a, const uint4& b) {
   return s;
 }
 
-template <typename T>
+template <typename T, bool kSeqPadded>
 __global__ void __launch_bounds__(kThreads) FlashBwdPreprocessKernel(const FlashBwdArgs args) {
   const AttentionBwdParams& bp = args.bp;
   const AttentionParams& p = bp.fwd;
@@ -78,7 +80,13 @@ __global__ void __launch_bounds__(kThreads) FlashBwdPreprocessKernel(const Flash
   // lse: varlen [H, total_q]; dense [B, H, Sq]. The workspace is the same but for dense rows
   // padded to ws_rows per (b, h).
   const int64_t bh = int64_t(b) * p.num_heads + h;
-  const int64_t idx = bh * rows + i, ws = bh * (varlen ? rows : args.ws_rows) + i;
+  const int64_t idx = bh * rows + i;
+  int64_t ws = bh * (varlen ? rows : args.ws_rows) + i;
+  if constexpr (kSeqPadded) {
+    const int64_t w = PaddedWsRow(p.cu_seqlens_q, p.batch, p.total_q, i, args.ws_seq_align);
+    if (w < 0) return;
+    ws = int64_t(h) * args.ws_rows + w;
+  }
   const float d = dot[threadIdx.x] - bp.dlse[idx];
   const float lse = p.lse[idx];
   const float lse_log2 = lse == -INFINITY ? INFINITY : lse * 1.4426950408889634f;
@@ -97,10 +105,13 @@ cudaError_t LaunchFlashBwdPreprocess(const FlashBwdArgs& args, cudaStream_t stre
   if (rows == 0 || batch == 0 || p.num_heads == 0) return cudaSuccess;
   const dim3 grid(unsigned((rows + kRows - 1) / kRows), unsigned(p.num_heads), unsigned(batch));
   if (grid.y > 65535 || grid.z > 65535) return cudaErrorInvalidConfiguration;
+  const bool padded = varlen && args.ws_seq_align > 0;
   if (p.q_type == DType::kBF16)
-    FlashBwdPreprocessKernel<bf16_t><<<grid, kThreads, 0, stream>>>(args);
+    (padded ? FlashBwdPreprocessKernel<bf16_t, true> : FlashBwdPreprocessKernel<bf16_t, false>)
+        <<<grid, kThreads, 0, stream>>>(args);
   else
-    FlashBwdPreprocessKernel<f16_t><<<grid, kThreads, 0, stream>>>(args);
+    (padded ? FlashBwdPreprocessKernel<f16_t, true> : FlashBwdPreprocessKernel<f16_t, false>)
+        <<<grid, kThreads, 0, stream>>>(args);
   return cudaGetLastError();
 }
 

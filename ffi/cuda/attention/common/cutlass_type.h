@@ -1,4 +1,4 @@
-// jax_sgl's 16-bit storage types (ffi/common/numeric.h) -> CUTLASS's element types of the same
+// jax_sgl's 16-bit and e4m3 storage types (ffi/common/numeric.h) -> CUTLASS's element types of the same
 // bits, for the kernel families built on CuTe / CUTLASS (sm90, sm100).
 #pragma once
 
@@ -11,5 +11,6 @@ namespace jax_sgl::cuda {
 template <typename T> struct CutlassType;
 template <> struct CutlassType<bf16_t> { using type = cutlass::bfloat16_t; };
 template <> struct CutlassType<f16_t> { using type = cutlass::half_t; };
+template <> struct CutlassType<f8e4m3_t> { using type = cutlass::float_e4m3_t; };
 
 }  // namespace jax_sgl::cuda

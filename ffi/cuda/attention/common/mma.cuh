@@ -1,6 +1,6 @@
 // Warp-level building blocks of the mma.sync kernels (the portable prefill and backward, the
 // decode kernels): the m16n8k16 tensor-core mma and float-pair packing per 16-bit type, ldmatrix,
-// 16-byte cp.async, quad reductions over the four threads that share an accumulator row, and
+// 16- and 8-byte cp.async, quad reductions over the four threads that share an accumulator row, and
 // where a packed row (query row x q head of a GQA group) lives in q / out.
 #pragma once
 
@@ -69,6 +69,11 @@ __device__ __forceinline__ void Ldmatrix4Trans(uint32_t* r, const void* p) {
 // 16-byte async copy; src_bytes == 0 writes zeros and reads nothing.
 __device__ __forceinline__ void CpAsync16(void* dst, const void* src, int src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(SmemAddr(dst)), "l"(src),
+               "r"(src_bytes));
+}
+// 8-byte async copy (an fp8 row's chunk of 8 elements); src_bytes == 0 writes zeros.
+__device__ __forceinline__ void CpAsync8(void* dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(SmemAddr(dst)), "l"(src),
                "r"(src_bytes));
 }
 __device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n"); }

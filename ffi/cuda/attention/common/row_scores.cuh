@@ -46,6 +46,10 @@ struct RowScores {
     cap_log2 = p.softcap * kLog2e;
   }
 
+  // fp8 operands' descales of the CTA's (sequence, kv head) (q_descale * k_descale, or an fp8 KV
+  // cache's k_descale): the raw scores are products of the stored values.
+  __device__ __forceinline__ void ScaleBy(float descale) { score_scale *= descale; }
+
   // kNT n8 tiles of raw scores (keys key0 + t * 8 + ...) into the log2 domain, -inf where the
   // row does not see the key or visible(c) (c: the key's column in the tile) is false, and each
   // row half's max into blk_max.

@@ -64,11 +64,18 @@ __device__ __forceinline__ uint64_t Opaque(uint64_t x) {
   return x;
 }
 
+// The CTAs per SM the registers are held to: 3 at d <= 128 (168, no spills), which shared memory
+// allows at 2 stages (~74 KiB a CTA). Over an fp8 KV cache at d = 128 the planned 5 stages (~94
+// KiB) allow 2 CTAs whatever the registers, so they are held to 2 there: 168 left sm_100a one
+// register short (a spill) once each q row has its own score scale (fp8_kv_operands.cuh).
+constexpr int CpAsyncMinCtasPerSm(int d, bool fp8_kv) {
+  return d > 128 ? 1 : fp8_kv && d == 128 ? 2 : 3;
+}
+
 // grid: x = batch * num_kv_heads, y = KV splits; kDecodeWarpThreads threads; shared memory as
-// the 64-bit form (DecodeWarpMmaSmemBytes). Registers held to 3 CTAs per SM at d <= 128 (168,
-// no spills), which shared memory allows at 2 stages (~74 KiB a CTA).
+// the 64-bit form (DecodeWarpMmaSmemBytes).
 template <typename T, int kD, bool kFp8Kv = false>
-__global__ void __launch_bounds__(kDecodeWarpThreads, kD <= 128 ? 3 : 1)
+__global__ void __launch_bounds__(kDecodeWarpThreads, CpAsyncMinCtasPerSm(kD, kFp8Kv))
     FlashDecodeCpAsyncKernel(const FlashDecodeArgs args) {
   constexpr int kStride = DecodeStride(kD);
   constexpr int kKeys = 16;
@@ -185,7 +192,11 @@ __global__ void __launch_bounds__(kDecodeWarpThreads, kD <= 128 ? 3 : 1)
   __syncthreads();
 
   decode_warp_mma::StageScoring scoring(p, s, group, rows_here, lane);
-  if constexpr (kFp8Kv) scoring.ScaleBy(Descale(p.k_descale, p, b, kv_head));
+  if constexpr (kFp8Kv) {
+    float inv_pow2[2];
+    decode_warp_mma::QRowPow2<T, kD>(sq, lane, inv_pow2);
+    scoring.ScaleRows(Descale(p.k_descale, p, b, kv_head), inv_pow2);
+  }
 
   uint32_t qa[kD / 16][4];
   decode_warp_mma::LoadQFragments<T, kD>(sq, lane, qa);
@@ -213,7 +224,7 @@ __global__ void __launch_bounds__(kDecodeWarpThreads, kD <= 128 ? 3 : 1)
 
     float sc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
     if constexpr (kFp8Kv) {
-      decode_fp8kv::Scores<T, kD>(
+      decode_fp8kv::Scores<kD>(
           qa, [&](int row, int byte) { return sk8 + uint32_t(row * kRowBytes + byte); }, lane,
           sc);
     } else {
@@ -226,13 +237,14 @@ __global__ void __launch_bounds__(kDecodeWarpThreads, kD <= 128 ? 3 : 1)
       }
     }
     float blk_max[2];
-    scoring.Apply(sc, key0, valid, lane, blk_max);
     if constexpr (kFp8Kv) {
-      decode_fp8kv::SoftmaxPv<T, kD>(
+      scoring.ApplyRows(sc, key0, valid, lane, blk_max);
+      decode_fp8kv::SoftmaxPv<kD>(
           sc, blk_max, m_run, l_run, o,
           [&](int row, int byte) { return sk8 + kTileBytes + uint32_t(row * kRowBytes + byte); },
           lane);
     } else {
+      scoring.Apply(sc, key0, valid, lane, blk_max);
       decode_warp_mma::SoftmaxPv<T, kD, true>(sc, blk_max, m_run, l_run, o, sv, lane);
     }
   }

@@ -11,12 +11,23 @@
 
 namespace jax_sgl::cuda::decode {
 
+// 2^x with results below 2^-126 flushed to 0: the bare MUFU.EX2, where exp2f adds three
+// instructions per element (a compare and two predicated multiplies) to keep them.
+__device__ __forceinline__ float Exp2Ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // One stage's online-softmax update of this lane's rows (sc: the stage's 16 x 16 scores in the
 // log2 domain, masked to -inf; blk_max: this lane's max of its row halves): rescales o and l_run,
 // and returns P as the A fragment of the P V mma (pa). kSkipSettled skips the accumulator rescale
 // when no row's max moved (a warp-uniform vote): worth it once the maxima settle over a long
-// sequence.
-template <typename T, int kD, bool kSkipSettled>
+// sequence. kFlushTinyP takes P by Exp2Ftz: a P under 2^-126 next to l >= 1 counts for nothing
+// (and an f16 P rounds it to 0 anyway), and the 24 instructions it saves a stage matter where the
+// stage is bound by instruction issue (the fp8 KV form, decode_fp8kv); the 16-bit forms keep
+// exp2f, the code they were measured with.
+template <typename T, int kD, bool kSkipSettled, bool kFlushTinyP = false>
 __device__ __forceinline__ void SoftmaxStep(float (&sc)[2][4], const float (&blk_max)[2],
                                             float (&m_run)[2], float (&l_run)[2],
                                             float (&o)[kD / 8][4], uint32_t (&pa)[4]) {
@@ -29,7 +40,8 @@ __device__ __forceinline__ void SoftmaxStep(float (&sc)[2][4], const float (&blk
   for (int t = 0; t < 2; ++t) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const float pe = exp2f(sc[t][e] - m_use[e / 2]);
+      const float x = sc[t][e] - m_use[e / 2];
+      const float pe = kFlushTinyP ? Exp2Ftz(x) : exp2f(x);
       sc[t][e] = pe;
       l_run[e / 2] += pe;
     }

@@ -26,8 +26,9 @@
 //
 // Over jax_sgl's fp8 KV cache (kFp8Kv: e4m3 K/V under bf16/fp16 q), a stage's K and V tiles are
 // 16 rows of kD bytes, one TMA box (kD, 1, 16) each with the kD-byte swizzle (128 or 64 bytes),
-// half the 16-bit tiles' bytes; decode_fp8kv (fp8_kv_operands.cuh) turns them into q's type in
-// registers, k_descale joins the score scale and v_descale the output.
+// half the 16-bit tiles' bytes; decode_fp8kv (fp8_kv_operands.cuh) turns them into f16 in
+// registers (the mma type under bf16 q too), k_descale joins the score scale and v_descale the
+// output.
 #pragma once
 
 #include <cuda.h>
@@ -200,7 +201,11 @@ __global__ void __launch_bounds__(kDecodeWarpThreads, 3)
   __syncthreads();
 
   decode_warp_mma::StageScoring scoring(p, s, group, rows_here, lane);
-  if constexpr (kFp8Kv) scoring.ScaleBy(Descale(p.k_descale, p, b, kv_head));
+  if constexpr (kFp8Kv) {
+    float inv_pow2[2];
+    decode_warp_mma::QRowPow2<T, kD>(sq, lane, inv_pow2);
+    scoring.ScaleRows(Descale(p.k_descale, p, b, kv_head), inv_pow2);
+  }
 
   uint32_t qa[kD / 16][4];
   decode_warp_mma::LoadQFragments<T, kD>(sq, lane, qa);
@@ -250,7 +255,7 @@ __global__ void __launch_bounds__(kDecodeWarpThreads, 3)
 
     float sc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
     if constexpr (kFp8Kv) {
-      decode_fp8kv::Scores<T, kD>(
+      decode_fp8kv::Scores<kD>(
           qa, [&](int row, int byte) { return sk + Fp8SwizzledOffset<kD>(row, byte); }, lane, sc);
     } else {
 #pragma unroll
@@ -266,13 +271,14 @@ __global__ void __launch_bounds__(kDecodeWarpThreads, 3)
       }
     }
     float blk_max[2];
-    scoring.Apply(sc, key0, valid, lane, blk_max);
     if constexpr (kFp8Kv) {
-      decode_fp8kv::SoftmaxPv<T, kD>(
+      scoring.ApplyRows(sc, key0, valid, lane, blk_max);
+      decode_fp8kv::SoftmaxPv<kD>(
           sc, blk_max, m_run, l_run, o,
           [&](int row, int byte) { return sk + kTileBytes + Fp8SwizzledOffset<kD>(row, byte); },
           lane);
     } else {
+      scoring.Apply(sc, key0, valid, lane, blk_max);
       decode::SoftmaxPvAt<T, kD, true>(
           sc, blk_max, m_run, l_run, o,
           [&](int row, int col) -> const void* { return sv_ptr + SwizzledOffset(row, col); },

@@ -42,12 +42,17 @@ struct WarpStages {
 
 // Loads the CTA's 16 packed q rows (row r = query r / group, head r % group of this kv head) into
 // sq (DecodeStride(kD)-element rows), zeros past rows_here and head_dim; plain loads, once. Over an
-// fp8 KV cache (kFp8Kv) feature d goes to column decode_fp8kv::QColumn(d), the K fragments' order.
+// fp8 KV cache (kFp8Kv) the rows are f16 whatever T is (decode_fp8kv's mma type), feature d in
+// column decode_fp8kv::QColumn(d) (the K fragments' order), a bf16 row times 2^QRowExponent of its
+// max |q|, and the row's pad (the float past its kD columns, which no fragment reads) holds that
+// power's inverse (1 for f16 q) for QRowPow2.
 template <typename T, int kD, bool kFp8Kv = false>
 __device__ __forceinline__ void LoadQRows(const AttentionParams& p, const SeqBounds& s, int group,
                                           int kv_head, int rows_here, T* sq) {
   constexpr int kStride = DecodeStride(kD);
   constexpr int kChunks = kD / 8;
+  static_assert(!kFp8Kv || (16 * kChunks) % kDecodeWarpThreads == 0,
+                "every lane of a warp runs every pass (the row max is a shuffle reduction)");
   const T* qp = static_cast<const T*>(p.q);
   for (int idx = threadIdx.x; idx < 16 * kChunks; idx += kDecodeWarpThreads) {
     const int r = idx / kChunks, cq = (idx % kChunks) * 8;
@@ -58,12 +63,44 @@ __device__ __forceinline__ void LoadQRows(const AttentionParams& p, const SeqBou
     }
     if constexpr (kFp8Kv) {
       const T* e = reinterpret_cast<const T*>(&u);
+      uint16_t* row = reinterpret_cast<uint16_t*>(sq + r * kStride);
+      float inv_pow2 = 1.f;
+      if constexpr (std::is_same_v<T, bf16_t>) {
+        float x[8], amax = 0.f;
 #pragma unroll
-      for (int k = 0; k < 8; ++k) sq[r * kStride + decode_fp8kv::QColumn<kD>(cq + k)] = e[k];
+        for (int k = 0; k < 8; ++k) {
+          x[k] = ToFloat(e[k]);
+          amax = fmaxf(amax, fabsf(x[k]));
+        }
+        // The row's kChunks chunks sit in kChunks consecutive lanes of one warp.
+#pragma unroll
+        for (int off = kChunks / 2; off > 0; off /= 2)
+          amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+        const int ex = decode_fp8kv::QRowExponent(amax);
+        const float pow2 = decode_fp8kv::Pow2(ex);
+        inv_pow2 = decode_fp8kv::Pow2(-ex);
+#pragma unroll
+        for (int k = 0; k < 8; ++k)
+          row[decode_fp8kv::QColumn<kD>(cq + k)] = __half_as_ushort(__float2half_rn(x[k] * pow2));
+      } else {
+#pragma unroll
+        for (int k = 0; k < 8; ++k) row[decode_fp8kv::QColumn<kD>(cq + k)] = e[k].bits;
+      }
+      if (idx % kChunks == 0) *reinterpret_cast<float*>(row + kD) = inv_pow2;
     } else {
       *reinterpret_cast<uint4*>(sq + r * kStride + cq) = u;
     }
   }
+}
+
+// LoadQRows' (kFp8Kv) inverse powers of two of this lane's two accumulator rows (lane / 4 and
+// lane / 4 + 8), after the CTA's barrier.
+template <typename T, int kD>
+__device__ __forceinline__ void QRowPow2(const T* sq, int lane, float (&inv_pow2)[2]) {
+  constexpr int kStride = DecodeStride(kD);
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+    inv_pow2[h] = *reinterpret_cast<const float*>(sq + (lane / 4 + 8 * h) * kStride + kD);
 }
 
 // q's A fragments for the whole loop (kD / 16 x 4 registers), from LoadQRows' tile.
@@ -92,15 +129,19 @@ struct StageScoring : flash::RowScores {
     InitScale(p);
   }
 
-  // An fp8 KV cache's k_descale of the CTA's (sequence, kv head): the raw scores are q . stored k.
-  __device__ __forceinline__ void ScaleBy(float k_descale) { score_scale *= k_descale; }
+  // Over an fp8 KV cache, the score scale of each of the lane's two rows: the raw scores are
+  // (2^e_row q) . stored k, so score_scale x k_descale[b, kv head] x 2^-e_row (LoadQRows).
+  float row_scale[2];
+  __device__ __forceinline__ void ScaleRows(float k_descale, const float (&inv_pow2)[2]) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) row_scale[h] = score_scale * k_descale * inv_pow2[h];
+  }
 
   // The stage's 16 x 16 scores (keys key0 .. key0 + 15, `valid`: the keys that exist) into the
-  // log2 domain, -inf where a row does not see the key, and each row half's max. A stage every
-  // row sees whole skips the per-element mask (a warp-uniform branch).
+  // log2 domain, -inf where a row does not see the key, and each row half's max.
   __device__ __forceinline__ void Apply(float (&sc)[2][4], int key0, uint32_t valid, int lane,
                                         float (&blk_max)[2]) const {
-    const bool whole = valid == 0xffffu && key0 >= all_lo && key0 + 16 <= all_hi;
+    const bool whole = Whole(key0, valid);
 #pragma unroll
     for (int t = 0; t < 2; ++t) {
 #pragma unroll
@@ -110,6 +151,38 @@ struct StageScoring : flash::RowScores {
         sc[t][e] = x;
       }
     }
+    MaskStageAndMax(sc, key0, valid, whole, lane, blk_max);
+  }
+  // Apply with ScaleRows' per-row scales, and one softcap branch for the stage rather than the
+  // compiler's one per element (8 branches a stage on the fp8 form's issue-bound path).
+  __device__ __forceinline__ void ApplyRows(float (&sc)[2][4], int key0, uint32_t valid, int lane,
+                                            float (&blk_max)[2]) const {
+    const bool whole = Whole(key0, valid);
+#pragma unroll
+    for (int t = 0; t < 2; ++t) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) sc[t][e] *= row_scale[e / 2];
+    }
+    if (softcap) {
+#pragma unroll
+      for (int t = 0; t < 2; ++t) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) sc[t][e] = cap_log2 * tanhf(sc[t][e]);
+      }
+    }
+    MaskStageAndMax(sc, key0, valid, whole, lane, blk_max);
+  }
+
+  // Whether every row sees the whole stage: then Apply skips the per-element mask (a
+  // warp-uniform branch).
+  __device__ __forceinline__ bool Whole(int key0, uint32_t valid) const {
+    return valid == 0xffffu && key0 >= all_lo && key0 + 16 <= all_hi;
+  }
+
+  // Apply's end: -inf where a row does not see the key, and each row half's max.
+  __device__ __forceinline__ void MaskStageAndMax(float (&sc)[2][4], int key0, uint32_t valid,
+                                                  bool whole, int lane,
+                                                  float (&blk_max)[2]) const {
     if (!whole) {
 #pragma unroll
       for (int t = 0; t < 2; ++t) {

@@ -3,6 +3,6 @@
 #include "ffi/cuda/attention/sm90/fwd/launch.cuh"
 
 namespace jax_sgl::cuda {
-template cudaError_t LaunchFlashFwdSm90<f16_t, 256>(const AttentionParams&, void*, cudaStream_t);
+template cudaError_t LaunchFlashFwdSm90<f16_t, 256>(const AttentionParams&, int, void*, cudaStream_t);
 }  // namespace jax_sgl::cuda
 #endif

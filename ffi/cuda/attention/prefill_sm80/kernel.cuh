@@ -3,9 +3,17 @@
 // cp.async. One kernel for dense, varlen and paged KV: every key row is gathered through
 // AttentionParams (KeyRow), so a paged call costs one page-table read per key row and nothing else.
 //
+// fp8 operands (kFp8: e4m3 V, K and q as AttentionParams says; LaunchFlashFwdFp8) take the
+// same ldmatrix / mma path in T = bf16 or fp16: their bytes land in a ring of their own and are
+// widened into the 16-bit tiles before the tile's mma, and the descales join the score scale
+// (q_descale * k_descale) and the output (v_descale) where the CPU kernel applies them.
+//
 // Parts, in the order the kernel uses them:
 //   FlashConfig   tile sizes and the shared-memory plan (why each size: see the comments there)
 //   LoadQ/LoadKV  global -> shared staging with zero fill (padding rows, features past d, masked keys)
+//   LoadQFp8/LoadKVFp8/WidenTile  the same for fp8 operands: e4m3 bytes, widened into the tiles
+//   (LoadQ and LoadQFp8 share the walk StageQ; LoadKV keeps its own loop, as a shared walk for
+//   K/V changed the 16-bit kernels' SASS under -lineinfo)
 //   the kernel    QK^T -> mask/softcap -> online softmax -> PV, then the epilogue that merges the
 //                 warps' partial rows, normalizes and writes out + lse (or the split-KV partials).
 // Included only by the generated instantiation files (instantiations/), one per dtype x head dim.
@@ -15,6 +23,7 @@
 
 #include "ffi/common/attention_seq.h"
 #include "ffi/common/attention_sink.h"
+#include "ffi/cuda/attention/common/e4m3.cuh"
 #include "ffi/cuda/attention/common/mma.cuh"
 #include "ffi/cuda/attention/common/launch.cuh"
 #include "ffi/cuda/attention/common/row_scores.cuh"
@@ -23,7 +32,7 @@
 namespace jax_sgl::cuda {
 namespace flash {
 
-template <int kD, bool kDecode>
+template <int kD, bool kDecode, bool kFp8 = false>
 struct FlashConfig {
   static_assert(kD % 32 == 0, "head-dim capacity must split into 4 x 16-byte chunks");
   static constexpr int kThreads = 128;
@@ -47,8 +56,23 @@ struct FlashConfig {
   static constexpr int kQBytes = kBlockM * kStride * 2;
   static constexpr int kTileBytes = kBlockN * kStride * 2;
   static constexpr int kStageBytes = 2 * kTileBytes;  // K then V
-  static constexpr int kFlagsOffset = kQBytes + 2 * kStageBytes;
-  static constexpr int kMainBytes = kFlagsOffset + 2 * kBlockN;  // + key-valid flags per stage
+  // The fp8 form's plan (kFp8; 84 KiB at kD = 128 against 85 for 16 bits, so two CTAs per SM
+  // stay resident and sm_86 / sm_89's 99 KiB per block holds every capacity): V, always e4m3, is
+  // widened into one 16-bit tile, as is an e4m3 K (into K tile 0), since a tile's widening
+  // follows the barrier after the previous tile's mma; a 16-bit K (v_dequant) is cp.async'd
+  // into both K tiles as in the 16-bit kernel. e4m3 bytes land in rings of kBlockN x kD bytes
+  // (unpadded: WidenTile reads them with 8-byte loads, consecutive threads consecutive chunks):
+  // K's two stages inside K tile 1, V's two behind the key flags.
+  static constexpr int kKStageBytes = kFp8 ? kTileBytes : kStageBytes;  // K tile st to st + 1
+  static constexpr int kVStageBytes = kFp8 ? 0 : kStageBytes;       // V tile st to st + 1
+  static constexpr int kVTileOffset = kFp8 ? 2 * kTileBytes : kTileBytes;  // past stage st's start
+  static constexpr int kFlagsOffset =
+      kFp8 ? kQBytes + 3 * kTileBytes : kQBytes + 2 * kStageBytes;
+  static constexpr int kRawTileBytes = kFp8 ? kBlockN * kD : 0;
+  static constexpr int kRawKOffset = kQBytes + kTileBytes;
+  static constexpr int kRawVOffset = kFlagsOffset + 2 * kBlockN;  // + key-valid flags per stage
+  static constexpr int kMainBytes = kRawVOffset + 2 * kRawTileBytes;
+  static_assert(2 * kRawTileBytes <= kTileBytes, "K's byte ring must fit in one 16-bit tile");
   // Epilogue (reuses the same memory): float32 rows per warp column + per-row m, l, lse.
   static constexpr int kOStride = kD + 4;
   static constexpr int kOBytes = kWarpsN * kBlockM * kOStride * 4;
@@ -57,15 +81,17 @@ struct FlashConfig {
   static_assert(kBlockN % kRowsPerPass == 0, "key tile must be a whole number of staging passes");
 };
 
-// Stages the CTA's packed q rows [m0, m0 + kBlockM); rows past `rows` and features past d are 0.
-template <typename T, typename Cfg>
-__device__ __forceinline__ void LoadQ(const AttentionParams& p, const SeqBounds& s, int kv_head,
-                                      int group, int m0, int rows, T* sq) {
-  const T* q = static_cast<const T*>(p.q);
+// Walks the CTA's packed q rows [m0, m0 + kBlockM) as the staging threads share them (4 per row,
+// 8-element chunks tc, tc + 4, ...): copy(dst, src, ok) for each chunk, src a chunk of q (of
+// element type Src) or, where !ok (rows past `rows`, features past d: zeros), q itself.
+template <typename Src, typename T, typename Cfg, typename Copy>
+__device__ __forceinline__ void StageQ(const AttentionParams& p, const SeqBounds& s, int kv_head,
+                                       int group, int m0, int rows, T* sq, Copy copy) {
+  const Src* q = static_cast<const Src*>(p.q);
   const int tr = threadIdx.x / 4, tc = threadIdx.x % 4;
   for (int r = tr; r < Cfg::kBlockM; r += Cfg::kRowsPerPass) {
     const bool row_ok = m0 + r < rows;
-    const T* src = q;
+    const Src* src = q;
     if (row_ok) {
       const PackedRow pr = Unpack(s, kv_head, group, m0 + r);
       src = q + (pr.q_row * p.num_heads + pr.head) * p.head_dim;
@@ -74,9 +100,18 @@ __device__ __forceinline__ void LoadQ(const AttentionParams& p, const SeqBounds&
     for (int i = 0; i < Cfg::kChunksPerThread; ++i) {
       const int c = tc + 4 * i;
       const bool ok = row_ok && c * 8 < p.head_dim;
-      CpAsync16(sq + r * Cfg::kStride + c * 8, ok ? src + c * 8 : q, ok ? 16 : 0);
+      copy(sq + r * Cfg::kStride + c * 8, ok ? src + c * 8 : q, ok);
     }
   }
+}
+
+// Stages the CTA's packed q rows; rows past `rows` and features past d are 0.
+template <typename T, typename Cfg>
+__device__ __forceinline__ void LoadQ(const AttentionParams& p, const SeqBounds& s, int kv_head,
+                                      int group, int m0, int rows, T* sq) {
+  StageQ<T, T, Cfg>(p, s, kv_head, group, m0, rows, sq, [](T* dst, const T* src, bool ok) {
+    CpAsync16(dst, src, ok ? 16 : 0);
+  });
 }
 
 // Stages keys [n0, n0 + kBlockN) of the K and V tiles; keys at or past n_end and keys whose page
@@ -109,10 +144,69 @@ __device__ __forceinline__ void LoadKV(const AttentionParams& p, int b, const Se
   }
 }
 
+// LoadQ for e4m3 q: 8 bytes per chunk, widened to T on the way into shared memory (once per CTA,
+// so plain loads; the zero chunks need no load).
+template <typename T, typename Cfg>
+__device__ __forceinline__ void LoadQFp8(const AttentionParams& p, const SeqBounds& s, int kv_head,
+                                         int group, int m0, int rows, T* sq) {
+  StageQ<uint8_t, T, Cfg>(p, s, kv_head, group, m0, rows, sq,
+                          [](T* dst, const uint8_t* src, bool ok) {
+    uint4 w = make_uint4(0u, 0u, 0u, 0u);
+    if (ok) w = E4m3x8To<T>(*reinterpret_cast<const uint2*>(src));
+    *reinterpret_cast<uint4*>(dst) = w;
+  });
+}
+
+// LoadKV for an e4m3 V and a K that is e4m3 (k_fp8: into the byte ring rk, widened later) or T
+// (straight into sk, as LoadKV): 8-byte copies of the bytes, so K/V row and head strides of 8
+// elements do (fwd_dispatch.cc CheckPortableFp8).
+template <typename T, typename Cfg>
+__device__ __forceinline__ void LoadKVFp8(const AttentionParams& p, int b, const SeqBounds& s,
+                                          int kv_head, int n0, int n_end, bool k_fp8, T* sk,
+                                          uint8_t* rk, uint8_t* rv, uint8_t* flags) {
+  const int k_elem = k_fp8 ? 1 : int(sizeof(T));
+  const char* k = static_cast<const char*>(p.k);
+  const uint8_t* v = static_cast<const uint8_t*>(p.v);
+  const char* k_head = k + kv_head * p.k_head_stride * k_elem;
+  const uint8_t* v_head = v + kv_head * p.v_head_stride;
+  const int tr = threadIdx.x / 4, tc = threadIdx.x % 4;
+#pragma unroll
+  for (int r = tr; r < Cfg::kBlockN; r += Cfg::kRowsPerPass) {
+    const int j = n0 + r;
+    const int64_t row = j < n_end ? KeyRow(p, b, s, j) : -1;
+    const bool ok = row >= 0;
+    const char* ksrc = ok ? k_head + row * p.k_row_stride * k_elem : k;
+    const uint8_t* vsrc = ok ? v_head + row * p.v_row_stride : v;
+#pragma unroll
+    for (int i = 0; i < Cfg::kChunksPerThread; ++i) {
+      const int c = tc + 4 * i;
+      const bool kok = ok && c * 8 < p.head_dim, vok = ok && c * 8 < p.head_dim_v;
+      if (k_fp8)
+        CpAsync8(rk + r * (Cfg::kChunks * 8) + c * 8, kok ? ksrc + c * 8 : k, kok ? 8 : 0);
+      else
+        CpAsync16(sk + r * Cfg::kStride + c * 8, kok ? ksrc + c * 16 : k, kok ? 16 : 0);
+      CpAsync8(rv + r * (Cfg::kChunks * 8) + c * 8, vok ? vsrc + c * 8 : v, vok ? 8 : 0);
+    }
+    if (tc == 0) flags[r] = ok;
+  }
+}
+
+// A landed byte tile [kBlockN][kD] of e4m3 widened into the 16-bit tile dst (kStride rows).
+template <typename T, typename Cfg>
+__device__ __forceinline__ void WidenTile(const uint8_t* raw, T* dst) {
+  constexpr int kD = Cfg::kChunks * 8;
+#pragma unroll
+  for (int idx = threadIdx.x; idx < Cfg::kBlockN * Cfg::kChunks; idx += Cfg::kThreads) {
+    const int r = idx / Cfg::kChunks, c = idx % Cfg::kChunks;
+    const uint2 w = *reinterpret_cast<const uint2*>(raw + r * kD + c * 8);
+    *reinterpret_cast<uint4*>(dst + r * Cfg::kStride + c * 8) = E4m3x8To<T>(w);
+  }
+}
+
 // grid: x = packed-row blocks, y = KV splits, z = batch * num_kv_heads. 128 threads.
-template <typename T, int kD, bool kDecode>
+template <typename T, int kD, bool kDecode, bool kFp8 = false>
 __global__ void __launch_bounds__(128) FlashFwdKernel(const FlashFwdArgs args) {
-  using Cfg = FlashConfig<kD, kDecode>;
+  using Cfg = FlashConfig<kD, kDecode, kFp8>;
   constexpr int kNT = Cfg::kWarpN / 8;  // n8 tiles of S per warp
   constexpr int kDT = kD / 8;           // n8 tiles of the output per warp
   extern __shared__ __align__(16) uint8_t smem[];
@@ -135,11 +229,24 @@ __global__ void __launch_bounds__(128) FlashFwdKernel(const FlashFwdArgs args) {
   const int blk_end = min(n_blocks, blk_begin + per_split);
 
   T* sq = reinterpret_cast<T*>(smem);
-  auto stage_k = [&](int st) { return reinterpret_cast<T*>(smem + Cfg::kQBytes + st * Cfg::kStageBytes); };
+  // kFp8: whether K is e4m3 too (fp8 q/k/v, the fp8 KV cache) or T (v_dequant).
+  const bool k_fp8 = kFp8 && p.k_type == DType::kF8E4M3;
+  auto stage_k = [&](int st) {
+    return reinterpret_cast<T*>(smem + Cfg::kQBytes + (k_fp8 ? 0 : st) * Cfg::kKStageBytes);
+  };
   auto stage_v = [&](int st) {
-    return reinterpret_cast<T*>(smem + Cfg::kQBytes + st * Cfg::kStageBytes + Cfg::kTileBytes);
+    return reinterpret_cast<T*>(smem + Cfg::kQBytes + st * Cfg::kVStageBytes + Cfg::kVTileOffset);
   };
   auto stage_flags = [&](int st) { return smem + Cfg::kFlagsOffset + st * Cfg::kBlockN; };
+  auto raw_k = [&](int st) { return smem + Cfg::kRawKOffset + st * Cfg::kRawTileBytes; };
+  auto raw_v = [&](int st) { return smem + Cfg::kRawVOffset + st * Cfg::kRawTileBytes; };
+  auto load_kv = [&](int n0, int st) {
+    if constexpr (kFp8)
+      LoadKVFp8<T, Cfg>(p, b, s, kv_head, n0, n_hi, k_fp8, stage_k(st), raw_k(st), raw_v(st),
+                        stage_flags(st));
+    else
+      LoadKV<T, Cfg>(p, b, s, kv_head, n0, n_hi, stage_k(st), stage_v(st), stage_flags(st));
+  };
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int wm = warp % Cfg::kWarpsM, wn = warp / Cfg::kWarpsM;
@@ -147,17 +254,20 @@ __global__ void __launch_bounds__(128) FlashFwdKernel(const FlashFwdArgs args) {
   const bool warp_active = m0 + wm * 16 < rows;
 
   // This thread's two rows (lane / 4 and lane / 4 + 8 of the warp's 16) and their key ranges.
-  const RowScores scoring(p, s, group, m0 + wm * 16, rows, 0, lane);
+  RowScores scoring(p, s, group, m0 + wm * 16, rows, 0, lane);
+  if constexpr (kFp8)
+    scoring.ScaleBy(Descale(p.q_descale, p, b, kv_head) * Descale(p.k_descale, p, b, kv_head));
 
   float o[kDT][4];
 #pragma unroll
   for (int t = 0; t < kDT; ++t) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.f;
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
 
-  LoadQ<T, Cfg>(p, s, kv_head, group, m0, rows, sq);
-  if (blk_begin < blk_end)
-    LoadKV<T, Cfg>(p, b, s, kv_head, n_lo + blk_begin * Cfg::kBlockN, n_hi, stage_k(0), stage_v(0),
-                   stage_flags(0));
+  if (kFp8 && p.q_type == DType::kF8E4M3)
+    LoadQFp8<T, Cfg>(p, s, kv_head, group, m0, rows, sq);
+  else
+    LoadQ<T, Cfg>(p, s, kv_head, group, m0, rows, sq);
+  if (blk_begin < blk_end) load_kv(n_lo + blk_begin * Cfg::kBlockN, 0);
   CpAsyncCommit();
 
   for (int blk = blk_begin; blk < blk_end; ++blk) {
@@ -166,10 +276,15 @@ __global__ void __launch_bounds__(128) FlashFwdKernel(const FlashFwdArgs args) {
     // Tile blk has landed, and every warp is done with the other stage: refill it.
     CpAsyncWaitAll();
     __syncthreads();
-    if (blk + 1 < blk_end)
-      LoadKV<T, Cfg>(p, b, s, kv_head, n0 + Cfg::kBlockN, n_hi, stage_k(st ^ 1), stage_v(st ^ 1),
-                     stage_flags(st ^ 1));
+    if (blk + 1 < blk_end) load_kv(n0 + Cfg::kBlockN, st ^ 1);
     CpAsyncCommit();
+    if constexpr (kFp8) {
+      // Tile blk's bytes into the 16-bit tiles (free: their last reader, tile blk - 1's mma,
+      // finished before the barrier above).
+      if (k_fp8) WidenTile<T, Cfg>(raw_k(st), stage_k(st));
+      WidenTile<T, Cfg>(raw_v(st), stage_v(st));
+      __syncthreads();
+    }
     if (!warp_active) continue;
 
     const T* sk = stage_k(st) + wn * Cfg::kWarpN * Cfg::kStride;
@@ -270,6 +385,8 @@ __global__ void __launch_bounds__(128) FlashFwdKernel(const FlashFwdArgs args) {
                     Unpack(s, kv_head, group, m0 + r_loc[h]).head,
                     l_all > 0.f ? (m_all + log2f(l_all)) * kLn2 : -INFINITY);
     f[h] = l_all > 0.f ? fin.scale * exp2f(m_run[h] - m_all) / l_all : 0.f;
+    // v_descale is linear in the output, so each split's partial takes it before the combine.
+    if constexpr (kFp8) f[h] *= Descale(p.v_descale, p, b, kv_head);
     if (wn == 0 && lane % 4 == 0) slse[r_loc[h]] = fin.lse;
   }
 #pragma unroll
@@ -338,6 +455,22 @@ cudaError_t LaunchFlashFwd(const FlashFwdArgs& args, int m_blocks, cudaStream_t 
   const dim3 grid(m_blocks, args.num_splits, args.p.batch * args.p.num_kv_heads);
   return LaunchWithSmem(flash::FlashFwdKernel<T, kHeadDim, kDecode>, grid, Cfg::kThreads,
                         Cfg::kSmemBytes, stream, args);
+}
+
+// fp8 operands run the prefill warp layout only, whatever the rows: one instantiation per
+// (T, head dim) keeps this general path's build small; decode-shaped fp8-KV calls have the
+// fp8-KV decode kernels (fwd_dispatch.cc).
+template <typename T, int kHeadDim>
+cudaError_t LaunchFlashFwdFp8(const FlashFwdArgs& args, int m_blocks, cudaStream_t stream) {
+  using Cfg = flash::FlashConfig<kHeadDim, false, true>;
+  const dim3 grid(m_blocks, args.num_splits, args.p.batch * args.p.num_kv_heads);
+  return LaunchWithSmem(flash::FlashFwdKernel<T, kHeadDim, false, true>, grid, Cfg::kThreads,
+                        Cfg::kSmemBytes, stream, args);
+}
+
+template <typename T, int kHeadDim>
+int FlashFwdFp8SmemBytes() {
+  return flash::FlashConfig<kHeadDim, false, true>::kSmemBytes;
 }
 
 }  // namespace jax_sgl::cuda

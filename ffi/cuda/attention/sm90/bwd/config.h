@@ -11,7 +11,17 @@
 // (SS wgmma; each consumer one half of the dQ tile), added to a float32 buffer with vector
 // reductions (bwd_kernel.cuh). dK is issued after dQ, so it runs while the dQ part is reduced.
 //
+// hd96 runs on this shape, not wide_config.h's head-dim split: its dK + dV (96 floats) fit
+// beside 64-row score tiles (96 + 64 + 24 dQ = 184 registers), and this shape keeps P^T / dS^T
+// in registers (RS wgmma) and covers 128 keys per CTA, where the wide one writes both through
+// smem and reloads Q / dO for every 64 keys. What 96 changes is the swizzle: 96 features are not
+// whole 128-byte atoms (64 features), so Q / dO use 64-byte ones (3 of 32), and K / V 32-byte
+// ones, because each consumer's dQ columns (K^T as wgmma's MN-major B operand, 48 features)
+// must be whole atoms too (3 of 16). wgmma N = 96 and 48 need CUTE_SM90_EXTENDED_MMA_SHAPES.
+//
 #pragma once
+
+#include <type_traits>
 
 #include <cute/tensor.hpp>
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
@@ -26,7 +36,8 @@ template <typename Element_, int kHeadDim_>
 struct BwdConfig {
   using Element = Element_;  // cutlass::bfloat16_t or cutlass::half_t
   static constexpr int kHeadDim = kHeadDim_;
-  static_assert(kHeadDim == 64 || kHeadDim == 128, "the sm90 backward serves head dims 64, 128");
+  static_assert(kHeadDim == 64 || kHeadDim == 96 || kHeadDim == 128,
+                "this shape of the sm90 backward serves head dims 64, 96, 128");
 
   static constexpr int kConsumers = 2;
   static constexpr int kWarpgroupKeys = 64;                   // wgmma M of the key-major GEMMs
@@ -34,8 +45,8 @@ struct BwdConfig {
   // Query rows per step. Per consumer thread the float32 registers are dK + dV (kHeadDim), S^T
   // and dP^T (kBlockM / 2 each) and the dQ part (kBlockM * kHeadDim / 256): at hd128, 64 rows
   // give 128 + 64 + 32 = 224 under the 240 setmaxnreg grants; hd64 affords 128 rows (64 + 128 +
-  // 32), which halves the q steps and their fixed costs.
-  static constexpr int kBlockM = kHeadDim == 128 ? 64 : 128;
+  // 32), which halves the q steps and their fixed costs; hd96 cannot (96 + 128 + 48).
+  static constexpr int kBlockM = kHeadDim == 64 ? 128 : 64;
   // Q (and dO) tiles in flight: a third stage cost 1-3% forward+backward on the H200.
   static constexpr int kStages = 2;
   static constexpr int kThreads = 128 * (1 + kConsumers);
@@ -43,12 +54,13 @@ struct BwdConfig {
   static constexpr int kConsumerRegs = 240;  // (24 + 2 * 240) * 128 <= 65536
 
   // dQ tile [kBlockM, kHeadDim] split between the consumers: by columns at hd128 (64 rows, wgmma
-  // M = 64 takes them all), by rows at hd64 (128 rows). Each consumer's part is 64 x 64.
+  // M = 64 takes them all), by rows at hd64 (128 rows). Each consumer's part is 64 x 64 (hd96:
+  // 64 x 48).
   static constexpr int kDqSplitM = kBlockM / 64;
   static constexpr int kDqSplitN = kConsumers / kDqSplitM;
   static constexpr int kDqRows = kBlockM / kDqSplitM;
   static constexpr int kDqCols = kHeadDim / kDqSplitN;
-  static_assert(kDqRows == 64 && kDqCols == 64);
+  static_assert(kDqRows == 64 && kDqCols % 16 == 0);
   // Floats of one consumer's dQ part: the unit of the dq_accum layout (bwd_kernel.cuh).
   static constexpr int kDqPartFloats = kDqRows * kDqCols;
 
@@ -71,12 +83,20 @@ struct BwdConfig {
       SM90::GMMA::ss_op_selector<Element, Element, float, TileDq, GMMA::Major::MN,
                                  GMMA::Major::MN>()));
 
-  using SwizzleAtom = GMMA::Layout_K_SW128_Atom<Element>;
+  // The largest swizzle whose atoms tile the head dim (Q, dO) and each dQ part's columns (K, V;
+  // one TMA descriptor type loads both): 128 bytes at hd64 / hd128, 64 and 32 at hd96.
+  template <int kFeatures>
+  using AtomFor = std::conditional_t<
+      kFeatures % 64 == 0, GMMA::Layout_K_SW128_Atom<Element>,
+      std::conditional_t<kFeatures % 32 == 0, GMMA::Layout_K_SW64_Atom<Element>,
+                         GMMA::Layout_K_SW32_Atom<Element>>>;
+  using SwizzleAtom = AtomFor<kHeadDim>;
+  using SwizzleAtomKV = AtomFor<kDqCols>;
   // K and V: [64 keys, head dim, consumer]; each half is one TMA box, loaded and (as dK, dV)
   // stored by the same descriptor.
-  using SmemLayoutKVHalf = decltype(tile_to_shape(SwizzleAtom{}, KeysD{}));
+  using SmemLayoutKVHalf = decltype(tile_to_shape(SwizzleAtomKV{}, KeysD{}));
   using SmemLayoutKV = decltype(tile_to_shape(
-      SwizzleAtom{}, Shape<Int<kWarpgroupKeys>, Int<kHeadDim>, Int<kConsumers>>{}));
+      SwizzleAtomKV{}, Shape<Int<kWarpgroupKeys>, Int<kHeadDim>, Int<kConsumers>>{}));
   // K as the B operand of dQ = dS K: [head dim, (64 keys, consumer)] over the same bytes.
   using SmemLayoutKt = decltype(composition(
       SmemLayoutKV{},

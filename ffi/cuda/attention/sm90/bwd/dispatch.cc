@@ -38,21 +38,28 @@ bool Built(DType t, int d) {
 }  // namespace
 
 const char* Sm90BwdUnsupported(const AttentionParams& p) {
-  if (p.cu_seqlens_q != nullptr || p.kv_layout != KvLayout::kDense)
-    return "sm90 backward: dense layout only (varlen runs on the sm80 backward)";
+  const bool varlen = p.cu_seqlens_q != nullptr || p.kv_layout != KvLayout::kDense;
+  if (p.kv_layout == KvLayout::kPaged) return "sm90 backward: no paged K/V";
+  // Varlen runs on the wide kernel's kVarlen instantiation (wide_kernel.cuh) at every head dim:
+  // config.h's kernel has none.
+  if (varlen && (p.cu_seqlens_q == nullptr || p.kv_layout != KvLayout::kVarlen))
+    return "sm90 backward: varlen q and k together (cu_seqlens_q and cu_seqlens_k)";
   if (!HalfPrecisionOperands(p))
     return "sm90 backward: float16/bfloat16 q, k, v and out only";
   if (p.head_dim != p.head_dim_v || !Built(p.q_type, p.head_dim))
-    return "sm90 backward: head_dim == head_dim_v in the built set (64, 128, 192, 256) only";
-  // The atomic-free dQ kernel (dq_kernel.cuh) holds a [64 rows, D] float32 dQ per warpgroup in
-  // registers: 128 floats per thread at hd256 beside S, dP and dS, over the 240 setmaxnreg
-  // grants; the sm80 dQ kernel stops at 128.
-  if (p.head_dim > 128 && p.deterministic)
-    return "sm90 backward: deterministic=True at head dims up to 128 only";
-  if (p.seqlen_q < 1 || p.seqlen_k < 1) return "sm90 backward: non-empty q and k";
-  // TMA byte strides below 2^40; the dQ accumulator's float offsets below 2^38 as well.
-  if ((int64_t(p.seqlen_q) + 128) * p.num_heads * p.head_dim * p.batch >= (int64_t(1) << 36) ||
-      int64_t(p.seqlen_k) * p.num_kv_heads * p.head_dim * p.batch >= (int64_t(1) << 36))
+    return "sm90 backward: head_dim == head_dim_v in the built set (64, 96, 128, 192, 256) only";
+  // The atomic-free dQ kernel (dq_kernel.cuh) reads dense tensors only.
+  if (varlen && p.deterministic)
+    return "sm90 backward: deterministic=True on the dense layout only (varlen dQ is reduced)";
+  if (varlen ? p.total_q < 1 || p.total_k < 1 : p.seqlen_q < 1 || p.seqlen_k < 1)
+    return "sm90 backward: non-empty q and k";
+  // TMA byte strides below 2^40; the dQ accumulator's float offsets below 2^38 as well (varlen:
+  // the padded workspace's rows, Sm90BwdVarlenWsRows).
+  const int64_t q_rows = varlen ? p.total_q + int64_t(128) * (p.batch + 1)
+                                : (int64_t(p.seqlen_q) + 128) * p.batch;
+  const int64_t k_rows = varlen ? p.total_k : int64_t(p.seqlen_k) * p.batch;
+  if (q_rows * p.num_heads * p.head_dim >= (int64_t(1) << 36) ||
+      k_rows * p.num_kv_heads * p.head_dim >= (int64_t(1) << 36))
     return "sm90 backward: tensors below 2^36 elements";
   if (p.num_kv_heads > 65535 || p.batch > 65535 || p.num_heads % p.num_kv_heads != 0)
     return "sm90 backward: batch and kv heads <= 65535, whole GQA groups";
@@ -61,19 +68,28 @@ const char* Sm90BwdUnsupported(const AttentionParams& p) {
   return nullptr;
 }
 
-// Every built instantiation passed the GPU gradient tests (hd64 / hd128 x bf16 / fp16, both dQ
-// modes; H100 and H200, 2026-12-02), so all run by default; JAX_SGL_DISABLE=sm90_bwd (a bit of
-// p.disable) turns them off.
+// hd64 / hd128 passed the GPU gradient tests (bf16 / fp16, both dQ modes; H100 and H200,
+// 2026-12-02); hd96, hd192 / hd256 and the varlen and deterministic paths above 128 await their
+// first GPU run (tests/test_attention_grad_wide_gpu.py). All run by default; JAX_SGL_DISABLE=
+// sm90_bwd (a bit of p.disable) turns them off.
 bool Sm90BwdEnabled(const AttentionParams& p, const DeviceInfo& dev) {
   if (p.disable & kDisableSm90Bwd) return false;
   return IsSm90(dev);
 }
 
-// hd64: config.h's 128-row steps; hd128: 64 rows; hd192 / hd256: wide_config.h's 64.
-int Sm90BwdRowBlock(const AttentionParams& p) { return p.head_dim >= 128 ? 64 : 128; }
+// hd64: config.h's 128-row steps; hd96 / hd128: 64 rows; hd192 / hd256 and varlen:
+// wide_config.h's 64.
+int Sm90BwdRowBlock(const AttentionParams& p) {
+  return p.head_dim == 64 && p.cu_seqlens_q == nullptr ? 128 : 64;
+}
+
+int Sm90BwdVarlenWsRows(const AttentionParams& p) {
+  const int64_t block = Sm90BwdRowBlock(p);
+  return int((p.total_q + block * p.batch + block - 1) / block * block);
+}
 
 size_t Sm90BwdDqAccumFloats(const AttentionParams& p, int ws_rows) {
-  return size_t(p.batch) * p.num_heads * ws_rows * p.head_dim;
+  return size_t(p.cu_seqlens_q != nullptr ? 1 : p.batch) * p.num_heads * ws_rows * p.head_dim;
 }
 
 const char* Sm90BwdBuiltKernels() {
@@ -87,8 +103,8 @@ const char* Sm90BwdBuiltKernels() {
 }
 
 bool Sm90BwdTailSplitRequested(const AttentionParams& p) {
-  // The wide head dims' kernel (wide_launch.cuh) has no tail split.
-  return p.head_dim <= 128 && !p.causal && p.window_left < 0 && p.window_right < 0 && p.seqused_k == nullptr &&
+  // The wide kernel (wide_launch.cuh: head dims above 128, varlen) has no tail split.
+  return p.head_dim <= 128 && p.cu_seqlens_q == nullptr && !p.causal && p.window_left < 0 && p.window_right < 0 && p.seqused_k == nullptr &&
          p.softcap <= 0.f;
 }
 

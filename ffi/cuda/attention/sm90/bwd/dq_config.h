@@ -6,7 +6,11 @@
 //   P = exp2(S scale log2e - lse2),  dS = P (dP - D)
 //   dQ += dS K                          (RS wgmma: dS from registers, K read transposed)
 // dQ stays in registers; every dQ row is written once, by one CTA: no atomics.
+// Head dims 192 / 256 (the deterministic mode of the wide backward) take 32-key tiles: dQ is then
+// 128 floats per thread at hd256, beside S, dP (16 each) and the dS operand (8).
 #pragma once
+
+#include <type_traits>
 
 #include <cute/tensor.hpp>
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
@@ -21,14 +25,16 @@ template <typename Element_, int kHeadDim_>
 struct BwdDqConfig {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
-  static_assert(kHeadDim == 64 || kHeadDim == 128);
+  static_assert(kHeadDim == 64 || kHeadDim == 96 || kHeadDim == 128 || kHeadDim == 192 ||
+                kHeadDim == 256);
 
   static constexpr int kWarpgroupRows = 64;
   static constexpr int kConsumers = 2;
   static constexpr int kBlockM = kWarpgroupRows * kConsumers;
   // Keys per tile: S and dP take kBlockN / 2 float registers each, dQ kHeadDim / 2 and the dS
-  // operand kBlockN / 4: 64 keys keep hd128 at 32 + 32 + 64 + 16 (room to spare under 240).
-  static constexpr int kBlockN = 64;
+  // operand kBlockN / 4: 64 keys keep hd128 at 32 + 32 + 64 + 16 (room to spare under 240);
+  // hd256 takes 32 keys: 16 + 16 + 128 + 8.
+  static constexpr int kBlockN = kHeadDim > 128 ? 32 : 64;
   static constexpr int kStages = 2;
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static constexpr int kProducerRegs = 24;
@@ -45,7 +51,9 @@ struct BwdDqConfig {
       SM90::GMMA::rs_op_selector<Element, Element, float, TileDq, GMMA::Major::K,
                                  GMMA::Major::MN>()));
 
-  using SwizzleAtom = GMMA::Layout_K_SW128_Atom<Element>;
+  // 128-byte atoms (64 features) where they tile the head dim, 64-byte ones at hd96.
+  using SwizzleAtom = std::conditional_t<kHeadDim % 64 == 0, GMMA::Layout_K_SW128_Atom<Element>,
+                                         GMMA::Layout_K_SW64_Atom<Element>>;
   // Q and dO: [64 rows, head dim, consumer] (one TMA box per half); dQ reuses the Q half.
   using SmemLayoutRowsHalf = decltype(tile_to_shape(SwizzleAtom{}, RowsD{}));
   using SmemLayoutRows = decltype(tile_to_shape(

@@ -71,9 +71,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const int batch = blockIdx.z;
   const int kv_head = head / params.group;
   const int m0 = m_block * kBlockM;
-  const int k_len = params.seqused_k == nullptr
-                        ? params.seqlen_k
-                        : min(max(params.seqused_k[batch], 0), params.seqlen_k);
+  const int k_len = UsedKeys(params.seqused_k, batch, params.seqlen_k);
   const int diag = k_len - params.seqlen_q;
   // Key tiles [n_begin, n_end): from the first row's window start to the last row's window end.
   const int wl = params.window_left, wr = params.window_right;

@@ -29,6 +29,7 @@
 #include <cutlass/arch/reg_reconfig.h>
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
+#include "ffi/cuda/attention/flash_bwd_launch.h"  // FindPaddedSeq
 #include "ffi/cuda/attention/sm90/bwd/config.h"
 #include "ffi/cuda/attention/sm90/fwd/softmax.h"  // AccCoord
 #include "ffi/cuda/attention/sm90/wgmma.cuh"
@@ -72,6 +73,17 @@ struct BwdKernelParams {
   int tail_splits;
   float* tail_dk;      // [tail block, split, kBlockN, head_dim]
   float* tail_dv;
+  // Varlen (the wide kernel's kVarlen instantiation only; appended, so the dense kernels' fields
+  // keep their places): q / dout and k / v as packed rows [total, head dim, heads, 1], one CTA
+  // per linear key block of all sequences (varlen_block.cuh), the workspace per sequence at
+  // PaddedSeqRow0, dK / dV stored row by row.
+  const int* cu_seqlens_q;  // [batch + 1], or nullptr (dense)
+  const int* cu_seqlens_k;
+  int total_q;
+  int total_k;
+  int batch;
+  typename Cfg::Element* dk;  // [total_k, num_kv_heads, head_dim]
+  typename Cfg::Element* dv;
 };
 
 // Named barriers (ids after CUTLASS's reserved ones).
@@ -160,12 +172,12 @@ __device__ __forceinline__ void PToDs(const AccP& p, AccDp& dp, Dsum dsum) {
 
 // Whether a step of rows [row0, row0 + block_m) against the CTA's keys [n0, n0 + block_n) needs
 // the mask: its rows or keys run past the ends, or a row does not see every key (causal
-// diagonal, sliding window: bottom-right aligned, diag = k_len - seqlen_q).
+// diagonal, sliding window: bottom-right aligned, diag = k_len - q_len).
 template <typename Cfg>
 __device__ __forceinline__ bool StepMasked(BwdKernelParams<Cfg> const& params, int row0,
-                                           int block_m, int n0, int block_n, int k_len,
-                                           int diag) {
-  return n0 + block_n > k_len || row0 + block_m > params.seqlen_q ||
+                                           int block_m, int n0, int block_n, int q_len,
+                                           int k_len, int diag) {
+  return n0 + block_n > k_len || row0 + block_m > q_len ||
          (params.window_right >= 0 && row0 + diag + params.window_right < n0 + block_n - 1) ||
          (params.window_left >= 0 && row0 + block_m - 1 + diag - params.window_left > n0);
 }
@@ -173,10 +185,56 @@ __device__ __forceinline__ bool StepMasked(BwdKernelParams<Cfg> const& params, i
 // Whether query row `row` sees key `key`.
 template <typename Cfg>
 __device__ __forceinline__ bool KeyVisible(BwdKernelParams<Cfg> const& params, int key, int row,
-                                           int k_len, int diag) {
-  return key < k_len && row < params.seqlen_q &&
+                                           int q_len, int k_len, int diag) {
+  return key < k_len && row < q_len &&
          (params.window_right < 0 || key <= row + diag + params.window_right) &&
          (params.window_left < 0 || key >= row + diag - params.window_left);
+}
+
+// Keys of sequence `batch`: seqused_k's count clamped to [0, seqlen_k], or seqlen_k.
+__device__ __forceinline__ int UsedKeys(const int* seqused_k, int batch, int seqlen_k) {
+  return seqused_k == nullptr ? seqlen_k : min(max(seqused_k[batch], 0), seqlen_k);
+}
+
+// The softcap path's score math (x = cap tanh(s scale / cap), so dS also takes x' = 1 - tanh^2):
+// P and dS in one pass once both GEMMs are done. P in place in s (0 where `masked` and
+// !visible(i)), dS = P (dP - D) x' in place in dp.
+template <typename AccS, typename AccDp, typename Lse, typename Dsum, typename Visible>
+__device__ __forceinline__ void SoftcapScoresToPDs(AccS& s, AccDp& dp, float softcap_scale,
+                                                   float cap_log2, bool masked, Lse lse,
+                                                   Dsum dsum, Visible visible) {
+#pragma unroll
+  for (int i = 0; i < size(s); ++i) {
+    const float t = tanhf(s(i) * softcap_scale);
+    const float p = !masked || visible(i) ? Exp2Ftz(fmaf(t, cap_log2, -lse(i))) : 0.f;
+    dp(i) = p * (dp(i) - dsum(i)) * (1.f - t * t);
+    s(i) = p;
+  }
+}
+
+// Adds a consumer's float32 dQ part (accumulator order) to its block of dq_accum at dst.
+template <typename Acc>
+__device__ __forceinline__ void RedAddDqPart(float* dst, const Acc& dq, int thread_in_wg) {
+#pragma unroll
+  for (int j = 0; j < size(dq) / 4; ++j)
+    RedAddV4(dst + DqAccumIndex(j, thread_in_wg), dq(4 * j), dq(4 * j + 1), dq(4 * j + 2),
+             dq(4 * j + 3));
+}
+
+// dK x softmax_scale and dV, in the input dtype, into their smem partitions (the K / V tiles,
+// free once every consumer's last GEMM that reads them is done).
+template <typename Element, typename AccK, typename AccV, typename SmemK, typename SmemV>
+__device__ __forceinline__ void StoreDkDv(const AccK& dk_acc, const AccV& dv_acc,
+                                          float softmax_scale, SmemK& sk, SmemV& sv) {
+  Tensor dk = make_tensor_like<Element>(dk_acc);
+  Tensor dv = make_tensor_like<Element>(dv_acc);
+#pragma unroll
+  for (int i = 0; i < size(dk_acc); ++i) {
+    dk(i) = Element(dk_acc(i) * softmax_scale);
+    dv(i) = Element(dv_acc(i));
+  }
+  StorePairs(dk, sk);
+  StorePairs(dv, sv);
 }
 
 // The producer's loads of step (row block m): the Q tile with its lse2 row values and the dO tile
@@ -241,9 +299,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const int n0 = n_block * kBlockN;
   // Keys of this sequence: the causal diagonal and the key mask use k_len (as the sm80 kernels
   // and the reference do); a CTA wholly past it has no step and stores zero dK, dV.
-  const int k_len = params.seqused_k == nullptr
-                        ? params.seqlen_k
-                        : min(max(params.seqused_k[batch], 0), params.seqlen_k);
+  const int k_len = UsedKeys(params.seqused_k, batch, params.seqlen_k);
   const RowBlocks rows(n0, kBlockM, kBlockN, params.seqlen_q, k_len, params.window_left,
                        params.window_right);
   const int m_steps = n0 < k_len ? rows.m_end - rows.m_begin : 0;  // per q head
@@ -405,20 +461,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           warpgroup_fence_operand(tdPrdP);
           PToDs(tSrS, tdPrdP, d);
         } else {
-          // Softcap: x = cap tanh(s scale / cap), so dS^T also takes x' = 1 - tanh^2: P^T and
-          // dS^T come from one pass once both GEMMs are done.
           warpgroup_wait<0>();
           warpgroup_fence_operand(tSrS);
           warpgroup_fence_operand(tdPrdP);
-#pragma unroll
-          for (int i = 0; i < size(tSrS); ++i) {
-            const float t = tanhf(tSrS(i) * params.softcap_scale);
-            const float p = !masked || visible(i)
-                                ? Exp2Ftz(fmaf(t, params.cap_log2, -lse2[AccCoord::Col(i)]))
-                                : 0.f;
-            tdPrdP(i) = p * (tdPrdP(i) - dsum[AccCoord::Col(i)]) * (1.f - t * t);
-            tSrS(i) = p;
-          }
+          SoftcapScoresToPDs(tSrS, tdPrdP, params.softcap_scale, params.cap_log2, masked, lse, d,
+                             visible);
 #pragma unroll
           for (int i = 0; i < size(tSrS); ++i) tPrP(i) = Element(tSrS(i));
           Gemm<false, true>(mma_kv, tPrP, tdVrdO(_, _, _, read_do.index()), tdVrdV);
@@ -445,11 +492,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           warpgroup_wait<1>();  // dV and dQ done; dK runs on (it reads Q: released below)
           warpgroup_fence_operand(tdQrdQ);
           pipe_do.consumer_release(read_do);
-          float* dst = params.dq_accum + dq_tile + consumer * Cfg::kDqPartFloats;
-#pragma unroll
-          for (int j = 0; j < size(tdQrdQ) / 4; ++j)
-            RedAddV4(dst + DqAccumIndex(j, thread_in_wg), tdQrdQ(4 * j), tdQrdQ(4 * j + 1),
-                     tdQrdQ(4 * j + 2), tdQrdQ(4 * j + 3));
+          RedAddDqPart(params.dq_accum + dq_tile + consumer * Cfg::kDqPartFloats, tdQrdQ,
+                       thread_in_wg);
           warpgroup_wait<0>();
           pipe_q.consumer_release(read_q);
         } else {
@@ -490,17 +534,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     cutlass::arch::NamedBarrier::sync(kConsumerThreads, uint32_t(BwdBarrier::kMmaDone));
     Tensor tdKsK = thr_kv.partition_C(sK(_, _, consumer));
     Tensor tdVsV = thr_kv.partition_C(sV(_, _, consumer));
-    {
-      Tensor dk = make_tensor_like<Element>(tdKrdK);
-      Tensor dv = make_tensor_like<Element>(tdVrdV);
-#pragma unroll
-      for (int i = 0; i < size(tdKrdK); ++i) {
-        dk(i) = Element(tdKrdK(i) * params.softmax_scale);
-        dv(i) = Element(tdVrdV(i));
-      }
-      StorePairs(dk, tdKsK);
-      StorePairs(dv, tdVsV);
-    }
+    StoreDkDv<Element>(tdKrdK, tdVrdV, params.softmax_scale, tdKsK, tdVsV);
     cutlass::arch::fence_view_async_shared();  // generic-proxy writes -> TMA reads
     cutlass::arch::NamedBarrier::sync(128, uint32_t(BwdBarrier::kEpilogue0) + consumer);
     if (thread_in_wg == 0) {
@@ -528,10 +562,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 // thread's float4 loads are issued before the first smem store (a loop of load-then-store ran at
 // 3.2 TB/s on the H200, ncu 2026-12-03), and each float pair of a row goes out as one 4-byte
 // store: DqAccumRowCol puts elements 0, 1 (and 2, 3) of a float4 side by side in one row.
-template <typename Cfg>
+// kSeqPadded (varlen q, the wide kernel): dq_accum is [num_heads, m_blocks * kBlockM rows] in
+// the workspace's per-sequence padding (PaddedSeqRow0), one CTA per (block of those rows, q
+// head); seqlen_q is then total_q and dq packed [total_q, num_heads, head_dim]. A block no
+// sequence owns (padding) does nothing.
+template <typename Cfg, bool kSeqPadded = false>
 __global__ void __launch_bounds__(256)
     FlashBwdSm90DqConvertKernel(const float* dq_accum, typename Cfg::Element* dq, int seqlen_q,
-                                int num_heads, int m_blocks, float softmax_scale) {
+                                int num_heads, int m_blocks, float softmax_scale,
+                                const int* cu_seqlens_q = nullptr, int batch_count = 0) {
   using Element = typename Cfg::Element;
   constexpr int kBlockM = Cfg::kBlockM;
   constexpr int kD = Cfg::kHeadDim;
@@ -542,6 +581,18 @@ __global__ void __launch_bounds__(256)
   const int m = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
   const float* src =
       dq_accum + ((int64_t(batch) * num_heads + head) * m_blocks + m) * (kBlockM * kD);
+  // kSeqPadded: the dq row of the block's row 0 and the sequence's rows from there on, as the
+  // row block 0 of a "batch" of that many rows, so the store loop below serves both forms.
+  int row_block = m;
+  int64_t dq_row0 = 0;
+  if constexpr (kSeqPadded) {
+    const PaddedSeq s = FindPaddedSeq(cu_seqlens_q, batch_count, seqlen_q, int64_t(m) * kBlockM,
+                                      kBlockM);
+    if (s.rows_left <= 0) return;  // the whole CTA: padding
+    dq_row0 = s.q_row;
+    seqlen_q = s.rows_left;
+    row_block = 0;
+  }
   float4 x[kLoads];
 #pragma unroll
   for (int l = 0; l < kLoads; ++l)
@@ -570,9 +621,12 @@ __global__ void __launch_bounds__(256)
 #pragma unroll
   for (int idx = threadIdx.x; idx < kBlockM * kChunks; idx += 256) {
     const int r = idx / kChunks, c = idx % kChunks;
-    const int row = m * kBlockM + r;
+    const int row = row_block * kBlockM + r;
     if (row >= seqlen_q) continue;
-    Element* out = dq + ((int64_t(batch) * seqlen_q + row) * num_heads + head) * kD + c * 8;
+    Element* out =
+        dq + ((kSeqPadded ? dq_row0 + row : int64_t(batch) * seqlen_q + row) * num_heads + head) *
+                 kD +
+             c * 8;
     *reinterpret_cast<uint4*>(out) = *reinterpret_cast<const uint4*>(tile + r * kStride + c * 8);
   }
 }

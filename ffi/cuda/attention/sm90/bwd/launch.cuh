@@ -7,7 +7,7 @@
 
 #include "ffi/common/numeric.h"
 #include "ffi/cuda/attention/common/launch.cuh"
-#include "ffi/cuda/attention/sm90/bwd/dq_kernel.cuh"
+#include "ffi/cuda/attention/sm90/bwd/dq_launch.cuh"
 #include "ffi/cuda/attention/sm90/bwd/kernel.cuh"
 #include "ffi/cuda/attention/sm90/bwd/launch.h"
 #include "ffi/cuda/attention/sm90/bwd/make_params.cuh"
@@ -19,48 +19,7 @@ namespace jax_sgl::cuda {
 
 namespace sm90 {
 
-// The deterministic dQ kernel (bwd_dq_kernel.cuh) for one call.
-template <typename T, int kHeadDim>
-cudaError_t LaunchFlashBwdSm90Dq(const FlashBwdArgs& args, cudaStream_t stream) {
-  using Cfg = BwdDqConfig<typename CutlassType<T>::type, kHeadDim>;
-  const AttentionBwdParams& bp = args.bp;
-  const AttentionParams& p = bp.fwd;
-  auto q = DenseTensor<Cfg>(p.q, p.seqlen_q, kHeadDim, p.num_heads, p.batch);
-  auto dout = DenseTensor<Cfg>(bp.dout, p.seqlen_q, kHeadDim, p.num_heads, p.batch);
-  auto dq = DenseTensor<Cfg>(bp.dq, p.seqlen_q, kHeadDim, p.num_heads, p.batch);
-  auto k = DenseTensor<Cfg>(p.k, p.seqlen_k, kHeadDim, p.num_kv_heads, p.batch);
-  auto v = DenseTensor<Cfg>(p.v, p.seqlen_k, kHeadDim, p.num_kv_heads, p.batch);
-  using RowsHalf = typename Cfg::SmemLayoutRowsHalf;
-  using KVTile = typename Cfg::SmemLayoutKVTile;
-  BwdDqKernelParams<Cfg> params{
-      make_tma_copy(SM90_TMA_LOAD{}, q, RowsHalf{}, typename Cfg::RowsD{}, _1{}),
-      make_tma_copy(SM90_TMA_LOAD{}, dout, RowsHalf{}, typename Cfg::RowsD{}, _1{}),
-      make_tma_copy(SM90_TMA_LOAD{}, k, KVTile{}, typename Cfg::KeysD{}, _1{}),
-      make_tma_copy(SM90_TMA_LOAD{}, v, KVTile{}, typename Cfg::KeysD{}, _1{}),
-      make_tma_copy(SM90_TMA_STORE{}, dq, RowsHalf{}, typename Cfg::RowsD{}, _1{}),
-      q.shape(),
-      k.shape(),
-      args.lse_log2,
-      bp.softmax_d,
-      p.seqused_k,
-      p.seqlen_q,
-      p.seqlen_k,
-      p.num_heads,
-      p.num_heads / p.num_kv_heads,
-      args.ws_rows,
-      p.softmax_scale,
-      p.softmax_scale * 1.4426950408889634f,
-      p.softcap > 0.f ? p.softmax_scale / p.softcap : 0.f,
-      p.softcap > 0.f ? p.softcap * 1.4426950408889634f : 0.f,
-      p.window_left,
-      p.window_right,
-  };
-  const dim3 grid((p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM, p.num_heads, p.batch);
-  return LaunchWithSmem(FlashBwdSm90DqKernel<Cfg>, grid, Cfg::kThreads,
-                        sizeof(typename Cfg::SharedStorage), stream, params);
-}
-
-// hd64 / hd128: config.h's kernel, the tail split and the deterministic dQ kernel.
+// hd64 / hd96 / hd128: config.h's kernel, the tail split and the deterministic dQ kernel.
 template <typename T, int kHeadDim>
 cudaError_t LaunchFlashBwdSm90Narrow(const FlashBwdArgs& args, float* dq_accum, bool dq_kernel,
                                      cudaStream_t stream) {
@@ -127,11 +86,15 @@ cudaError_t LaunchFlashBwdSm90Narrow(const FlashBwdArgs& args, float* dq_accum, 
 
 }  // namespace sm90
 
+// Above hd128 the wide kernel; at and below it config.h's kernel, and for varlen calls (which it
+// does not serve) the wide kernel's varlen instantiation.
 template <typename T, int kHeadDim>
 cudaError_t LaunchFlashBwdSm90(const FlashBwdArgs& args, float* dq_accum, bool dq_kernel,
                                cudaStream_t stream) {
   if constexpr (kHeadDim > 128)
-    return sm90::LaunchFlashBwdSm90Wide<T, kHeadDim>(args, dq_accum, stream);
+    return sm90::LaunchFlashBwdSm90Wide<T, kHeadDim>(args, dq_accum, dq_kernel, stream);
+  else if (args.bp.fwd.cu_seqlens_q != nullptr)
+    return sm90::LaunchFlashBwdSm90Wide<T, kHeadDim, true>(args, dq_accum, dq_kernel, stream);
   else
     return sm90::LaunchFlashBwdSm90Narrow<T, kHeadDim>(args, dq_accum, dq_kernel, stream);
 }

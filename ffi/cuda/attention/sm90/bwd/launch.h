@@ -29,7 +29,12 @@ bool Sm90BwdEnabled(const AttentionParams& p, const DeviceInfo& dev);
 // Query rows per step of the kernel for p's head dim: the workspace's row padding.
 int Sm90BwdRowBlock(const AttentionParams& p);
 
-// Float32 elements of the dQ accumulation buffer: [batch, num_heads, ws_rows, head_dim].
+// Varlen q: rows per head of the padded workspace (flash_bwd_launch.h PaddedSeqRow0), every
+// sequence's row blocks below total_q + batch x the row block.
+int Sm90BwdVarlenWsRows(const AttentionParams& p);
+
+// Float32 elements of the dQ accumulation buffer: [batch, num_heads, ws_rows, head_dim] (varlen
+// q: [num_heads, ws_rows, head_dim]).
 size_t Sm90BwdDqAccumFloats(const AttentionParams& p, int ws_rows);
 // Whether a call takes the tail split: one without causal mask, window, seqused_k or softcap,
 // whose key blocks all cost the same (measured +1-2% forward+backward). The key blocks of the

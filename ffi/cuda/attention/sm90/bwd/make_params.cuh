@@ -1,7 +1,9 @@
 // BwdKernelParams of one call, for both shapes of the sm_90a backward's dK/dV kernel (config.h's
 // FlashBwdSm90Kernel and wide_config.h's FlashBwdSm90WideKernel): TMA descriptors over the dense
 // [batch, seq, heads, head_dim] tensors (K / V / dK / dV in boxes of KVBox, one consumer's half
-// or the whole tile) and the call's scalars. Host code; included by the launchers.
+// or the whole tile) and the call's scalars; `varlen` (the wide kernel's kVarlen instantiation)
+// views them all as packed rows [total, head_dim, heads, 1]. Host code; included by the
+// launchers.
 #pragma once
 
 #include "ffi/cuda/attention/flash_bwd_launch.h"
@@ -22,16 +24,19 @@ struct BwdTailFields {
 
 template <typename Cfg, typename KVBox>
 BwdKernelParams<Cfg> MakeBwdKernelParams(const FlashBwdArgs& args, float* dq_accum,
-                                         const BwdTailFields& tail) {
+                                         const BwdTailFields& tail, bool varlen = false) {
   constexpr int kD = Cfg::kHeadDim;
   const AttentionBwdParams& bp = args.bp;
   const AttentionParams& p = bp.fwd;
-  auto q = DenseTensor<Cfg>(p.q, p.seqlen_q, kD, p.num_heads, p.batch);
-  auto dout = DenseTensor<Cfg>(bp.dout, p.seqlen_q, kD, p.num_heads, p.batch);
-  auto k = DenseTensor<Cfg>(p.k, p.seqlen_k, kD, p.num_kv_heads, p.batch);
-  auto v = DenseTensor<Cfg>(p.v, p.seqlen_k, kD, p.num_kv_heads, p.batch);
-  auto dk = DenseTensor<Cfg>(bp.dk, p.seqlen_k, kD, p.num_kv_heads, p.batch);
-  auto dv = DenseTensor<Cfg>(bp.dv, p.seqlen_k, kD, p.num_kv_heads, p.batch);
+  const int rows_q = varlen ? int(p.total_q) : p.seqlen_q;
+  const int rows_k = varlen ? int(p.total_k) : p.seqlen_k;
+  const int batch = varlen ? 1 : p.batch;
+  auto q = DenseTensor<Cfg>(p.q, rows_q, kD, p.num_heads, batch);
+  auto dout = DenseTensor<Cfg>(bp.dout, rows_q, kD, p.num_heads, batch);
+  auto k = DenseTensor<Cfg>(p.k, rows_k, kD, p.num_kv_heads, batch);
+  auto v = DenseTensor<Cfg>(p.v, rows_k, kD, p.num_kv_heads, batch);
+  auto dk = DenseTensor<Cfg>(bp.dk, rows_k, kD, p.num_kv_heads, batch);
+  auto dv = DenseTensor<Cfg>(bp.dv, rows_k, kD, p.num_kv_heads, batch);
   using RowsTile = typename Cfg::SmemLayoutRowsTile;
   return BwdKernelParams<Cfg>{
       make_tma_copy(SM90_TMA_LOAD{}, q, RowsTile{}, typename Cfg::RowsD{}, _1{}),
@@ -62,6 +67,13 @@ BwdKernelParams<Cfg> MakeBwdKernelParams(const FlashBwdArgs& args, float* dq_acc
       tail.tail_splits,
       tail.tail_dk,
       tail.tail_dv,
+      p.cu_seqlens_q,
+      p.kv_layout == KvLayout::kVarlen ? p.cu_seqlens_k : nullptr,
+      int(p.total_q),
+      int(p.total_k),
+      p.batch,
+      static_cast<typename Cfg::Element*>(bp.dk),
+      static_cast<typename Cfg::Element*>(bp.dv),
   };
 }
 

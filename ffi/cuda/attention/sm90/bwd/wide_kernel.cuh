@@ -5,8 +5,13 @@
 // FlashBwdSm90DqConvertKernel converts it); what differs is who owns what: the two consumers
 // split the head dim of dK, dV and dQ and the query rows of S^T / dP^T, and P^T, dS^T go through
 // smem because each consumer's dV / dK GEMM reads all of them.
-// dK and dV are stored once at the end through the K / V smem by TMA (deterministic); dQ needs
-// dq_accum (the deterministic mode does not run here: Sm90BwdUnsupported).
+// dK and dV are stored once at the end through the K / V smem by TMA (deterministic); dQ goes to
+// dq_accum, or with dq_accum == nullptr (deterministic=True) nowhere: dq_kernel.cuh computes it.
+// kVarlen (cu_seqlens_q and cu_seqlens_k): one CTA per linear key block of all sequences
+// (varlen_block.cuh), Q / dO / K / V tiles at the sequence's rows of packed views, the row
+// values and dq_accum in the padded workspace (PaddedSeqRow0), dK / dV stored row by row from
+// smem (a TMA box would run into the next sequence's rows). Rows of a tile past the sequence's end
+// are the next sequence's (finite): masked like rows past seqlen_q, so they add nothing.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -15,12 +20,13 @@
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
 #include "ffi/cuda/attention/sm90/bwd/kernel.cuh"
+#include "ffi/cuda/attention/sm90/bwd/varlen_block.cuh"
 #include "ffi/cuda/attention/sm90/bwd/wide_config.h"
 
 namespace jax_sgl::cuda::sm90 {
 
 // kSoftcap: the softcap path, else the plain one (one kernel each, as FlashBwdSm90Kernel).
-template <typename Cfg, bool kSoftcap>
+template <typename Cfg, bool kSoftcap, bool kVarlen = false>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     FlashBwdSm90WideKernel(CUTE_GRID_CONSTANT BwdKernelParams<Cfg> const params) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -38,15 +44,22 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
   const int warpgroup = threadIdx.x / 128;
   const int thread_in_wg = threadIdx.x % 128;
-  const int n_block = blockIdx.x;  // causal: low key blocks have the most rows, launched first
   const int kv_head = blockIdx.y;
-  const int batch = blockIdx.z;
+  BwdSeqBlock seq;
+  if constexpr (kVarlen) {
+    if (!BwdVarlenBlock(params, int(blockIdx.x), kBlockN, kBlockM, seq)) return;  // whole CTA
+  } else {
+    seq.n_block = blockIdx.x;  // causal: low key blocks have the most rows, launched first
+    seq.batch = blockIdx.z;
+    seq.q_row0 = seq.k_row0 = 0;  // the TMA views' batch mode places the sequence
+    seq.q_len = params.seqlen_q;
+    // Keys of this sequence (seqused_k): as FlashBwdSm90Kernel.
+    seq.k_len = UsedKeys(params.seqused_k, seq.batch, params.seqlen_k);
+    seq.ws_row0 = int64_t(seq.batch) * params.num_heads * params.ws_rows;
+  }
+  const int n_block = seq.n_block, batch = seq.batch, q_len = seq.q_len, k_len = seq.k_len;
   const int n0 = n_block * kBlockN;
-  // Keys of this sequence (seqused_k): as FlashBwdSm90Kernel.
-  const int k_len = params.seqused_k == nullptr
-                        ? params.seqlen_k
-                        : min(max(params.seqused_k[batch], 0), params.seqlen_k);
-  const RowBlocks rows(n0, kBlockM, kBlockN, params.seqlen_q, k_len, params.window_left,
+  const RowBlocks rows(n0, kBlockM, kBlockN, q_len, k_len, params.window_left,
                        params.window_right);
   const int m_steps = n0 < k_len ? rows.m_end - rows.m_begin : 0;  // per q head
   const int steps = m_steps * params.group;
@@ -67,6 +80,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   Tensor sV = make_tensor(make_smem_ptr(shared.v.data()), typename Cfg::SmemLayoutKV{});
   Tensor sQ = make_tensor(make_smem_ptr(shared.q.data()), typename Cfg::SmemLayoutRows{});
   Tensor sdO = make_tensor(make_smem_ptr(shared.dout.data()), typename Cfg::SmemLayoutRows{});
+  // [rows, head dim] of one head of a TMA view: dense picks the batch, varlen starts at the
+  // sequence's row of the packed view (batch extent 1).
+  auto head_rows = [&](auto const& m, int head, int row0) {
+    if constexpr (kVarlen) return domain_offset(make_coord(row0, _0{}), m(_, _, head, _0{}));
+    else return m(_, _, head, batch);
+  };
 
   if (warpgroup == 0) {
     // ---- Producer ------------------------------------------------------------------------
@@ -74,8 +93,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     if (threadIdx.x != 0) return;
     Tensor mK = params.tma_k.get_tma_tensor(params.kv_shape);
     Tensor mV = params.tma_v.get_tma_tensor(params.kv_shape);
-    Tensor gK = local_tile(mK(_, _, kv_head, batch), typename Cfg::KeysD{}, make_coord(_, _0{}));
-    Tensor gV = local_tile(mV(_, _, kv_head, batch), typename Cfg::KeysD{}, make_coord(_, _0{}));
+    Tensor gK = local_tile(head_rows(mK, kv_head, seq.k_row0), typename Cfg::KeysD{},
+                           make_coord(_, _0{}));
+    Tensor gV = local_tile(head_rows(mV, kv_head, seq.k_row0), typename Cfg::KeysD{},
+                           make_coord(_, _0{}));
     auto tK = tma_partition(params.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK),
                             group_modes<0, 2>(gK));
     auto tV = tma_partition(params.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV),
@@ -92,13 +113,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     // Step order: q head by q head, each over its row blocks.
     for (int g = 0; g < (steps > 0 ? params.group : 0); ++g) {
       const int head = kv_head * params.group + g;
-      Tensor gQ = local_tile(mQ(_, _, head, batch), typename Cfg::RowsD{}, make_coord(_, _0{}));
-      Tensor gdO = local_tile(mdO(_, _, head, batch), typename Cfg::RowsD{}, make_coord(_, _0{}));
+      Tensor gQ = local_tile(head_rows(mQ, head, seq.q_row0), typename Cfg::RowsD{},
+                             make_coord(_, _0{}));
+      Tensor gdO = local_tile(head_rows(mdO, head, seq.q_row0), typename Cfg::RowsD{},
+                              make_coord(_, _0{}));
       auto tQ = tma_partition(params.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ),
                               group_modes<0, 2>(gQ));
       auto tdO = tma_partition(params.tma_do, _0{}, Layout<_1>{}, group_modes<0, 2>(sdO),
                                group_modes<0, 2>(gdO));
-      const int64_t row_values = (int64_t(batch) * params.num_heads + head) * params.ws_rows;
+      const int64_t row_values = seq.ws_row0 + int64_t(head) * params.ws_rows;
       for (int m = rows.m_begin; m < rows.m_end; ++m)
         ProduceStep(params, shared, pipe_q, pipe_do, write_q, write_do, tQ, tdO, m, row_values);
     }
@@ -156,7 +179,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
   const AccCoord coord(thread_in_wg);
   const int key_base = n0 + coord.row0;  // key of accumulator row r = 0
-  const int diag = k_len - params.seqlen_q;
+  const int diag = k_len - q_len;
 
   // K and V land even when there is no step: the epilogue reuses their smem.
   shared.barrier_kv.wait(0);
@@ -180,12 +203,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     const float* lse2 = shared.lse2[read_q.index()] + consumer * kScoreRows + coord.col0;
     const float* dsum = shared.dsum[read_do.index()] + consumer * kScoreRows + coord.col0;
     // Unmasked: every row of the step (both consumers' halves) sees every key of the CTA.
-    const bool masked = StepMasked(params, row0, kBlockM, n0, kBlockN, k_len, diag);
+    const bool masked = StepMasked(params, row0, kBlockM, n0, kBlockN, q_len, k_len, diag);
     auto lse = [&](int i) { return lse2[AccCoord::Col(i)]; };
     auto d = [&](int i) { return dsum[AccCoord::Col(i)]; };
     auto visible = [&](int i) {
       return KeyVisible(params, key_base + AccCoord::Row(i),
-                        my_row0 + coord.col0 + AccCoord::Col(i), k_len, diag);
+                        my_row0 + coord.col0 + AccCoord::Col(i), q_len, k_len, diag);
     };
     Tensor tPrP = make_tensor_like<Element>(tSrS);
     if constexpr (!kSoftcap) {
@@ -199,19 +222,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       warpgroup_fence_operand(tdPrdP);
       PToDs(tSrS, tdPrdP, d);
     } else {
-      // Softcap: x = cap tanh(s scale / cap), so dS^T also takes x' = 1 - tanh^2.
       warpgroup_wait<0>();
       warpgroup_fence_operand(tSrS);
       warpgroup_fence_operand(tdPrdP);
+      SoftcapScoresToPDs(tSrS, tdPrdP, params.softcap_scale, params.cap_log2, masked, lse, d,
+                         visible);
 #pragma unroll
-      for (int i = 0; i < size(tSrS); ++i) {
-        const float t = tanhf(tSrS(i) * params.softcap_scale);
-        const float p = !masked || visible(i)
-                            ? Exp2Ftz(fmaf(t, params.cap_log2, -lse2[AccCoord::Col(i)]))
-                            : 0.f;
-        tdPrdP(i) = p * (tdPrdP(i) - dsum[AccCoord::Col(i)]) * (1.f - t * t);
-        tPrP(i) = Element(p);
-      }
+      for (int i = 0; i < size(tSrS); ++i) tPrP(i) = Element(tSrS(i));
     }
     Tensor tdSrdS = make_tensor_like<Element>(tdPrdP);
 #pragma unroll
@@ -227,8 +244,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
     Gemm<false, false>(mma_kv, tdVrP(_, _, _, buf), tdVrdO(_, _, _, read_do.index()), tdVrdV);
     if (params.dq_accum != nullptr) {
-      const int64_t dq_tile = ((int64_t(batch) * params.num_heads + head) *
-                                   (params.ws_rows / kBlockM) + m) * (kBlockM * Cfg::kHeadDim);
+      // dq_accum: the workspace's rows x head dim, in kBlockM-row tiles.
+      const int64_t dq_tile =
+          (seq.ws_row0 + int64_t(head) * params.ws_rows + row0) * Cfg::kHeadDim;
       Tensor tdQrdQ = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHalf>>{});
       Gemm<true, false>(mma_dq, tdQrdS(_, _, _, buf), tdQrK, tdQrdQ);
       // dK after dQ: it runs while the dQ part is reduced (as in FlashBwdSm90Kernel).
@@ -236,11 +254,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       warpgroup_wait<1>();  // dV and dQ done; dK runs on (it reads Q: released below)
       warpgroup_fence_operand(tdQrdQ);
       pipe_do.consumer_release(read_do);
-      float* dst = params.dq_accum + dq_tile + consumer * Cfg::kDqPartFloats;
-#pragma unroll
-      for (int j = 0; j < size(tdQrdQ) / 4; ++j)
-        RedAddV4(dst + DqAccumIndex(j, thread_in_wg), tdQrdQ(4 * j), tdQrdQ(4 * j + 1),
-                 tdQrdQ(4 * j + 2), tdQrdQ(4 * j + 3));
+      RedAddDqPart(params.dq_accum + dq_tile + consumer * Cfg::kDqPartFloats, tdQrdQ,
+                   thread_in_wg);
       warpgroup_wait<0>();
       pipe_q.consumer_release(read_q);
     } else {
@@ -262,17 +277,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       local_tile(sK(_, _, 0), typename Cfg::KeysHalf{}, make_coord(_0{}, consumer)));
   Tensor tdVsV = thr_kv.partition_C(
       local_tile(sV(_, _, 0), typename Cfg::KeysHalf{}, make_coord(_0{}, consumer)));
-  {
-    Tensor dk = make_tensor_like<Element>(tdKrdK);
-    Tensor dv = make_tensor_like<Element>(tdVrdV);
-#pragma unroll
-    for (int i = 0; i < size(tdKrdK); ++i) {
-      dk(i) = Element(tdKrdK(i) * params.softmax_scale);
-      dv(i) = Element(tdVrdV(i));
-    }
-    StorePairs(dk, tdKsK);
-    StorePairs(dv, tdVsV);
-  }
+  StoreDkDv<Element>(tdKrdK, tdVrdV, params.softmax_scale, tdKsK, tdVsV);
   cutlass::arch::fence_view_async_shared();  // generic-proxy writes -> TMA reads
   cutlass::arch::NamedBarrier::sync(kConsumerThreads, uint32_t(BwdBarrier::kEpilogue0));
   // Each tile holds both consumers' halves: consumer 0 stores dK, consumer 1 dV.
@@ -285,7 +290,22 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     tma_store_arrive();
     tma_store_wait<0>();
   };
-  if (thread_in_wg == 0) {
+  if constexpr (kVarlen) {
+    // Row by row, each consumer's 128 threads one 16-byte chunk at a time (8 features: one
+    // swizzle chunk of the smem tile), rows past the sequence's keys left to the zero fill.
+    constexpr int kChunks = Cfg::kHeadDim / 8;
+    const int kv_heads = params.num_heads / params.group;
+    auto tile = consumer == 0 ? sK(_, _, 0) : sV(_, _, 0);
+    Element* dst = (consumer == 0 ? params.dk : params.dv) +
+                   (int64_t(seq.k_row0 + n0) * kv_heads + kv_head) * Cfg::kHeadDim;
+    const int live = min(k_len - n0, kBlockN) * kChunks;
+#pragma unroll 4
+    for (int idx = thread_in_wg; idx < live; idx += 128) {
+      const int r = idx / kChunks, c = idx % kChunks;
+      *reinterpret_cast<uint4*>(dst + int64_t(r) * kv_heads * Cfg::kHeadDim + c * 8) =
+          *reinterpret_cast<const uint4*>(raw_pointer_cast(&tile(r, c * 8)));
+    }
+  } else if (thread_in_wg == 0) {
     if (consumer == 0)
       store(params.tma_dk, sK(_, _, 0));
     else

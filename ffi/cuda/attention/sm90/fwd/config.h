@@ -5,6 +5,13 @@
 // CTA = 3 warpgroups: warpgroup 0 loads (TMA), warpgroups 1 and 2 each own 64 query rows of the
 // 128-row tile and take turns on the tensor cores (ping-pong). The 64-row halves of Q/O are
 // separate smem blocks so each consumer loads and stores its own rows with one TMA box.
+//
+// e4m3 (kFp8: Element is cutlass::float_e4m3_t): O and LSE come out as bf16 / float32 (ElementOut),
+// and wgmma takes 8-bit operands K-major only, so P V needs V^T (keys contiguous) in smem. TMA
+// lands each V tile as it is stored ([keys, head dim], the `v` ring, here a staging ring only)
+// and the producer warpgroup writes it transposed into the `vt` ring the consumers read
+// (mainloop_load.cuh TransposeV). Asking callers for a transposed V instead would not serve a
+// paged pool (its pages are written token by token), nor the API's [.., keys, heads, D] layout.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -23,7 +30,8 @@ using namespace cute;
 struct WorkTile {
   int m_block, head, batch;
   int q_row0 = 0, q_len = 0, k_row0 = 0, k_len = 0;
-  int split = -1;  // tail split (dense, persistent): which share of the key tiles, else -1
+  int split = -1;  // tail split (dense) or key split (paged), persistent: which share of the
+                   // key tiles, else -1
 };
 
 // Persistent CTAs: a consumer's current work tile and its ordinal (whose parity is the phase of
@@ -33,28 +41,50 @@ struct HeldTile {
   int iter;
 };
 
+// fp8 only: the transposed V ring and the barriers of the staged V tiles (kernel.cuh,
+// mainloop_load.cuh). An empty base for the 16-bit configs, so their layout does not move.
+template <bool kFp8, typename Element, int kVtElems, int kStages>
+struct Fp8Storage {};
+template <typename Element, int kVtElems, int kStages>
+struct Fp8Storage<true, Element, kVtElems, kStages> {
+  alignas(1024) cute::array_aligned<Element, kVtElems> vt;
+  // Staged V tile i landed (TMA transaction bytes), one per slot of the `v` ring.
+  cutlass::arch::ClusterTransactionBarrier v_staged[kStages];
+};
+
 template <typename Element_, int kHeadDim_>
 struct FlashConfig {
-  using Element = Element_;  // cutlass::bfloat16_t or cutlass::half_t
+  using Element = Element_;  // cutlass::bfloat16_t, cutlass::half_t or cutlass::float_e4m3_t
+  static constexpr bool kFp8 = sizeof(Element) == 1;
+  // O's type: Element, bf16 for e4m3 inputs (the API's output dtype for fp8 q, docs/api.md).
+  using ElementOut = std::conditional_t<kFp8, cutlass::bfloat16_t, Element>;
   static constexpr int kHeadDim = kHeadDim_;
   static_assert(Sm90FwdHeadDim(kHeadDim), "the sm90 forward serves head dims 64, 128, 256");
-  static constexpr FwdTileSize kTile = FwdTile(kHeadDim);
+  static constexpr FwdTileSize kTile = kFp8 ? FwdTileFp8(kHeadDim) : FwdTile(kHeadDim);
   static constexpr bool kPersistent = kTile.persistent;
   static constexpr bool kEarlyRescale = kTile.early_rescale;
 
   static constexpr int kWarpgroupRows = 64;                   // wgmma M per warpgroup
   static constexpr int kConsumers = 2;                        // consumer warpgroups (ping-pong)
   static constexpr int kBlockM = kWarpgroupRows * kConsumers; // query rows per CTA
+  static_assert(kBlockM == kSm90FwdBlockM, "the host counts tiles of kSm90FwdBlockM rows");
   // Keys per tile: a multiple of 16 (the K step of P V), at most 256 (wgmma N, TMA box).
   static constexpr int kBlockN = kTile.block_n;
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256);
-  static constexpr int kStages = 2;
+  static constexpr int kStages = kTile.stages;
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static constexpr int kHoleWords = (kBlockN + 31) / 32;  // paged gather: one hole bit per key
   // Registers per thread after setmaxnreg: producers give theirs to the consumers.
-  // (24 + 2 * 240) * 128 = 64512 <= 65536, the register file of one SM.
-  static constexpr int kProducerRegs = 24;
-  static constexpr int kConsumerRegs = 240;
+  // (24 + 2 * 240) * 128 = 64512 <= 65536, the register file of one SM. fp8 hd128 with 128-key
+  // tiles and two stages too: the producer's V transpose on XOR-constant smem offsets (fp8.cuh
+  // Fp8TransposeMap) fits 24 without spills. Other fp8 producers keep 32 and the consumers 232
+  // ((32 + 2 * 232) * 128 = 63488): in 24, hd64's transpose spilled 32-36 bytes (in plain
+  // order; its bank map uses 27 registers), 192-key tiles' (two base offsets) 12, three stages'
+  // ring arithmetic (count % 3) 16 (tile_size.h kFp8Hd128Keys, kFp8Hd128Stages).
+  static constexpr bool kFp8WideProducer =
+      kFp8 && !(kHeadDim == 128 && kBlockN == 128 && kStages == 2);
+  static constexpr int kProducerRegs = kFp8WideProducer ? 32 : 24;
+  static constexpr int kConsumerRegs = kFp8WideProducer ? 232 : 240;
 
   using RowsD = Shape<Int<kWarpgroupRows>, Int<kHeadDim>>;
   using TileQK = Shape<Int<kWarpgroupRows>, Int<kBlockN>, Int<kHeadDim>>;  // S = Q K^T
@@ -69,12 +99,16 @@ struct FlashConfig {
                 "S = Q K^T must be one wgmma per K step (define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED)");
   // O += P V: P from registers (the softmax output never touches smem); V is read transposed,
   // its head dim (the N of this GEMM) contiguous, i.e. MN-major.
+  // fp8: V^T from the `vt` ring, keys contiguous (K-major), the only form 8-bit wgmma reads.
   using MmaPV = decltype(make_tiled_mma(
       SM90::GMMA::rs_op_selector<Element, Element, float, TilePV, GMMA::Major::K,
-                                 GMMA::Major::MN>()));
+                                 kFp8 ? GMMA::Major::K : GMMA::Major::MN>()));
 
-  // 128-byte swizzle: conflict-free for both TMA writes and wgmma reads.
-  using SwizzleAtom = GMMA::Layout_K_SW128_Atom<Element>;
+  // 128-byte swizzle: conflict-free for both TMA writes and wgmma reads. fp8 hd64 rows are 64
+  // bytes: 64-byte swizzle atoms.
+  using SwizzleAtom = std::conditional_t<kHeadDim * sizeof(Element) % 128 == 0,
+                                         GMMA::Layout_K_SW128_Atom<Element>,
+                                         GMMA::Layout_K_SW64_Atom<Element>>;
   // Q (and later O): [64 rows, head dim, consumer].
   using SmemLayoutQ = decltype(tile_to_shape(
       SwizzleAtom{}, Shape<Int<kWarpgroupRows>, Int<kHeadDim>, Int<kConsumers>>{}));
@@ -84,10 +118,25 @@ struct FlashConfig {
       SwizzleAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>, Int<kStages>>{}));
   using SmemLayoutKVTile = decltype(tile_to_shape(
       SwizzleAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}));
-  // V seen as the B operand of P V: [head dim, keys, stage] over the same bytes.
-  using SmemLayoutVt = decltype(composition(
+  // V seen as the B operand of P V: [head dim, keys, stage]; 16-bit: over the same bytes;
+  // fp8: the `vt` ring, keys contiguous, written by the producer's transpose.
+  using SmemLayoutVtView = decltype(composition(
       SmemLayoutKV{}, make_layout(Shape<Int<kHeadDim>, Int<kBlockN>, Int<kStages>>{},
                                   Stride<Int<kBlockN>, _1, Int<kBlockN * kHeadDim>>{})));
+  // Only fp8 allocates it; 16-bit configs get a stand-in of 64 keys (their kBlockN, e.g. 80 at
+  // hd256, need not be a multiple of the swizzle atom, and tile_to_shape would refuse it).
+  static constexpr int kVtKeys = kFp8 ? kBlockN : 64;
+  using VtAtom = std::conditional_t<kVtKeys * sizeof(Element) % 128 == 0,
+                                    GMMA::Layout_K_SW128_Atom<Element>,
+                                    GMMA::Layout_K_SW64_Atom<Element>>;
+  using SmemLayoutVtFp8 = decltype(tile_to_shape(
+      VtAtom{}, Shape<Int<kHeadDim>, Int<kVtKeys>, Int<kStages>>{}));
+  using SmemLayoutVt = std::conditional_t<kFp8, SmemLayoutVtFp8, SmemLayoutVtView>;
+  // O as staged for its TMA store, in ElementOut (bf16 for fp8: a buffer of its own).
+  using SwizzleAtomO = GMMA::Layout_K_SW128_Atom<ElementOut>;
+  using SmemLayoutO = decltype(tile_to_shape(
+      SwizzleAtomO{}, Shape<Int<kWarpgroupRows>, Int<kHeadDim>, Int<kConsumers>>{}));
+  using SmemLayoutOHalf = decltype(tile_to_shape(SwizzleAtomO{}, RowsD{}));
 
   using Pipeline = cutlass::PipelineTmaAsync<kStages>;
 
@@ -95,15 +144,16 @@ struct FlashConfig {
   // this tile's epilogue, as Q is free once the main loop ends); otherwise O reuses the Q buffer.
   static constexpr int kQBytes = cosize_v<SmemLayoutQ> * int(sizeof(Element));
   static constexpr int kSmemLimit = 227 * 1024;  // sm_90 opt-in dynamic smem per block
+  // fp8: O (bf16) is twice Q's bytes, so it always has its own buffer.
   static constexpr bool kSeparateO =
-      kPersistent &&
-      kQBytes * 2 + 2 * cosize_v<SmemLayoutKV> * int(sizeof(Element)) + 1024 <= kSmemLimit;
+      kFp8 || (kPersistent &&
+               kQBytes * 2 + 2 * cosize_v<SmemLayoutKV> * int(sizeof(Element)) + 1024 <= kSmemLimit);
 
-  struct SharedStorage {
+  struct SharedStorage : Fp8Storage<kFp8, Element, cosize_v<SmemLayoutVtFp8>, kStages> {
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutQ>> q;  // O too if !kSeparateO
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutKV>> k;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutKV>> v;
-    alignas(1024) cute::array_aligned<Element, kSeparateO ? cosize_v<SmemLayoutQ> : 8> o;
+    alignas(1024) cute::array_aligned<ElementOut, kSeparateO ? cosize_v<SmemLayoutO> : 8> o;
     typename Pipeline::SharedStorage pipe_k;
     typename Pipeline::SharedStorage pipe_v;
     // Q (and, persistent, the tile) ready; persistent: the consumers are done with Q; the work
@@ -133,12 +183,14 @@ struct FlashConfig {
   using GmemStride = Stride<int64_t, _1, int64_t, int64_t>;
   using GmemTensor = decltype(make_tensor(make_gmem_ptr(static_cast<Element*>(nullptr)),
                                           GmemShape{}, GmemStride{}));
+  using GmemTensorOut = decltype(make_tensor(make_gmem_ptr(static_cast<ElementOut*>(nullptr)),
+                                             GmemShape{}, GmemStride{}));
   using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutQHalf{}, RowsD{},
                                       _1{}));
   using TmaKV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutKVTile{},
                                        Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
-  using TmaO = decltype(make_tma_copy(SM90_TMA_STORE{}, GmemTensor{}, SmemLayoutQHalf{}, RowsD{},
-                                      _1{}));
+  using TmaO = decltype(make_tma_copy(SM90_TMA_STORE{}, GmemTensorOut{}, SmemLayoutOHalf{},
+                                      RowsD{}, _1{}));
 
   // Paged K/V (mainloop_load.cuh): a key tile is kPageBoxes boxes of kPageBoxRows keys, each
   // from its own page of the pool [page rows, head dim, kv head, page] (tile_size.h).

@@ -5,7 +5,10 @@
 // instantiation unless JAX_SGL_DISABLE=sm90_varlen (p.disable) keeps them on the portable
 // kernel. Paged k/v runs on it at any page size (TMA boxes for multiples of 16, else the
 // producer's cp.async gather, Sm90PagedGather); paged calls of few q rows per sequence pack the
-// GQA group's heads into the tile rows (Sm90PackGqa).
+// GQA group's heads into the tile rows (Sm90PackGqa), and those whose tiles are too few for the
+// SMs run each tile as key shares merged by the split-KV combine (Sm90KeySplits). e4m3 q/k/v
+// (bf16 out) run on the fp8 instantiations (instantiations.json sm90_fwd_e4m3, head dims 64 / 128
+// / 256) over dense and varlen k/v.
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
@@ -14,6 +17,7 @@
 #include <string>
 
 #include "ffi/common/numeric.h"
+#include "ffi/cuda/attention/flash_fwd_launch.h"
 #include "ffi/cuda/attention/sm90/kernel_list.h"
 #include "ffi/cuda/attention/sm90/fwd/launch.h"
 #include "ffi/cuda/attention/sm90/fwd/tile_size.h"
@@ -35,11 +39,12 @@ bool Built(DType t, int d) {
 }
 
 // Launches the (dtype, head dim) instantiation, which must be built.
-cudaError_t Launch(DType t, int d, const AttentionParams& p, void* scratch, cudaStream_t stream) {
-  (void)t, (void)d, (void)p, (void)scratch, (void)stream;
+cudaError_t Launch(DType t, int d, const AttentionParams& p, int key_splits, void* scratch,
+                   cudaStream_t stream) {
+  (void)t, (void)d, (void)p, (void)key_splits, (void)scratch, (void)stream;
 #define JAX_SGL_SM90_FWD(D, T)            \
   if (t == sm90::kDType_##T && d == D) \
-    return LaunchFlashFwdSm90<sm90::Type_##T, D>(p, scratch, stream);
+    return LaunchFlashFwdSm90<sm90::Type_##T, D>(p, key_splits, scratch, stream);
 #define JAX_SGL_SM90_BWD(D, T)
 #include "ffi/cuda/attention/instantiations/sm90_kernels.inc"
 #undef JAX_SGL_SM90_FWD
@@ -58,11 +63,15 @@ const char* VarlenUnsupported(const AttentionParams& p) {
     if (p.num_pages < 1 || p.max_pages < 1) return "sm90 kernel: a non-empty pool and page table";
     // Its 128-row tiles hold one sequence's rows, of one q head or, packed (Sm90PackGqa), of
     // the q heads of one kv head: below an average of 64 tile rows per sequence (decode-like
-    // calls without GQA) they are mostly empty and the portable kernel runs the call.
-    const int64_t rows =
-        QRowsPerSequence(p) * (Sm90PackGqa(p) ? p.num_heads / p.num_kv_heads : 1);
-    if (rows < 64)
-      return "sm90 kernel: paged k/v with at least 64 q rows per sequence on average";
+    // calls without GQA) they are mostly empty and the portable kernel runs the call. Verify-like
+    // calls (kSm90VerifyMinQRows q rows per sequence) may have half that: their tiles stream
+    // a long history each, whose K/V bytes bound them rather than the empty rows' MMAs, and
+    // the key split (Sm90KeySplits) spreads them over the SMs.
+    const int64_t q_rows = QRowsPerSequence(p);
+    const int64_t rows = q_rows * (Sm90PackGqa(p) ? p.num_heads / p.num_kv_heads : 1);
+    if (rows < 64 && !(q_rows >= kSm90VerifyMinQRows && rows >= kSm90VerifyMinRows))
+      return "sm90 kernel: paged k/v with at least 64 tile rows per sequence on average (32 "
+             "with at least 8 q rows per sequence)";
     // PackGQA's tile rows (q rows x group) stay in int.
     if (Sm90PackGqa(p) && p.total_q * (p.num_heads / p.num_kv_heads) >= (int64_t(1) << 30))
       return "sm90 kernel: paged total_q * group below 2^30";
@@ -83,14 +92,26 @@ const char* VarlenUnsupported(const AttentionParams& p) {
 
 }  // namespace
 
+bool Sm90Fp8Operands(const AttentionParams& p) {
+  return p.q_type == DType::kF8E4M3 && p.k_type == DType::kF8E4M3 &&
+         p.v_type == DType::kF8E4M3 && p.out_type == DType::kBF16;
+}
+
 const char* Sm90Unsupported(const AttentionParams& p) {
   const bool varlen =
       p.cu_seqlens_q != nullptr || p.kv_layout != KvLayout::kDense || p.seqused_k != nullptr;
   if (varlen) {
     if (const char* why = VarlenUnsupported(p)) return why;
   }
-  if (!HalfPrecisionOperands(p))
-    return "sm90 kernel: float16/bfloat16 q, k, v and out only";
+  if (Sm90Fp8Operands(p)) {
+    // fp8 (e4m3 q/k/v, bf16 out; sm90/fwd/fp8.cuh): dense and varlen k/v, per-head descales.
+    if (p.kv_layout == KvLayout::kPaged)
+      return "sm90 kernel: fp8 q/k/v over dense or varlen k/v (a paged fp8 pool is not yet served)";
+    if (p.qk_block_scale != BlockScaleType::kNone)
+      return "sm90 kernel: fp8 q/k with per-head descales (block scales have no Hopper MMA)";
+  } else if (!HalfPrecisionOperands(p)) {
+    return "sm90 kernel: float16/bfloat16 (or e4m3 with bfloat16 out) q, k, v and out only";
+  }
   if (p.head_dim != p.head_dim_v || !Built(p.q_type, p.head_dim))
     return "sm90 kernel: head_dim == head_dim_v in the built set (JAX_SGL_SM90_HEAD_DIMS) only";
   // TMA descriptors need every dimension >= 1 (an empty KV runs on the sm80 kernel) and byte
@@ -147,6 +168,53 @@ bool Sm90PackGqa(const AttentionParams& p) {
   return QRowsPerSequence(p) < 128;
 }
 
+Sm90Tiles Sm90TileGrid(const AttentionParams& p, int block_m) {
+  const bool varlen =
+      p.cu_seqlens_q != nullptr || p.kv_layout != KvLayout::kDense || p.seqused_k != nullptr;
+  const int pack = Sm90PackGqa(p) ? p.num_heads / p.num_kv_heads : 1;
+  const int num_m_blocks =
+      !varlen ? (p.seqlen_q + block_m - 1) / block_m
+      : p.cu_seqlens_q != nullptr
+          ? int((p.total_q * pack + block_m - 1) / block_m) + p.batch
+          : (p.seqlen_q * pack + block_m - 1) / block_m * p.batch;
+  return {pack, p.num_heads / pack, num_m_blocks, varlen ? 1 : p.batch};
+}
+
+// The key split's share count n, by a model of the call's time on the SMs' one persistent CTA
+// each: waves of shares times a share's length, ceil(tiles n / SMs) (K / n + c) in key tiles,
+// where K is the longest sequence's key tiles and c = kKeySplitShareCost the fixed cost of a
+// share (its Q load and first K wait, a page-table window, the partial's write and its part of
+// the combine), the smallest n of the least time. At one CTA per SM, shares add no loads in
+// flight per SM: they only fill the SMs that the tiles leave idle, so calls of a wave or more
+// of tiles whose last wave is full keep n = 1 (B=32 sequences x 8 kv heads of verify: 256
+// tiles, 1.94 waves on 132 SMs), and few tiles split most (B=4: 32 tiles, a quarter wave, run
+// as 4 shares each). Each share keeps kKeySplitMinKeyTiles key tiles at least, and n <=
+// kMaxSplits (the combine holds one split per lane). A split must save kKeySplitMinGain of the
+// time, as the model leaves out the partials' traffic (float32 rows of O: up to 7% of the K/V
+// bytes of an 8k history at 2 shares) and a varlen call's tile count is a bound: the mixed
+// batch (4 x 512 + 64 decode rows, 1072 tiles bound, 1024 real) keeps whole tiles. To be tuned
+// on the H200 (bench_attention_paged.py --only verify mixed --verify-batches 4 8 32).
+constexpr int kKeySplitShareCost = 2;
+constexpr int kKeySplitMinKeyTiles = 8;
+constexpr double kKeySplitMinGain = 0.1;
+
+int Sm90KeySplits(const AttentionParams& p, int num_sms) {
+  const sm90::FwdTileSize tile = sm90::FwdTile(p.head_dim);
+  if (p.kv_layout != KvLayout::kPaged || !tile.persistent || num_sms < 1) return 1;
+  const int64_t tiles = Sm90TileGrid(p, sm90::kSm90FwdBlockM).count();
+  const int64_t key_tiles = (int64_t(p.max_pages) * p.page_size + tile.block_n - 1) / tile.block_n;
+  const int64_t most = std::min<int64_t>(key_tiles / kKeySplitMinKeyTiles, kMaxSplits);
+  if (tiles < 1 || most < 2 || tiles * most >= (int64_t(1) << 30)) return 1;  // items in int
+  auto time = [&](int n) {
+    return double((tiles * n + num_sms - 1) / num_sms) *
+           (double(key_tiles) / n + kKeySplitShareCost);
+  };
+  int best = 1;
+  for (int n = 2; n <= most; ++n)
+    if (time(n) < time(best)) best = n;
+  return time(best) <= (1.0 - kKeySplitMinGain) * time(1) ? best : 1;
+}
+
 bool Sm90TailSplitRequested(const AttentionParams& p) {
   const bool dense = p.cu_seqlens_q == nullptr && p.kv_layout == KvLayout::kDense &&
                      p.seqused_k == nullptr;
@@ -154,13 +222,18 @@ bool Sm90TailSplitRequested(const AttentionParams& p) {
 }
 
 size_t Sm90ScratchBytes(const AttentionParams& p, int num_sms) {
-  if (!Sm90TailSplitRequested(p) || !sm90::FwdTile(p.head_dim).persistent)
+  if (const int splits = Sm90KeySplits(p, num_sms); splits > 1)
+    return kSm90CounterBytes + Sm90KeySplitBytes(p, splits);
+  const sm90::FwdTileSize tile =
+      Sm90Fp8Operands(p) ? sm90::FwdTileFp8(p.head_dim) : sm90::FwdTile(p.head_dim);
+  if (!Sm90TailSplitRequested(p) || !tile.persistent)
     return kSm90CounterBytes;
   return kSm90CounterBytes + Sm90TailBytes(num_sms, std::max(p.head_dim, p.head_dim_v));
 }
 
-cudaError_t RunFlashFwdSm90(const AttentionParams& p, void* scratch, cudaStream_t stream) {
-  return Launch(p.q_type, p.head_dim, p, scratch, stream);
+cudaError_t RunFlashFwdSm90(const AttentionParams& p, int key_splits, void* scratch,
+                            cudaStream_t stream) {
+  return Launch(p.q_type, p.head_dim, p, key_splits, scratch, stream);
 }
 
 }  // namespace jax_sgl::cuda

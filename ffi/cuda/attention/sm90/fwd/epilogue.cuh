@@ -2,12 +2,15 @@
 // Normalizes O by the softmax sums and writes LSE, then O: registers -> smem (the Q buffer of the
 // same warpgroup, or its own buffer when persistent and smem allows) -> TMA store; varlen row by
 // row from registers (a TMA box would write the next sequence's rows); a tail-split share as
-// float32 O and LSE to its slot of the tail buffers. Then tells the producer when Q is free.
+// float32 O and LSE to its slot of the tail buffers; a paged key share as float32 O and LSE rows
+// of the split partials. Then tells the producer when Q is free.
 // Attention sinks are applied here from the finished LSE alone (a few scalars per row, after the
-// main loop), except to a tail share, whose combine applies them. ptxas -v, sm_90a, 2026-12-04:
-// hd128 still spills nothing; the hd256 dense kernels go from 32 / 24 to 40 / 36 bytes of spill
-// stores (plain / softcap), varlen unchanged (80 / 88); moving the sink after the tail branch or
-// a one-branch ApplySink gave the same numbers. Not yet timed on a GPU.
+// main loop), except to a tail or key share, whose combine applies them. ptxas -v, sm_90a,
+// 2026-12-04: hd128 still spills nothing; the hd256 dense kernels go from 32 / 24 to 40 / 36
+// bytes of spill stores (plain / softcap), varlen unchanged (80 / 88); moving the sink after the
+// tail branch or a one-branch ApplySink gave the same numbers. Not yet timed on a GPU.
+// fp8 (Cfg::kFp8): O is bf16 (ElementOut), scaled by the tile's v_descale with the softmax
+// normalization; the LSE's scale carries q_descale * k_descale as the scores' did (kernel.cuh).
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -15,6 +18,7 @@
 
 #include "ffi/common/attention_sink.h"
 #include "ffi/cuda/attention/sm90/fwd/config.h"
+#include "ffi/cuda/attention/sm90/fwd/fp8.cuh"
 #include "ffi/cuda/attention/sm90/fwd/kernel_params.h"
 #include "ffi/cuda/attention/sm90/fwd/softmax.h"
 #include "ffi/cuda/attention/sm90/fwd/tile_scheduler.cuh"
@@ -23,7 +27,7 @@ namespace jax_sgl::cuda::sm90 {
 
 template <typename Cfg, bool kVarlen, bool kPack = false>
 struct Epilogue {
-  using Element = typename Cfg::Element;
+  using Element = typename Cfg::ElementOut;  // O's type
   using Scheduler = TileScheduler<Cfg, kVarlen, KernelParams<Cfg>, kPack>;
   static constexpr int kBlockM = Cfg::kBlockM;
   static constexpr int kRows = Cfg::kWarpgroupRows;
@@ -63,8 +67,21 @@ struct Epilogue {
       head[r] = scheduler.Pack() > 1 ? w.head * scheduler.Pack() + row % scheduler.Pack() : w.head;
     }
     float inv_sum[2], lse[2];
-    softmax.Finish(params.softmax_scale, inv_sum, lse);
-    const bool tail_share = kPersistent && !kVarlen && w.split >= 0;
+    if constexpr (Cfg::kFp8) {
+      const int kv_head = scheduler.KvHead(w);
+      // Softcap: the capped scores are already scaled (softmax_scale is then 1).
+      const float qk = params.softcap != 0.f
+                           ? 1.f
+                           : Fp8Descale(params, params.q_descale, w.batch, kv_head) *
+                                 Fp8Descale(params, params.k_descale, w.batch, kv_head);
+      softmax.Finish(params.softmax_scale * qk, inv_sum, lse);
+      const float v_descale = Fp8Descale(params, params.v_descale, w.batch, kv_head);
+      inv_sum[0] *= v_descale;
+      inv_sum[1] *= v_descale;
+    } else {
+      softmax.Finish(params.softmax_scale, inv_sum, lse);
+    }
+    const bool tail_share = Scheduler::kShares && w.split >= 0;
     if (params.sinks != nullptr && !tail_share) {
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
@@ -92,6 +109,35 @@ struct Epilogue {
         if (coord.col0 == 0) {
 #pragma unroll
           for (int r = 0; r < 2; ++r) params.tail_lse[row0 + coord.row0 + 8 * r] = lse[r];
+        }
+        if constexpr (!Cfg::kSeparateO) {
+          // Q may be reloaded once every thread is past its last wgmma on it.
+          cutlass::arch::NamedBarrier::sync(128, epilogue_barrier);
+          if (thread_in_wg == 0) shared.barrier_q_empty.arrive();
+        }
+        return next_iter;
+      }
+    }
+    if constexpr (kPersistent && kVarlen && kPack) {
+      if (w.split >= 0) {
+        // A key share of a paged tile: its rows' O (float32) and LSE to the share's slice of the
+        // partials, by (q row, head) as LaunchSplitCombine reads them; rows past the sequence
+        // are no q row's.
+        const int64_t share_row0 = int64_t(w.split) * params.total_q + w.q_row0;
+        float* row_o[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int64_t slot = (share_row0 + q_row[r]) * params.num_heads + head[r];
+          const bool valid = q_row[r] < scheduler.SeqlenQ(w);
+          row_o[r] = valid ? params.split_o + slot * Cfg::kHeadDim + coord.col0 : nullptr;
+          if (valid && coord.col0 == 0) params.split_lse[slot] = lse[r];
+        }
+        // Values 2j and 2j+1 of the accumulator are adjacent columns of one row (even column).
+#pragma unroll
+        for (int i = 0; i < size(tOrO); i += 2) {
+          float* dst = row_o[AccCoord::Row(i) / 8];
+          if (dst != nullptr)
+            *reinterpret_cast<float2*>(dst + AccCoord::Col(i)) = make_float2(tOrO(i), tOrO(i + 1));
         }
         if constexpr (!Cfg::kSeparateO) {
           // Q may be reloaded once every thread is past its last wgmma on it.

@@ -13,6 +13,9 @@
 // heads of one kv head: the consumers then load Q and store O row by row. kSoftcap: scores
 // capped before the mask (KernelParams::softcap != 0). Each is its own instantiation, picked per
 // call by the launcher, so the dense plain kernel holds none of their code.
+// fp8 (Cfg::kFp8: e4m3 q/k/v, bf16 O; dense and varlen): the producer warpgroup also writes V
+// transposed (mainloop_load.cuh), P goes to e4m3 in the key order of fp8.cuh, q_descale *
+// k_descale of the tile's (batch, kv head) scale the scores and v_descale O (epilogue.cuh).
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -22,6 +25,7 @@
 
 #include "ffi/cuda/attention/sm90/fwd/config.h"
 #include "ffi/cuda/attention/sm90/fwd/epilogue.cuh"
+#include "ffi/cuda/attention/sm90/fwd/fp8.cuh"
 #include "ffi/cuda/attention/sm90/fwd/gemm.cuh"
 #include "ffi/cuda/attention/sm90/fwd/kernel_params.h"
 #include "ffi/cuda/attention/sm90/fwd/mainloop_load.cuh"
@@ -77,6 +81,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         shared.pipe_v.full_barrier_[i].init(128 + 1);
       }
     }
+    // fp8: the 128 producer threads arrive on the V^T ring's full barriers once each has written
+    // its share of the transposed tile; one TMA arrival per staged V tile.
+    if constexpr (Cfg::kFp8) {
+      for (int i = 0; i < Cfg::kStages; ++i) {
+        shared.pipe_v.full_barrier_[i].init(128);
+        shared.v_staged[i].init(1);
+      }
+    }
     shared.barrier_q.init(1);
     // Q is free again when every consumer thread finished its last wgmma on it (separate O), or
     // when each consumer's O store out of the Q buffer has completed.
@@ -89,7 +101,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   if (warpgroup == 0) {
     // ---- Producer ------------------------------------------------------------------------
     cutlass::arch::warpgroup_reg_dealloc<Cfg::kProducerRegs>();
-    if (threadIdx.x >= (kGather ? 128 : kPaged ? 32 : 1)) return;
+    if (threadIdx.x >= (kGather || Cfg::kFp8 ? 128 : kPaged ? 32 : 1)) return;
     MainloopLoad<Cfg, kVarlen, kPaged, kGather>{params, scheduler, shared, pipe_k, pipe_v}.Run(
         launch_tile);
   } else {
@@ -102,9 +114,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
     Tensor sQ = make_tensor(make_smem_ptr(shared.q.data()), typename Cfg::SmemLayoutQ{});
     Tensor sK = make_tensor(make_smem_ptr(shared.k.data()), typename Cfg::SmemLayoutKV{});
-    Tensor sVt = make_tensor(make_smem_ptr(shared.v.data()), typename Cfg::SmemLayoutVt{});
-    Tensor sO = make_tensor(make_smem_ptr(Cfg::kSeparateO ? shared.o.data() : shared.q.data()),
-                            typename Cfg::SmemLayoutQ{});
+    Tensor sVt = make_tensor(make_smem_ptr(VtData<Cfg>(shared)), typename Cfg::SmemLayoutVt{});
+    Tensor sO = make_tensor(make_smem_ptr(OData<Cfg>(shared)), typename Cfg::SmemLayoutO{});
     typename Cfg::MmaQK mma_qk;
     typename Cfg::MmaPV mma_pv;
     auto thr_qk = mma_qk.get_thread_slice(thread_in_wg);
@@ -160,7 +171,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       const int row_base = tile.m_block * kBlockM + consumer * kRows + coord.row0;  // row of r = 0
       const int diag = scheduler.SeqlenK(tile) - scheduler.SeqlenQ(tile);
       const int key_end = scheduler.SeqlenK(tile);
-      OnlineSoftmax softmax(params.softmax_scale);
+      // fp8: the tile's q_descale * k_descale scales the scores (with the softcap: its argument).
+      [[maybe_unused]] float qk_descale = 1.f;
+      if constexpr (Cfg::kFp8) {
+        const int kv_head = scheduler.KvHead(tile);
+        qk_descale = Fp8Descale(params, params.q_descale, tile.batch, kv_head) *
+                     Fp8Descale(params, params.k_descale, tile.batch, kv_head);
+      }
+      OnlineSoftmax softmax(Cfg::kFp8 && !kSoftcap ? params.softmax_scale * qk_descale
+                                                   : params.softmax_scale);
       clear(tOrO);
       // Masks keys past the end, right of the diagonal / window and left of the window, for key
       // tile n: each row r keeps the columns in [begin, end), so the test per element is two
@@ -210,7 +229,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       auto apply_softcap = [&](auto& s) {
 #pragma unroll
         for (int i = 0; i < size(s); ++i) {
-          const float e = Exp2Ftz(s(i) * params.softcap_exp2_scale);
+          const float e = Exp2Ftz(s(i) * (Cfg::kFp8 ? params.softcap_exp2_scale * qk_descale
+                                                    : params.softcap_exp2_scale));
           s(i) = fmaf(-2.f * params.softcap, __fdividef(1.f, 1.f + e), params.softcap);
         }
       };
@@ -279,7 +299,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         // step's S is issued (the first one scales O = 0: harmless).
         float correction[2];
         softmax.Step(tSrS, correction);
-        Tensor tOrP = AccToA<Element, kBlockN>(tSrS);
+        Tensor tOrP = ToA<Cfg>(tSrS);
 
         // One step: S_n issued with P_{n+1} V_{n+1}; softmax of S_n while P V runs.
         auto step = [&](int n, auto masked) {
@@ -319,7 +339,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           } else {
             ScaleRows(tOrO, corr);
           }
-          Tensor p = AccToA<Element, kBlockN>(s);
+          Tensor p = ToA<Cfg>(s);
 #pragma unroll
           for (int i = 0; i < size(p); ++i) tOrP(i) = p(i);
         };

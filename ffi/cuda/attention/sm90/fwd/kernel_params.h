@@ -46,8 +46,9 @@ struct KernelParams {
   int total_q;
   int total_k;
   int batch;
-  Element_t<Cfg>* out;               // O, stored row by row (never past a sequence's end)
-  // Tail split (dense persistent, launch.cuh): tiles from num_whole_tiles on are the last,
+  typename Cfg::ElementOut* out;     // O, stored row by row (never past a sequence's end)
+  // Tail split (dense persistent, launch.cuh; the paged key split reuses the item numbering,
+  // with its own partials below): tiles from num_whole_tiles on are the last,
   // partial wave's; each runs as tail_splits items over shares of its key tiles, which store O
   // (float32, normalized by their own sums) and LSE in tail_o / tail_lse for
   // FlashFwdSm90TailCombine. tail_splits 0: off (num_whole_tiles = num_tiles).
@@ -88,6 +89,18 @@ struct KernelParams {
   // pack > 1: the consumers load Q from q row by row and store O the same way.
   int pack;
   const Element_t<Cfg>* q;           // [total_q, num_heads, head_dim]
+  // fp8 (Cfg::kFp8): descales [batch, num_kv_heads] or nullptr (1), placed as the CPU kernel
+  // does: q_descale * k_descale into the softmax scale, v_descale onto O (fp8_scale.h).
+  const float* q_descale;
+  const float* k_descale;
+  const float* v_descale;
+  int num_kv_heads;
+  // Key split (paged, persistent; Sm90KeySplits): num_whole_tiles is 0 and every tile runs as
+  // tail_splits shares of the key tiles it visits (KeyTiles::Split). Each share writes its rows'
+  // O (float32, normalized by its own sum) and LSE, without sinks, here instead of out / lse;
+  // LaunchSplitCombine merges them (and applies the sinks). nullptr: off.
+  float* split_o;                    // [split, total_q, num_heads, head_dim]
+  float* split_lse;                  // [split, total_q, num_heads]
 };
 
 }  // namespace jax_sgl::cuda::sm90

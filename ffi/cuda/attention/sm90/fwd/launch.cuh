@@ -32,10 +32,10 @@ auto KvTensor(const void* ptr, int rows, int head_dim, int heads, int blocks, in
                      make_stride(row, _1{}, head, row * rows));
 }
 
-// [rows, head_dim, heads, batch] view of a dense [batch, rows, heads, head_dim] buffer.
-template <typename Cfg>
+// [rows, head_dim, heads, batch] view of a dense [batch, rows, heads, head_dim] buffer of E
+// (the config's element, or its output's: bf16 O of an fp8 forward).
+template <typename Cfg, typename E = typename Cfg::Element>
 auto DenseTensor(const void* ptr, int rows, int head_dim, int heads, int batch) {
-  using E = typename Cfg::Element;
   const int64_t row = int64_t(heads) * head_dim;
   return make_tensor(make_gmem_ptr(static_cast<E*>(const_cast<void*>(ptr))),
                      make_shape(rows, head_dim, heads, batch),
@@ -52,8 +52,11 @@ using FwdConfig = FlashConfig<typename CutlassType<T>::type, kHeadDim>;
 // JAX_SGL_DISABLE=sm90_varlen) launch the kVarlen instantiation: packed [total, D, H, 1] TMA views and
 // a grid (persistent: tile range) of linear row blocks x q heads, a bound that the kernel maps
 // onto (sequence, row block) tiles (kernel.cuh VarlenTile).
+// Paged calls with key_splits > 1 (Sm90KeySplits, persistent tile choices only) run every tile
+// as key_splits shares, leaving float32 partials in scratch for the caller's combine.
 template <typename T, int kHeadDim>
-cudaError_t LaunchFlashFwdSm90(const AttentionParams& p, void* scratch, cudaStream_t stream) {
+cudaError_t LaunchFlashFwdSm90(const AttentionParams& p, int key_splits, void* scratch,
+                               cudaStream_t stream) {
   using Cfg = sm90::FwdConfig<T, kHeadDim>;
   using namespace cute;
   const bool varlen =
@@ -62,19 +65,15 @@ cudaError_t LaunchFlashFwdSm90(const AttentionParams& p, void* scratch, cudaStre
   // Keys per sequence at most: paged sequences see up to max_pages pages (the kernel's seqlen_k,
   // from which VarlenTile clamps seqused_k).
   const int key_bound = paged ? p.max_pages * p.page_size : p.seqlen_k;
-  // PackGQA (paged only, Sm90PackGqa): a tile's rows are (q row, head of the GQA group) pairs,
-  // pack tile rows per q row, and the tiles go per kv head.
-  const int pack = paged && Sm90PackGqa(p) ? p.num_heads / p.num_kv_heads : 1;
-  const int tile_heads = p.num_heads / pack;
-  // Varlen: the row blocks of all sequences together are at most ceil(total_q / kBlockM) + batch
-  // (each sequence adds at most one partial block); dense q needs exactly batch x its blocks.
-  const int num_m_blocks =
-      !varlen ? (p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM
-      : p.cu_seqlens_q != nullptr
-          ? int((p.total_q * pack + Cfg::kBlockM - 1) / Cfg::kBlockM) + p.batch
-          : (p.seqlen_q * pack + Cfg::kBlockM - 1) / Cfg::kBlockM * p.batch;
-  const int tile_batches = varlen ? 1 : p.batch;
-  const int num_tiles = num_m_blocks * tile_heads * tile_batches;
+  // The tiles (Sm90TileGrid). PackGQA (paged only, Sm90PackGqa): a tile's rows are (q row, head
+  // of the GQA group) pairs, pack tile rows per q row, and the tiles go per kv head.
+  const Sm90Tiles grid_tiles = Sm90TileGrid(p, Cfg::kBlockM);
+  const int pack = grid_tiles.pack;
+  const int tile_heads = grid_tiles.tile_heads;
+  const int num_m_blocks = grid_tiles.num_m_blocks;
+  const int tile_batches = grid_tiles.tile_batches;
+  const int num_tiles = int(grid_tiles.count());
+  if (key_splits > 1 && !(paged && Cfg::kPersistent)) return cudaErrorInvalidValue;
   // Varlen views every tensor as packed rows (dense q or k alike: [batch * seqlen] rows).
   const int rows_q = varlen ? int(p.total_q) : p.seqlen_q;
   const int rows_k = varlen ? int(p.total_k) : p.seqlen_k;
@@ -83,7 +82,8 @@ cudaError_t LaunchFlashFwdSm90(const AttentionParams& p, void* scratch, cudaStre
                                p.k_row_stride, p.k_head_stride);
   auto v = sm90::KvTensor<Cfg>(p.v, rows_k, kHeadDim, p.num_kv_heads, tile_batches,
                                p.v_row_stride, p.v_head_stride);
-  auto o = sm90::DenseTensor<Cfg>(p.out, rows_q, kHeadDim, p.num_heads, tile_batches);
+  auto o = sm90::DenseTensor<Cfg, typename Cfg::ElementOut>(p.out, rows_q, kHeadDim, p.num_heads,
+                                                            tile_batches);
   using KVTile = Shape<Int<Cfg::kBlockN>, Int<kHeadDim>>;
   // Paged: the pool's page view (dispatch.cc checked page_size % kPageBoxRows == 0). Other calls
   // leave the page descriptors empty: their kernels never read them.
@@ -125,12 +125,19 @@ cudaError_t LaunchFlashFwdSm90(const AttentionParams& p, void* scratch, cudaStre
     if (!varlen && Sm90TailSplitRequested(p))
       split = ChooseTailSplit(num_tiles, num_sms, (p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN);
   }
-  const int tail_tiles = split.tail, tail_splits = split.splits;
+  // Key split (paged): every tile is a "tail" tile, from tile 0 on.
+  const bool key_split = key_splits > 1;
+  const int tail_tiles = key_split ? num_tiles : split.tail;
+  const int tail_splits = key_split ? key_splits : split.splits;
   const int num_items = num_tiles - tail_tiles + tail_tiles * tail_splits;
   // Scratch (Sm90ScratchBytes): the counter, then O of one 128-row block per SM, then its LSE.
   static_assert(Cfg::kBlockM == 128, "Sm90TailBytes sizes 128-row blocks");
   float* tail_o = reinterpret_cast<float*>(static_cast<char*>(scratch) + kSm90CounterBytes);
   float* tail_lse = tail_o + int64_t(num_sms) * Cfg::kBlockM * kHeadDim;
+  // Key split: O [split, total_q, num_heads, head_dim], then LSE [split, total_q, num_heads], as
+  // LaunchSplitCombine reads them (Sm90KeySplitBytes).
+  float* split_o = tail_o;
+  float* split_lse = split_o + int64_t(key_splits) * p.total_q * p.num_heads * kHeadDim;
   // Persistent CTAs take their tiles from a counter when causal (tiles of unequal cost), else in a
   // static stride (a counter for non-causal calls too measured -1.2% to +2.7%: no clear gain).
   const bool dynamic_tiles = Cfg::kPersistent && p.causal;
@@ -139,7 +146,7 @@ cudaError_t LaunchFlashFwdSm90(const AttentionParams& p, void* scratch, cudaStre
                     _1{}),
       make_tma_copy(SM90_TMA_LOAD{}, k, typename Cfg::SmemLayoutKVTile{}, KVTile{}, _1{}),
       make_tma_copy(SM90_TMA_LOAD{}, v, typename Cfg::SmemLayoutKVTile{}, KVTile{}, _1{}),
-      make_tma_copy(SM90_TMA_STORE{}, o, typename Cfg::SmemLayoutQHalf{}, typename Cfg::RowsD{},
+      make_tma_copy(SM90_TMA_STORE{}, o, typename Cfg::SmemLayoutOHalf{}, typename Cfg::RowsD{},
                     _1{}),
       q.shape(),
       k.shape(),
@@ -164,11 +171,11 @@ cudaError_t LaunchFlashFwdSm90(const AttentionParams& p, void* scratch, cudaStre
       rows_q,
       rows_k,
       p.batch,
-      static_cast<typename Cfg::Element*>(p.out),
+      static_cast<typename Cfg::ElementOut*>(p.out),
       num_tiles - tail_tiles,
       tail_splits,
-      tail_tiles > 0 ? tail_o : nullptr,
-      tail_tiles > 0 ? tail_lse : nullptr,
+      tail_tiles > 0 && !key_split ? tail_o : nullptr,
+      tail_tiles > 0 && !key_split ? tail_lse : nullptr,
       p.sinks,
       page_tma(pool_k),
       page_tma(pool_v),
@@ -189,16 +196,31 @@ cudaError_t LaunchFlashFwdSm90(const AttentionParams& p, void* scratch, cudaStre
       p.v_head_stride,
       pack,
       static_cast<const typename Cfg::Element*>(p.q),
+      p.q_descale,
+      p.k_descale,
+      p.v_descale,
+      p.num_kv_heads,
+      key_split ? split_o : nullptr,
+      key_split ? split_lse : nullptr,
   };
   // Softcap has its own instantiations (kernel.cuh kSoftcap), so the plain ones carry none of it.
-  auto kernel = gather   ? (softcap ? sm90::FlashFwdSm90Kernel<Cfg, true, true, true, true>
-                                     : sm90::FlashFwdSm90Kernel<Cfg, true, false, true, true>)
-                : paged  ? (softcap ? sm90::FlashFwdSm90Kernel<Cfg, true, true, true>
-                                     : sm90::FlashFwdSm90Kernel<Cfg, true, false, true>)
-                : varlen ? (softcap ? sm90::FlashFwdSm90Kernel<Cfg, true, true>
-                                    : sm90::FlashFwdSm90Kernel<Cfg, true, false>)
-                         : (softcap ? sm90::FlashFwdSm90Kernel<Cfg, false, true>
-                                    : sm90::FlashFwdSm90Kernel<Cfg, false, false>);
+  // fp8 builds dense and varlen only (dispatch.cc keeps paged calls off it).
+  auto kernel = [&] {
+    if constexpr (Cfg::kFp8)
+      return varlen ? (softcap ? sm90::FlashFwdSm90Kernel<Cfg, true, true>
+                               : sm90::FlashFwdSm90Kernel<Cfg, true, false>)
+                    : (softcap ? sm90::FlashFwdSm90Kernel<Cfg, false, true>
+                               : sm90::FlashFwdSm90Kernel<Cfg, false, false>);
+    else
+      return gather   ? (softcap ? sm90::FlashFwdSm90Kernel<Cfg, true, true, true, true>
+                                 : sm90::FlashFwdSm90Kernel<Cfg, true, false, true, true>)
+             : paged  ? (softcap ? sm90::FlashFwdSm90Kernel<Cfg, true, true, true>
+                                 : sm90::FlashFwdSm90Kernel<Cfg, true, false, true>)
+             : varlen ? (softcap ? sm90::FlashFwdSm90Kernel<Cfg, true, true>
+                                 : sm90::FlashFwdSm90Kernel<Cfg, true, false>)
+                      : (softcap ? sm90::FlashFwdSm90Kernel<Cfg, false, true>
+                                 : sm90::FlashFwdSm90Kernel<Cfg, false, false>);
+  }();
   dim3 grid(num_m_blocks, tile_heads, tile_batches);
   if constexpr (Cfg::kPersistent) {
     grid = dim3(std::min(num_items, num_sms));
@@ -212,8 +234,8 @@ cudaError_t LaunchFlashFwdSm90(const AttentionParams& p, void* scratch, cudaStre
                                        sizeof(typename Cfg::SharedStorage), stream, params);
       err != cudaSuccess)
     return err;
-  if (tail_tiles > 0) {
-    using Element = typename Cfg::Element;
+  if (tail_tiles > 0 && !key_split) {
+    using Element = typename Cfg::ElementOut;
     const sm90::TailCombineParams<Element> combine{
         tail_o, tail_lse, static_cast<Element*>(p.out), p.lse, num_tiles - tail_tiles,
         tail_splits, num_m_blocks, p.num_heads, p.seqlen_q, p.sinks};

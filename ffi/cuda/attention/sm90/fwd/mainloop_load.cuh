@@ -11,6 +11,11 @@
 // ring's byte count is that of a dense tile. kGather (page sizes no TMA box fits: not a multiple
 // of Cfg::kPageBoxRows, a token pool among them): the producer is the whole warpgroup and copies
 // the tile row by row with cp.async instead (GatherPages).
+//
+// fp8 (Cfg::kFp8, dense and varlen): the producer is the whole warpgroup. Thread 0 issues each
+// V tile's TMA load with its K (into the `v` staging ring, behind its own v_staged barrier), and
+// at the tile's V turn all 128 threads write it transposed into the `vt` ring the consumers read
+// (fp8.cuh TransposeV), then arrive on that ring's full barrier (128 arrivals, kernel.cuh).
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -18,6 +23,7 @@
 
 #include "ffi/cuda/attention/common/mma.cuh"
 #include "ffi/cuda/attention/sm90/fwd/config.h"
+#include "ffi/cuda/attention/sm90/fwd/fp8.cuh"
 #include "ffi/cuda/attention/sm90/fwd/gemm.cuh"
 #include "ffi/cuda/attention/sm90/fwd/kernel_params.h"
 #include "ffi/cuda/attention/sm90/fwd/tile_scheduler.cuh"
@@ -42,6 +48,7 @@ struct MainloopLoad {
   static constexpr int kBlockN = Cfg::kBlockN;
   static_assert(!kPaged || kVarlen, "paged K/V is a varlen geometry");
   static_assert(!kGather || kPaged, "the gather loads pages");
+  static_assert(!Cfg::kFp8 || !kPaged, "fp8 K/V load dense or varlen (paged: not yet)");
 
   KernelParams<Cfg> const& params;
   Scheduler const& scheduler;
@@ -137,11 +144,12 @@ struct MainloopLoad {
     if (t == 0) cutlass::arch::ClusterBarrier::arrive(bar);
   }
 
-  // The producer's whole run (one thread; a warp when kPaged; the warpgroup when gathering): the
-  // launch tile (non-persistent), or the scheduler's tiles until none is left (persistent).
+  // The producer's whole run (one thread; a warp when kPaged; the warpgroup when gathering or
+  // fp8): the launch tile (non-persistent), or the scheduler's tiles until none is left
+  // (persistent).
   __device__ __forceinline__ void Run(WorkTile const& launch_tile) {
     // The thread that issues loads and arrives on barriers (PipelineTmaAsync's is_leader).
-    const bool leader = !kPaged || threadIdx.x == 0;
+    const bool leader = !(kPaged || Cfg::kFp8) || threadIdx.x == 0;
     Tensor sQ = make_tensor(make_smem_ptr(shared.q.data()), typename Cfg::SmemLayoutQ{});
     Tensor sK = make_tensor(make_smem_ptr(shared.k.data()), typename Cfg::SmemLayoutKV{});
     Tensor sV = make_tensor(make_smem_ptr(shared.v.data()), typename Cfg::SmemLayoutKV{});
@@ -241,6 +249,17 @@ struct MainloopLoad {
             load_pages(params.tma_k_page, params.tma_k_page_wide, sK, win_k,
                        pipe_k.producer_get_barrier(write_k), n, write_k.index(),
                        shared.page_holes[write_k.index()]);
+        } else if constexpr (Cfg::kFp8) {
+          // V of the same tile into the staging slot of the same index: the slot's previous
+          // tile was transposed (load_v) before this K load, past the producers' barrier there.
+          if (leader) {
+            copy(NoCacheHint(params.tma_k.with(*pipe_k.producer_get_barrier(write_k))),
+                 tKg(_, n), tKs(_, write_k.index()));
+            auto& staged = shared.v_staged[write_k.index()];
+            staged.arrive_and_expect_tx(Cfg::kKVTileBytes);
+            copy(NoCacheHint(params.tma_v.with(reinterpret_cast<uint64_t&>(staged))), tVg(_, n),
+                 tVs(_, write_k.index()));
+          }
         } else
           copy(NoCacheHint(params.tma_k.with(*pipe_k.producer_get_barrier(write_k))), tKg(_, n),
                tKs(_, write_k.index()));
@@ -248,6 +267,21 @@ struct MainloopLoad {
       // behind: K loads of this tile issued since the K of this V.
       auto load_v = [&](int n, uint32_t behind) {
         const PipelineState write_v = write_state(k_loads - behind);
+        if constexpr (Cfg::kFp8) {
+          // The staged tile (loaded with its K, `behind` K loads ago, into slot write_v.index())
+          // -> V^T stage write_v.index() once the consumers released it.
+          const uint32_t count = k_loads - behind;
+          shared.pipe_v.empty_barrier_[write_v.index()].wait(write_v.phase());
+          shared.v_staged[write_v.index()].wait((count / Cfg::kStages) & 1u);
+          TransposeV<Cfg>(cute::cast_smem_ptr_to_uint(shared.v.data()),
+                          cute::cast_smem_ptr_to_uint(shared.vt.data()), write_v.index(),
+                          int(threadIdx.x));
+          cutlass::arch::fence_view_async_shared();  // generic-proxy writes -> wgmma reads
+          shared.pipe_v.full_barrier_[write_v.index()].arrive();
+          // Every thread has read the staging slot before the next K load's TMA refills it.
+          cutlass::arch::NamedBarrier::sync(128, uint32_t(Barrier::kProducer));
+          return;
+        }
         pipe_v.producer_acquire(write_v);
         if constexpr (kPaged) {
           // V of tile n: the K load of tile n was `behind` K loads ago, into this stage index.
@@ -295,8 +329,8 @@ struct MainloopLoad {
       // or the warpgroup through smem (gather; the second sync keeps the next write behind
       // every read).
       auto next = [&](int t) {
-        if constexpr (kPaged) {
-          if constexpr (kGather) {
+        if constexpr (kPaged || Cfg::kFp8) {
+          if constexpr (kGather || Cfg::kFp8) {
             if (leader) shared.next_tile = scheduler.Next(t);
             cutlass::arch::NamedBarrier::sync(128, uint32_t(Barrier::kProducer));
             const int next_t = *reinterpret_cast<volatile int*>(&shared.next_tile);

@@ -1,7 +1,7 @@
 // The sm_90a flash forward's tile scheduler: which work tiles (128 query rows of one (q head,
-// batch), or a share of one's keys under the tail split) a CTA runs, in what order, and which key
-// tiles each visits. Non-persistent kernels run the grid's one tile per CTA; persistent ones start
-// at blockIdx.x and take the next from a stride or a counter. The consumers read their current
+// batch), or a share of one's keys under the tail or key split) a CTA runs, in what order, and
+// which key tiles each visits. Non-persistent kernels run the grid's one tile per CTA; persistent
+// ones start at blockIdx.x and take the next from a stride or a counter. The consumers read their current
 // tile back from smem (HeldTile) rather than keep it in registers across the main loop.
 #pragma once
 
@@ -196,12 +196,17 @@ struct TileScheduler {
   __device__ __forceinline__ int SeqlenK(WorkTile const& w) const {
     return kVarlen ? w.k_len : params.seqlen_k;
   }
-  // The key tiles of a work tile (its share of them under the tail split).
+  // Whether work items may be key shares: the dense tail split, or the paged key split (kPack
+  // is the paged kernel's; KernelParams::split_o).
+  static constexpr bool kShares = Cfg::kPersistent && (!kVarlen || kPack);
+
+  // The key tiles of a work tile (its share of them under the tail or key split: of the tiles
+  // its rows visit, so a causal or windowed tile splits only those).
   __device__ __forceinline__ KeyTiles Keys(WorkTile const& w) const {
     const int row0 = w.m_block * Cfg::kBlockM;
     KeyTiles tiles(row0 / Pack(), (row0 + Cfg::kBlockM - 1) / Pack(), Cfg::kBlockN, SeqlenQ(w),
                    SeqlenK(w), params.window_left, params.window_right);
-    if constexpr (Cfg::kPersistent && !kVarlen) {
+    if constexpr (kShares) {
       if (w.split >= 0) tiles.Split(w.split, params.tail_splits);
     }
     return tiles;

@@ -19,7 +19,15 @@ struct FwdTileSize {
   // The O rescale of a step runs between the issue of S = Q K^T and of P V, while the tensor
   // cores compute S, instead of after the softmax.
   bool early_rescale;
+  // Depth of the K and V rings (fp8: also the V staging ring and the V^T ring). Two everywhere
+  // the 16-bit kernels were measured: three K/V stages ran 3-5% slower there
+  // (benchmarks/notes/experiments.md).
+  int stages = 2;
 };
+
+// Query rows per work tile (config.h kBlockM: two consumer warpgroups of 64 rows), for the host's
+// tile counts (Sm90TileGrid).
+inline constexpr int kSm90FwdBlockM = 128;
 
 // Paged K/V: keys per TMA box of the page pool (config.h kPageBoxRows): 16 rows are two 128-byte
 // swizzle atoms, so each box lands aligned in the key tile; the dispatch takes page sizes that
@@ -44,6 +52,39 @@ constexpr FwdTileSize FwdTile(int head_dim) {
   return head_dim == 64    ? FwdTileSize{192, true, true}
          : head_dim == 128 ? FwdTileSize{128, true, false}
                            : FwdTileSize{80, false, true};
+}
+
+// fp8 hd128 ring depth, not yet timed. Two stages leave the producer about two consumer steps
+// between the release of a V^T slot and the first reader of the tile it transposes into it,
+// plus one step for that tile's V load. Three (192 KiB of smem: Q 16 + 3 x (K, V staging, V^T)
+// 16 + O 32 KiB) add a step to both, where the 16-bit kernels lost 3-5% to a third stage. Both
+// compile with 0 spills (three: producer 32 / consumers 232 registers, config.h); the H200 run
+// times 2 (the default) against 3.
+inline constexpr int kFp8Hd128Stages = 2;
+// fp8 hd128 keys per tile, 128 or 192 (the two with a bank-conflict-free transpose map, fp8.cuh
+// Fp8TransposeMap), not yet timed: 192 amortizes each step's fixed work (O rescale, row max
+// shuffles, barriers, wgmma descriptors: ~130 of a step's 469 instructions at 128) over 1.5x
+// the keys, as FA3's wider fp8 tiles do (128 x 224 at hd128), and the smem holds it with two
+// stages (Q 16 + 2 x 3 x 24 + O 32 = 192 KiB; not with three: 264). 128 is the default; the
+// H200 run times both.
+inline constexpr int kFp8Hd128Keys = 128;
+
+// e4m3 inputs (FlashConfig::kFp8). Timed once at hd128 (H200, 0.51x / 0.55x cuDNN fp8 full /
+// causal at S 4k) before the transpose and P-packing fixes (fp8.cuh); not since. The choices are
+// bounded by registers and by the producer's V transpose. 128-key tiles at hd64 and hd128: the
+// transpose's bank-conflict-free thread maps (fp8.cuh Fp8TransposeMap) cover 64 / 128 x 128
+// byte tiles, and the V^T ring's rows are then one 128-byte swizzle atom. FA3 runs 128 x 224 at hd128
+// (bytes are half those of bf16, so smem holds wider tiles); S (112) + P (28) + O (64) registers
+// leave ptxas little room beside the 240 a consumer has, and 192- / 224-byte V^T rows take 64- /
+// 32-byte swizzle atoms, under which a warp's 4-byte transpose stores to rows of one parity meet
+// 2-way bank conflicts (row bit 0 is a bank bit there). hd256: 64-key tiles (O alone takes 128
+// registers; Q 32 KiB + K, V staging and V^T 2 x 16 KiB each + O bf16 64 KiB = 192 KiB), one
+// CTA per tile; 0 spills in ptxas, where the bf16 hd256 kernel spills (its consumers' S is 80
+// keys wide).
+constexpr FwdTileSize FwdTileFp8(int head_dim) {
+  return head_dim == 64    ? FwdTileSize{128, true, true}
+         : head_dim == 128 ? FwdTileSize{kFp8Hd128Keys, true, false, kFp8Hd128Stages}
+                           : FwdTileSize{64, false, true};
 }
 
 }  // namespace jax_sgl::cuda::sm90

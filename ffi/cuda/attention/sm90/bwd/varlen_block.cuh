@@ -1,0 +1,56 @@
+// Which sequence and key block a CTA of the sm_90a backward's varlen instantiation runs
+// (FlashBwdSm90WideKernel<.., kVarlen>: cu_seqlens_q and cu_seqlens_k, which the API gives
+// together), and where that sequence's rows live: the grid's x is the
+// linear key block of all sequences (each ceil(k rows / kBlockN) blocks, in order), as the
+// forward's VarlenTile linearizes row blocks. An O(batch) scan of cu_seqlens_k per CTA instead of
+// a prefix-sum pass: batch is small next to a CTA's work. Lengths clamp like attention_seq.h
+// GetSeqBounds, so bad index arrays never leave the buffers.
+#pragma once
+
+#include <cstdint>
+
+#include "ffi/common/attention_geometry.h"
+#include "ffi/cuda/attention/flash_bwd_launch.h"  // PaddedSeqRow0
+
+namespace jax_sgl::cuda::sm90 {
+
+struct BwdSeqBlock {
+  int batch;
+  int n_block;     // key block within the sequence
+  int q_row0;      // first row of the sequence in packed q / dout
+  int q_len;
+  int k_row0;      // first row in packed k / v / dk / dv
+  int k_len;       // keys the sequence uses (seqused_k)
+  int64_t ws_row0;  // padded workspace row of (sequence, head 0, row 0); head h adds h * ws_rows
+};
+
+// False past the last sequence's last key block (the grid is a bound).
+template <typename Params>
+__device__ bool BwdVarlenBlock(Params const& params, int lin, int block_n, int block_m,
+                               BwdSeqBlock& s) {
+  int acc = 0, b = 0, cap = 0;
+  s.k_row0 = s.n_block = 0;
+  for (; b < params.batch; ++b) {
+    const RowRange r =
+        ClampedRows(params.cu_seqlens_k[b], params.cu_seqlens_k[b + 1], params.total_k);
+    const int blocks = (int(r.len) + block_n - 1) / block_n;
+    if (lin < acc + blocks) {
+      s.n_block = lin - acc;
+      s.k_row0 = int(r.begin);
+      cap = int(r.len);
+      break;
+    }
+    acc += blocks;
+  }
+  if (b >= params.batch) return false;
+  s.batch = b;
+  s.k_len = params.seqused_k != nullptr ? int(ClampIndex(params.seqused_k[b], 0, cap)) : cap;
+  const RowRange r =
+      ClampedRows(params.cu_seqlens_q[b], params.cu_seqlens_q[b + 1], params.total_q);
+  s.q_row0 = int(r.begin);
+  s.q_len = int(r.len);
+  s.ws_row0 = PaddedSeqRow0(r.begin, b, block_m);
+  return true;
+}
+
+}  // namespace jax_sgl::cuda::sm90

@@ -1,0 +1,254 @@
+"""The Hopper fp8 forward (ffi/cuda/attention/sm90/fwd/fp8.cuh: e4m3 q/k/v, bf16 out, V transposed
+in smem by the producer, P in e4m3, q_descale * k_descale in the softmax scale, v_descale on O).
+
+Inputs are fresh random values quantized to e4m3 with per-(batch, kv head) descales (stored =
+e4m3(x / descale), never zeros); the dequantized values (stored x descale, float64) are the
+problem. The GPU output is held to a float64 oracle on them (attention_cases.naive_attention) by
+FlashAttention's rule: its error at most 3x that of the same math done in the kernel's
+precision (scores and softmax in float32, P rounded to e4m3 before P V, as FlashAttention-3's
+fp8 test rounds its reference's P, O in bf16), plus a float32-noise floor. The CPU kernel on the
+same inputs is held to the same bound, LSE to the oracle's within float32 noise. The matrix:
+head dims 64 / 128 / 256, odd lengths that end mid-tile, q longer and shorter than k, GQA,
+causal, sliding window, softcap, sinks, varlen q/k (an empty sequence, seqused_k), and descales
+per (batch, kv head), per kv head and per tensor. Skipped without a compute capability 9.0
+device or the e4m3 instantiation; outputs are poisoned beforehand so unwritten elements show up
+as NaN.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_sgl
+from attention_cases import is_sm90_device, naive_attention, poison_allocator
+from jax_sgl._plan import cuda_attention_kernels
+
+pytestmark = pytest.mark.gpu
+
+E4M3 = jnp.float8_e4m3fn
+HEAD_DIMS = (64, 128, 256)
+# (batch, seqlen_q, seqlen_k, num_heads, num_kv_heads).
+SHAPES = {
+    "aligned": (1, 256, 384, 2, 2),
+    "square": (2, 333, 333, 8, 2),
+    "q_short": (3, 19, 989, 4, 4),
+    "k_short": (2, 300, 129, 6, 2),
+    # One key past a 192-key tile (tile_size.h kFp8Hd128Keys), q longer than k: causal rows
+    # above the bottom-right diagonal see no key.
+    "k_one_past": (2, 200, 193, 4, 2),
+}
+
+
+@pytest.fixture(autouse=True)
+def _sm90(monkeypatch):
+  if not is_sm90_device():
+    pytest.skip("the sm90 fp8 forward needs a compute capability 9.0 device")
+  monkeypatch.delenv("JAX_SGL_DISABLE", raising=False)
+
+
+def _need(head_dim):
+  built = jax_sgl.attention_backend_info()["kernels"].get("sm90_fwd", {})
+  if head_dim not in built.get("head_dims", ()) or "float8_e4m3fn" not in built.get("dtypes", ()):
+    pytest.skip(f"hdim{head_dim}_e4m3 not in this build (JAX_SGL_SM90_DTYPES)")
+
+
+def _cpu():
+  return jax.devices("cpu")[0]
+
+
+def _gpu():
+  return jax.devices("cuda")[0]
+
+
+def _quantize(rng, shape, descale, head_axis):
+  """e4m3(x / descale) of x ~ N(0, 1), descale [batch, kv heads] broadcast over the rows (q heads
+  map to kv head h // group)."""
+  x = rng.standard_normal(shape)
+  d = np.asarray(descale, np.float64)
+  group = shape[head_axis] // d.shape[1]
+  per = np.repeat(d, group, axis=1)  # [batch, heads]
+  per = per[:, None, :, None] if len(shape) == 4 else per
+  q = jnp.asarray(x / per, jnp.float32).astype(E4M3)
+  return np.asarray(q)
+
+
+def _descales(rng, batch, hkv):
+  # |x| / descale stays well inside e4m3's +-448 for x ~ N(0, 1).
+  return [rng.uniform(0.02, 0.05, (batch, hkv)).astype(np.float32) for _ in range(3)]
+
+
+def _fit(d, kind):
+  """A [batch, kv heads] descale as the API takes it: per (batch, kv head), per kv head (row 0
+  broadcast), per tensor (element [0, 0])."""
+  if kind == "batch_head":
+    return d
+  if kind == "head":
+    return np.ascontiguousarray(d[0])
+  return np.float32(d[0, 0])
+
+
+def _effective(d, kind, batch):
+  """The [batch, kv heads] descales a call with _fit(d, kind) means."""
+  if kind == "batch_head":
+    return d
+  if kind == "head":
+    return np.broadcast_to(d[0], d.shape).copy()
+  return np.full(d.shape, d[0, 0], np.float32)
+
+
+def _dequantize(x, d, rows_batch):
+  """stored x descale in float64; rows_batch: the batch index of each row (varlen) or None."""
+  x = np.asarray(x).astype(np.float64)
+  heads = x.shape[-2]
+  per = np.repeat(np.asarray(d, np.float64), heads // d.shape[1], axis=1)  # [batch, heads]
+  if rows_batch is None:
+    return x * per[:, None, :, None]
+  return x * per[rows_batch][:, :, None]
+
+
+def _same_math(q, k, v, *, causal=False, window=(-1, -1), softcap=0.0, sinks=None, **arrays):
+  """The kernel's precision on the dequantized problem: float32 scores and softmax, P (relative to
+  the row max) rounded to e4m3, float32 P V, O rounded to bf16. The error scale of the rule."""
+  f32 = lambda x: np.asarray(x, np.float32)
+  out = naive_attention(f32(q), f32(k), f32(v), causal=causal, window=window, softcap=softcap,
+                        sinks=sinks, p_round=lambda p: np.asarray(
+                            jnp.asarray(p, jnp.float32).astype(E4M3).astype(jnp.float32),
+                            np.float64), **arrays)
+  return np.asarray(jnp.asarray(out, jnp.float32).astype(jnp.bfloat16).astype(jnp.float32))
+
+
+def _run(device, q, k, v, kwargs):
+  static = {n: x for n, x in kwargs.items() if n in ("causal", "softcap", "window")}
+  operands = {n: jax.device_put(np.asarray(x), device) for n, x in kwargs.items()
+              if n not in static}
+  f = jax.jit(lambda q, k, v, a: jax_sgl.attention(q, k, v, return_lse=True, **static, **a))
+  put = lambda x: jax.device_put(np.asarray(x), device)
+  return f(put(q), put(k), put(v), operands)
+
+
+def _check(q, k, v, qd, kd, vd, kind, rows_batch_q, rows_batch_k, static, arrays):
+  """Runs the call on the GPU and the CPU and holds both to the oracle by the rule."""
+  batch = qd.shape[0]
+  eff = [_effective(d, kind, batch) for d in (qd, kd, vd)]
+  q64 = _dequantize(q, eff[0], rows_batch_q)
+  k64 = _dequantize(k, eff[1], rows_batch_k)
+  v64 = _dequantize(v, eff[2], rows_batch_k)
+  want, want_lse = naive_attention(q64, k64, v64, return_lse=True, **static, **arrays)
+  ref = _same_math(q64, k64, v64, **static, **arrays)
+  kwargs = dict(static, q_descale=_fit(qd, kind), k_descale=_fit(kd, kind),
+                v_descale=_fit(vd, kind), **arrays)
+  # The call must reach the fp8 kernel, not a fallback that would pass for it.
+  operands = {n: np.asarray(x) for n, x in kwargs.items() if n not in static}
+  planned = cuda_attention_kernels(
+      lambda q, k, v, a: jax_sgl.attention(q, k, v, **static, **a), q, k, v, operands,
+      compute_capability=(9, 0))
+  assert planned == [("fwd", "sm90")], planned
+  poison_allocator(want.size * 2 + want_lse.size * 4)
+  out, lse = _run(_gpu(), q, k, v, kwargs)
+  assert out.dtype == jnp.bfloat16 and out.shape == want.shape
+  got = np.asarray(out.astype(jnp.float32), np.float64)
+  assert np.isfinite(got).all(), "unwritten (NaN) or non-finite output elements"
+  floor = 1e-3  # float32 noise and bf16's last bit of O at |O| ~ 0.1
+  bound = 3 * np.abs(ref - want).max() + floor
+  err = np.abs(got - want).max()
+  assert err <= bound, (err, bound)
+  cpu_out, cpu_lse = _run(_cpu(), q, k, v, kwargs)
+  cpu_err = np.abs(np.asarray(cpu_out.astype(jnp.float32), np.float64) - want).max()
+  assert cpu_err <= bound, (cpu_err, bound)
+  # LSE: [B, H, Sq] (dense) or [H, total_q] (varlen); the oracle's per row in q's row layout.
+  lse = np.asarray(lse, np.float64)
+  oracle = np.moveaxis(want_lse, -1, -2) if rows_batch_q is None else want_lse.T
+  np.testing.assert_array_equal(np.isneginf(lse), np.isneginf(oracle))
+  fin = np.isfinite(oracle)
+  # rtol 3e-4, not float32's 1e-4: Hopper's fp8 wgmma adds its products in fewer bits than
+  # float32 (about 14 mantissa bits, DeepSeek-V3 report 3.3.2), so scores near 10 err ~1e-3.
+  np.testing.assert_allclose(lse[fin], oracle[fin], atol=2e-3, rtol=3e-4)
+  np.testing.assert_allclose(lse[fin], np.asarray(cpu_lse, np.float64)[fin], atol=2e-3, rtol=3e-4)
+
+
+def _dense_case(seed, shape, head_dim):
+  rng = np.random.default_rng(seed)
+  b, sq, sk, h, hkv = shape
+  qd, kd, vd = _descales(rng, b, hkv)
+  q = _quantize(rng, (b, sq, h, head_dim), qd, 2)
+  k = _quantize(rng, (b, sk, hkv, head_dim), kd, 2)
+  v = _quantize(rng, (b, sk, hkv, head_dim), vd, 2)
+  return rng, q, k, v, qd, kd, vd
+
+
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("shape", list(SHAPES), ids=list(SHAPES))
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_dense(head_dim, shape, causal):
+  _need(head_dim)
+  _, q, k, v, qd, kd, vd = _dense_case(1, SHAPES[shape], head_dim)
+  _check(q, k, v, qd, kd, vd, "batch_head", None, None, {"causal": causal}, {})
+
+
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_many_tiles(head_dim, causal):
+  """More work tiles than SMs (2 x 16 heads x 8 row blocks = 256 on an H100 / H200's 132), so a
+  persistent CTA runs several: the K, V staging and V^T rings' slots and barrier phases carry
+  from one tile to the next (by a per-tile key-tile count that varies when causal), and the
+  transpose writes every ring slot many times. 1000 rows and keys end mid-tile."""
+  _need(head_dim)
+  _, q, k, v, qd, kd, vd = _dense_case(6, (2, 1000, 1000, 16, 4), head_dim)
+  _check(q, k, v, qd, kd, vd, "batch_head", None, None, {"causal": causal}, {})
+
+
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("kind", ["batch_head", "head", "scalar"])
+def test_descale_shapes(head_dim, kind):
+  _need(head_dim)
+  _, q, k, v, qd, kd, vd = _dense_case(2, SHAPES["square"], head_dim)
+  _check(q, k, v, qd, kd, vd, kind, None, None, {"causal": True}, {})
+
+
+MASKS = {
+    "window": {"window": (100, 0)},
+    "window_two_sided": {"window": (64, 32)},
+    "softcap": {"softcap": 20.0},
+    "softcap_causal": {"softcap": 20.0, "causal": True},
+}
+
+
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("mask", list(MASKS), ids=list(MASKS))
+def test_masks(head_dim, mask):
+  _need(head_dim)
+  _, q, k, v, qd, kd, vd = _dense_case(3, SHAPES["square"], head_dim)
+  _check(q, k, v, qd, kd, vd, "batch_head", None, None, MASKS[mask], {})
+
+
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_sinks(head_dim):
+  _need(head_dim)
+  rng, q, k, v, qd, kd, vd = _dense_case(4, SHAPES["k_short"], head_dim)
+  sinks = rng.standard_normal(SHAPES["k_short"][3]).astype(np.float32)
+  _check(q, k, v, qd, kd, vd, "batch_head", None, None, {"causal": True}, {"sinks": sinks})
+
+
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_varlen(head_dim, causal):
+  """Packed q and k/v with ragged lengths (one empty sequence, one of a single row), and
+  seqused_k below the packed key counts."""
+  _need(head_dim)
+  rng = np.random.default_rng(5)
+  q_lens, k_lens = [200, 0, 1, 457], [300, 17, 129, 600]
+  used = np.asarray([251, 17, 100, 600], np.int32)
+  h, hkv, batch = 8, 2, len(q_lens)
+  qd, kd, vd = _descales(rng, batch, hkv)
+  rq = np.repeat(np.arange(batch), q_lens)
+  rk = np.repeat(np.arange(batch), k_lens)
+  quant = lambda rows, heads, d: np.asarray(jnp.asarray(
+      rng.standard_normal((len(rows), heads, head_dim))
+      / np.repeat(d, heads // hkv, axis=1)[rows][:, :, None], jnp.float32).astype(E4M3))
+  q, k, v = quant(rq, h, qd), quant(rk, hkv, kd), quant(rk, hkv, vd)
+  cu = lambda n: np.concatenate([[0], np.cumsum(n)]).astype(np.int32)
+  arrays = {"cu_seqlens_q": cu(q_lens), "cu_seqlens_k": cu(k_lens), "seqused_k": used}
+  _check(q, k, v, qd, kd, vd, "batch_head", rq, rk, {"causal": causal}, arrays)
