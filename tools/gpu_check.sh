@@ -15,6 +15,9 @@
 #   PYTHON              interpreter with jax + the CUDA plugin (default python3)
 #   JAX_SGL_CUDA_ARCHS  archs to build (default 90a: one arch keeps the build quick)
 #   GPU_CHECK_PIP_ARGS  extra pip args, e.g. -Ccmake.define.JAX_SGL_ATTN_HEAD_DIMS=128
+#   GPU_CHECK_PREBUILT  an archive of tools/prebuild.sh (e.g. .prebuilt/hd128.tar.xz): step 1
+#                       installs this tree's Python package with that extension instead of
+#                       building (into $OUT/site, first on PYTHONPATH)
 #   GPU_CHECK_TESTS     pytest paths / args (default: tests/); "none" skips the tests
 #   GPU_CHECK_SANITIZE  test files to run under compute-sanitizer memcheck (default: none)
 #   GPU_CHECK_SANITIZE_K  pytest -k expression for the sanitizer run (default: all)
@@ -59,20 +62,35 @@ cd "$REPO"
 row device "$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)"
 row software "$("$PY" -c 'import sys, jax, jaxlib; print(f"python {sys.version.split()[0]}, jax {jax.__version__}, jaxlib {jaxlib.__version__}")' 2>&1 | tail -1), nvcc $(nvcc --version 2>/dev/null | sed -n 's/.*release \([0-9.]*\).*/\1/p')"
 
-# 1. Build + install (incremental in build/gpu when the machine is still warm). The CMake cache
-# goes first: a -Ccmake.define of an earlier call (e.g. JAX_SGL_ATTN_HEAD_DIMS=128) would
-# otherwise stay in force for this one; the object files stay, so unchanged sources still skip.
+# 1. Build + install (incremental in build/gpu when the machine is still warm), or a prebuilt
+# extension (GPU_CHECK_PREBUILT). The CMake cache goes first: a -Ccmake.define of an earlier call
+# (e.g. JAX_SGL_ATTN_HEAD_DIMS=128) would otherwise stay in force for this one; the object files
+# stay, so unchanged sources still skip.
 t0=$(date +%s)
-rm -f build/gpu/CMakeCache.txt
-# shellcheck disable=SC2086
-if "$PY" -m pip install --no-build-isolation --no-deps -v -Cbuild-dir=build/gpu ${GPU_CHECK_PIP_ARGS:-} . \
-    > "$OUT/build.log" 2>&1; then
-  row build "ok in $(( $(date +%s) - t0 )) s (archs $JAX_SGL_CUDA_ARCHS)"
+if [[ -n "${GPU_CHECK_PREBUILT:-}" ]]; then
+  site="$OUT/site"
+  rm -rf "$site" && mkdir -p "$site" && cp -r jax_sgl "$site/"
+  if "$PY" -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
+      "$GPU_CHECK_PREBUILT" "$site/jax_sgl" > "$OUT/build.log" 2>&1; then
+    export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+    row build "prebuilt $GPU_CHECK_PREBUILT: $(paste -sd';' "$site/jax_sgl/PREBUILT")"
+  else
+    row build "FAILED: unpacking $GPU_CHECK_PREBUILT (build.log)"
+    cat "$SUMMARY"
+    exit 1
+  fi
 else
-  row build "FAILED after $(( $(date +%s) - t0 )) s: see build.log"
-  tail -40 "$OUT/build.log"
-  cat "$SUMMARY"
-  exit 1
+  rm -f build/gpu/CMakeCache.txt
+  # shellcheck disable=SC2086
+  if "$PY" -m pip install --no-build-isolation --no-deps -v -Cbuild-dir=build/gpu \
+      ${GPU_CHECK_PIP_ARGS:-} . > "$OUT/build.log" 2>&1; then
+    row build "ok in $(( $(date +%s) - t0 )) s (archs $JAX_SGL_CUDA_ARCHS)"
+  else
+    row build "FAILED after $(( $(date +%s) - t0 )) s: see build.log"
+    tail -40 "$OUT/build.log"
+    cat "$SUMMARY"
+    exit 1
+  fi
 fi
 
 # Run Python from outside the source tree so `import jax_sgl` is the installed package.
