@@ -193,6 +193,16 @@ def run_attention_on(device, q, k, v, kwargs):
   return f(put(q), put(k), put(v), operands)
 
 
+def planned_kernels(q, k, v, kwargs, compute_capability=(9, 0)):
+  """[(direction, kernel)] this build's CUDA dispatch plans for the call run_attention_on makes
+  (jax_sgl._plan; needs the CUDA build)."""
+  from jax_sgl._plan import cuda_attention_kernels
+  static = {n: x for n, x in kwargs.items() if n in STATIC_OPTIONS}
+  operands = {n: np.asarray(x) for n, x in kwargs.items() if n not in STATIC_OPTIONS}
+  return cuda_attention_kernels(lambda q, k, v, a: jax_sgl.attention(q, k, v, **static, **a),
+                                q, k, v, operands, compute_capability=compute_capability)
+
+
 def is_sm90_device():
   """The default backend is a GPU of compute capability 9.0, the only one sm_90a kernels run on."""
   devices = jax.devices("cuda") if jax.default_backend() == "gpu" else []

@@ -25,10 +25,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import jax_sgl
-from attention_cases import (is_sm90_device, naive_attention, poison_allocator,
+from attention_cases import (is_sm90_device, naive_attention, planned_kernels, poison_allocator,
                              random_page_table, run_attention_on)
-from jax_sgl._plan import cuda_attention_kernels
 
 pytestmark = pytest.mark.gpu
 
@@ -183,23 +181,11 @@ def _rounding(dtype):
   return lambda x: np.asarray(x, np.float32).astype(dtype).astype(np.float64)
 
 
-def _gpu_kernel(args, kw):
-  """The forward kernel the GPU runs the call on (jax_sgl._plan, this build's dispatch)."""
-  if not is_sm90_device():
-    return None
-  static = {n: x for n, x in kw.items() if n in ("causal", "softcap", "window")}
-  operands = {n: np.asarray(x) for n, x in kw.items() if n not in static}
-  (_, kernel), = cuda_attention_kernels(
-      lambda q, k, v, a: jax_sgl.attention(q, k, v, **static, **a), *args, operands,
-      compute_capability=(9, 0))
-  return kernel
-
-
 def check(problem, **options):
   """The GPU against the float64 oracle (FlashAttention's rule) and the CPU kernel."""
   kw = dict(options, **problem.arrays)
   args = (problem.q, problem.k, problem.v)
-  sm90 = _gpu_kernel(args, kw) == "sm90"
+  sm90 = is_sm90_device() and planned_kernels(*args, kw) == [("fwd", "sm90")]
   out_bytes = problem.q.size // problem.d * problem.dv * 4
   poison_allocator(out_bytes + problem.q.size // problem.d * 4)
   out, lse = run_attention_on(_gpu(), *args, kw)

@@ -23,8 +23,8 @@ import numpy as np
 import pytest
 
 import jax_sgl
-from attention_cases import is_sm90_device, naive_attention, poison_allocator
-from jax_sgl._plan import cuda_attention_kernels
+from attention_cases import (is_sm90_device, naive_attention, planned_kernels, poison_allocator,
+                             run_attention_on)
 
 pytestmark = pytest.mark.gpu
 
@@ -120,15 +120,6 @@ def _same_math(q, k, v, *, causal=False, window=(-1, -1), softcap=0.0, sinks=Non
   return np.asarray(jnp.asarray(out, jnp.float32).astype(jnp.bfloat16).astype(jnp.float32))
 
 
-def _run(device, q, k, v, kwargs):
-  static = {n: x for n, x in kwargs.items() if n in ("causal", "softcap", "window")}
-  operands = {n: jax.device_put(np.asarray(x), device) for n, x in kwargs.items()
-              if n not in static}
-  f = jax.jit(lambda q, k, v, a: jax_sgl.attention(q, k, v, return_lse=True, **static, **a))
-  put = lambda x: jax.device_put(np.asarray(x), device)
-  return f(put(q), put(k), put(v), operands)
-
-
 def _check(q, k, v, qd, kd, vd, kind, rows_batch_q, rows_batch_k, static, arrays):
   """Runs the call on the GPU and the CPU and holds both to the oracle by the rule."""
   batch = qd.shape[0]
@@ -141,13 +132,10 @@ def _check(q, k, v, qd, kd, vd, kind, rows_batch_q, rows_batch_k, static, arrays
   kwargs = dict(static, q_descale=_fit(qd, kind), k_descale=_fit(kd, kind),
                 v_descale=_fit(vd, kind), **arrays)
   # The call must reach the fp8 kernel, not a fallback that would pass for it.
-  operands = {n: np.asarray(x) for n, x in kwargs.items() if n not in static}
-  planned = cuda_attention_kernels(
-      lambda q, k, v, a: jax_sgl.attention(q, k, v, **static, **a), q, k, v, operands,
-      compute_capability=(9, 0))
+  planned = planned_kernels(q, k, v, kwargs)
   assert planned == [("fwd", "sm90")], planned
   poison_allocator(want.size * 2 + want_lse.size * 4)
-  out, lse = _run(_gpu(), q, k, v, kwargs)
+  out, lse = run_attention_on(_gpu(), q, k, v, kwargs)
   assert out.dtype == jnp.bfloat16 and out.shape == want.shape
   got = np.asarray(out.astype(jnp.float32), np.float64)
   assert np.isfinite(got).all(), "unwritten (NaN) or non-finite output elements"
@@ -155,7 +143,7 @@ def _check(q, k, v, qd, kd, vd, kind, rows_batch_q, rows_batch_k, static, arrays
   bound = 3 * np.abs(ref - want).max() + floor
   err = np.abs(got - want).max()
   assert err <= bound, (err, bound)
-  cpu_out, cpu_lse = _run(_cpu(), q, k, v, kwargs)
+  cpu_out, cpu_lse = run_attention_on(_cpu(), q, k, v, kwargs)
   cpu_err = np.abs(np.asarray(cpu_out.astype(jnp.float32), np.float64) - want).max()
   assert cpu_err <= bound, (cpu_err, bound)
   # LSE: [B, H, Sq] (dense) or [H, total_q] (varlen); the oracle's per row in q's row layout.

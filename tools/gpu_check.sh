@@ -67,30 +67,27 @@ row software "$("$PY" -c 'import sys, jax, jaxlib; print(f"python {sys.version.s
 # (e.g. JAX_SGL_ATTN_HEAD_DIMS=128) would otherwise stay in force for this one; the object files
 # stay, so unchanged sources still skip.
 t0=$(date +%s)
+build_failed() {
+  row build "FAILED $1: see build.log"
+  tail -40 "$OUT/build.log"
+  cat "$SUMMARY"
+  exit 1
+}
 if [[ -n "${GPU_CHECK_PREBUILT:-}" ]]; then
   site="$OUT/site"
   rm -rf "$site" && mkdir -p "$site" && cp -r jax_sgl "$site/"
-  if "$PY" -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
-      "$GPU_CHECK_PREBUILT" "$site/jax_sgl" > "$OUT/build.log" 2>&1; then
-    export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
-    row build "prebuilt $GPU_CHECK_PREBUILT: $(paste -sd';' "$site/jax_sgl/PREBUILT")"
-  else
-    row build "FAILED: unpacking $GPU_CHECK_PREBUILT (build.log)"
-    cat "$SUMMARY"
-    exit 1
-  fi
+  "$PY" -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
+    "$GPU_CHECK_PREBUILT" "$site/jax_sgl" > "$OUT/build.log" 2>&1 \
+    || build_failed "unpacking $GPU_CHECK_PREBUILT"
+  export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+  row build "prebuilt $GPU_CHECK_PREBUILT: $(paste -sd';' "$site/jax_sgl/PREBUILT")"
 else
   rm -f build/gpu/CMakeCache.txt
   # shellcheck disable=SC2086
-  if "$PY" -m pip install --no-build-isolation --no-deps -v -Cbuild-dir=build/gpu \
-      ${GPU_CHECK_PIP_ARGS:-} . > "$OUT/build.log" 2>&1; then
-    row build "ok in $(( $(date +%s) - t0 )) s (archs $JAX_SGL_CUDA_ARCHS)"
-  else
-    row build "FAILED after $(( $(date +%s) - t0 )) s: see build.log"
-    tail -40 "$OUT/build.log"
-    cat "$SUMMARY"
-    exit 1
-  fi
+  "$PY" -m pip install --no-build-isolation --no-deps -v -Cbuild-dir=build/gpu \
+    ${GPU_CHECK_PIP_ARGS:-} . > "$OUT/build.log" 2>&1 \
+    || build_failed "after $(( $(date +%s) - t0 )) s"
+  row build "ok in $(( $(date +%s) - t0 )) s (archs $JAX_SGL_CUDA_ARCHS)"
 fi
 
 # Run Python from outside the source tree so `import jax_sgl` is the installed package.
