@@ -512,7 +512,7 @@ const char* PlanFlashFwd(const AttentionParams& p, const DeviceInfo& dev, FlashP
     case FwdKernel::kSm90:
 #ifdef JAX_SGL_HAVE_SM90
       plan->num_splits = Sm90KeySplits(p, dev.num_sms);
-      plan->scratch_bytes = Sm90ScratchBytes(p, dev.num_sms);
+      plan->scratch_bytes = Sm90ScratchBytes(p, dev.num_sms, plan->num_splits);
 #endif
       return nullptr;
     case FwdKernel::kSm100: return nullptr;  // no scratch

@@ -108,9 +108,9 @@ bool Sm90PagedGather(const AttentionParams& p);
 // merged by a second kernel.
 bool Sm90TailSplitRequested(const AttentionParams& p);
 
-// Bytes of scratch the call needs (Sm90TailSplitRequested, Sm90KeySplits, the tile choice and
-// the device's SMs).
-size_t Sm90ScratchBytes(const AttentionParams& p, int num_sms);
+// Bytes of scratch the call needs (Sm90TailSplitRequested, the plan's Sm90KeySplits, the tile
+// choice and the device's SMs).
+size_t Sm90ScratchBytes(const AttentionParams& p, int num_sms, int key_splits);
 
 // Launches the sm90 kernel; the caller checked Sm90Unsupported(p) == nullptr. key_splits:
 // Sm90KeySplits(p, SMs); > 1 leaves the partials in scratch for the caller's LaunchSplitCombine
