@@ -86,19 +86,19 @@ def workloads(args):
   bat = (lambda b: max(2, b // 16)) if args.tiny else (lambda b: b)
   full = lambda b, n: np.full(b, n, np.int64)
   out = []
-  if not args.skip_prefill and "prefill" in args.only:
+  if "prefill" in args.only:
     b, n = bat(8), tok(1024)
     for hist in args.history:
       for page in args.pages:
         out.append(Workload(f"prefill B{b} new {n} hist {tok(hist)} page {page}", full(b, n),
                             full(b, tok(hist) + n), page, packed=False))
-  if not args.skip_mixed and "mixed" in args.only:
+  if "mixed" in args.only:
     chunks, chunk, decodes, hist = bat(4), tok(512), bat(64), tok(8192)
     new = np.concatenate([full(chunks, chunk), full(decodes, 1)])
     for page in args.mixed_pages:
       out.append(Workload(f"mixed {chunks}x{chunk} + {decodes}x1 hist {hist} page {page}", new,
                           new + hist, page, packed=True))
-  if not args.skip_verify and "verify" in args.only:
+  if "verify" in args.only:
     hist = tok(8192)
     for b in map(bat, args.verify_batches):
       for drafts in args.drafts:
@@ -274,9 +274,6 @@ def main():
                       help="verify: sequences per call")
   parser.add_argument("--only", nargs="+", choices=WORKLOADS, default=list(WORKLOADS),
                       help="run only these workloads")
-  parser.add_argument("--skip-prefill", action="store_true")
-  parser.add_argument("--skip-mixed", action="store_true")
-  parser.add_argument("--skip-verify", action="store_true")
   parser.add_argument("--tiny", action="store_true",
                       help="token counts / 64, batch counts / 16: a CPU dry run")
   parser.add_argument("--json", help="write the results here")
