@@ -29,19 +29,43 @@ def _normal(rng, shape, dtype, scale=1.0):
   return jnp.asarray(rng.standard_normal(shape, dtype=np.float32) * scale).astype(dtype)
 
 
-def random_page_table(rng, k_lens, page_size, extra_pages):
-  """A page table [batch, max pages + 1] giving each sequence's keys distinct shuffled pages
-  (-1 past them: a spare column of padding), and the pool's page count (extra_pages more)."""
-  pages_per_seq = [-(-kl // page_size) for kl in k_lens]
-  max_pages = max(pages_per_seq + [1]) + 1
-  num_pages = sum(pages_per_seq) + extra_pages
+def random_page_table(rng, k_lens, page_size, extra_pages, *, min_columns=0, bad_entries=False):
+  """A page table giving each sequence's keys distinct shuffled pages, then -1 (padding), and the
+  pool's page count (extra_pages more than the sequences use). With bad_entries, the columns past
+  the padding hold entries beyond the pool (num_pages + 3, 2**30), and sequence 0, where it uses
+  more than two pages, has two bad entries among them (num_pages, -5): those keys are masked,
+  never read. At least min_columns + 1 columns."""
+  need = [-(-kl // page_size) for kl in k_lens]
+  num_pages = sum(need) + extra_pages
+  columns = max(need + [1, min_columns]) + (3 if bad_entries else 1)
   perm = rng.permutation(num_pages)
-  table = np.full((len(k_lens), max_pages), -1, np.int32)
+  table = np.full((len(k_lens), columns), -1, np.int32)
   used = 0
-  for b, n in enumerate(pages_per_seq):
+  for b, n in enumerate(need):
     table[b, :n] = perm[used:used + n]
     used += n
+    if bad_entries:
+      table[b, n + 1:] = num_pages + 3 if b % 2 else 2**30
+  if bad_entries and need[0] > 2:
+    table[0, 1] = num_pages
+    table[0, need[0] // 2] = -5
   return table, num_pages
+
+
+def random_normal(key, shape, dtype):
+  """Standard normal values (jax.random) drawn in float32 and rounded to dtype."""
+  return jax.random.normal(key, shape, jnp.float32).astype(dtype)
+
+
+def random_paged_kv(rng, keys, k_lens, page_size, kv_heads, head_dim, head_dim_v, dtype):
+  """k and v in a page pool (page size 1: the token pool [pages, heads, dim]) with 5 pages nobody
+  reads, drawn from keys[1] and keys[2], and their page_table (random_page_table with bad
+  entries) and seqused_k arguments."""
+  table, num_pages = random_page_table(rng, k_lens, page_size, 5, bad_entries=True)
+  pool = (num_pages,) if page_size == 1 else (num_pages, page_size)
+  k = random_normal(keys[1], pool + (kv_heads, head_dim), dtype)
+  v = random_normal(keys[2], pool + (kv_heads, head_dim_v), dtype)
+  return k, v, {"page_table": jnp.asarray(table), "seqused_k": jnp.asarray(k_lens, jnp.int32)}
 
 
 def make_case(layout, *, seed=0, batch=3, q_lens=None, k_lens=None, num_heads=4, num_kv_heads=2,

@@ -18,7 +18,6 @@ range (those keys are masked). Outputs are poisoned before each call.
 
 from __future__ import annotations
 
-import math
 import os
 import zlib
 
@@ -28,7 +27,8 @@ import numpy as np
 import pytest
 
 import jax_sgl
-from attention_cases import check_kernel_output, reference_attention
+from attention_cases import (check_kernel_output, random_normal, random_paged_kv,
+                             reference_attention)
 
 pytestmark = pytest.mark.gpu
 
@@ -41,29 +41,6 @@ TOL = {jnp.dtype(jnp.bfloat16): 2.5e-2, jnp.dtype(jnp.float16): 4e-3}
 K_LENS = (1000, 0, 1, 517, 2053)
 MASK_KW = {"none": {}, "causal": {"causal": True}, "window": {"window": (300, 2)},
            "softcap": {"softcap": 5.0, "causal": True}}
-
-
-def _rand(key, shape, dtype):
-  return jax.random.normal(key, shape, jnp.float32).astype(dtype)
-
-
-def _page_table(rng, k_lens, page_size, num_pages):
-  """Shuffled pages, then padding / out-of-range entries past the used ones; sequence 0 also has
-  out-of-range entries inside its used range (those keys are masked, never read)."""
-  need = [math.ceil(n / page_size) for n in k_lens]
-  max_pages = max(need) + 3
-  perm = rng.permutation(num_pages)
-  table = np.full((len(k_lens), max_pages), -1, np.int32)
-  at = 0
-  for b, n in enumerate(need):
-    table[b, :n] = perm[at:at + n]
-    at += n
-    table[b, n + 1:] = num_pages + 3
-    table[b, n + 2:] = 2**30
-  if need[0] > 2:
-    table[0, 1] = num_pages
-    table[0, need[0] // 2] = -5
-  return jnp.asarray(table)
 
 
 def _make(layout, q_len, heads, head_dim, dtype, seed, k_lens=K_LENS, head_dim_v=None,
@@ -79,33 +56,28 @@ def _make(layout, q_len, heads, head_dim, dtype, seed, k_lens=K_LENS, head_dim_v
   if varlen_q:
     q_lens = [min(q_len, 1 + b % 2) for b in range(batch)]  # ragged, total <= 8
     cu_q = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
-    q = _rand(keys[0], (int(cu_q[-1]) + 1, h, head_dim), dtype)  # one uncovered row
+    q = random_normal(keys[0], (int(cu_q[-1]) + 1, h, head_dim), dtype)  # one uncovered row
     kw["cu_seqlens_q"] = jnp.asarray(cu_q)
   else:
-    q = _rand(keys[0], (batch, q_len, h, head_dim), dtype)
+    q = random_normal(keys[0], (batch, q_len, h, head_dim), dtype)
   if layout == "dense":
     sk = max(k_lens)
-    k = _rand(keys[1], (batch, sk, hkv, head_dim), dtype)
-    v = _rand(keys[2], (batch, sk, hkv, dv), dtype)
+    k = random_normal(keys[1], (batch, sk, hkv, head_dim), dtype)
+    v = random_normal(keys[2], (batch, sk, hkv, dv), dtype)
     kw["seqused_k"] = jnp.asarray(k_lens, jnp.int32)
     return q, k, v, kw
   if layout == "varlen":
     cu_k = np.concatenate([[0], np.cumsum(k_lens)]).astype(np.int32)
-    k = _rand(keys[1], (int(cu_k[-1]), hkv, head_dim), dtype)
-    v = _rand(keys[2], (int(cu_k[-1]), hkv, dv), dtype)
+    k = random_normal(keys[1], (int(cu_k[-1]), hkv, head_dim), dtype)
+    v = random_normal(keys[2], (int(cu_k[-1]), hkv, dv), dtype)
     kw["cu_seqlens_k"] = jnp.asarray(cu_k)
     if not varlen_q:  # a varlen KV comes with a varlen q in the public API
       kw["cu_seqlens_q"] = jnp.asarray(np.arange(batch + 1, dtype=np.int32) * q_len)
       q = q.reshape(batch * q_len, h, head_dim)
     return q, k, v, kw
   page_size = int(layout.removeprefix("paged"))
-  num_pages = sum(math.ceil(n / page_size) for n in k_lens) + 5
-  pool = (num_pages,) if page_size == 1 else (num_pages, page_size)
-  k = _rand(keys[1], pool + (hkv, head_dim), dtype)
-  v = _rand(keys[2], pool + (hkv, dv), dtype)
-  kw["page_table"] = _page_table(rng, k_lens, page_size, num_pages)
-  kw["seqused_k"] = jnp.asarray(k_lens, jnp.int32)
-  return q, k, v, kw
+  k, v, paged_kw = random_paged_kv(rng, keys, k_lens, page_size, hkv, head_dim, dv, dtype)
+  return q, k, v, {**kw, **paged_kw}
 
 
 def _check(q, k, v, kw, kernel_kv=None):

@@ -11,7 +11,6 @@ kernel forgets to write shows up as NaN.
 from __future__ import annotations
 
 import functools
-import math
 import os
 import zlib
 
@@ -21,7 +20,7 @@ import numpy as np
 import pytest
 
 import jax_sgl
-from attention_cases import check_kernel_output
+from attention_cases import check_kernel_output, random_normal, random_paged_kv
 from jax_sgl import reference
 from jax_sgl._checks import check_attention
 
@@ -49,10 +48,6 @@ Q_LENS = (5, 0, 37, 19)
 K_LENS = (70, 9, 20, 131)
 
 
-def _rand(key, shape, dtype):
-  return jax.random.normal(key, shape, jnp.float32).astype(dtype)
-
-
 def _reference(q, k, v, **kw):
   """The oracle with the public function's normalization (defaults, token pool as page size 1)."""
   spec = check_attention(q, k, v, causal=kw.get("causal", False),
@@ -72,23 +67,6 @@ def _reference(q, k, v, **kw):
   return jax.jit(ref)(q, k, v, **index)
 
 
-def _page_table(rng, k_lens, page_size, num_pages):
-  """Shuffled pages per sequence, then padding (-1) and out-of-range entries past the used ones;
-  sequence 0 also loses one used page to an out-of-range entry (its keys become masked)."""
-  need = [math.ceil(n / page_size) for n in k_lens]
-  max_pages = max(need) + 2
-  perm = rng.permutation(num_pages)
-  table = np.full((len(k_lens), max_pages), -1, np.int32)
-  at = 0
-  for b, n in enumerate(need):
-    table[b, :n] = perm[at:at + n]
-    at += n
-    table[b, n + 1:] = num_pages + 3
-  if need[0] > 1:
-    table[0, 1] = num_pages + 7
-  return jnp.asarray(table)
-
-
 def _make_case(layout, head_dim, head_dim_v, heads, dtype, seed, q_lens=Q_LENS, k_lens=K_LENS):
   """Returns (q, k, v, kwargs) for one layout over the ragged batch."""
   num_heads, num_kv_heads = heads
@@ -97,28 +75,23 @@ def _make_case(layout, head_dim, head_dim_v, heads, dtype, seed, q_lens=Q_LENS, 
   batch = len(q_lens)
   if layout == "dense":
     sq, sk = max(q_lens), max(k_lens)
-    q = _rand(keys[0], (batch, sq, num_heads, head_dim), dtype)
-    k = _rand(keys[1], (batch, sk, num_kv_heads, head_dim), dtype)
-    v = _rand(keys[2], (batch, sk, num_kv_heads, head_dim_v), dtype)
+    q = random_normal(keys[0], (batch, sq, num_heads, head_dim), dtype)
+    k = random_normal(keys[1], (batch, sk, num_kv_heads, head_dim), dtype)
+    v = random_normal(keys[2], (batch, sk, num_kv_heads, head_dim_v), dtype)
     return q, k, v, {"seqused_k": jnp.asarray(k_lens, jnp.int32)}
   # Packed q with 3 trailing rows no sequence covers (they must come out 0 / -inf).
   cu_q = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
-  q = _rand(keys[0], (int(cu_q[-1]) + 3, num_heads, head_dim), dtype)
+  q = random_normal(keys[0], (int(cu_q[-1]) + 3, num_heads, head_dim), dtype)
   kw = {"cu_seqlens_q": jnp.asarray(cu_q)}
   if layout == "varlen":
     cu_k = np.concatenate([[0], np.cumsum(k_lens)]).astype(np.int32)
-    k = _rand(keys[1], (int(cu_k[-1]), num_kv_heads, head_dim), dtype)
-    v = _rand(keys[2], (int(cu_k[-1]), num_kv_heads, head_dim_v), dtype)
+    k = random_normal(keys[1], (int(cu_k[-1]), num_kv_heads, head_dim), dtype)
+    v = random_normal(keys[2], (int(cu_k[-1]), num_kv_heads, head_dim_v), dtype)
     kw["cu_seqlens_k"] = jnp.asarray(cu_k)
     return q, k, v, kw
   page_size = 1 if layout == "paged_token" else 16
-  num_pages = sum(math.ceil(n / page_size) for n in k_lens) + 5
-  pool = (num_pages,) if page_size == 1 else (num_pages, page_size)
-  k = _rand(keys[1], pool + (num_kv_heads, head_dim), dtype)
-  v = _rand(keys[2], pool + (num_kv_heads, head_dim_v), dtype)
-  kw["page_table"] = _page_table(rng, k_lens, page_size, num_pages)
-  kw["seqused_k"] = jnp.asarray(k_lens, jnp.int32)
-  return q, k, v, kw
+  k, v, paged_kw = random_paged_kv(rng, keys, k_lens, page_size, num_kv_heads, head_dim, head_dim_v, dtype)
+  return q, k, v, {**kw, **paged_kw}
 
 
 def _check(q, k, v, kw):
@@ -162,26 +135,26 @@ def test_paged_decode(q_len, mask):
 def test_long_prefill(causal):
   """Several row blocks and many key blocks per CTA (and the fp16 path), KV longer than q."""
   keys = jax.random.split(jax.random.PRNGKey(7), 3)
-  q = _rand(keys[0], (2, 777, 8, 128), jnp.float16)
-  k = _rand(keys[1], (2, 989, 2, 128), jnp.float16)
-  v = _rand(keys[2], (2, 989, 2, 128), jnp.float16)
+  q = random_normal(keys[0], (2, 777, 8, 128), jnp.float16)
+  k = random_normal(keys[1], (2, 989, 2, 128), jnp.float16)
+  v = random_normal(keys[2], (2, 989, 2, 128), jnp.float16)
   _check(q, k, v, {"causal": causal})
 
 
 def test_dense_kv_shorter_than_q():
   keys = jax.random.split(jax.random.PRNGKey(3), 3)
-  q = _rand(keys[0], (3, 99, 4, 64), jnp.bfloat16)
-  k = _rand(keys[1], (3, 19, 4, 64), jnp.bfloat16)
-  v = _rand(keys[2], (3, 19, 4, 64), jnp.bfloat16)
+  q = random_normal(keys[0], (3, 99, 4, 64), jnp.bfloat16)
+  k = random_normal(keys[1], (3, 19, 4, 64), jnp.bfloat16)
+  v = random_normal(keys[2], (3, 19, 4, 64), jnp.bfloat16)
   _check(q, k, v, {"causal": True})
   _check(q, k, v, {"window": (5, 0)})
 
 
 def test_jit_and_vmap():
   keys = jax.random.split(jax.random.PRNGKey(11), 3)
-  q = _rand(keys[0], (2, 3, 19, 4, 64), jnp.bfloat16)
-  k = _rand(keys[1], (2, 3, 33, 2, 64), jnp.bfloat16)
-  v = _rand(keys[2], (2, 3, 33, 2, 64), jnp.bfloat16)
+  q = random_normal(keys[0], (2, 3, 19, 4, 64), jnp.bfloat16)
+  k = random_normal(keys[1], (2, 3, 33, 2, 64), jnp.bfloat16)
+  v = random_normal(keys[2], (2, 3, 33, 2, 64), jnp.bfloat16)
   got = jax.jit(jax.vmap(lambda q, k, v: jax_sgl.attention(q, k, v, causal=True)))(q, k, v)
   for i in range(2):
     want, _ = _reference(q[i], k[i], v[i], causal=True)

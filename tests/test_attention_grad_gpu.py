@@ -33,7 +33,8 @@ import numpy as np
 import pytest
 
 import jax_sgl
-from attention_cases import is_sm90_device, poison_allocator, reference_attention
+from attention_cases import (is_sm90_device, poison_allocator, random_normal,
+                             reference_attention)
 
 pytestmark = pytest.mark.gpu
 
@@ -96,10 +97,6 @@ def _deterministic(bwd_kernel, dq):
   return dq == "det"
 
 
-def _rand(key, shape, dtype):
-  return jax.random.normal(key, shape, jnp.float32).astype(dtype)
-
-
 def _make_case(layout, head_dim, head_dim_v, heads, dtype, seed, q_lens=Q_LENS, k_lens=K_LENS):
   """Returns (q, k, v, kwargs) for one layout over the ragged batch."""
   num_heads, num_kv_heads = heads
@@ -107,16 +104,16 @@ def _make_case(layout, head_dim, head_dim_v, heads, dtype, seed, q_lens=Q_LENS, 
   batch = len(q_lens)
   if layout == "dense":
     sq, sk = max(q_lens), max(k_lens)
-    q = _rand(keys[0], (batch, sq, num_heads, head_dim), dtype)
-    k = _rand(keys[1], (batch, sk, num_kv_heads, head_dim), dtype)
-    v = _rand(keys[2], (batch, sk, num_kv_heads, head_dim_v), dtype)
+    q = random_normal(keys[0], (batch, sq, num_heads, head_dim), dtype)
+    k = random_normal(keys[1], (batch, sk, num_kv_heads, head_dim), dtype)
+    v = random_normal(keys[2], (batch, sk, num_kv_heads, head_dim_v), dtype)
     return q, k, v, {"seqused_k": jnp.asarray(k_lens, jnp.int32)}
   # Packed q and k/v with 3 trailing rows no sequence covers (their gradients must be 0).
   cu_q = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
   cu_k = np.concatenate([[0], np.cumsum(k_lens)]).astype(np.int32)
-  q = _rand(keys[0], (int(cu_q[-1]) + 3, num_heads, head_dim), dtype)
-  k = _rand(keys[1], (int(cu_k[-1]) + 3, num_kv_heads, head_dim), dtype)
-  v = _rand(keys[2], (int(cu_k[-1]) + 3, num_kv_heads, head_dim_v), dtype)
+  q = random_normal(keys[0], (int(cu_q[-1]) + 3, num_heads, head_dim), dtype)
+  k = random_normal(keys[1], (int(cu_k[-1]) + 3, num_kv_heads, head_dim), dtype)
+  v = random_normal(keys[2], (int(cu_k[-1]) + 3, num_kv_heads, head_dim_v), dtype)
   return q, k, v, {"cu_seqlens_q": jnp.asarray(cu_q), "cu_seqlens_k": jnp.asarray(cu_k)}
 
 
@@ -216,9 +213,9 @@ def test_lse_cotangent(layout, mask):
 def test_long_sequences(mask):
   """Many key blocks per q row and many q steps per key block, KV longer than q."""
   keys = jax.random.split(jax.random.PRNGKey(3), 3)
-  q = _rand(keys[0], (2, 1029, 4, 128), jnp.bfloat16)
-  k = _rand(keys[1], (2, 1100, 2, 128), jnp.bfloat16)
-  v = _rand(keys[2], (2, 1100, 2, 128), jnp.bfloat16)
+  q = random_normal(keys[0], (2, 1029, 4, 128), jnp.bfloat16)
+  k = random_normal(keys[1], (2, 1100, 2, 128), jnp.bfloat16)
+  v = random_normal(keys[2], (2, 1100, 2, 128), jnp.bfloat16)
   _check(q, k, v, {"none": {}, "causal": {"causal": True},
                    "window": {"window": (300, 17)}}[mask])
 
@@ -230,9 +227,9 @@ def test_dq_many_steps(causal, head_dim):
   step adds a dQ part into the float32 accumulator, so a lost or doubled part, or a step-order
   slip, shows up here as a wrong dQ (or a hang)."""
   keys = jax.random.split(jax.random.PRNGKey(5 + head_dim), 3)
-  q = _rand(keys[0], (1, 2048, 4, head_dim), jnp.bfloat16)
-  k = _rand(keys[1], (1, 2048, 1, head_dim), jnp.bfloat16)
-  v = _rand(keys[2], (1, 2048, 1, head_dim), jnp.bfloat16)
+  q = random_normal(keys[0], (1, 2048, 4, head_dim), jnp.bfloat16)
+  k = random_normal(keys[1], (1, 2048, 1, head_dim), jnp.bfloat16)
+  v = random_normal(keys[2], (1, 2048, 1, head_dim), jnp.bfloat16)
   _check(q, k, v, {"causal": causal})
 
 
@@ -246,9 +243,9 @@ def test_deterministic(bwd_kernel, deterministic):
     pytest.skip("deterministic=True only changes the sm90 backward")
   exact_dq = deterministic or bwd_kernel == "sm80"
   keys = jax.random.split(jax.random.PRNGKey(5), 4)
-  q = _rand(keys[0], (2, 700, 8, 128), jnp.bfloat16)
-  k = _rand(keys[1], (2, 700, 2, 128), jnp.bfloat16)
-  v = _rand(keys[2], (2, 700, 2, 128), jnp.bfloat16)
+  q = random_normal(keys[0], (2, 700, 8, 128), jnp.bfloat16)
+  k = random_normal(keys[1], (2, 700, 2, 128), jnp.bfloat16)
+  v = random_normal(keys[2], (2, 700, 2, 128), jnp.bfloat16)
   w = jax.random.normal(keys[3], q.shape, jnp.float32)
 
   def grad_fn(det):
@@ -309,9 +306,9 @@ def test_dense(bwd_kernel, dq, shape, causal, head_dim, dtype):
   deterministic = _deterministic(bwd_kernel, dq)
   batch, sq, sk, h, hkv = DENSE_SHAPES[shape]
   keys = jax.random.split(jax.random.PRNGKey(zlib.crc32(shape.encode()) % 1000), 3)
-  q = _rand(keys[0], (batch, sq, h, head_dim), dtype)
-  k = _rand(keys[1], (batch, sk, hkv, head_dim), dtype)
-  v = _rand(keys[2], (batch, sk, hkv, head_dim), dtype)
+  q = random_normal(keys[0], (batch, sq, h, head_dim), dtype)
+  k = random_normal(keys[1], (batch, sk, hkv, head_dim), dtype)
+  v = random_normal(keys[2], (batch, sk, hkv, head_dim), dtype)
   kw = {"causal": causal}
   if shape in SEQUSED_K:
     kw["seqused_k"] = jnp.asarray(SEQUSED_K[shape], jnp.int32)
@@ -324,9 +321,9 @@ def test_dense_lse_cotangent(bwd_kernel, dq, causal):
   """dlse through the sm90 kernels' D values (padded row blocks: seqlen_q = 200)."""
   deterministic = _deterministic(bwd_kernel, dq)
   keys = jax.random.split(jax.random.PRNGKey(8), 3)
-  q = _rand(keys[0], (2, 200, 8, 128), jnp.bfloat16)
-  k = _rand(keys[1], (2, 260, 2, 128), jnp.bfloat16)
-  v = _rand(keys[2], (2, 260, 2, 128), jnp.bfloat16)
+  q = random_normal(keys[0], (2, 200, 8, 128), jnp.bfloat16)
+  k = random_normal(keys[1], (2, 260, 2, 128), jnp.bfloat16)
+  v = random_normal(keys[2], (2, 260, 2, 128), jnp.bfloat16)
   _check(q, k, v, {"causal": causal}, with_lse=True, deterministic=deterministic)
 
 
@@ -343,9 +340,9 @@ def test_dense_window(bwd_kernel, dq, shape, window):
   deterministic = _deterministic(bwd_kernel, dq)
   batch, sq, sk, h, hkv = DENSE_SHAPES[shape]
   keys = jax.random.split(jax.random.PRNGKey(zlib.crc32((shape + window).encode()) % 1000), 3)
-  q = _rand(keys[0], (batch, sq, h, 128), jnp.bfloat16)
-  k = _rand(keys[1], (batch, sk, hkv, 128), jnp.bfloat16)
-  v = _rand(keys[2], (batch, sk, hkv, 128), jnp.bfloat16)
+  q = random_normal(keys[0], (batch, sq, h, 128), jnp.bfloat16)
+  k = random_normal(keys[1], (batch, sk, hkv, 128), jnp.bfloat16)
+  v = random_normal(keys[2], (batch, sk, hkv, 128), jnp.bfloat16)
   win, causal = WINDOWS[window]
   _check(q, k, v, {"window": win, "causal": causal}, deterministic=deterministic)
 
@@ -358,9 +355,9 @@ def test_dense_softcap(bwd_kernel, dq, shape, causal):
   deterministic = _deterministic(bwd_kernel, dq)
   batch, sq, sk, h, hkv = DENSE_SHAPES[shape]
   keys = jax.random.split(jax.random.PRNGKey(zlib.crc32(shape.encode()) % 1000 + 1), 3)
-  q = _rand(keys[0], (batch, sq, h, 128), jnp.bfloat16)
-  k = _rand(keys[1], (batch, sk, hkv, 128), jnp.bfloat16)
-  v = _rand(keys[2], (batch, sk, hkv, 128), jnp.bfloat16)
+  q = random_normal(keys[0], (batch, sq, h, 128), jnp.bfloat16)
+  k = random_normal(keys[1], (batch, sk, hkv, 128), jnp.bfloat16)
+  v = random_normal(keys[2], (batch, sk, hkv, 128), jnp.bfloat16)
   _check(q, k, v, {"softcap": 5.0, "causal": causal}, deterministic=deterministic)
 
 
@@ -392,9 +389,9 @@ def test_tail_split(bwd_kernel, dq, case, head_dim):
   deterministic = _deterministic(bwd_kernel, dq)
   batch, sq, sk, h, hkv = _bwd_tail_shape(case)
   keys = jax.random.split(jax.random.PRNGKey(31 + head_dim + len(case)), 3)
-  q = _rand(keys[0], (batch, sq, h, head_dim), jnp.bfloat16)
-  k = _rand(keys[1], (batch, sk, hkv, head_dim), jnp.bfloat16)
-  v = _rand(keys[2], (batch, sk, hkv, head_dim), jnp.bfloat16)
+  q = random_normal(keys[0], (batch, sq, h, head_dim), jnp.bfloat16)
+  k = random_normal(keys[1], (batch, sk, hkv, head_dim), jnp.bfloat16)
+  v = random_normal(keys[2], (batch, sk, hkv, head_dim), jnp.bfloat16)
   _check(q, k, v, {}, deterministic=deterministic)
   w_out = jnp.asarray(np.random.default_rng(2).standard_normal(q.shape), jnp.float32)
   first = _grads(q, k, v, {}, w_out, deterministic=deterministic)

@@ -21,7 +21,8 @@ import numpy as np
 import pytest
 
 import jax_sgl
-from attention_cases import check_kernel_output, is_sm90_device, poison_allocator
+from attention_cases import (check_kernel_output, is_sm90_device, poison_allocator,
+                              random_page_table)
 from jax_sgl import reference
 from jax_sgl._checks import check_attention
 
@@ -405,25 +406,15 @@ def _spec(case):
 
 def _paged_inputs(case, head_dim, dtype, seed):
   """q (packed, or dense [B, n, H, D]), the pool with its NaN-poisoned copy, and the index
-  arrays: shuffled pages, padding (-1) and entries past the pool after the used ones, and one
-  bad entry inside the first sequence's used pages (its keys are masked)."""
+  arrays: shuffled pages, padding (-1) and entries past the pool after the used ones, and bad
+  entries inside the first sequence's used pages (its keys are masked; random_page_table)."""
   spec, min_keys, _ = _spec(case)
   lens_q, lens_k, ps, h, hkv, *_, dense_q = spec
   rng = np.random.default_rng(seed)
   keys = jax.random.split(jax.random.PRNGKey(seed), 3)
   rand = lambda key, s: jax.random.normal(key, s, jnp.float32).astype(dtype)
-  need = [-(-n // ps) for n in lens_k]
-  num_pages = sum(need) + 7
-  max_pages = max(max(need) + 2, -(-min_keys // ps))
-  perm = rng.permutation(num_pages)
-  table = np.full((len(lens_k), max_pages), -1, np.int32)
-  at = 0
-  for b, n in enumerate(need):
-    table[b, :n] = perm[at:at + n]
-    at += n
-    table[b, n + 1:] = num_pages + 3 if b % 2 else 2**30
-  if need[0] > 2:
-    table[0, 1] = num_pages + 11
+  table, num_pages = random_page_table(rng, lens_k, ps, 7, min_columns=-(-min_keys // ps),
+                                       bad_entries=True)
   valid = np.zeros((num_pages, ps), bool)  # rows a visible key reads
   for b, n in enumerate(lens_k):
     for j in range(n):
