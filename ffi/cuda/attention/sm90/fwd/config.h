@@ -193,24 +193,26 @@ struct FlashConfig {
                                       RowsD{}, _1{}));
 
   // Paged K/V (mainloop_load.cuh): a key tile is kPageBoxes boxes of kPageBoxRows keys, each
-  // from its own page of the pool [page rows, head dim, kv head, page] (tile_size.h).
+  // from its own page of the pool (tile_size.h).
   static constexpr int kPageBoxRows = kSm90PageBoxRows;
   static constexpr int kPageBoxes = kBlockN / kPageBoxRows;
   static_assert(kBlockN % kPageBoxRows == 0);
-  using PageBox = Shape<Int<kPageBoxRows>, Int<kHeadDim>>;
-  using SmemLayoutPageBox = decltype(tile_to_shape(SwizzleAtom{}, PageBox{}));
-  using TmaPage = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutPageBox{},
-                                         PageBox{}, _1{}));
   // Pages of a multiple of 64 keys load in boxes of 64 (where the key tile holds whole ones):
   // the TMA unit's cost is per box more than per byte. H200, hd128, B=8 x 1024 new tokens over
   // 4k-16k keys: 16-key boxes ran 0.64-0.74x the dense kernel at every page size, 64-key boxes
   // 0.88-0.92x at pages of 64 and 128. kPageBoxRowsWide == kPageBoxRows: no wide boxes (hd256's
   // 80-key tiles).
   static constexpr int kPageBoxRowsWide = kBlockN % 64 == 0 ? 64 : kPageBoxRows;
-  using PageBoxWide = Shape<Int<kPageBoxRowsWide>, Int<kHeadDim>>;
-  using SmemLayoutPageBoxWide = decltype(tile_to_shape(SwizzleAtom{}, PageBoxWide{}));
-  using TmaPageWide = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{},
-                                             SmemLayoutPageBoxWide{}, PageBoxWide{}, _1{}));
+  // The paged kernel's K/V ring, [keys, head dim, stage] with each 8-key row group's swizzle
+  // atoms side by side ([stage][key / 8][head dim / 64][8][64]): a page box of whole rows (all
+  // head-dim blocks) is then one contiguous run of smem, i.e. one 5-D TMA load (EncodePageMap)
+  // where the layout above takes one load per 64-column block; wgmma reads it through the
+  // descriptors' 8-row-group stride (SBO), 2 KiB instead of 1 at hd128.
+  using SmemLayoutKVRows = decltype(tile_to_shape(
+      SwizzleAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>, Int<kStages>>{}, Step<_2, _1, _3>{}));
+  using SmemLayoutVtRows = decltype(composition(
+      SmemLayoutKVRows{}, make_layout(Shape<Int<kHeadDim>, Int<kBlockN>, Int<kStages>>{},
+                                      Stride<Int<kBlockN>, _1, Int<kBlockN * kHeadDim>>{})));
 };
 
 }  // namespace jax_sgl::cuda::sm90
