@@ -215,17 +215,17 @@ struct MainloopLoad {
         // Lane i loads box i of page_box_rows keys (a wide box: lane i takes over what lane
         // i * ratio found for its first 16 keys; a box never straddles a page), all its columns
         // in one load: the ring's row groups hold whole rows (Cfg::SmemLayoutKVRows).
-        const int box_rows = params.page_box_rows;
-        const int ratio = box_rows / Cfg::kPageBoxRows;
-        const int from = min(lane * ratio, 31);
+        constexpr int kWide = Cfg::kPageBoxRowsWide / Cfg::kPageBoxRows;
+        const bool wide = kWide > 1 && params.page_box_rows == Cfg::kPageBoxRowsWide;
+        const int from = min(wide ? lane * kWide : lane, 31);
         const int box_page = __shfl_sync(0xffffffffu, page, from);
         const int in_page = __shfl_sync(0xffffffffu, box - entry * params.page_boxes, from);
-        if (lane < kBlockN / box_rows) {
+        if (lane < (wide ? kBlockN / Cfg::kPageBoxRowsWide : Cfg::kPageBoxes)) {
           // The box's first 8-row group of the pool (past the pool for a bad entry: TMA's zero
           // fill; pages hold whole groups, tile_size.h).
-          const int group = box_page * (params.page_size / 8) + in_page * (Cfg::kPageBoxRows / 8);
-          TmaLoadNoHintOp::copy(&map, bar,
-                                ring + (stage * kBlockN + lane * box_rows) * Cfg::kHeadDim, 0, 0,
+          const int group = box_page * (params.page_size >> 3) + in_page * (Cfg::kPageBoxRows / 8);
+          const int row0 = lane * (wide ? Cfg::kPageBoxRowsWide : Cfg::kPageBoxRows);
+          TmaLoadNoHintOp::copy(&map, bar, ring + (stage * kBlockN + row0) * Cfg::kHeadDim, 0, 0,
                                 0, kv_head, group);
         }
       };
