@@ -198,16 +198,19 @@ struct FlashConfig {
   static constexpr int kPageBoxes = kBlockN / kPageBoxRows;
   static_assert(kBlockN % kPageBoxRows == 0);
   // Pages of a multiple of 64 keys load in boxes of 64 (where the key tile holds whole ones):
-  // the TMA unit's cost is per box more than per byte. H200, hd128, B=8 x 1024 new tokens over
+  // the TMA unit's cost is per load more than per byte. H200, hd128, B=8 x 1024 new tokens over
   // 4k-16k keys: 16-key boxes ran 0.64-0.74x the dense kernel at every page size, 64-key boxes
   // 0.88-0.92x at pages of 64 and 128. kPageBoxRowsWide == kPageBoxRows: no wide boxes (hd256's
   // 80-key tiles).
   static constexpr int kPageBoxRowsWide = kBlockN % 64 == 0 ? 64 : kPageBoxRows;
   // The paged kernel's K/V ring, [keys, head dim, stage] with each 8-key row group's swizzle
-  // atoms side by side ([stage][key / 8][head dim / 64][8][64]): a page box of whole rows (all
-  // head-dim blocks) is then one contiguous run of smem, i.e. one 5-D TMA load (EncodePageMap)
-  // where the layout above takes one load per 64-column block; wgmma reads it through the
-  // descriptors' 8-row-group stride (SBO), 2 KiB instead of 1 at hd128.
+  // atoms side by side ([stage][key / 8][head dim / 64][8][64]): a box of whole rows (every
+  // head-dim block) is then one contiguous run of smem, i.e. one 5-D TMA load (page_map.h),
+  // where SmemLayoutKV's blocks of 64 columns took one load each (two per box at hd128, four at
+  // hd256). wgmma reads it through its descriptors' 8-row-group stride (2 KiB at hd128).
+  // H100, hd128, same run against the 64-column loads: chunked prefill at pages of 16 +16-18%
+  // (0.78-0.83x -> 0.93-0.98x FA3), pages of 64 +1-3%, the mixed batch at pages of 16 +13%
+  // (tools/check_page_box_layout.cu checks this layout against the box's write order).
   using SmemLayoutKVRows = decltype(tile_to_shape(
       SwizzleAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>, Int<kStages>>{}, Step<_2, _1, _3>{}));
   using SmemLayoutVtRows = decltype(composition(

@@ -100,9 +100,9 @@ cudaError_t LaunchFlashFwdSm90(const AttentionParams& p, int key_splits, void* s
                                                                : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
     const int64_t pool_rows = int64_t(p.num_pages) * p.page_size;
     if (!sm90::EncodePageMap(&k_page_map, type, 2, p.k, kHeadDim, p.num_kv_heads, pool_rows,
-                       p.k_row_stride, p.k_head_stride, page_box_rows) ||
+                             p.k_row_stride, p.k_head_stride, page_box_rows) ||
         !sm90::EncodePageMap(&v_page_map, type, 2, p.v, kHeadDim, p.num_kv_heads, pool_rows,
-                       p.v_row_stride, p.v_head_stride, page_box_rows))
+                             p.v_row_stride, p.v_head_stride, page_box_rows))
       return cudaErrorInvalidValue;
   }
   // Window bounds as the kernel wants them (kernel.cuh KernelParams): causal is a right bound of
