@@ -31,9 +31,7 @@
 // output.
 #pragma once
 
-#include <cuda.h>
-#include <cudaTypedefs.h>
-
+#include "ffi/cuda/attention/common/tensor_map.h"
 #include "ffi/cuda/attention/decode/block_kernel.cuh"
 #include "ffi/cuda/attention/decode/cp_async_kernel.cuh"
 #include "ffi/cuda/attention/decode/warp_steps.cuh"
@@ -305,15 +303,7 @@ inline bool EncodeMap(CUtensorMap* map, CUtensorMapDataType type, int elem_bytes
                       CUtensorMapSwizzle swizzle, const void* base, int head_dim,
                       int num_kv_heads, int64_t rows, int64_t head_stride, int64_t row_stride,
                       CUtensorMapL2promotion promotion) {
-  static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult status;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
-                                         &status) != cudaSuccess ||
-        status != cudaDriverEntryPointSuccess)
-      fn = nullptr;
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-  }();
+  const TensorMapEncodeFn encode = TensorMapEncoder();
   if (encode == nullptr) return false;
   const cuuint64_t dims[3] = {cuuint64_t(head_dim), cuuint64_t(num_kv_heads), cuuint64_t(rows)};
   const cuuint64_t strides[2] = {cuuint64_t(head_stride) * elem_bytes,

@@ -193,24 +193,29 @@ struct FlashConfig {
                                       RowsD{}, _1{}));
 
   // Paged K/V (mainloop_load.cuh): a key tile is kPageBoxes boxes of kPageBoxRows keys, each
-  // from its own page of the pool [page rows, head dim, kv head, page] (tile_size.h).
+  // from its own page of the pool (tile_size.h).
   static constexpr int kPageBoxRows = kSm90PageBoxRows;
   static constexpr int kPageBoxes = kBlockN / kPageBoxRows;
   static_assert(kBlockN % kPageBoxRows == 0);
-  using PageBox = Shape<Int<kPageBoxRows>, Int<kHeadDim>>;
-  using SmemLayoutPageBox = decltype(tile_to_shape(SwizzleAtom{}, PageBox{}));
-  using TmaPage = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutPageBox{},
-                                         PageBox{}, _1{}));
   // Pages of a multiple of 64 keys load in boxes of 64 (where the key tile holds whole ones):
-  // the TMA unit's cost is per box more than per byte. H200, hd128, B=8 x 1024 new tokens over
+  // the TMA unit's cost is per load more than per byte. H200, hd128, B=8 x 1024 new tokens over
   // 4k-16k keys: 16-key boxes ran 0.64-0.74x the dense kernel at every page size, 64-key boxes
   // 0.88-0.92x at pages of 64 and 128. kPageBoxRowsWide == kPageBoxRows: no wide boxes (hd256's
   // 80-key tiles).
   static constexpr int kPageBoxRowsWide = kBlockN % 64 == 0 ? 64 : kPageBoxRows;
-  using PageBoxWide = Shape<Int<kPageBoxRowsWide>, Int<kHeadDim>>;
-  using SmemLayoutPageBoxWide = decltype(tile_to_shape(SwizzleAtom{}, PageBoxWide{}));
-  using TmaPageWide = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{},
-                                             SmemLayoutPageBoxWide{}, PageBoxWide{}, _1{}));
+  // The paged kernel's K/V ring, [keys, head dim, stage] with each 8-key row group's swizzle
+  // atoms side by side ([stage][key / 8][head dim / 64][8][64]): a box of whole rows (every
+  // head-dim block) is then one contiguous run of smem, i.e. one 5-D TMA load (page_map.h),
+  // where SmemLayoutKV's blocks of 64 columns took one load each (two per box at hd128, four at
+  // hd256). wgmma reads it through its descriptors' 8-row-group stride (2 KiB at hd128).
+  // H100, hd128, same run against the 64-column loads: chunked prefill at pages of 16 +16-18%
+  // (0.78-0.83x -> 0.93-0.98x FA3), pages of 64 +1-3%, the mixed batch at pages of 16 +13%
+  // (tools/check_page_box_layout.cu checks this layout against the box's write order).
+  using SmemLayoutKVRows = decltype(tile_to_shape(
+      SwizzleAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>, Int<kStages>>{}, Step<_2, _1, _3>{}));
+  using SmemLayoutVtRows = decltype(composition(
+      SmemLayoutKVRows{}, make_layout(Shape<Int<kHeadDim>, Int<kBlockN>, Int<kStages>>{},
+                                      Stride<Int<kBlockN>, _1, Int<kBlockN * kHeadDim>>{})));
 };
 
 }  // namespace jax_sgl::cuda::sm90

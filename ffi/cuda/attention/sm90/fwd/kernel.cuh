@@ -113,8 +113,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     const uint32_t epilogue_barrier = uint32_t(Barrier::kEpilogue0) + consumer;
 
     Tensor sQ = make_tensor(make_smem_ptr(shared.q.data()), typename Cfg::SmemLayoutQ{});
-    Tensor sK = make_tensor(make_smem_ptr(shared.k.data()), typename Cfg::SmemLayoutKV{});
-    Tensor sVt = make_tensor(make_smem_ptr(VtData<Cfg>(shared)), typename Cfg::SmemLayoutVt{});
+    // Paged TMA boxes fill the ring by whole rows (config.h SmemLayoutKVRows).
+    constexpr bool kRowsLayout = kPaged && !kGather;
+    using LayoutK = std::conditional_t<kRowsLayout, typename Cfg::SmemLayoutKVRows,
+                                       typename Cfg::SmemLayoutKV>;
+    using LayoutVt = std::conditional_t<kRowsLayout, typename Cfg::SmemLayoutVtRows,
+                                        typename Cfg::SmemLayoutVt>;
+    Tensor sK = make_tensor(make_smem_ptr(shared.k.data()), LayoutK{});
+    Tensor sVt = make_tensor(make_smem_ptr(VtData<Cfg>(shared)), LayoutVt{});
     Tensor sO = make_tensor(make_smem_ptr(OData<Cfg>(shared)), typename Cfg::SmemLayoutO{});
     typename Cfg::MmaQK mma_qk;
     typename Cfg::MmaPV mma_pv;
@@ -246,7 +252,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         const int rows = (box_rows - tail % box_rows) % box_rows;
         if (tail <= 0 || tail >= kBlockN || rows == 0) return;  // warpgroup-uniform
         pipe_v.consumer_wait(read_v);
-        Tensor sV = make_tensor(make_smem_ptr(shared.v.data()), typename Cfg::SmemLayoutKV{});
+        Tensor sV = make_tensor(make_smem_ptr(shared.v.data()), LayoutK{});
 #pragma unroll 1
         for (int i = thread_in_wg; i < rows * Cfg::kHeadDim; i += 128)
           sV(tail + i / Cfg::kHeadDim, i % Cfg::kHeadDim, read_v.index()) = Element(0);

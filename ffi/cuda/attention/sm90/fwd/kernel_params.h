@@ -2,6 +2,8 @@
 // every part of the kernel (tile scheduler, mainloop load and mma, epilogue) reads them.
 #pragma once
 
+#include <cuda.h>
+
 #include <cstdint>
 
 #include "ffi/cuda/attention/sm90/fwd/config.h"
@@ -59,16 +61,13 @@ struct KernelParams {
   // Attention sinks (attention_sink.h): the epilogue applies them from the LSE, the tail combine
   // to merged tail tiles (never to a share).
   const float* sinks;                // [num_heads] or nullptr
-  // Paged kernel only (kPaged): K/V as [page_size, head_dim, num_kv_heads, num_pages] TMA views
-  // of the pool, loaded box by box (Cfg::kPageBoxRows keys) through page_table [batch,
-  // max_pages]. seqlen_k is then max_pages * page_size, each sequence's key bound. Entries outside
-  // [0, num_pages) load zeros (a TMA coordinate past the pool) and are masked like keys past the
-  // end.
-  typename Cfg::TmaPage tma_k_page;
-  typename Cfg::TmaPage tma_v_page;
-  typename Cfg::TmaPageWide tma_k_page_wide;  // used when page_box_rows == kPageBoxRowsWide
-  typename Cfg::TmaPageWide tma_v_page_wide;
-  typename Cfg::GmemShape page_shape;
+  // Paged kernel only (kPaged, not kGather): K/V pools as 5-D TMA maps (EncodePageMap: 64
+  // columns, 8 rows, head-dim block, kv head, 8-row group of the pool), loaded box by box
+  // (page_box_rows keys, every column) through page_table [batch, max_pages]. seqlen_k is then
+  // max_pages * page_size, each sequence's key bound. Entries outside [0, num_pages) load zeros
+  // (a row group past the pool) and are masked like keys past the end.
+  CUtensorMap k_page_map;
+  CUtensorMap v_page_map;
   const int32_t* page_table;
   int max_pages;
   int page_boxes;                    // page_size / kPageBoxRows (the launcher checked it divides)

@@ -12,6 +12,7 @@
 #include "ffi/cuda/attention/common/launch.cuh"
 #include "ffi/cuda/attention/sm90/fwd/kernel.cuh"
 #include "ffi/cuda/attention/sm90/fwd/launch.h"
+#include "ffi/cuda/attention/sm90/fwd/page_map.h"
 #include "ffi/cuda/attention/sm90/fwd/tail_combine.cuh"
 
 namespace jax_sgl::cuda {
@@ -85,28 +86,25 @@ cudaError_t LaunchFlashFwdSm90(const AttentionParams& p, int key_splits, void* s
   auto o = sm90::DenseTensor<Cfg, typename Cfg::ElementOut>(p.out, rows_q, kHeadDim, p.num_heads,
                                                             tile_batches);
   using KVTile = Shape<Int<Cfg::kBlockN>, Int<kHeadDim>>;
-  // Paged: the pool's page view (dispatch.cc checked page_size % kPageBoxRows == 0). Other calls
-  // leave the page descriptors empty: their kernels never read them.
-  auto pool_k = sm90::KvTensor<Cfg>(p.k, p.page_size, kHeadDim, p.num_kv_heads, p.num_pages,
-                                    p.k_row_stride, p.k_head_stride);
-  auto pool_v = sm90::KvTensor<Cfg>(p.v, p.page_size, kHeadDim, p.num_kv_heads, p.num_pages,
-                                    p.v_row_stride, p.v_head_stride);
-  // Paged: TMA boxes where the page size allows them, else the producer warpgroup's cp.async
-  // gather (mainloop_load.cuh GatherPages, its own instantiation).
+  // Paged: TMA boxes where the page size allows them (dispatch.cc checked page_size %
+  // kPageBoxRows == 0), else the producer warpgroup's cp.async gather (mainloop_load.cuh
+  // GatherPages, its own instantiation). Other calls leave the page maps empty: their kernels
+  // never read them.
   const bool gather = paged && Sm90PagedGather(p);
-  auto page_tma = [&](auto const& pool) {
-    return paged && !gather ? make_tma_copy(SM90_TMA_LOAD{}, pool,
-                                            typename Cfg::SmemLayoutPageBox{},
-                                            typename Cfg::PageBox{}, _1{})
-                            : typename Cfg::TmaPage{};
-  };
   const bool wide = paged && !gather && Cfg::kPageBoxRowsWide > Cfg::kPageBoxRows &&
                     p.page_size % Cfg::kPageBoxRowsWide == 0;
-  auto wide_tma = [&](auto const& pool) {
-    return wide ? make_tma_copy(SM90_TMA_LOAD{}, pool, typename Cfg::SmemLayoutPageBoxWide{},
-                                typename Cfg::PageBoxWide{}, _1{})
-                : typename Cfg::TmaPageWide{};
-  };
+  const int page_box_rows = gather ? 1 : wide ? Cfg::kPageBoxRowsWide : Cfg::kPageBoxRows;
+  CUtensorMap k_page_map{}, v_page_map{};
+  if (paged && !gather) {
+    const CUtensorMapDataType type = std::is_same_v<T, bf16_t> ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                               : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+    const int64_t pool_rows = int64_t(p.num_pages) * p.page_size;
+    if (!sm90::EncodePageMap(&k_page_map, type, 2, p.k, kHeadDim, p.num_kv_heads, pool_rows,
+                             p.k_row_stride, p.k_head_stride, page_box_rows) ||
+        !sm90::EncodePageMap(&v_page_map, type, 2, p.v, kHeadDim, p.num_kv_heads, pool_rows,
+                             p.v_row_stride, p.v_head_stride, page_box_rows))
+      return cudaErrorInvalidValue;
+  }
   // Window bounds as the kernel wants them (kernel.cuh KernelParams): causal is a right bound of
   // 0, and a bound that no row reaches (left >= seqlen_k - 1, right >= seqlen_q - 1) is none,
   // which also keeps the kernel's index sums far from int overflow. Varlen bounds the lengths by
@@ -177,16 +175,13 @@ cudaError_t LaunchFlashFwdSm90(const AttentionParams& p, int key_splits, void* s
       tail_tiles > 0 && !key_split ? tail_o : nullptr,
       tail_tiles > 0 && !key_split ? tail_lse : nullptr,
       p.sinks,
-      page_tma(pool_k),
-      page_tma(pool_v),
-      wide_tma(pool_k),
-      wide_tma(pool_v),
-      pool_k.shape(),
+      k_page_map,
+      v_page_map,
       paged ? p.page_table : nullptr,
       paged ? p.max_pages : 0,
       paged ? p.page_size / Cfg::kPageBoxRows : 1,
       paged ? p.num_pages : 0,
-      gather ? 1 : wide ? Cfg::kPageBoxRowsWide : Cfg::kPageBoxRows,
+      page_box_rows,
       p.page_size,
       static_cast<const typename Cfg::Element*>(p.k),
       static_cast<const typename Cfg::Element*>(p.v),

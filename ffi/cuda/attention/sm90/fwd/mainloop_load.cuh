@@ -196,8 +196,8 @@ struct MainloopLoad {
       // stage's holes (holes != nullptr): mbarrier.arrive releases and the consumers' wait
       // acquires, so they see them once the barrier completes.
       [[maybe_unused]] PageWindow win_k{-(1 << 30), 0}, win_v{-(1 << 30), 0};
-      auto load_pages = [&](auto const& tma, auto const& wide_tma, auto const& sKV,
-                            PageWindow& win, uint64_t* bar, int n, int stage, uint32_t* holes) {
+      auto load_pages = [&](CUtensorMap const& map, Element_t<Cfg>* ring, PageWindow& win,
+                            uint64_t* bar, int n, int stage, uint32_t* holes) {
         const int g0 = n * Cfg::kPageBoxes;  // the tile's first box
         Refill(win, w, g0 / params.page_boxes, (g0 + Cfg::kPageBoxes - 1) / params.page_boxes);
         const int lane = int(threadIdx.x % 32);
@@ -212,30 +212,22 @@ struct MainloopLoad {
           cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(bar, Cfg::kKVTileBytes);
         }
         __syncwarp();
-        // Lane i loads box i: a 16-key box, or a wide one (lane i takes over what lane
-        // i * kWide found for its first 16 keys; a wide box never straddles a page).
-        auto issue = [&](auto const& box_tma, auto box_shape, int boxes, int ratio) {
-          const int from = min(lane * ratio, 31);
-          const int box_page = __shfl_sync(0xffffffffu, page, from);
-          const int in_page = __shfl_sync(0xffffffffu, box - entry * params.page_boxes, from);
-          if (lane < boxes) {
-            Tensor mP = box_tma.get_tma_tensor(params.page_shape);  // [page rows, D, head, page]
-            Tensor g = local_tile(mP(_, _, kv_head, box_page), box_shape,
-                                  make_coord(in_page / ratio, _0{}));
-            Tensor s = local_tile(sKV(_, _, stage), box_shape, make_coord(lane, _0{}));
-            auto t = tma_partition(box_tma, _0{}, Layout<_1>{}, group_modes<0, 2>(s),
-                                   group_modes<0, 2>(g));
-            copy(NoCacheHint(box_tma.with(*bar)), get<0>(t), get<1>(t));
-          }
-        };
+        // Lane i loads box i of page_box_rows keys (a wide box: lane i takes over what lane
+        // i * ratio found for its first 16 keys; a box never straddles a page), all its columns
+        // in one load: the ring's row groups hold whole rows (Cfg::SmemLayoutKVRows).
         constexpr int kWide = Cfg::kPageBoxRowsWide / Cfg::kPageBoxRows;
-        if constexpr (kWide > 1) {
-          if (params.page_box_rows == Cfg::kPageBoxRowsWide) {
-            issue(wide_tma, typename Cfg::PageBoxWide{}, kBlockN / Cfg::kPageBoxRowsWide, kWide);
-            return;
-          }
+        const bool wide = kWide > 1 && params.page_box_rows == Cfg::kPageBoxRowsWide;
+        const int from = min(wide ? lane * kWide : lane, 31);
+        const int box_page = __shfl_sync(0xffffffffu, page, from);
+        const int in_page = __shfl_sync(0xffffffffu, box - entry * params.page_boxes, from);
+        if (lane < (wide ? kBlockN / Cfg::kPageBoxRowsWide : Cfg::kPageBoxes)) {
+          // The box's first 8-row group of the pool (past the pool for a bad entry: TMA's zero
+          // fill; pages hold whole groups, tile_size.h).
+          const int group = box_page * (params.page_size >> 3) + in_page * (Cfg::kPageBoxRows / 8);
+          const int row0 = lane * (wide ? Cfg::kPageBoxRowsWide : Cfg::kPageBoxRows);
+          TmaLoadNoHintOp::copy(&map, bar, ring + (stage * kBlockN + row0) * Cfg::kHeadDim, 0, 0,
+                                0, kv_head, group);
         }
-        issue(tma, typename Cfg::PageBox{}, Cfg::kPageBoxes, 1);
       };
       auto load_k = [&](int n) {
         const PipelineState write_k = write_state(k_loads++);
@@ -246,7 +238,7 @@ struct MainloopLoad {
                         pipe_k.producer_get_barrier(write_k), n,
                         write_k.index(), k_loads - 1, true);
           else
-            load_pages(params.tma_k_page, params.tma_k_page_wide, sK, win_k,
+            load_pages(params.k_page_map, shared.k.data(), win_k,
                        pipe_k.producer_get_barrier(write_k), n, write_k.index(),
                        shared.page_holes[write_k.index()]);
         } else if constexpr (Cfg::kFp8) {
@@ -290,7 +282,7 @@ struct MainloopLoad {
                         pipe_v.producer_get_barrier(write_v), n,
                         write_v.index(), k_loads - behind, false);
           else
-            load_pages(params.tma_v_page, params.tma_v_page_wide, sV, win_v,
+            load_pages(params.v_page_map, shared.v.data(), win_v,
                        pipe_v.producer_get_barrier(write_v), n, write_v.index(), nullptr);
         } else
           copy(NoCacheHint(params.tma_v.with(*pipe_v.producer_get_barrier(write_v))), tVg(_, n),

@@ -29,9 +29,9 @@ struct FwdTileSize {
 // tile counts (Sm90TileGrid).
 inline constexpr int kSm90FwdBlockM = 128;
 
-// Paged K/V: keys per TMA box of the page pool (config.h kPageBoxRows): 16 rows are two 128-byte
-// swizzle atoms, so each box lands aligned in the key tile; the dispatch takes page sizes that
-// are multiples of it, so that no box straddles a page.
+// Paged K/V: keys per TMA box of the page pool (config.h kPageBoxRows): 16 rows are two 8-row
+// groups of swizzle atoms, so each box lands aligned in the key tile; the dispatch takes page
+// sizes that are multiples of it, so that no box straddles a page.
 inline constexpr int kSm90PageBoxRows = 16;
 
 // sm90 serves head dims 64, 128 and 256 only (others run on the portable kernel).
