@@ -5,7 +5,9 @@
 // before the 128-byte swizzle (applied by TMA and by wgmma alike on the smem address), and the
 // swizzle must be the 128-byte one. Every head dim of the sm90 forward, bf16 (fp16 is the same
 // layout). Build and run on any machine with nvcc and the CuTe headers:
-//   nvcc -std=c++17 -x cu -I. -I<cutlass>/include tools/check_page_box_layout.cu -o /tmp/chk && /tmp/chk
+//   nvcc -std=c++17 --expt-relaxed-constexpr -I. -isystem <cutlass>/include \
+//     -DCUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED=1 -o /tmp/chk tools/check_page_box_layout.cu && /tmp/chk
+// (.ci/run runs it.)
 #include <cstdio>
 
 #include "ffi/cuda/attention/sm90/fwd/config.h"

@@ -54,26 +54,26 @@ constexpr FwdTileSize FwdTile(int head_dim) {
                            : FwdTileSize{80, false, true};
 }
 
-// fp8 hd128 ring depth, not yet timed. Two stages leave the producer about two consumer steps
-// between the release of a V^T slot and the first reader of the tile it transposes into it,
-// plus one step for that tile's V load. Three (192 KiB of smem: Q 16 + 3 x (K, V staging, V^T)
-// 16 + O 32 KiB) add a step to both, where the 16-bit kernels lost 3-5% to a third stage. Both
-// compile with 0 spills (three: producer 32 / consumers 232 registers, config.h); the H200 run
-// times 2 (the default) against 3.
+// fp8 hd128 ring depth. Two stages leave the producer about two consumer steps between the
+// release of a V^T slot and the first reader of the tile it transposes into it, plus one step
+// for that tile's V load; three (Q 16 + 3 x (K, V staging, V^T) 16 + O 32 KiB) fit only the
+// 128-key tile, and the 16-bit kernels lost 3-5% to a third stage. A three-stage 128-key build
+// was made (2026-12-05) but its timing run found no device time; the 192-key tile below holds
+// two only.
 inline constexpr int kFp8Hd128Stages = 2;
 // fp8 hd128 keys per tile, 128 or 192 (the two with a bank-conflict-free transpose map, fp8.cuh
-// Fp8TransposeMap), not yet timed: 192 amortizes each step's fixed work (O rescale, row max
-// shuffles, barriers, wgmma descriptors: ~130 of a step's 469 instructions at 128) over 1.5x
-// the keys, as FA3's wider fp8 tiles do (128 x 224 at hd128), and the smem holds it with two
-// stages (Q 16 + 2 x 3 x 24 + O 32 = 192 KiB; not with three: 264). 128 is the default; the
-// H200 run times both.
-inline constexpr int kFp8Hd128Keys = 128;
+// Fp8TransposeMap): 192 amortizes each step's fixed work (O rescale, row max shuffles, barriers,
+// wgmma descriptors: ~130 of a step's 469 instructions at 128) over 1.5x the keys, as FA3's wider
+// fp8 tiles do (128 x 224 at hd128); smem holds it with two stages (Q 16 + 2 x 3 x 24 + O 32 =
+// 192 KiB). H100, same session, bench_attention_fp8.py at S 4k (B*S 32k, 16 heads): 742 / 637
+// TFLOP/s full / causal against 708 / 624 for 128 keys (+4.8% / +2.1%; 0.85x / 1.02x cuDNN fp8),
+// the same error; S 16k was not reached in that run.
+inline constexpr int kFp8Hd128Keys = 192;
 
-// e4m3 inputs (FlashConfig::kFp8). Timed once at hd128 (H200, 0.51x / 0.55x cuDNN fp8 full /
-// causal at S 4k) before the transpose and P-packing fixes (fp8.cuh); not since. The choices are
-// bounded by registers and by the producer's V transpose. 128-key tiles at hd64 and hd128: the
-// transpose's bank-conflict-free thread maps (fp8.cuh Fp8TransposeMap) cover 64 / 128 x 128
-// byte tiles, and the V^T ring's rows are then one 128-byte swizzle atom. FA3 runs 128 x 224 at hd128
+// e4m3 inputs (FlashConfig::kFp8). Timed at hd128 only (the tile above; hd64 and hd256 not
+// yet). The choices are bounded by registers and by the producer's V transpose. 128-key tiles at
+// hd64: the transpose's bank-conflict-free thread maps (fp8.cuh Fp8TransposeMap) cover 64 / 128 x
+// 128 byte tiles, and the V^T ring's rows are then one 128-byte swizzle atom. FA3 runs 128 x 224 at hd128
 // (bytes are half those of bf16, so smem holds wider tiles); S (112) + P (28) + O (64) registers
 // leave ptxas little room beside the 240 a consumer has, and 192- / 224-byte V^T rows take 64- /
 // 32-byte swizzle atoms, under which a warp's 4-byte transpose stores to rows of one parity meet
