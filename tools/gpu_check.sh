@@ -17,8 +17,10 @@
 #   GPU_CHECK_PIP_ARGS  extra pip args, e.g. -Ccmake.define.JAX_SGL_ATTN_HEAD_DIMS=128
 #   GPU_CHECK_PREBUILT  an archive of tools/prebuild.sh (e.g. .prebuilt/hd128.tar.xz): step 1
 #                       installs this tree's Python package with that extension instead of
-#                       building (into $OUT/site, first on PYTHONPATH)
+#                       building (into a folder under /tmp, first on PYTHONPATH)
 #   GPU_CHECK_TESTS     pytest paths / args (default: tests/); "none" skips the tests
+#   GPU_CHECK_TESTS_TIMEOUT  seconds after which the tests stop and the rest of the check goes on;
+#                       the summary then counts what ran (default 0: no limit)
 #   GPU_CHECK_SANITIZE  test files to run under compute-sanitizer memcheck (default: none)
 #   GPU_CHECK_SANITIZE_K  pytest -k expression for the sanitizer run (default: all)
 #   GPU_CHECK_SANITIZE_TIMEOUT  seconds before the sanitizer run is stopped (default 900)
@@ -74,8 +76,10 @@ build_failed() {
   exit 1
 }
 if [[ -n "${GPU_CHECK_PREBUILT:-}" ]]; then
-  site="$OUT/site"
-  rm -rf "$site" && mkdir -p "$site" && cp -r jax_sgl "$site/"
+  # Outside $OUT: the device tool returns a limited number of files from $OUT, and the package's
+  # files took the places of the logs (pytest.log came back missing).
+  site="$(mktemp -d /tmp/gpu_check_site.XXXXXX)"
+  cp -r jax_sgl "$site/"
   "$PY" -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
     "$GPU_CHECK_PREBUILT" "$site/jax_sgl" > "$OUT/build.log" 2>&1 \
     || build_failed "unpacking $GPU_CHECK_PREBUILT"
@@ -104,10 +108,18 @@ if [[ "${GPU_CHECK_TESTS:-}" != none ]]; then
   : > "$JAX_SGL_FAILED_LOG"
   # Without preallocation: XLA's default (75% of the GPU per process) starves parallel workers
   # (pytest -n), which then fail or see no GPU.
-  XLA_PYTHON_CLIENT_PREALLOCATE="${XLA_PYTHON_CLIENT_PREALLOCATE:-false}" \
+  limit=()
+  [[ "${GPU_CHECK_TESTS_TIMEOUT:-0}" != 0 ]] && limit=(timeout "$GPU_CHECK_TESTS_TIMEOUT")
+  XLA_PYTHON_CLIENT_PREALLOCATE="${XLA_PYTHON_CLIENT_PREALLOCATE:-false}" "${limit[@]}" \
     "$PY" -m pytest -m "gpu and not bigmem" -q -rfEs -p no:cacheprovider --rootdir "$REPO" \
       "${tests[@]}" > "$OUT/pytest.log" 2>&1
-  row tests "$(grep -E '(passed|failed|error|skipped|no tests ran)' "$OUT/pytest.log" | tail -1)"
+  if [[ $? == 124 ]]; then
+    # Cut by GPU_CHECK_TESTS_TIMEOUT: what ran, from pytest's progress lines (. s F E x X).
+    progress="$(grep -E '^[.sFExX]+ *\[ *[0-9]+%\]$' "$OUT/pytest.log" | sed 's/ *\[.*//' | tr -d '\n')"
+    row tests "stopped after $GPU_CHECK_TESTS_TIMEOUT s at $(grep -oE '[0-9]+%' "$OUT/pytest.log" | tail -1): $(tr -cd . <<< "$progress" | wc -c) passed, $(tr -cd F <<< "$progress" | wc -c) failed, $(tr -cd E <<< "$progress" | wc -c) errors, $(tr -cd s <<< "$progress" | wc -c) skipped"
+  else
+    row tests "$(grep -E '(passed|failed|error|skipped|no tests ran)' "$OUT/pytest.log" | tail -1)"
+  fi
   # Tests that need most of the GPU's memory run after the rest, one at a time (no -n): beside
   # parallel workers they make the others run out of memory.
   alone=()
