@@ -25,6 +25,8 @@
 #include <cutlass/numeric_types.h>
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
+#include "ffi/cuda/attention/sm90/gmem_view.h"
+
 namespace jax_sgl::cuda::sm90 {
 
 using namespace cute;
@@ -133,11 +135,9 @@ struct BwdWideConfig {
   static constexpr int kRowsTileBytes = kBlockM * kHeadDim * sizeof(Element);
   static constexpr int kRowFloatsBytes = kBlockM * sizeof(float);
 
-  // Global tensors as TMA sees them: [rows, head dim, head, batch], head dim contiguous.
-  using GmemShape = Shape<int32_t, int32_t, int32_t, int32_t>;
-  using GmemStride = Stride<int64_t, _1, int64_t, int64_t>;
-  using GmemTensor = decltype(make_tensor(make_gmem_ptr(static_cast<Element*>(nullptr)),
-                                          GmemShape{}, GmemStride{}));
+  // Global tensors as TMA sees them (gmem_view.h).
+  using GmemShape = sm90::GmemShape;
+  using GmemTensor = GmemTensorOf<Element>;
   using TmaRows = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutRowsTile{},
                                          RowsD{}, _1{}));
   using TmaKV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutKVTile{},

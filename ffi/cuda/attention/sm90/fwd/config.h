@@ -20,6 +20,7 @@
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
 #include "ffi/cuda/attention/sm90/fwd/tile_size.h"
+#include "ffi/cuda/attention/sm90/gmem_view.h"
 
 namespace jax_sgl::cuda::sm90 {
 
@@ -178,13 +179,10 @@ struct FlashConfig {
   static constexpr int kQHalfBytes = kWarpgroupRows * kHeadDim * sizeof(Element);
   static constexpr int kKVTileBytes = kBlockN * kHeadDim * sizeof(Element);
 
-  // Global tensors as TMA sees them: [rows, head dim, head, batch] with the head dim contiguous.
-  using GmemShape = Shape<int32_t, int32_t, int32_t, int32_t>;
-  using GmemStride = Stride<int64_t, _1, int64_t, int64_t>;
-  using GmemTensor = decltype(make_tensor(make_gmem_ptr(static_cast<Element*>(nullptr)),
-                                          GmemShape{}, GmemStride{}));
-  using GmemTensorOut = decltype(make_tensor(make_gmem_ptr(static_cast<ElementOut*>(nullptr)),
-                                             GmemShape{}, GmemStride{}));
+  // Global tensors as TMA sees them (gmem_view.h).
+  using GmemShape = sm90::GmemShape;
+  using GmemTensor = GmemTensorOf<Element>;
+  using GmemTensorOut = GmemTensorOf<ElementOut>;
   using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutQHalf{}, RowsD{},
                                       _1{}));
   using TmaKV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutKVTile{},
