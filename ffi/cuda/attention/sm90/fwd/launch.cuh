@@ -21,9 +21,8 @@ namespace sm90 {
 using cuda::CutlassType;
 
 // [rows, head_dim, kv heads, blocks] view of K or V at the params' strides (attention_params.h):
-// a dense [batch, rows, kv heads, head_dim] buffer or packed rows (blocks = batch), or a page pool
-// [pages, page_size, kv heads, head_dim] (rows = page_size, blocks = pages; the paged kernel loads
-// one box of rows of one page at a time, mainloop_load.cuh). A fused K/V buffer is either too.
+// a dense [batch, rows, kv heads, head_dim] buffer or packed rows (blocks = batch); a fused K/V
+// buffer is either too. (A page pool has TMA maps of its own, page_map.h.)
 template <typename Cfg>
 auto KvTensor(const void* ptr, int rows, int head_dim, int heads, int blocks, int64_t row,
               int64_t head) {
