@@ -121,9 +121,11 @@ struct FlashConfig {
       SwizzleAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}));
   // V seen as the B operand of P V: [head dim, keys, stage]; 16-bit: over the same bytes;
   // fp8: the `vt` ring, keys contiguous, written by the producer's transpose.
-  using SmemLayoutVtView = decltype(composition(
-      SmemLayoutKV{}, make_layout(Shape<Int<kHeadDim>, Int<kBlockN>, Int<kStages>>{},
-                                  Stride<Int<kBlockN>, _1, Int<kBlockN * kHeadDim>>{})));
+  template <typename KVLayout>
+  using TransposedKV = decltype(composition(
+      KVLayout{}, make_layout(Shape<Int<kHeadDim>, Int<kBlockN>, Int<kStages>>{},
+                              Stride<Int<kBlockN>, _1, Int<kBlockN * kHeadDim>>{})));
+  using SmemLayoutVtView = TransposedKV<SmemLayoutKV>;
   // Only fp8 allocates it; 16-bit configs get a stand-in of 64 keys (their kBlockN, e.g. 80 at
   // hd256, need not be a multiple of the swizzle atom, and tile_to_shape would refuse it).
   static constexpr int kVtKeys = kFp8 ? kBlockN : 64;
@@ -211,9 +213,7 @@ struct FlashConfig {
   // (tools/check_page_box_layout.cu checks this layout against the box's write order).
   using SmemLayoutKVRows = decltype(tile_to_shape(
       SwizzleAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>, Int<kStages>>{}, Step<_2, _1, _3>{}));
-  using SmemLayoutVtRows = decltype(composition(
-      SmemLayoutKVRows{}, make_layout(Shape<Int<kHeadDim>, Int<kBlockN>, Int<kStages>>{},
-                                      Stride<Int<kBlockN>, _1, Int<kBlockN * kHeadDim>>{})));
+  using SmemLayoutVtRows = TransposedKV<SmemLayoutKVRows>;
 };
 
 }  // namespace jax_sgl::cuda::sm90
