@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jax_sgl
-from attention_cases import poison_allocator, reference_attention
+from attention_cases import poison_allocator, random_normal, reference_attention
 
 # The kernel's error may be 3x the reference's in the input precision, plus a floor for entries
 # that both round the same way (relative to the largest oracle entry).
@@ -23,16 +23,13 @@ FACTOR, FLOOR = 3.0, 2e-3
 ORACLE_ARGS = ("causal", "sinks", "window", "softcap", "seqused_k")
 
 
-def rand(key, shape, dtype):
-  return jax.random.normal(key, shape, jnp.float32).astype(dtype)
-
-
 def dense_inputs(shape, head_dim, dtype, seed):
   """q, k, v for (batch, seqlen_q, seqlen_k, num_heads, num_kv_heads), standard normal."""
   b, sq, sk, h, hkv = shape
   keys = jax.random.split(jax.random.PRNGKey(seed), 3)
-  return (rand(keys[0], (b, sq, h, head_dim), dtype), rand(keys[1], (b, sk, hkv, head_dim), dtype),
-          rand(keys[2], (b, sk, hkv, head_dim), dtype))
+  return (random_normal(keys[0], (b, sq, h, head_dim), dtype),
+          random_normal(keys[1], (b, sk, hkv, head_dim), dtype),
+          random_normal(keys[2], (b, sk, hkv, head_dim), dtype))
 
 
 def _loss(attn, w_out, w_lse):
@@ -156,9 +153,9 @@ def varlen_inputs(q_lens, k_lens, heads, head_dim, dtype, seed, pad=3):
   keys = jax.random.split(jax.random.PRNGKey(seed), 3)
   cu_q = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
   cu_k = np.concatenate([[0], np.cumsum(k_lens)]).astype(np.int32)
-  q = rand(keys[0], (int(cu_q[-1]) + pad, num_heads, head_dim), dtype)
-  k = rand(keys[1], (int(cu_k[-1]) + pad, num_kv_heads, head_dim), dtype)
-  v = rand(keys[2], (int(cu_k[-1]) + pad, num_kv_heads, head_dim), dtype)
+  q = random_normal(keys[0], (int(cu_q[-1]) + pad, num_heads, head_dim), dtype)
+  k = random_normal(keys[1], (int(cu_k[-1]) + pad, num_kv_heads, head_dim), dtype)
+  v = random_normal(keys[2], (int(cu_k[-1]) + pad, num_kv_heads, head_dim), dtype)
   return q, k, v, {"cu_seqlens_q": jnp.asarray(cu_q), "cu_seqlens_k": jnp.asarray(cu_k)}
 
 

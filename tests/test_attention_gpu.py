@@ -90,7 +90,8 @@ def _make_case(layout, head_dim, head_dim_v, heads, dtype, seed, q_lens=Q_LENS, 
     kw["cu_seqlens_k"] = jnp.asarray(cu_k)
     return q, k, v, kw
   page_size = 1 if layout == "paged_token" else 16
-  k, v, paged_kw = random_paged_kv(rng, keys, k_lens, page_size, num_kv_heads, head_dim, head_dim_v, dtype)
+  k, v, paged_kw = random_paged_kv(rng, keys, k_lens, page_size, num_kv_heads, head_dim,
+                                   head_dim_v, dtype)
   return q, k, v, {**kw, **paged_kw}
 
 

@@ -22,7 +22,7 @@ import pytest
 
 import jax_sgl
 from attention_cases import (check_kernel_output, is_sm90_device, poison_allocator,
-                              random_page_table)
+                              random_normal, random_page_table)
 from jax_sgl import reference
 from jax_sgl._checks import check_attention
 
@@ -66,7 +66,7 @@ def _need(head_dim, dtype):
 def _inputs(shape, head_dim, dtype, seed):
   batch, sq, sk, h, hkv = shape
   keys = jax.random.split(jax.random.PRNGKey(seed), 3)
-  rand = lambda key, s: jax.random.normal(key, s, jnp.float32).astype(dtype)
+  rand = lambda key, s: random_normal(key, s, dtype)
   return (rand(keys[0], (batch, sq, h, head_dim)), rand(keys[1], (batch, sk, hkv, head_dim)),
           rand(keys[2], (batch, sk, hkv, head_dim)))
 
@@ -279,7 +279,7 @@ def _varlen_on(monkeypatch):
 def _varlen_inputs(case, head_dim, dtype, seed):
   lens_q, lens_k, h, hkv, *_ = VARLEN[case]
   keys = jax.random.split(jax.random.PRNGKey(seed), 3)
-  rand = lambda key, s: jax.random.normal(key, s, jnp.float32).astype(dtype)
+  rand = lambda key, s: random_normal(key, s, dtype)
   cu = lambda lens: jnp.asarray(np.concatenate([[0], np.cumsum(lens)]), jnp.int32)
   q = rand(keys[0], (sum(lens_q), h, head_dim))
   k = rand(keys[1], (sum(lens_k), hkv, head_dim))
@@ -412,7 +412,7 @@ def _paged_inputs(case, head_dim, dtype, seed):
   lens_q, lens_k, ps, h, hkv, *_, dense_q = spec
   rng = np.random.default_rng(seed)
   keys = jax.random.split(jax.random.PRNGKey(seed), 3)
-  rand = lambda key, s: jax.random.normal(key, s, jnp.float32).astype(dtype)
+  rand = lambda key, s: random_normal(key, s, dtype)
   table, num_pages = random_page_table(rng, lens_k, ps, 7, min_columns=-(-min_keys // ps),
                                        bad_entries=True)
   valid = np.zeros((num_pages, ps), bool)  # rows a visible key reads
