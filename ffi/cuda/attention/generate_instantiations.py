@@ -24,44 +24,19 @@ import pathlib
 HERE = pathlib.Path(__file__).parent
 TYPES = {"bf16": "bf16_t", "fp16": "f16_t", "e4m3": "f8e4m3_t"}
 
-# What each kind's file instantiates: its header and the explicit instantiations ({t}: storage
-# type, {d}: head dim or head-dim capacity).
+# What each kind's file instantiates: its header and the header's macro that instantiates one
+# (storage type, head dim or head-dim capacity), written beside the launchers' definitions.
 KINDS = {
-    "prefill_sm80": ("prefill_sm80/kernel.cuh", [
-        "template cudaError_t LaunchFlashFwd<{t}, {d}, false>(const FlashFwdArgs&, int, cudaStream_t);",
-        "template cudaError_t LaunchFlashFwd<{t}, {d}, true>(const FlashFwdArgs&, int, cudaStream_t);",
-    ]),
-    "prefill_sm80_fp8": ("prefill_sm80/kernel.cuh", [
-        "template cudaError_t LaunchFlashFwdFp8<{t}, {d}>(const FlashFwdArgs&, int, cudaStream_t);",
-        "template int FlashFwdFp8SmemBytes<{t}, {d}>();",
-    ]),
-    "decode": ("decode/warp_launch.cuh", [
-        "template cudaError_t LaunchFlashDecode<{t}, {d}>(const FlashDecodeArgs&, cudaStream_t);",
-        "template cudaError_t LaunchFlashDecodeWarp<{t}, {d}>(const FlashDecodeArgs&, cudaStream_t);",
-        "template int FlashDecodeWarpCtasPerSm<{t}, {d}>(int, DecodeWarpForm);",
-    ]),
-    "decode_fp8kv": ("decode/warp_launch.cuh", [
-        "template cudaError_t LaunchFlashDecodeWarpFp8Kv<{t}, {d}>(const FlashDecodeArgs&, cudaStream_t);",
-        "template int FlashDecodeWarpFp8KvCtasPerSm<{t}, {d}>(int, DecodeWarpForm);",
-    ]),
-    "bwd_sm80": ("bwd_sm80/kernel.cuh", [
-        "template cudaError_t LaunchFlashBwd<{t}, {d}>(const FlashBwdArgs&, cudaStream_t);",
-    ]),
-    "sm90_fwd": ("sm90/fwd/launch.cuh", [
-        "template cudaError_t LaunchFlashFwdSm90<{t}, {d}>(const AttentionParams&, int, void*, cudaStream_t);",
-    ]),
-    "sm90_fwd_e4m3": ("sm90/fwd/launch.cuh", [
-        "template cudaError_t LaunchFlashFwdSm90<{t}, {d}>(const AttentionParams&, int, void*, cudaStream_t);",
-    ]),
-    "sm90_bwd": ("sm90/bwd/launch.cuh", [
-        "template cudaError_t LaunchFlashBwdSm90<{t}, {d}>(const FlashBwdArgs&, float*, bool, cudaStream_t);",
-    ]),
-    "sm100_fwd": ("sm100/fwd/launch.cuh", [
-        "template cudaError_t LaunchFlashFwdSm100<{t}, {d}>(const AttentionParams&, cudaStream_t);",
-    ]),
-    "sm100_bwd": ("sm100/bwd/launch.cuh", [
-        "template cudaError_t LaunchFlashBwdSm100<{t}, {d}>(const FlashBwdArgs&, float*, cudaStream_t);",
-    ]),
+    "prefill_sm80": ("prefill_sm80/kernel.cuh", "JAX_SGL_INSTANTIATE_PREFILL_SM80"),
+    "prefill_sm80_fp8": ("prefill_sm80/kernel.cuh", "JAX_SGL_INSTANTIATE_PREFILL_SM80_FP8"),
+    "decode": ("decode/warp_launch.cuh", "JAX_SGL_INSTANTIATE_DECODE"),
+    "decode_fp8kv": ("decode/warp_launch.cuh", "JAX_SGL_INSTANTIATE_DECODE_FP8KV"),
+    "bwd_sm80": ("bwd_sm80/kernel.cuh", "JAX_SGL_INSTANTIATE_BWD_SM80"),
+    "sm90_fwd": ("sm90/fwd/launch.cuh", "JAX_SGL_INSTANTIATE_SM90_FWD"),
+    "sm90_fwd_e4m3": ("sm90/fwd/launch.cuh", "JAX_SGL_INSTANTIATE_SM90_FWD"),
+    "sm90_bwd": ("sm90/bwd/launch.cuh", "JAX_SGL_INSTANTIATE_SM90_BWD"),
+    "sm100_fwd": ("sm100/fwd/launch.cuh", "JAX_SGL_INSTANTIATE_SM100_FWD"),
+    "sm100_bwd": ("sm100/bwd/launch.cuh", "JAX_SGL_INSTANTIATE_SM100_BWD"),
 }
 
 # The X-macro of each kind listed in its family's <family>_kernels.inc: MACRO(head dim, dtype).
@@ -80,23 +55,20 @@ def guard(family, d, dtype):
   return family["guard"].format(d=d, DTYPE=dtype.upper())
 
 
-def main() -> None:
+def render() -> dict:
+  """Every generated file of instantiations/: {file name: text}."""
   spec = json.loads((HERE / "instantiations.json").read_text())
-  out = HERE / "instantiations"
-  out.mkdir(exist_ok=True)
-  for old in out.glob("*.cu"):
-    old.unlink()
+  files = {}
   for family_name, family in spec["families"].items():
     listed = []
     for kind, head_dims in family["kinds"].items():
-      include, lines = KINDS[kind]
+      include, instantiate = KINDS[kind]
       for d in head_dims:
         for dtype in spec.get("kind_dtypes", {}).get(kind, spec["dtypes"]):
           g = guard(family, d, dtype)
-          body = "\n".join(line.format(t=TYPES[dtype], d=d) for line in lines)
-          (out / f"{kind}_hdim{d}_{dtype}.cu").write_text(
-              f"{HEADER}#ifndef {g}\n#include \"ffi/cuda/attention/{include}\"\n\n"
-              f"namespace jax_sgl::cuda {{\n{body}\n}}  // namespace jax_sgl::cuda\n#endif\n")
+          files[f"{kind}_hdim{d}_{dtype}.cu"] = (
+              f"{HEADER}#ifndef {g}\n#include \"ffi/cuda/attention/{include}\"\n"
+              f"{instantiate}({TYPES[dtype]}, {d})\n#endif\n")
           if kind in MACROS:
             listed.append(f"#ifndef {g}\n{MACROS[kind]}({d}, {dtype})\n#endif\n")
     if listed:
@@ -107,7 +79,26 @@ def main() -> None:
       inc += [f"#ifndef {m}\n#define {m}(D, T)\n#endif\n" for m in macros]
       inc += listed
       inc += [f"#undef {m}\n" for m in macros]
-      (out / f"{family_name}_kernels.inc").write_text("".join(inc))
+      files[f"{family_name}_kernels.inc"] = "".join(inc)
+  return files
+
+
+def stale() -> list:
+  """The files of instantiations/ that differ from render(), are missing, or are left over."""
+  out = HERE / "instantiations"
+  files = render()
+  on_disk = {f.name for f in out.iterdir() if f.suffix in (".cu", ".inc")}
+  wrong = [n for n, text in files.items() if n not in on_disk or (out / n).read_text() != text]
+  return sorted(wrong + list(on_disk - files.keys()))
+
+
+def main() -> None:
+  out = HERE / "instantiations"
+  out.mkdir(exist_ok=True)
+  for old in out.glob("*.cu"):
+    old.unlink()
+  for name, text in render().items():
+    (out / name).write_text(text)
 
 
 if __name__ == "__main__":

@@ -69,3 +69,18 @@ int FlashDecodeWarpFp8KvCtasPerSm(int stages, DecodeWarpForm form) {
 }
 
 }  // namespace jax_sgl::cuda
+
+// One (storage type T, head dim D) of the launchers above, explicitly instantiated by its own
+// generated file in instantiations/ (generate_instantiations.py): one kernel per translation
+// unit, so a build compiles them in parallel.
+#define JAX_SGL_INSTANTIATE_DECODE(T, D)                                                  \
+  namespace jax_sgl::cuda {                                                               \
+  template cudaError_t LaunchFlashDecode<T, D>(const FlashDecodeArgs&, cudaStream_t);     \
+  template cudaError_t LaunchFlashDecodeWarp<T, D>(const FlashDecodeArgs&, cudaStream_t); \
+  template int FlashDecodeWarpCtasPerSm<T, D>(int, DecodeWarpForm);                       \
+  }
+#define JAX_SGL_INSTANTIATE_DECODE_FP8KV(T, D)                                                 \
+  namespace jax_sgl::cuda {                                                                    \
+  template cudaError_t LaunchFlashDecodeWarpFp8Kv<T, D>(const FlashDecodeArgs&, cudaStream_t); \
+  template int FlashDecodeWarpFp8KvCtasPerSm<T, D>(int, DecodeWarpForm);                       \
+  }
