@@ -8,6 +8,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "ffi/common/attention_seq.h"
 #include "ffi/common/numeric.h"
@@ -20,33 +21,27 @@ constexpr float kLn2 = 0.6931471805599453f;
 
 // bf16 / fp16 specifics: the mma instruction and float pair packing.
 template <typename T>
-struct Elem;
-template <>
-struct Elem<bf16_t> {
+struct Elem {
+  static_assert(std::is_same_v<T, bf16_t> || std::is_same_v<T, f16_t>, "a 16-bit float type");
+  static constexpr bool kBf16 = std::is_same_v<T, bf16_t>;
+  using Pair = std::conditional_t<kBf16, __nv_bfloat162, __half2>;
+
   static __device__ __forceinline__ uint32_t Pack(float lo, float hi) {
-    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    Pair h;
+    if constexpr (kBf16) h = __floats2bfloat162_rn(lo, hi);
+    else h = __floats2half2_rn(lo, hi);
     return *reinterpret_cast<uint32_t*>(&h);
   }
+  // c += a b with the asm's operand type spelled per T (PTX names it in the instruction).
   static __device__ __forceinline__ void Mma(float* c, const uint32_t* a, const uint32_t* b) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-  }
-};
-template <>
-struct Elem<f16_t> {
-  static __device__ __forceinline__ uint32_t Pack(float lo, float hi) {
-    __half2 h = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&h);
-  }
-  static __device__ __forceinline__ void Mma(float* c, const uint32_t* a, const uint32_t* b) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#define JAX_SGL_MMA_M16N8K16(AB)                                                         \
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." AB "." AB ".f32 {%0,%1,%2,%3}, " \
+               "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"                                \
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])                          \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]))
+    if constexpr (kBf16) JAX_SGL_MMA_M16N8K16("bf16");
+    else JAX_SGL_MMA_M16N8K16("f16");
+#undef JAX_SGL_MMA_M16N8K16
   }
 };
 
