@@ -40,17 +40,32 @@ OPTIONAL = ("cu_seqlens_q", "cu_seqlens_k", "seqused_k", "page_table", "q_descal
             "v_descale", "sinks")
 _INDEX_OPTIONAL = OPTIONAL[:4]
 
-_attention_fwd_p = Primitive("jax_sgl_attention_fwd")
-_attention_fwd_p.multiple_results = True
+
+def _primitive(name: str) -> Primitive:
+  """A multiple-results primitive whose eager call runs its lowering under jit, one compiled
+  function per (spec, present)."""
+  prim = Primitive(name)
+  prim.multiple_results = True
+
+  @functools.lru_cache(maxsize=None)
+  def jitted(spec: AttentionSpec, present: tuple[bool, ...]):
+    return jax.jit(functools.partial(prim.bind, spec=spec, present=present))
+
+  prim.def_impl(lambda *args, spec, present: jitted(spec, present)(*args))
+  return prim
 
 
-@functools.lru_cache(maxsize=None)
-def _jitted_bind(spec: AttentionSpec, present: tuple[bool, ...]):
-  return jax.jit(functools.partial(_attention_fwd_p.bind, spec=spec, present=present))
+def _map_if_index_batched(prim, args, dims, opt_dims, size, *, spec, present):
+  """vmap with batched index arrays (cu_seqlens, seqused_k, page_table): a sequential map over
+  the instances, (outputs, dims); None where every instance shares them."""
+  if all(d is None for name, d in zip(OPTIONAL, opt_dims) if name in _INDEX_OPTIONAL):
+    return None
+  front = [at_front(a, d, size) for a, d in zip(args, dims)]
+  outs = jax.lax.map(lambda xs: prim.bind(*xs, spec=spec, present=present), front)
+  return list(outs), [0] * len(outs)
 
 
-def _attention_fwd_impl(*args, spec, present):
-  return _jitted_bind(spec, present)(*args)
+_attention_fwd_p = _primitive("jax_sgl_attention_fwd")
 
 
 def _lse_shape(q_shape, spec: AttentionSpec):
@@ -155,12 +170,10 @@ def _attention_fwd_batch(args, dims, *, spec, present):
   size = batch_size(args, dims)
   q, k, v, *optional = args
   qd, kd, vd, *opt_dims = dims
-  index_batched = any(d is not None
-                      for name, d in zip(OPTIONAL, opt_dims) if name in _INDEX_OPTIONAL)
-  if index_batched:
-    front = [at_front(a, d, size) for a, d in zip(args, dims)]
-    outs = jax.lax.map(lambda xs: _attention_fwd_p.bind(*xs, spec=spec, present=present), front)
-    return list(outs), [0, 0]
+  mapped = _map_if_index_batched(_attention_fwd_p, args, dims, opt_dims, size, spec=spec,
+                                 present=present)
+  if mapped is not None:
+    return mapped
 
   q, k, v = (_fold_heads(at_front(x, d, size), size)
              for x, d in ((q, qd), (k, kd), (v, vd)))
@@ -175,7 +188,6 @@ def _attention_fwd_batch(args, dims, *, spec, present):
           _unfold_lse(lse, size, spec.num_heads, spec.varlen_q)], [0, 0]
 
 
-_attention_fwd_p.def_impl(_attention_fwd_impl)
 _attention_fwd_p.def_abstract_eval(_attention_fwd_abstract_eval)
 batching.primitive_batchers[_attention_fwd_p] = _attention_fwd_batch
 # Under sharded jit the primitive runs per device as this twin (_sharding.py has the rules).
@@ -188,17 +200,7 @@ register_lowerings(_attention_fwd_local_p, TARGET, _attention_fwd_lowering,
 # Backward: operands q, k, v, *optional (as the forward), out, lse, dout, dlse -> dq, dk, dv.
 # --------------------------------------------------------------------------------------------
 
-_attention_bwd_p = Primitive("jax_sgl_attention_bwd")
-_attention_bwd_p.multiple_results = True
-
-
-@functools.lru_cache(maxsize=None)
-def _jitted_bwd_bind(spec: AttentionSpec, present: tuple[bool, ...]):
-  return jax.jit(functools.partial(_attention_bwd_p.bind, spec=spec, present=present))
-
-
-def _attention_bwd_impl(*args, spec, present):
-  return _jitted_bwd_bind(spec, present)(*args)
+_attention_bwd_p = _primitive("jax_sgl_attention_bwd")
 
 
 def _attention_bwd_abstract_eval(q, k, v, *rest, spec, present):
@@ -289,12 +291,10 @@ def _attention_bwd_batch(args, dims, *, spec, present):
   size = batch_size(args, dims)
   n = len(OPTIONAL)
   opt_dims = dims[3:3 + n]
-  index_batched = any(d is not None
-                      for name, d in zip(OPTIONAL, opt_dims) if name in _INDEX_OPTIONAL)
-  if index_batched:
-    front = [at_front(a, d, size) for a, d in zip(args, dims)]
-    outs = jax.lax.map(lambda xs: _attention_bwd_p.bind(*xs, spec=spec, present=present), front)
-    return list(outs), [0, 0, 0]
+  mapped = _map_if_index_batched(_attention_bwd_p, args, dims, opt_dims, size, spec=spec,
+                                 present=present)
+  if mapped is not None:
+    return mapped
 
   front = [at_front(a, d, size) for a, d in zip(args, dims)]
   q, k, v = (_fold_heads(x, size) for x in front[:3])
@@ -311,7 +311,6 @@ def _attention_bwd_batch(args, dims, *, spec, present):
           _unfold_heads(dv, size, spec.num_kv_heads)], [0, 0, 0]
 
 
-_attention_bwd_p.def_impl(_attention_bwd_impl)
 _attention_bwd_p.def_abstract_eval(_attention_bwd_abstract_eval)
 batching.primitive_batchers[_attention_bwd_p] = _attention_bwd_batch
 _attention_bwd_local_p = partition_attention_bwd(_attention_bwd_p, _attention_bwd_abstract_eval)
