@@ -59,21 +59,16 @@ nb::capsule Capsule(Fn* fn) {
 // The lowered call's attribute dictionary (jax_sgl/attention.py _ffi_attrs) as XLA decodes it
 // into AttentionAttrs (attention_ffi.h's XLA_FFI_REGISTER_STRUCT_ATTR_DECODING list).
 jax_sgl::AttentionAttrs ToAttentionAttrs(const nb::dict& d) {
-  if (nb::len(d) != 13) throw nb::value_error("attention_plan: expected the 13 attention attributes");
+#define JAX_SGL_ATTR_COUNT(T, NAME) +1
+  constexpr size_t kCount = 0 JAX_SGL_ATTENTION_ATTRS(JAX_SGL_ATTR_COUNT);
+#undef JAX_SGL_ATTR_COUNT
+  if (nb::len(d) != kCount)
+    throw nb::value_error(("attention_plan: expected the " + std::to_string(kCount) +
+                           " attention attributes").c_str());
   jax_sgl::AttentionAttrs a;
-  a.kv_layout = nb::cast<int64_t>(d["kv_layout"]);
-  a.varlen_q = nb::cast<bool>(d["varlen_q"]);
-  a.batch = nb::cast<int64_t>(d["batch"]);
-  a.max_seqlen_q = nb::cast<int64_t>(d["max_seqlen_q"]);
-  a.softmax_scale = nb::cast<float>(d["softmax_scale"]);
-  a.softcap = nb::cast<float>(d["softcap"]);
-  a.causal = nb::cast<bool>(d["causal"]);
-  a.window_left = nb::cast<int64_t>(d["window_left"]);
-  a.window_right = nb::cast<int64_t>(d["window_right"]);
-  a.deterministic = nb::cast<bool>(d["deterministic"]);
-  a.disable = nb::cast<int64_t>(d["disable"]);
-  a.kv_buffer = nb::cast<bool>(d["kv_buffer"]);
-  a.qk_blockscaled = nb::cast<bool>(d["qk_blockscaled"]);
+#define JAX_SGL_ATTR_CAST(T, NAME) a.NAME = nb::cast<T>(d[#NAME]);
+  JAX_SGL_ATTENTION_ATTRS(JAX_SGL_ATTR_CAST)
+#undef JAX_SGL_ATTR_CAST
   return a;
 }
 #endif

@@ -33,21 +33,28 @@ namespace jax_sgl {
 
 // Every attribute of an attention call, forward and backward alike (jax_sgl/attention.py
 // _ffi_attrs builds them once). XLA FFI decodes the call's whole attribute dictionary into it, so
-// the names here and there must be the same set.
+// the names here and there must be the same set. One list, X(type, name), gives the struct, its
+// decoding (the end of this file) and module.cc's plan dictionary, in one order (XLA's struct
+// decoding builds the struct from the members in the order listed).
+#define JAX_SGL_ATTENTION_ATTRS(X)                                                             \
+  X(int64_t, kv_layout)     /* KvLayout */                                                     \
+  X(bool, varlen_q)         /* q is [total_q, H, D] with cu_seqlens_q */                       \
+  X(int64_t, batch)                                                                            \
+  X(int64_t, max_seqlen_q)  /* varlen q: a bound on rows per sequence */                       \
+  X(float, softmax_scale)                                                                      \
+  X(float, softcap)                                                                            \
+  X(bool, causal)                                                                              \
+  X(int64_t, window_left)                                                                      \
+  X(int64_t, window_right)                                                                     \
+  X(bool, deterministic)    /* backward: bitwise reproducible dQ */                            \
+  X(int64_t, disable)       /* AttentionDisable bits */                                        \
+  X(bool, kv_buffer)        /* k and v are one fused buffer [P, page, 2 * Hkv, head_dim_pad] */ \
+  X(bool, qk_blockscaled)   /* q_descale / k_descale are block scales (AttentionParams says how) */
+
 struct AttentionAttrs {
-  int64_t kv_layout;     // KvLayout
-  bool varlen_q;         // q is [total_q, H, D] with cu_seqlens_q
-  int64_t batch;
-  int64_t max_seqlen_q;  // varlen q: a bound on rows per sequence
-  float softmax_scale;
-  float softcap;
-  bool causal;
-  int64_t window_left;
-  int64_t window_right;
-  bool deterministic;    // backward: bitwise reproducible dQ
-  int64_t disable;       // AttentionDisable bits
-  bool kv_buffer;        // k and v are one fused buffer [P, page, 2 * Hkv, head_dim_pad]
-  bool qk_blockscaled;   // q_descale / k_descale are block scales (AttentionParams says how)
+#define JAX_SGL_ATTR_MEMBER(T, NAME) T NAME;
+  JAX_SGL_ATTENTION_ATTRS(JAX_SGL_ATTR_MEMBER)
+#undef JAX_SGL_ATTR_MEMBER
 };
 
 constexpr size_t kAttentionOperands = 11;
@@ -288,20 +295,12 @@ inline ffi::Error MakeAttentionParams(const ffi::RemainingArgs& args,
 
 }  // namespace jax_sgl
 
-XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(jax_sgl::AttentionAttrs,
-                                      xla::ffi::StructMember<int64_t>("kv_layout"),
-                                      xla::ffi::StructMember<bool>("varlen_q"),
-                                      xla::ffi::StructMember<int64_t>("batch"),
-                                      xla::ffi::StructMember<int64_t>("max_seqlen_q"),
-                                      xla::ffi::StructMember<float>("softmax_scale"),
-                                      xla::ffi::StructMember<float>("softcap"),
-                                      xla::ffi::StructMember<bool>("causal"),
-                                      xla::ffi::StructMember<int64_t>("window_left"),
-                                      xla::ffi::StructMember<int64_t>("window_right"),
-                                      xla::ffi::StructMember<bool>("deterministic"),
-                                      xla::ffi::StructMember<int64_t>("disable"),
-                                      xla::ffi::StructMember<bool>("kv_buffer"),
-                                      xla::ffi::StructMember<bool>("qk_blockscaled"));
+// The list's commas must reach XLA's macro as separate arguments: one more expansion splits them.
+#define JAX_SGL_REGISTER_ATTRS(...) XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(__VA_ARGS__)
+#define JAX_SGL_ATTR_DECODING(T, NAME) , xla::ffi::StructMember<T>(#NAME)
+JAX_SGL_REGISTER_ATTRS(jax_sgl::AttentionAttrs JAX_SGL_ATTENTION_ATTRS(JAX_SGL_ATTR_DECODING));
+#undef JAX_SGL_ATTR_DECODING
+#undef JAX_SGL_REGISTER_ATTRS
 
 namespace jax_sgl {
 
