@@ -86,6 +86,13 @@ struct FlashConfig {
       kFp8 && !(kHeadDim == 128 && kBlockN == 128 && kStages == 2);
   static constexpr int kProducerRegs = kFp8WideProducer ? 32 : 24;
   static constexpr int kConsumerRegs = kFp8WideProducer ? 232 : 240;
+  // The paged gather (cp.async rows: pages that are not whole TMA boxes) at hd <= 128: its 128
+  // producer threads spilled in the copy loop with 24 (ncu: 1.6 M local-memory requests missing
+  // L1); 40 leaves ptxas no spill at hd64 / hd128 and the consumers fit 232. Measured against 24
+  // / 240 (H100, 2026-12-05, bench_attention_paged.py at page 1, two runs): chunked prefill
+  // +4-6%, mixed batch +3.5%, verify +2%. hd256's consumers spill in 232: it keeps the split above.
+  static constexpr int kGatherProducerRegs = kHeadDim <= 128 ? 40 : kProducerRegs;
+  static constexpr int kGatherConsumerRegs = kHeadDim <= 128 ? 232 : kConsumerRegs;
 
   using RowsD = Shape<Int<kWarpgroupRows>, Int<kHeadDim>>;
   using TileQK = Shape<Int<kWarpgroupRows>, Int<kBlockN>, Int<kHeadDim>>;  // S = Q K^T

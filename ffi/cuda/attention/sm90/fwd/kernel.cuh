@@ -100,13 +100,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
   if (warpgroup == 0) {
     // ---- Producer ------------------------------------------------------------------------
-    cutlass::arch::warpgroup_reg_dealloc<Cfg::kProducerRegs>();
+    cutlass::arch::warpgroup_reg_dealloc<kGather ? Cfg::kGatherProducerRegs : Cfg::kProducerRegs>();
     if (threadIdx.x >= (kGather || Cfg::kFp8 ? 128 : kPaged ? 32 : 1)) return;
     MainloopLoad<Cfg, kVarlen, kPaged, kGather>{params, scheduler, shared, pipe_k, pipe_v}.Run(
         launch_tile);
   } else {
     // ---- Consumers -----------------------------------------------------------------------
-    cutlass::arch::warpgroup_reg_alloc<Cfg::kConsumerRegs>();
+    cutlass::arch::warpgroup_reg_alloc<kGather ? Cfg::kGatherConsumerRegs : Cfg::kConsumerRegs>();
     const int consumer = warpgroup - 1;
     const uint32_t my_turn = uint32_t(Barrier::kTurn0) + consumer;
     const uint32_t other_turn = uint32_t(Barrier::kTurn0) + 1 - consumer;
