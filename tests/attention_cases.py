@@ -6,9 +6,13 @@ float32 reference on the same arguments (normalizing them the way the public fun
 
 from __future__ import annotations
 
+import os
+import zlib
+
 import numpy as np
 import jax
 import jax.numpy as jnp
+import pytest
 
 import jax_sgl
 from jax_sgl import reference
@@ -66,6 +70,18 @@ def random_paged_kv(rng, keys, k_lens, page_size, kv_heads, head_dim, head_dim_v
   k = random_normal(keys[1], pool + (kv_heads, head_dim), dtype)
   v = random_normal(keys[2], pool + (kv_heads, head_dim_v), dtype)
   return k, v, {"page_table": jnp.asarray(table), "seqused_k": jnp.asarray(k_lens, jnp.int32)}
+
+
+def padded_dense_case(keys, q_lens, k_lens, heads, head_dim, head_dim_v, dtype):
+  """(q, k, v, kwargs) of the sequences (q_lens, k_lens) as a dense batch padded to the longest q
+  and k, q / k / v drawn from keys[0] / keys[1] / keys[2]; seqused_k = k_lens masks the padded
+  keys. heads is (num_heads, num_kv_heads)."""
+  num_heads, num_kv_heads = heads
+  batch, sq, sk = len(q_lens), max(q_lens), max(k_lens)
+  q = random_normal(keys[0], (batch, sq, num_heads, head_dim), dtype)
+  k = random_normal(keys[1], (batch, sk, num_kv_heads, head_dim), dtype)
+  v = random_normal(keys[2], (batch, sk, num_kv_heads, head_dim_v), dtype)
+  return q, k, v, {"seqused_k": jnp.asarray(k_lens, jnp.int32)}
 
 
 def make_case(layout, *, seed=0, batch=3, q_lens=None, k_lens=None, num_heads=4, num_kv_heads=2,
@@ -231,6 +247,58 @@ def is_sm90_device():
   """The default backend is a GPU of compute capability 9.0, the only one sm_90a kernels run on."""
   devices = jax.devices("cuda") if jax.default_backend() == "gpu" else []
   return bool(devices) and getattr(devices[0], "compute_capability", "") == "9.0"
+
+
+def require_sm90(monkeypatch, what):
+  """Skips the test off a compute capability 9.0 device (`what`, an sm_90a kernel, runs on no
+  other); there, clears JAX_SGL_DISABLE for it, so that its calls take the sm90 kernels."""
+  if not is_sm90_device():
+    pytest.skip(f"{what} needs a compute capability 9.0 device")
+  monkeypatch.delenv("JAX_SGL_DISABLE", raising=False)
+
+
+def turn_off_xla_autotuning():
+  """Sets --xla_gpu_autotune_level=0 in XLA_FLAGS unless a level is set there already: every GPU
+  case has new shapes, each costing XLA's GEMM autotuner seconds per oracle einsum, and the
+  oracle needs no tuned GEMM. Only read when the GPU backend starts, so a test module calls it at
+  import (collection imports every module before any test runs)."""
+  if "xla_gpu_autotune_level" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                               " --xla_gpu_autotune_level=0").strip()
+
+
+# (batch, seqlen_q, seqlen_k, num_heads, num_kv_heads) of dense calls on the sm90 kernels' tiles:
+# whole tiles, odd lengths that end mid-tile, GQA, q much shorter than k, q longer than k (causal
+# rows that see no key).
+DENSE_SHAPES = {
+    "aligned": (1, 256, 384, 2, 2),
+    "square": (2, 333, 333, 8, 2),
+    "q_short": (3, 19, 989, 4, 4),
+    "k_short": (2, 300, 129, 6, 2),
+}
+
+# The GPU test matrices' masks (each test file has its own call arguments for them), with the
+# (num_heads, num_kv_heads) each runs at: MHA, GQA 4, GQA 3 (odd group), MQA 8.
+MATRIX_HEADS = {"none": (2, 2), "causal": (8, 2), "window": (6, 2), "softcap": (8, 1)}
+
+
+def parametrize_matrix(layouts, head_dims):
+  """The parametrization of a GPU test matrix(layout, mask, head_dim, dtype): layouts x the masks
+  of MATRIX_HEADS x head_dims x (bfloat16, float16), test ids layout-mask-head_dim-dtype."""
+  def parametrize(test):
+    test = pytest.mark.parametrize("layout", layouts)(test)
+    test = pytest.mark.parametrize("mask", tuple(MATRIX_HEADS))(test)
+    test = pytest.mark.parametrize("head_dim", head_dims)(test)
+    return pytest.mark.parametrize("dtype", (jnp.bfloat16, jnp.float16),
+                                   ids=lambda d: jnp.dtype(d).name)(test)
+  return parametrize
+
+
+def matrix_case(build, layout, mask, head_dim, dtype):
+  """build(layout, head_dim, head_dim_v, heads, dtype, seed) of a GPU test matrix's case: d_v = d,
+  the mask's MATRIX_HEADS, and a seed that differs between cases and stays the same across runs."""
+  seed = zlib.crc32(f"{layout}{mask}{head_dim}".encode()) % 1000
+  return build(layout, head_dim, head_dim, MATRIX_HEADS[mask], dtype, seed)
 
 
 def poison_allocator(nbytes):

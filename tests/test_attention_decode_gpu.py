@@ -18,7 +18,6 @@ range (those keys are masked). Outputs are poisoned before each call.
 
 from __future__ import annotations
 
-import os
 import zlib
 
 import jax
@@ -28,14 +27,11 @@ import pytest
 
 import jax_sgl
 from attention_cases import (check_kernel_output, random_normal, random_paged_kv,
-                             reference_attention)
+                             reference_attention, turn_off_xla_autotuning)
 
 pytestmark = pytest.mark.gpu
 
-# Every case has new shapes; the oracle's einsums need no tuned GEMM (as in test_attention_gpu.py).
-if "xla_gpu_autotune_level" not in os.environ.get("XLA_FLAGS", ""):
-  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                             " --xla_gpu_autotune_level=0").strip()
+turn_off_xla_autotuning()
 
 TOL = {jnp.dtype(jnp.bfloat16): 2.5e-2, jnp.dtype(jnp.float16): 4e-3}
 K_LENS = (1000, 0, 1, 517, 2053)

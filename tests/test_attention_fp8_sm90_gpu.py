@@ -23,19 +23,15 @@ import numpy as np
 import pytest
 
 import jax_sgl
-from attention_cases import (is_sm90_device, naive_attention, planned_kernels, poison_allocator,
-                             run_attention_on)
+from attention_cases import (DENSE_SHAPES, naive_attention, planned_kernels, poison_allocator,
+                             require_sm90, run_attention_on)
 
 pytestmark = pytest.mark.gpu
 
 E4M3 = jnp.float8_e4m3fn
 HEAD_DIMS = (64, 128, 256)
-# (batch, seqlen_q, seqlen_k, num_heads, num_kv_heads).
 SHAPES = {
-    "aligned": (1, 256, 384, 2, 2),
-    "square": (2, 333, 333, 8, 2),
-    "q_short": (3, 19, 989, 4, 4),
-    "k_short": (2, 300, 129, 6, 2),
+    **DENSE_SHAPES,
     # One key past a 192-key tile (tile_size.h kFp8Hd128Keys), q longer than k: causal rows
     # above the bottom-right diagonal see no key.
     "k_one_past": (2, 200, 193, 4, 2),
@@ -44,9 +40,7 @@ SHAPES = {
 
 @pytest.fixture(autouse=True)
 def _sm90(monkeypatch):
-  if not is_sm90_device():
-    pytest.skip("the sm90 fp8 forward needs a compute capability 9.0 device")
-  monkeypatch.delenv("JAX_SGL_DISABLE", raising=False)
+  require_sm90(monkeypatch, "the sm90 fp8 forward")
 
 
 def _need(head_dim):

@@ -11,8 +11,6 @@ kernel forgets to write shows up as NaN.
 from __future__ import annotations
 
 import functools
-import os
-import zlib
 
 import jax
 import jax.numpy as jnp
@@ -20,25 +18,18 @@ import numpy as np
 import pytest
 
 import jax_sgl
-from attention_cases import check_kernel_output, random_normal, random_paged_kv
+from attention_cases import (check_kernel_output, matrix_case, padded_dense_case,
+                             parametrize_matrix, random_normal, random_paged_kv,
+                             turn_off_xla_autotuning)
 from jax_sgl import reference
 from jax_sgl._checks import check_attention
 
 pytestmark = pytest.mark.gpu
 
-# Every case has new shapes, and XLA's GEMM autotuner would spend seconds per oracle einsum on
-# them; the oracle needs no tuned GEMM. Takes effect when set before the GPU backend starts
-# (collection imports this module before any test runs).
-if "xla_gpu_autotune_level" not in os.environ.get("XLA_FLAGS", ""):
-  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                             " --xla_gpu_autotune_level=0").strip()
+turn_off_xla_autotuning()
 
 LAYOUTS = ("dense", "varlen", "paged_token", "paged_page")
-MASKS = ("none", "causal", "window", "softcap")
 HEAD_DIMS = (64, 96, 128, 192, 256)
-DTYPES = (jnp.bfloat16, jnp.float16)
-# (num_heads, num_kv_heads) per mask: MHA, GQA 4, GQA 3 (odd group), MQA 8.
-HEADS = {"none": (2, 2), "causal": (8, 2), "window": (6, 2), "softcap": (8, 1)}
 MASK_KW = {"none": {}, "causal": {"causal": True}, "window": {"window": (13, 4)},
            "softcap": {"softcap": 5.0, "causal": True}}
 TOL = {jnp.dtype(jnp.bfloat16): 2.5e-2, jnp.dtype(jnp.float16): 4e-3}
@@ -72,13 +63,8 @@ def _make_case(layout, head_dim, head_dim_v, heads, dtype, seed, q_lens=Q_LENS, 
   num_heads, num_kv_heads = heads
   rng = np.random.default_rng(seed)
   keys = jax.random.split(jax.random.PRNGKey(seed), 3)
-  batch = len(q_lens)
   if layout == "dense":
-    sq, sk = max(q_lens), max(k_lens)
-    q = random_normal(keys[0], (batch, sq, num_heads, head_dim), dtype)
-    k = random_normal(keys[1], (batch, sk, num_kv_heads, head_dim), dtype)
-    v = random_normal(keys[2], (batch, sk, num_kv_heads, head_dim_v), dtype)
-    return q, k, v, {"seqused_k": jnp.asarray(k_lens, jnp.int32)}
+    return padded_dense_case(keys, q_lens, k_lens, heads, head_dim, head_dim_v, dtype)
   # Packed q with 3 trailing rows no sequence covers (they must come out 0 / -inf).
   cu_q = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
   q = random_normal(keys[0], (int(cu_q[-1]) + 3, num_heads, head_dim), dtype)
@@ -101,13 +87,9 @@ def _check(q, k, v, kw):
                       want_lse, q.dtype, TOL[jnp.dtype(q.dtype)])
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
-@pytest.mark.parametrize("head_dim", HEAD_DIMS)
-@pytest.mark.parametrize("mask", MASKS)
-@pytest.mark.parametrize("layout", LAYOUTS)
+@parametrize_matrix(LAYOUTS, HEAD_DIMS)
 def test_matrix(layout, mask, head_dim, dtype):
-  seed = zlib.crc32(f"{layout}{mask}{head_dim}".encode()) % 1000
-  q, k, v, kw = _make_case(layout, head_dim, head_dim, HEADS[mask], dtype, seed)
+  q, k, v, kw = matrix_case(_make_case, layout, mask, head_dim, dtype)
   _check(q, k, v, {**kw, **MASK_KW[mask]})
 
 

@@ -24,7 +24,6 @@ so an element the kernels forget to write shows up as NaN.
 from __future__ import annotations
 
 import functools
-import os
 import zlib
 
 import jax
@@ -33,23 +32,17 @@ import numpy as np
 import pytest
 
 import jax_sgl
-from attention_cases import (is_sm90_device, poison_allocator, random_normal,
-                             reference_attention)
+from attention_cases import (DENSE_SHAPES, is_sm90_device, matrix_case, padded_dense_case,
+                             parametrize_matrix, poison_allocator, random_normal,
+                             reference_attention, turn_off_xla_autotuning)
 
 pytestmark = pytest.mark.gpu
 
-# As in test_attention_gpu.py: the oracle needs no tuned GEMM, and autotuning every new shape
-# would cost seconds per case.
-if "xla_gpu_autotune_level" not in os.environ.get("XLA_FLAGS", ""):
-  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                             " --xla_gpu_autotune_level=0").strip()
+turn_off_xla_autotuning()
 
 LAYOUTS = ("dense", "varlen")
-MASKS = ("none", "causal", "window", "softcap")
 HEAD_DIMS = (64, 96, 128)
 DTYPES = (jnp.bfloat16, jnp.float16)
-# (num_heads, num_kv_heads) per mask: MHA, GQA 4, GQA 3 (odd group), MQA 8.
-HEADS = {"none": (2, 2), "causal": (8, 2), "window": (6, 2), "softcap": (8, 1)}
 MASK_KW = {"none": {}, "causal": {"causal": True}, "window": {"window": (37, 4)},
            "softcap": {"softcap": 5.0, "causal": True}}
 # Max abs error of a gradient relative to the largest reference entry. Beyond the rounding of
@@ -101,13 +94,8 @@ def _make_case(layout, head_dim, head_dim_v, heads, dtype, seed, q_lens=Q_LENS, 
   """Returns (q, k, v, kwargs) for one layout over the ragged batch."""
   num_heads, num_kv_heads = heads
   keys = jax.random.split(jax.random.PRNGKey(seed), 3)
-  batch = len(q_lens)
   if layout == "dense":
-    sq, sk = max(q_lens), max(k_lens)
-    q = random_normal(keys[0], (batch, sq, num_heads, head_dim), dtype)
-    k = random_normal(keys[1], (batch, sk, num_kv_heads, head_dim), dtype)
-    v = random_normal(keys[2], (batch, sk, num_kv_heads, head_dim_v), dtype)
-    return q, k, v, {"seqused_k": jnp.asarray(k_lens, jnp.int32)}
+    return padded_dense_case(keys, q_lens, k_lens, heads, head_dim, head_dim_v, dtype)
   # Packed q and k/v with 3 trailing rows no sequence covers (their gradients must be 0).
   cu_q = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
   cu_k = np.concatenate([[0], np.cumsum(k_lens)]).astype(np.int32)
@@ -183,13 +171,9 @@ def test_native_kernel_is_used_unless_opted_out(monkeypatch):
   assert BWD_CALL not in _lowered_text(q, k, v, kw)
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
-@pytest.mark.parametrize("head_dim", HEAD_DIMS)
-@pytest.mark.parametrize("mask", MASKS)
-@pytest.mark.parametrize("layout", LAYOUTS)
+@parametrize_matrix(LAYOUTS, HEAD_DIMS)
 def test_matrix(layout, mask, head_dim, dtype):
-  seed = zlib.crc32(f"{layout}{mask}{head_dim}".encode()) % 1000
-  q, k, v, kw = _make_case(layout, head_dim, head_dim, HEADS[mask], dtype, seed)
+  q, k, v, kw = matrix_case(_make_case, layout, mask, head_dim, dtype)
   _check(q, k, v, {**kw, **MASK_KW[mask]})
 
 
@@ -279,14 +263,10 @@ def test_unsupported_head_dim_falls_back_to_reference():
   _check(q, k, v, {**kw, "causal": True})
 
 
-# Dense calls, mostly without seqused_k (the common training layout). (batch, seqlen_q, seqlen_k,
-# num_heads, num_kv_heads): whole tiles, lengths that end mid-tile, GQA and MQA, q longer than k
-# (causal rows that see no key), q much shorter than k, a single query row, seqused_k.
-DENSE_SHAPES = {
-    "aligned": (1, 256, 384, 2, 2),
-    "square": (2, 333, 333, 8, 2),
-    "q_short": (3, 19, 989, 4, 4),
-    "k_short": (2, 300, 129, 6, 2),
+# Dense calls, mostly without seqused_k (the common training layout): attention_cases'
+# DENSE_SHAPES, then MQA with a single query row, and seqused_k.
+SHAPES = {
+    **DENSE_SHAPES,
     "one_row": (4, 1, 257, 8, 1),
     "seqused": (3, 150, 300, 8, 2),
 }
@@ -297,14 +277,14 @@ SEQUSED_K = {"seqused": (70, 9, 261)}
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("shape", DENSE_SHAPES)
+@pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("dq", ["atomic", "det"])
 def test_dense(bwd_kernel, dq, shape, causal, head_dim, dtype):
   """dq: the sm90 backward's dQ by float32 reductions (default) or by its deterministic dQ
   kernel (deterministic=True)."""
   _need_sm90_bwd(bwd_kernel, head_dim, dtype)
   deterministic = _deterministic(bwd_kernel, dq)
-  batch, sq, sk, h, hkv = DENSE_SHAPES[shape]
+  batch, sq, sk, h, hkv = SHAPES[shape]
   keys = jax.random.split(jax.random.PRNGKey(zlib.crc32(shape.encode()) % 1000), 3)
   q = random_normal(keys[0], (batch, sq, h, head_dim), dtype)
   k = random_normal(keys[1], (batch, sk, hkv, head_dim), dtype)
@@ -338,7 +318,7 @@ WINDOWS = {"left": ((50, -1), False), "both": ((37, 4), False), "causal_left": (
 @pytest.mark.parametrize("dq", ["atomic", "det"])
 def test_dense_window(bwd_kernel, dq, shape, window):
   deterministic = _deterministic(bwd_kernel, dq)
-  batch, sq, sk, h, hkv = DENSE_SHAPES[shape]
+  batch, sq, sk, h, hkv = SHAPES[shape]
   keys = jax.random.split(jax.random.PRNGKey(zlib.crc32((shape + window).encode()) % 1000), 3)
   q = random_normal(keys[0], (batch, sq, h, 128), jnp.bfloat16)
   k = random_normal(keys[1], (batch, sk, hkv, 128), jnp.bfloat16)
@@ -353,7 +333,7 @@ def test_dense_window(bwd_kernel, dq, shape, window):
 def test_dense_softcap(bwd_kernel, dq, shape, causal):
   """Softcap on the sm90 kernels: P and dS from one pass with the tanh derivative."""
   deterministic = _deterministic(bwd_kernel, dq)
-  batch, sq, sk, h, hkv = DENSE_SHAPES[shape]
+  batch, sq, sk, h, hkv = SHAPES[shape]
   keys = jax.random.split(jax.random.PRNGKey(zlib.crc32(shape.encode()) % 1000 + 1), 3)
   q = random_normal(keys[0], (batch, sq, h, 128), jnp.bfloat16)
   k = random_normal(keys[1], (batch, sk, hkv, 128), jnp.bfloat16)

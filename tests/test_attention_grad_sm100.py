@@ -15,22 +15,19 @@ whole dispatch. Gradient buffers are poisoned with NaN first, so an unwritten el
 
 from __future__ import annotations
 
-import os
-
 import jax
 import jax.numpy as jnp
 import pytest
 
 import jax_sgl
+from attention_cases import turn_off_xla_autotuning
 from grad_rule import bwd_kernel as _bwd_kernel
 from grad_rule import check_grads as _check
 from grad_rule import dense_inputs as _inputs
 
 pytestmark = [pytest.mark.gpu, pytest.mark.blackwell]
 
-if "xla_gpu_autotune_level" not in os.environ.get("XLA_FLAGS", ""):
-  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                             " --xla_gpu_autotune_level=0").strip()
+turn_off_xla_autotuning()
 
 DTYPES = (jnp.bfloat16, jnp.float16)
 HEAD_DIMS = (64, 128)

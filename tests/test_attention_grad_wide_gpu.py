@@ -17,22 +17,18 @@ reference (no native backward call), checked here too.
 
 from __future__ import annotations
 
-import os
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import jax_sgl
-from attention_cases import is_sm90_device
+from attention_cases import require_sm90, turn_off_xla_autotuning
 from grad_rule import bwd_kernel, check_grads, check_varlen_grads, dense_inputs, varlen_inputs
 
 pytestmark = pytest.mark.gpu
 
-if "xla_gpu_autotune_level" not in os.environ.get("XLA_FLAGS", ""):
-  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                             " --xla_gpu_autotune_level=0").strip()
+turn_off_xla_autotuning()
 
 HEAD_DIMS = (192, 256)
 DENSE_HEAD_DIMS = (96,) + HEAD_DIMS
@@ -53,9 +49,7 @@ def _built(head_dim, dtype):
 
 @pytest.fixture(autouse=True)
 def _hopper(monkeypatch):
-  if not is_sm90_device():
-    pytest.skip("the wide sm90 backward needs a compute capability 9.0 device")
-  monkeypatch.delenv("JAX_SGL_DISABLE", raising=False)
+  require_sm90(monkeypatch, "the wide sm90 backward")
 
 
 def _need(head_dim, dtype):

@@ -8,20 +8,17 @@ sequence, at most 16 packed rows: TMA on sm_90 for pages of a multiple of 16 key
 the block-wide decode kernel (more packed rows), the sm90 paged prefill (>= 64 q rows per sequence,
 pages of 16 / 64 keys, head dims 64 / 128) and the portable sm80 kernel (page size 5)."""
 
-import os
 import zlib
 
 import jax.numpy as jnp
 import pytest
 
+from attention_cases import turn_off_xla_autotuning
 from kv_buffer_cases import check_buffer_case, make_buffer_case
 
 pytestmark = pytest.mark.gpu
 
-# Every case has new shapes; the oracle's einsums need no tuned GEMM (as in test_attention_gpu.py).
-if "xla_gpu_autotune_level" not in os.environ.get("XLA_FLAGS", ""):
-  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                             " --xla_gpu_autotune_level=0").strip()
+turn_off_xla_autotuning()
 
 TOL = {jnp.dtype(jnp.bfloat16): 2.5e-2, jnp.dtype(jnp.float16): 4e-3}
 

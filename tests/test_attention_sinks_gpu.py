@@ -25,13 +25,11 @@ import pytest
 
 import jax_sgl
 from attention_cases import (check_kernel_output, is_sm90_device, make_case, poison_allocator,
-                             reference_attention)
+                             reference_attention, turn_off_xla_autotuning)
 
 pytestmark = pytest.mark.gpu
 
-if "xla_gpu_autotune_level" not in os.environ.get("XLA_FLAGS", ""):
-  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                             " --xla_gpu_autotune_level=0").strip()
+turn_off_xla_autotuning()
 
 TOL = {jnp.dtype(jnp.bfloat16): 2.5e-2, jnp.dtype(jnp.float16): 4e-3}
 MASKS = {"none": {}, "causal": {"causal": True}, "window": {"window": (37, 3)},

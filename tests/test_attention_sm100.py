@@ -13,19 +13,16 @@ done in the input precision (FlashAttention's rule).
 
 from __future__ import annotations
 
-import os
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import jax_sgl
-from attention_cases import check_kernel_output, make_case, naive_attention, reference_attention
+from attention_cases import (check_kernel_output, make_case, naive_attention, reference_attention,
+                             turn_off_xla_autotuning)
 
-if "xla_gpu_autotune_level" not in os.environ.get("XLA_FLAGS", ""):
-  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                             " --xla_gpu_autotune_level=0").strip()
+turn_off_xla_autotuning()
 
 DTYPES = (jnp.bfloat16, jnp.float16)
 TOL = {jnp.dtype(jnp.bfloat16): 2.5e-2, jnp.dtype(jnp.float16): 4e-3}

@@ -13,35 +13,23 @@ more over a long history, which runs here with the key split (SPLIT below).
 
 from __future__ import annotations
 
-import os
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import jax_sgl
-from attention_cases import (check_kernel_output, is_sm90_device, poison_allocator,
-                              random_normal, random_page_table)
+from attention_cases import (DENSE_SHAPES, check_kernel_output, poison_allocator, random_normal,
+                             random_page_table, require_sm90, turn_off_xla_autotuning)
 from jax_sgl import reference
 from jax_sgl._checks import check_attention
 
 pytestmark = pytest.mark.gpu
 
-if "xla_gpu_autotune_level" not in os.environ.get("XLA_FLAGS", ""):
-  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                             " --xla_gpu_autotune_level=0").strip()
+turn_off_xla_autotuning()
 
 DTYPES = (jnp.bfloat16, jnp.float16)
 TOL = {jnp.dtype(jnp.bfloat16): 2.5e-2, jnp.dtype(jnp.float16): 4e-3}
-# (batch, seqlen_q, seqlen_k, num_heads, num_kv_heads): odd lengths that end mid-tile, GQA,
-# q longer than k (causal rows that see no key: out 0, lse -inf), q much shorter than k.
-SHAPES = {
-    "aligned": (1, 256, 384, 2, 2),
-    "square": (2, 333, 333, 8, 2),
-    "q_short": (3, 19, 989, 4, 4),
-    "k_short": (2, 300, 129, 6, 2),
-}
 
 
 def _name(dtype):
@@ -50,9 +38,7 @@ def _name(dtype):
 
 @pytest.fixture(autouse=True)
 def _sm90(monkeypatch):
-  if not is_sm90_device():
-    pytest.skip("the sm90 kernel needs a compute capability 9.0 device")
-  monkeypatch.delenv("JAX_SGL_DISABLE", raising=False)
+  require_sm90(monkeypatch, "the sm90 kernel")
 
 
 def _need(head_dim, dtype):
@@ -90,6 +76,19 @@ def _check(q, k, v, causal, window=(-1, -1), softcap=0.0):
       want_out, want_lse, q.dtype, TOL[jnp.dtype(q.dtype)])
 
 
+def _check_differs_from_sm80(monkeypatch, q, k, v, **kw):
+  """jax_sgl.attention(q, k, v, **kw) on the sm90 kernel against the portable one
+  (JAX_SGL_DISABLE=sm90): somewhere different (another summation order), so the sm90 kernel
+  really ran, and close."""
+  fn = jax.jit(lambda q, k, v: jax_sgl.attention(q, k, v, **kw))
+  sm90 = np.asarray(fn(q, k, v).astype(jnp.float32))
+  monkeypatch.setenv("JAX_SGL_DISABLE", "sm90")
+  jax.clear_caches()   # the switch is read when fn is lowered
+  sm80 = np.asarray(fn(q, k, v).astype(jnp.float32))
+  assert not np.array_equal(sm90, sm80)
+  np.testing.assert_allclose(sm90, sm80, atol=2.5e-2, rtol=2.5e-2)
+
+
 def test_smoke():
   """One small hd128 bf16 causal call first: a hang or a fault shows up here, before the matrix."""
   _need(128, jnp.bfloat16)
@@ -97,13 +96,14 @@ def test_smoke():
   _check(q, k, v, causal=True)
 
 
-@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("shape", DENSE_SHAPES, ids=str)
 @pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
 @pytest.mark.parametrize("head_dim", (64, 128, 256))
 @pytest.mark.parametrize("dtype", DTYPES, ids=_name)
 def test_matches_reference(dtype, head_dim, causal, shape):
   _need(head_dim, dtype)
-  q, k, v = _inputs(SHAPES[shape], head_dim, dtype, seed=10 * head_dim + list(SHAPES).index(shape))
+  q, k, v = _inputs(DENSE_SHAPES[shape], head_dim, dtype,
+                    seed=10 * head_dim + list(DENSE_SHAPES).index(shape))
   _check(q, k, v, causal)
 
 
@@ -176,13 +176,7 @@ def test_runs_the_sm90_kernel(monkeypatch):
   order), while both match the reference (above)."""
   _need(128, jnp.bfloat16)
   q, k, v = _inputs((2, 512, 512, 4, 4), 128, jnp.bfloat16, seed=9)
-  fn = jax.jit(lambda q, k, v: jax_sgl.attention(q, k, v, causal=True))
-  sm90 = np.asarray(fn(q, k, v).astype(jnp.float32))
-  monkeypatch.setenv("JAX_SGL_DISABLE", "sm90")
-  jax.clear_caches()   # the switch is read when fn is lowered
-  sm80 = np.asarray(fn(q, k, v).astype(jnp.float32))
-  assert not np.array_equal(sm90, sm80)
-  np.testing.assert_allclose(sm90, sm80, atol=2.5e-2, rtol=2.5e-2)
+  _check_differs_from_sm80(monkeypatch, q, k, v, causal=True)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=_name)
@@ -241,14 +235,7 @@ def test_window_softcap_runs_the_sm90_kernel(monkeypatch, case):
   _need(128, jnp.bfloat16)
   shape, causal, window, softcap = MASKED[case]
   q, k, v = _inputs(shape, 128, jnp.bfloat16, seed=23)
-  fn = jax.jit(lambda q, k, v: jax_sgl.attention(q, k, v, causal=causal, window=window,
-                                                 softcap=softcap))
-  sm90 = np.asarray(fn(q, k, v).astype(jnp.float32))
-  monkeypatch.setenv("JAX_SGL_DISABLE", "sm90")
-  jax.clear_caches()   # the switch is read when fn is lowered
-  sm80 = np.asarray(fn(q, k, v).astype(jnp.float32))
-  assert not np.array_equal(sm90, sm80)
-  np.testing.assert_allclose(sm90, sm80, atol=2.5e-2, rtol=2.5e-2)
+  _check_differs_from_sm80(monkeypatch, q, k, v, causal=causal, window=window, softcap=softcap)
 
 
 # ---- Varlen (cu_seqlens_q / cu_seqlens_k, seqused_k): the kVarlen instantiation, which runs
