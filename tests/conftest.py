@@ -3,9 +3,12 @@ the CUDA device they need; with JAX_SGL_FAILED_LOG set, each failure's test id a
 appended to that file as it happens (a GPU run cut by its time limit never prints pytest's summary);
 in a build trimmed to fewer portable head dims (JAX_SGL_ATTN_HEAD_DIMS, the device's quick builds),
 a call the build left out is reported as a skip naming it, not a failure (in a full build it fails).
+JAX_SGL_TEST_SHARD=i/n keeps the i-th of n fixed shards of the collected tests (by a hash of the
+test id), so a suite longer than one device call runs as n calls that together cover it once.
 """
 
 import os
+import zlib
 
 import jax
 import pytest
@@ -67,7 +70,20 @@ def _cuda_major() -> int:
   return int(cc.split(".")[0]) if cc else 0
 
 
+def _keep_shard(config, items):
+  shard = os.environ.get("JAX_SGL_TEST_SHARD")
+  if not shard:
+    return
+  index, count = (int(x) for x in shard.split("/"))
+  if not 0 <= index < count:
+    raise pytest.UsageError(f"JAX_SGL_TEST_SHARD={shard}: expected i/n with 0 <= i < n")
+  mine = [zlib.crc32(i.nodeid.encode()) % count == index for i in items]
+  config.hook.pytest_deselected(items=[i for i, m in zip(items, mine) if not m])
+  items[:] = [i for i, m in zip(items, mine) if m]
+
+
 def pytest_collection_modifyitems(config, items):
+  _keep_shard(config, items)
   n = _num_cuda_devices()
   skip_gpu = pytest.mark.skip(reason="needs an NVIDIA GPU (jax.devices('cuda') is empty)")
   skip_multi = pytest.mark.skip(reason="needs 2+ NVIDIA GPUs")

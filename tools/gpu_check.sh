@@ -21,6 +21,9 @@
 #   GPU_CHECK_TESTS     pytest paths / args (default: tests/); "none" skips the tests
 #   GPU_CHECK_TESTS_TIMEOUT  seconds after which the tests stop and the rest of the check goes on;
 #                       the summary then counts what ran (default 0: no limit)
+#   JAX_SGL_TEST_SHARD  i/n: only the i-th of n fixed shards of the tests (tests/conftest.py); the
+#                       whole suite (tests/ -n 16, ~9 min on an H100) runs as 0/2 and 1/2 in two
+#                       device calls of at most 10 minutes
 #   GPU_CHECK_SANITIZE  test files to run under compute-sanitizer memcheck (default: none)
 #   GPU_CHECK_SANITIZE_K  pytest -k expression for the sanitizer run (default: all)
 #   GPU_CHECK_SANITIZE_TIMEOUT  seconds before the sanitizer run is stopped (default 900)
