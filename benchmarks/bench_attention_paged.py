@@ -108,12 +108,20 @@ def workloads(args):
   return out
 
 
-def paged_pool(w, rng, key):
+def paged_pool(w, rng, key, runs=0):
   """k/v page pools [num_pages, page, Hkv, D] and the page table [B, max_pages] int32: each
-  sequence's pages are distinct entries of a random permutation of the pool."""
+  sequence's pages are distinct entries of a random permutation of the pool, or with runs > 0 of
+  the pool cut into runs of 1-runs consecutive pages in shuffled order (an allocator handing out
+  a sorted free list)."""
   width = -(-int(w.kv.max()) // w.page)
   num_pages = int(np.ceil(POOL_SLACK * len(w.kv) * width))
-  table = rng.permutation(num_pages)[:len(w.kv) * width].reshape(len(w.kv), width)
+  if runs > 0:
+    cuts = np.cumsum(rng.integers(1, runs + 1, size=num_pages))
+    pieces = np.split(np.arange(num_pages), cuts[cuts < num_pages])
+    order = np.concatenate([pieces[i] for i in rng.permutation(len(pieces))])
+  else:
+    order = rng.permutation(num_pages)
+  table = order[:len(w.kv) * width].reshape(len(w.kv), width)
   kk, kv = jax.random.split(key)
   pool = lambda k: normal(k, (num_pages, w.page, HKV, D), DTYPE)
   return pool(kk), pool(kv), jnp.asarray(table, jnp.int32)
@@ -203,9 +211,9 @@ def check(runs, layout, label):
       print(f"  WARNING {name} differs from contiguous by {fa3.max_diff(out, want):.3g}")
 
 
-def run_workload(w, batches, rng, seed):
+def run_workload(w, batches, rng, seed, runs=0):
   keys = jax.random.split(jax.random.PRNGKey(seed), 2)
-  k_pool, v_pool, table = paged_pool(w, rng, keys[0])
+  k_pool, v_pool, table = paged_pool(w, rng, keys[0], runs)
   total_q = int(w.new.sum())
   q_shape = (total_q, H, D) if w.packed else (len(w.new), int(w.new[0]), H, D)
   q = normal(keys[1], q_shape, DTYPE)
@@ -274,6 +282,8 @@ def main():
                       help="verify: sequences per call")
   parser.add_argument("--only", nargs="+", choices=WORKLOADS, default=list(WORKLOADS),
                       help="run only these workloads")
+  parser.add_argument("--page-runs", type=int, default=0,
+                      help="page tables of runs of 1-N consecutive pages (default 0: shuffled)")
   parser.add_argument("--tiny", action="store_true",
                       help="token counts / 64, batch counts / 16: a CPU dry run")
   parser.add_argument("--json", help="write the results here")
@@ -287,7 +297,7 @@ def main():
   rng = np.random.default_rng(0)
   rows = []
   for i, w in enumerate(workloads(args)):
-    row = run_workload(w, args.batches, rng, seed=i)
+    row = run_workload(w, args.batches, rng, seed=i, runs=args.page_runs)
     rows.append(row)
     print_row(row)
   for row in rows:

@@ -33,16 +33,24 @@ def _normal(rng, shape, dtype, scale=1.0):
   return jnp.asarray(rng.standard_normal(shape, dtype=np.float32) * scale).astype(dtype)
 
 
-def random_page_table(rng, k_lens, page_size, extra_pages, *, min_columns=0, bad_entries=False):
+def random_page_table(rng, k_lens, page_size, extra_pages, *, min_columns=0, bad_entries=False,
+                      runs=False):
   """A page table giving each sequence's keys distinct shuffled pages, then -1 (padding), and the
   pool's page count (extra_pages more than the sequences use). With bad_entries, the columns past
   the padding hold entries beyond the pool (num_pages + 3, 2**30), and sequence 0, where it uses
   more than two pages, has two bad entries among them (num_pages, -5): those keys are masked,
-  never read. At least min_columns + 1 columns."""
+  never read. At least min_columns + 1 columns. With runs, the pages come in runs of 1-9
+  consecutive pages, the runs shuffled (as an allocator's sorted free list hands them out), so
+  runs start and end at any column."""
   need = [-(-kl // page_size) for kl in k_lens]
   num_pages = sum(need) + extra_pages
   columns = max(need + [1, min_columns]) + (3 if bad_entries else 1)
-  perm = rng.permutation(num_pages)
+  if runs:
+    cuts = np.cumsum(rng.integers(1, 10, size=num_pages))
+    pieces = np.split(np.arange(num_pages), cuts[cuts < num_pages])
+    perm = np.concatenate([pieces[i] for i in rng.permutation(len(pieces))])
+  else:
+    perm = rng.permutation(num_pages)
   table = np.full((len(k_lens), columns), -1, np.int32)
   used = 0
   for b, n in enumerate(need):

@@ -391,7 +391,7 @@ def _spec(case):
   return PAGED[case], 0, case in PAGED_SINKS
 
 
-def _paged_inputs(case, head_dim, dtype, seed):
+def _paged_inputs(case, head_dim, dtype, seed, runs=False):
   """q (packed, or dense [B, n, H, D]), the pool with its NaN-poisoned copy, and the index
   arrays: shuffled pages, padding (-1) and entries past the pool after the used ones, and bad
   entries inside the first sequence's used pages (its keys are masked; random_page_table)."""
@@ -401,7 +401,7 @@ def _paged_inputs(case, head_dim, dtype, seed):
   keys = jax.random.split(jax.random.PRNGKey(seed), 3)
   rand = lambda key, s: random_normal(key, s, dtype)
   table, num_pages = random_page_table(rng, lens_k, ps, 7, min_columns=-(-min_keys // ps),
-                                       bad_entries=True)
+                                       bad_entries=True, runs=runs)
   valid = np.zeros((num_pages, ps), bool)  # rows a visible key reads
   for b, n in enumerate(lens_k):
     for j in range(n):
@@ -435,8 +435,8 @@ def _paged_call(case, q, k, v, cu_q, table, used, fn=None):
                        kernel=fn is not None)
 
 
-def _check_paged(case, head_dim, dtype, seed):
-  q, k, v, (kk, vv), cu_q, table, used = _paged_inputs(case, head_dim, dtype, seed)
+def _check_paged(case, head_dim, dtype, seed, runs=False):
+  q, k, v, (kk, vv), cu_q, table, used = _paged_inputs(case, head_dim, dtype, seed, runs)
   want_out, want_lse = _paged_call(case, q, k, v, cu_q, table, used)
   check_kernel_output(lambda: _paged_call(case, q, kk, vv, cu_q, table, used, fn=True), want_out,
                       want_lse, dtype, TOL[jnp.dtype(dtype)])
@@ -447,6 +447,16 @@ def _check_paged(case, head_dim, dtype, seed):
 def test_paged_matches_reference(head_dim, case):
   _need(head_dim, jnp.bfloat16)
   _check_paged(case, head_dim, jnp.bfloat16, seed=5 * head_dim + list(PAGED).index(case))
+
+
+@pytest.mark.parametrize("case", ("p16_ragged", "verify", "verify_g5", "short_window_g4",
+                                  "p48_window_softcap", "p64_full"), ids=str)
+@pytest.mark.parametrize("head_dim", (64, 128, 256))
+def test_paged_page_runs(head_dim, case):
+  """Page tables of runs of consecutive pages: narrow boxes (pages of 16 and 32) whose rows follow
+  each other load as one wide box, next to chunks that break a run or hold a bad entry."""
+  _need(head_dim, jnp.bfloat16)
+  _check_paged(case, head_dim, jnp.bfloat16, seed=7 * head_dim + len(case), runs=True)
 
 
 @pytest.mark.parametrize("case", ("p16_ragged", "mixed", "p5"), ids=str)
