@@ -57,7 +57,7 @@ nb::capsule Capsule(Fn* fn) {
 
 #ifdef JAX_SGL_HAVE_CUDA
 // The lowered call's attribute dictionary (jax_sgl/attention.py _ffi_attrs) as XLA decodes it
-// into AttentionAttrs (attention_ffi.h's XLA_FFI_REGISTER_STRUCT_ATTR_DECODING list).
+// into AttentionAttrs (attention_ffi.h's JAX_SGL_ATTENTION_ATTRS list).
 jax_sgl::AttentionAttrs ToAttentionAttrs(const nb::dict& d) {
 #define JAX_SGL_ATTR_COUNT(T, NAME) +1
   constexpr size_t kCount = 0 JAX_SGL_ATTENTION_ATTRS(JAX_SGL_ATTR_COUNT);

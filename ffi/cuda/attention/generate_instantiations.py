@@ -22,6 +22,7 @@ import json
 import pathlib
 
 HERE = pathlib.Path(__file__).parent
+OUT = HERE / "instantiations"
 TYPES = {"bf16": "bf16_t", "fp16": "f16_t", "e4m3": "f8e4m3_t"}
 
 # What each kind's file instantiates: its header and the header's macro that instantiates one
@@ -85,20 +86,18 @@ def render() -> dict:
 
 def stale() -> list:
   """The files of instantiations/ that differ from render(), are missing, or are left over."""
-  out = HERE / "instantiations"
   files = render()
-  on_disk = {f.name for f in out.iterdir() if f.suffix in (".cu", ".inc")}
-  wrong = [n for n, text in files.items() if n not in on_disk or (out / n).read_text() != text]
+  on_disk = {f.name for f in OUT.iterdir() if f.suffix in (".cu", ".inc")}
+  wrong = [n for n, text in files.items() if n not in on_disk or (OUT / n).read_text() != text]
   return sorted(wrong + list(on_disk - files.keys()))
 
 
 def main() -> None:
-  out = HERE / "instantiations"
-  out.mkdir(exist_ok=True)
-  for old in out.glob("*.cu"):
+  OUT.mkdir(exist_ok=True)
+  for old in OUT.glob("*.cu"):
     old.unlink()
   for name, text in render().items():
-    (out / name).write_text(text)
+    (OUT / name).write_text(text)
 
 
 if __name__ == "__main__":

@@ -523,9 +523,7 @@ cudaError_t LaunchFlashBwd(const FlashBwdArgs& args, cudaStream_t stream) {
 
 }  // namespace jax_sgl::cuda
 
-// One (storage type T, head dim D) of the launchers above, explicitly instantiated by its own
-// generated file in instantiations/ (generate_instantiations.py): one kernel per translation
-// unit, so a build compiles them in parallel.
+// Instantiates one (storage type T, head dim D) of the launchers above (instantiations/).
 #define JAX_SGL_INSTANTIATE_BWD_SM80(T, D)                                      \
   namespace jax_sgl::cuda {                                                     \
   template cudaError_t LaunchFlashBwd<T, D>(const FlashBwdArgs&, cudaStream_t); \

@@ -70,9 +70,7 @@ int FlashDecodeWarpFp8KvCtasPerSm(int stages, DecodeWarpForm form) {
 
 }  // namespace jax_sgl::cuda
 
-// One (storage type T, head dim D) of the launchers above, explicitly instantiated by its own
-// generated file in instantiations/ (generate_instantiations.py): one kernel per translation
-// unit, so a build compiles them in parallel.
+// Instantiates one (storage type T, head dim D) of the launchers above (instantiations/).
 #define JAX_SGL_INSTANTIATE_DECODE(T, D)                                                  \
   namespace jax_sgl::cuda {                                                               \
   template cudaError_t LaunchFlashDecode<T, D>(const FlashDecodeArgs&, cudaStream_t);     \

@@ -475,9 +475,7 @@ int FlashFwdFp8SmemBytes() {
 
 }  // namespace jax_sgl::cuda
 
-// One (storage type T, head dim D) of the launchers above, explicitly instantiated by its own
-// generated file in instantiations/ (generate_instantiations.py): one kernel per translation
-// unit, so a build compiles them in parallel.
+// Instantiates one (storage type T, head dim D) of the launchers above (instantiations/).
 #define JAX_SGL_INSTANTIATE_PREFILL_SM80(T, D)                                              \
   namespace jax_sgl::cuda {                                                                 \
   template cudaError_t LaunchFlashFwd<T, D, false>(const FlashFwdArgs&, int, cudaStream_t); \

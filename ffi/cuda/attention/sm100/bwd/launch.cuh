@@ -113,9 +113,7 @@ cudaError_t LaunchFlashBwdSm100(const FlashBwdArgs& args, float* dq_accum, cudaS
 
 }  // namespace jax_sgl::cuda
 
-// One (storage type T, head dim D) of the launchers above, explicitly instantiated by its own
-// generated file in instantiations/ (generate_instantiations.py): one kernel per translation
-// unit, so a build compiles them in parallel.
+// Instantiates one (storage type T, head dim D) of the launchers above (instantiations/).
 #define JAX_SGL_INSTANTIATE_SM100_BWD(T, D)                                                  \
   namespace jax_sgl::cuda {                                                                  \
   template cudaError_t LaunchFlashBwdSm100<T, D>(const FlashBwdArgs&, float*, cudaStream_t); \

@@ -101,9 +101,7 @@ cudaError_t LaunchFlashBwdSm90(const FlashBwdArgs& args, float* dq_accum, bool d
 
 }  // namespace jax_sgl::cuda
 
-// One (storage type T, head dim D) of the launchers above, explicitly instantiated by its own
-// generated file in instantiations/ (generate_instantiations.py): one kernel per translation
-// unit, so a build compiles them in parallel.
+// Instantiates one (storage type T, head dim D) of the launchers above (instantiations/).
 #define JAX_SGL_INSTANTIATE_SM90_BWD(T, D)              \
   namespace jax_sgl::cuda {                             \
   template cudaError_t LaunchFlashBwdSm90<T, D>(        \
