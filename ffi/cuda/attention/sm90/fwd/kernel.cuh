@@ -101,7 +101,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   if (warpgroup == 0) {
     // ---- Producer ------------------------------------------------------------------------
     cutlass::arch::warpgroup_reg_dealloc<kGather ? Cfg::kGatherProducerRegs : Cfg::kProducerRegs>();
-    if (threadIdx.x >= (kGather || Cfg::kFp8 ? 128 : kPaged ? 32 : 1)) return;
+    if (threadIdx.x >= (kPaged || Cfg::kFp8 ? 128 : 1)) return;
     MainloopLoad<Cfg, kVarlen, kPaged, kGather>{params, scheduler, shared, pipe_k, pipe_v}.Run(
         launch_tile);
   } else {

@@ -4,9 +4,10 @@
 // full/empty mbarriers per stage). Persistent CTAs publish each tile's index next to its Q (and -1
 // at the end), so the consumers follow the producer's order.
 //
-// kPaged: K/V come from a page pool through the page table. The producer is then a whole warp:
-// each lane holds one page-table entry (PageWindow) and loads one TMA box of Cfg::kPageBoxRows
-// keys of a key tile; lane 0 issues Q and arrives on the barriers. Boxes past the keys or behind
+// kPaged: K/V come from a page pool through the page table. The producer is then the whole
+// warpgroup: in each warp, lane i holds one page-table entry (PageWindow) and resolves box i of
+// Cfg::kPageBoxRows keys of a key tile, and warp w issues the boxes i = w mod 4 (a warp's TMA
+// issues run one lane at a time); thread 0 issues Q and arrives on the barriers. Boxes past the keys or behind
 // an entry outside the pool load TMA's zero fill, so no byte outside the pool is read and the
 // ring's byte count is that of a dense tile. kGather (page sizes no TMA box fits: not a multiple
 // of Cfg::kPageBoxRows, a token pool among them): the producer is the whole warpgroup and copies
@@ -144,9 +145,8 @@ struct MainloopLoad {
     if (t == 0) cutlass::arch::ClusterBarrier::arrive(bar);
   }
 
-  // The producer's whole run (one thread; a warp when kPaged; the warpgroup when gathering or
-  // fp8): the launch tile (non-persistent), or the scheduler's tiles until none is left
-  // (persistent).
+  // The producer's whole run (one thread; the warpgroup when paged or fp8): the launch tile
+  // (non-persistent), or the scheduler's tiles until none is left (persistent).
   __device__ __forceinline__ void Run(WorkTile const& launch_tile) {
     // The thread that issues loads and arrives on barriers (PipelineTmaAsync's is_leader).
     const bool leader = !(kPaged || Cfg::kFp8) || threadIdx.x == 0;
@@ -220,7 +220,11 @@ struct MainloopLoad {
         const int from = min(wide ? lane * kWide : lane, 31);
         const int box_page = __shfl_sync(0xffffffffu, page, from);
         const int in_page = __shfl_sync(0xffffffffu, box - entry * params.page_boxes, from);
-        if (lane < (wide ? kBlockN / Cfg::kPageBoxRowsWide : Cfg::kPageBoxes)) {
+        // Each warp issues a quarter of the boxes: the TMA instruction takes its operands from
+        // uniform registers, so the lanes of one warp issuing loads go one after another (an
+        // elected-lane loop in the SASS); four warps issue theirs side by side.
+        const bool mine = lane % 4 == int(threadIdx.x / 32);
+        if (mine && lane < (wide ? kBlockN / Cfg::kPageBoxRowsWide : Cfg::kPageBoxes)) {
           // The box's first 8-row group of the pool (past the pool for a bad entry: TMA's zero
           // fill; pages hold whole groups, tile_size.h).
           const int group = box_page * (params.page_size >> 3) + in_page * (Cfg::kPageBoxRows / 8);
@@ -317,19 +321,15 @@ struct MainloopLoad {
       // zeros), and a final -1 tells the consumers to stop. Item ordinal iter may write Q once
       // the consumers released ordinal iter - 1.
       int iter = 0;
-      // Paged: thread 0 takes the next tile (a counter must be read once) and tells the warp,
-      // or the warpgroup through smem (gather; the second sync keeps the next write behind
-      // every read).
+      // Paged and fp8: thread 0 takes the next tile (a counter must be read once) and tells the
+      // warpgroup through smem (the second sync keeps the next write behind every read).
       auto next = [&](int t) {
         if constexpr (kPaged || Cfg::kFp8) {
-          if constexpr (kGather || Cfg::kFp8) {
-            if (leader) shared.next_tile = scheduler.Next(t);
-            cutlass::arch::NamedBarrier::sync(128, uint32_t(Barrier::kProducer));
-            const int next_t = *reinterpret_cast<volatile int*>(&shared.next_tile);
-            cutlass::arch::NamedBarrier::sync(128, uint32_t(Barrier::kProducer));
-            return next_t;
-          }
-          return __shfl_sync(0xffffffffu, leader ? scheduler.Next(t) : 0, 0);
+          if (leader) shared.next_tile = scheduler.Next(t);
+          cutlass::arch::NamedBarrier::sync(128, uint32_t(Barrier::kProducer));
+          const int next_t = *reinterpret_cast<volatile int*>(&shared.next_tile);
+          cutlass::arch::NamedBarrier::sync(128, uint32_t(Barrier::kProducer));
+          return next_t;
         } else {
           return scheduler.Next(t);
         }
