@@ -8,7 +8,7 @@
 //   LSE, O store).
 // kVarlen: packed q / k / v (cu_seqlens_q / cu_seqlens_k, seqused_k): per-tile sequence geometry,
 // row offsets into the TMA views, O stored row by row. kPaged (with kVarlen): K/V from a page
-// pool through the page table (mainloop_load.cuh; the producer is then a warp), and with
+// pool through the page table (mainloop_load.cuh; the producer is then its warpgroup), and with
 // params.pack > 1 (PackGQA, tile_scheduler.cuh) the tile rows are (q row, head) pairs of the q
 // heads of one kv head: the consumers then load Q and store O row by row. kSoftcap: scores
 // capped before the mask (KernelParams::softcap != 0). Each is its own instantiation, picked per

@@ -7,9 +7,9 @@
 // kPaged: K/V come from a page pool through the page table. The producer is then the whole
 // warpgroup: in each warp, lane i holds one page-table entry (PageWindow) and resolves box i of
 // Cfg::kPageBoxRows keys of a key tile, and warp w issues the boxes i = w mod 4 (a warp's TMA
-// issues run one lane at a time); thread 0 issues Q and arrives on the barriers. Boxes past the keys or behind
-// an entry outside the pool load TMA's zero fill, so no byte outside the pool is read and the
-// ring's byte count is that of a dense tile. kGather (page sizes no TMA box fits: not a multiple
+// issues run one lane at a time); thread 0 issues Q and arrives on the barriers. Boxes past the
+// keys or behind an entry outside the pool load TMA's zero fill, so no byte outside the pool is
+// read and the ring's byte count is that of a dense tile. kGather (page sizes no TMA box fits: not a multiple
 // of Cfg::kPageBoxRows, a token pool among them): the producer is the whole warpgroup and copies
 // the tile row by row with cp.async instead (GatherPages).
 //
