@@ -160,10 +160,10 @@ def test_decode_long_kv_many_splits():
 
 
 @pytest.mark.bigmem
-def test_decode_int64_index_form():
-  """A pool of 2^31+ rows takes the 64-bit-index cp.async form; the pages used lie past 2^31
-  rows. head_dim 8 keeps the two pools at 32 GiB each. The reference runs on a compact copy of
-  the used pages (its int32 row index would overflow on the big pool)."""
+def test_decode_over_a_pool_of_2_31_rows():
+  """A pool of 2^31+ rows takes the block-wide decode kernel's 64-bit rows; the pages used lie
+  past 2^31 rows. head_dim 8 keeps the two pools at 32 GiB each. The reference runs on a compact
+  copy of the used pages (its int32 row index would overflow on the big pool)."""
   # Its 64 GiB starve the other workers of a parallel run (pytest -n: 7 of them failed to
   # allocate on the H200), so it runs only in a run of its own (marked bigmem: gpu_check.sh runs
   # those after the rest, without -n).

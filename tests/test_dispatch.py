@@ -113,10 +113,14 @@ def test_paged_decode_on_pages_no_tma_stage_fits_uses_cp_async(page):
 
 
 def test_decode_over_a_huge_pool_uses_64_bit_rows():
-  # 2^31 rows or more: 32-bit slot indices would wrap (the pool is only a shape here).
+  # 2^31 rows or more: the warp forms' 32-bit slot indices would wrap, so the block kernel's
+  # 64-bit rows take it (the pool is only a shape here); one row fewer stays on the warp form.
   q, _, _, pt, su = _paged(page=16)
   pool = _sds((1 << 27, 16, 8, 128))
-  assert _paged_fwd(HOPPER, q, pool, pool, pt, su, causal=True) == "decode_warp_cp_async_int64"
+  assert _paged_fwd(HOPPER, q, pool, pool, pt, su, causal=True) == "decode_block"
+  assert _paged_fwd(AMPERE, q, pool, pool, pt, su, causal=True) == "decode_block"
+  pool = _sds(((1 << 31) - 1, 1, 8, 128))
+  assert _paged_fwd(AMPERE, q, pool, pool, pt, su, causal=True) == "decode_warp_cp_async"
 
 
 def test_many_packed_decode_rows_take_the_block_kernel():

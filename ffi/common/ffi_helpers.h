@@ -24,13 +24,6 @@ inline bool ToDType(xla::ffi::DataType t, DType* out) {
   }
 }
 
-// The product of a buffer's dimensions from `first` on (row stride of dimension first - 1).
-inline int64_t TrailingSize(ffi::AnyBuffer::Dimensions dims, size_t first) {
-  int64_t n = 1;
-  for (size_t i = first; i < dims.size(); ++i) n *= dims[i];
-  return n;
-}
-
 inline ffi::Error InvalidArgument(const std::string& what) {
   return ffi::Error::InvalidArgument(what);
 }

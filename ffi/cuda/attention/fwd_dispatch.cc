@@ -37,9 +37,8 @@ bool DecodeTmaServes(const AttentionParams& p, int cap, const DeviceInfo& dev) {
 
 // The warp-sliced form of a call: TMA where DecodeTmaServes (paged 0.96-1.00x cuDNN's contiguous
 // decode on the H200 with the 128-byte L2 promotion, against the cp.async form's 0.91-0.93x),
-// else cp.async. Both take 32-bit row indices: pools of 2^31 rows or more run the 64-bit form.
+// else cp.async.
 DecodeWarpForm WarpForm(const AttentionParams& p, int cap, const DeviceInfo& dev) {
-  if (p.total_k >= (int64_t(1) << 31)) return DecodeWarpForm::kCpAsyncInt64;
   return DecodeTmaServes(p, cap, dev) ? DecodeWarpForm::kTma : DecodeWarpForm::kCpAsync;
 }
 
@@ -448,7 +447,10 @@ FwdChoice ChooseFwdKernel(const AttentionParams& p, const DeviceInfo& dev) {
 #endif
   if (decode_shape && CheckSm80Support(p, &c.head_dim_cap) == nullptr) {
     const int64_t rows = int64_t(p.seqlen_q) * (p.num_heads / p.num_kv_heads);
-    if (rows <= kDecodeWarpMmaMaxRows) {
+    // The warp-sliced forms index pool rows in 32 bits (one shuffled word per key,
+    // cp_async_kernel.cuh); pools of 2^31 rows or more (head dims of 32 or less in 32+ GiB) take
+    // the block-wide kernel's 64-bit rows.
+    if (rows <= kDecodeWarpMmaMaxRows && p.total_k < (int64_t(1) << 31)) {
       c.kernel = FwdKernel::kDecodeWarp;
       c.warp_form = WarpForm(p, c.head_dim_cap, dev);
     } else {
@@ -486,7 +488,6 @@ const char* FwdKernelName(const FwdChoice& choice) {
       switch (choice.warp_form) {
         case DecodeWarpForm::kTma: return "decode_warp_tma";
         case DecodeWarpForm::kCpAsync: return "decode_warp_cp_async";
-        case DecodeWarpForm::kCpAsyncInt64: return "decode_warp_cp_async_int64";
         case DecodeWarpForm::kTmaFp8Kv: return "decode_warp_tma_fp8kv";
         case DecodeWarpForm::kCpAsyncFp8Kv: return "decode_warp_cp_async_fp8kv";
       }

@@ -1,8 +1,8 @@
 // Decode attention, warp-sliced mma kernel on cp.async stages with cheap copy addressing: the
 // form for devices without the tensor copy engine's use here (tma_kernel.cuh) and pools of < 2^31
 // rows. Per-warp cp.async rings of 16-key stages, the m16n8k16 chunk on one m16 tile of packed
-// rows, merge of the 4 warps at the end (warp_steps.cuh), with the issue path cut from ~55 (the
-// 64-bit form, cp_async_int64_kernel.cuh) to a few SASS instructions per key:
+// rows, merge of the 4 warps at the end (warp_steps.cuh), with the issue path at a few SASS
+// instructions per key (~55 in a 64-bit-index form, benchmarks/notes/experiments.md):
 //   - the key's source row is resolved once per stage by the lane that owns the key, as a 32-bit
 //     slot index (the host sends only pools of < 2^31 rows here); the copying lanes shuffle that
 //     one word and make the address with one IMAD.WIDE.U32 per tensor (slot x row stride + the
@@ -245,7 +245,7 @@ __global__ void __launch_bounds__(kDecodeWarpThreads, CpAsyncMinCtasPerSm(kD, kF
           lane);
     } else {
       scoring.Apply(sc, key0, valid, lane, blk_max);
-      decode_warp_mma::SoftmaxPv<T, kD, true>(sc, blk_max, m_run, l_run, o, sv, lane);
+      decode_warp_mma::SoftmaxPv<T, kD>(sc, blk_max, m_run, l_run, o, sv, lane);
     }
   }
   asm volatile("cp.async.wait_group 0;\n" ::: "memory");

@@ -9,8 +9,8 @@
 // sm80 kernel uses, merged by LaunchSplitCombine.
 //
 // Calls of at most kDecodeWarpMmaMaxRows packed rows run the warp-sliced forms instead
-// (warp_launch.cuh): the TMA form where it serves, else the cp.async form, and the 64-bit-index
-// cp.async form for pools of 2^31 rows or more.
+// (warp_launch.cuh): the TMA form where it serves, else the cp.async form; both index pool rows
+// in 32 bits, so pools of 2^31 rows or more stay here.
 #pragma once
 
 #include <cuda_runtime_api.h>

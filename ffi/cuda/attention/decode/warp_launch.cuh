@@ -6,7 +6,6 @@
 #pragma once
 
 #include "ffi/cuda/attention/decode/block_kernel.cuh"
-#include "ffi/cuda/attention/decode/cp_async_int64_kernel.cuh"
 #include "ffi/cuda/attention/decode/cp_async_kernel.cuh"
 #include "ffi/cuda/attention/decode/tma_kernel.cuh"
 
@@ -23,8 +22,6 @@ cudaError_t LaunchFlashDecodeWarp(const FlashDecodeArgs& args, cudaStream_t stre
       return cudaErrorInvalidValue;
     case DecodeWarpForm::kCpAsync:
       return decode_cp_async::Launch<T, kHeadDim>(args, stream);
-    case DecodeWarpForm::kCpAsyncInt64:
-      return decode_int64::Launch<T, kHeadDim>(args, stream);
     case DecodeWarpForm::kTmaFp8Kv:  // LaunchFlashDecodeWarpFp8Kv's
     case DecodeWarpForm::kCpAsyncFp8Kv:
       return cudaErrorInvalidValue;
@@ -41,8 +38,6 @@ int FlashDecodeWarpCtasPerSm(int stages, DecodeWarpForm form) {
       return 1;
     case DecodeWarpForm::kCpAsync:
       return decode_cp_async::CtasPerSm<T, kHeadDim>(stages);
-    case DecodeWarpForm::kCpAsyncInt64:
-      return decode_int64::CtasPerSm<T, kHeadDim>(stages);
     case DecodeWarpForm::kTmaFp8Kv:  // FlashDecodeWarpFp8KvCtasPerSm's
     case DecodeWarpForm::kCpAsyncFp8Kv:
       return 1;

@@ -1,9 +1,9 @@
-// The parts the warp-sliced mma decode kernels share (cp_async_int64_kernel.cuh,
-// cp_async_kernel.cuh and tma_kernel.cuh; they differ in how they stream K/V into shared memory): the split of the keys into per-warp stages, the q tile and its fragments,
-// the scoring and masking of a 16-key stage, its online-softmax update and P V, the end where each
-// warp's (m, l, o) of the same 16 packed rows over its own slice of the keys merge through shared
-// memory and the CTA writes the rows' output and LSE (or its split's float32 partials), and the
-// launch and occupancy query.
+// The parts the warp-sliced mma decode kernels share (cp_async_kernel.cuh and tma_kernel.cuh;
+// they differ in how they stream K/V into shared memory): the split of the keys into per-warp
+// stages, the q tile and its fragments, the scoring and masking of a 16-key stage, its
+// online-softmax update and P V, the end where each warp's (m, l, o) of the same 16 packed rows
+// over its own slice of the keys merge through shared memory and the CTA writes the rows' output
+// and LSE (or its split's float32 partials), and the launch and occupancy query.
 #pragma once
 
 #include "ffi/cuda/attention/decode/block_kernel.cuh"
@@ -203,13 +203,13 @@ struct StageScoring : flash::RowScores {
   }
 };
 
-// SoftmaxPvAt over a V tile `sv` of DecodeStride(kD)-element rows.
-template <typename T, int kD, bool kSkipSettled>
+// SoftmaxPvAt over a V tile `sv` of DecodeStride(kD)-element rows, skipping settled rescales.
+template <typename T, int kD>
 __device__ __forceinline__ void SoftmaxPv(float (&sc)[2][4], const float (&blk_max)[2],
                                           float (&m_run)[2], float (&l_run)[2],
                                           float (&o)[kD / 8][4], const T* sv, int lane) {
   constexpr int kStride = DecodeStride(kD);
-  decode::SoftmaxPvAt<T, kD, kSkipSettled>(
+  decode::SoftmaxPvAt<T, kD, true>(
       sc, blk_max, m_run, l_run, o,
       [sv](int row, int col) -> const void* { return sv + row * kStride + col; }, lane);
 }
