@@ -16,17 +16,21 @@ CASE is <what>-<impl>: what in fwd4k, fwd4kc, fwd8k, fwdbwd4k, fwdbwd4kc (causal
 decode32kc; impl in jax_sgl, cudnn. Shapes are the benchmarks' (bench_attention.py,
 bench_attention_bwd.py): B*S = 32k, H=16, D=128, bf16; decode B=64, 32/8 heads, KV 32k in
 16-key pages (decode32kc: jax_sgl on the contiguous K/V, as cuDNN reads them in both decode
-cases).
+cases). Chunked prefill over the paged pool (bench_attention_paged.py's B=8 x 1024 new tokens
+after 4k of history, shuffled pages): what in paged16, paged64 (the page size); impl jax_sgl
+(paged), contig (jax_sgl on the same keys made contiguous) or fa3 (FlashAttention-3 on the pool).
 """
 
 from __future__ import annotations
 
 import csv
+import pathlib
 import re
 import sys
 
-CASES = ("fwd4k", "fwd4kc", "fwd8k", "fwdbwd4k", "fwdbwd4kc", "decode32k", "decode32kc")
-IMPLS = ("jax_sgl", "cudnn")
+CASES = ("fwd4k", "fwd4kc", "fwd8k", "fwdbwd4k", "fwdbwd4kc", "decode32k", "decode32kc",
+         "paged16", "paged64")
+IMPLS = ("jax_sgl", "cudnn", "contig", "fa3")
 
 # (column, ncu metric name): the columns of the summary, from the sections that
 # tools/ncu_attention.sh asks for.
@@ -63,6 +67,16 @@ def case_fn(case):
   assert what in CASES and impl in IMPLS, case
   keys = jax.random.split(jax.random.PRNGKey(0), 4)
   normal = lambda k, shape: jax.random.normal(k, shape, jnp.float32).astype(jnp.bfloat16)
+  if what.startswith("paged"):
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
+    import bench_attention_paged as bench
+    w = bench.Workload(what, np.full(8, 1024), np.full(8, 4096 + 1024), int(what[5:]), False)
+    k_pool, v_pool, table = bench.paged_pool(w, np.random.default_rng(0), keys[1])
+    q = normal(keys[0], (8, 1024, bench.H, bench.D))
+    runs, _ = bench.candidates(w, q, k_pool, v_pool, table, jnp.asarray(w.kv, jnp.int32),
+                               bench.gather(k_pool, table, w), bench.gather(v_pool, table, w))
+    fn, args, _ = runs[{"jax_sgl": "paged", "contig": "contiguous"}.get(impl, impl)]
+    return fn, args
   if what.startswith("decode32k"):
     b, s, h, hkv, d, page = 64, 32768, 32, 8, 128, 16
     q = normal(keys[0], (b, 1, h, d))
