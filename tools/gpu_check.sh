@@ -22,8 +22,8 @@
 #   GPU_CHECK_TESTS_TIMEOUT  seconds after which the tests stop and the rest of the check goes on;
 #                       the summary then counts what ran (default 0: no limit)
 #   JAX_SGL_TEST_SHARD  i/n: only the i-th of n fixed shards of the tests (tests/conftest.py); the
-#                       whole suite (tests/ -n 16, ~9 min on an H100) runs as 0/2 and 1/2 in two
-#                       device calls of at most 10 minutes
+#                       whole suite (tests/ -n 16) runs as 1/2, 0/4 and 2/4 in three device calls
+#                       (262, 200 and 92 s of tests on an H100, 2026-12-05; 0/2 alone took > 400)
 #   GPU_CHECK_SANITIZE  test files to run under compute-sanitizer memcheck (default: none)
 #   GPU_CHECK_SANITIZE_K  pytest -k expression for the sanitizer run (default: all)
 #   GPU_CHECK_SANITIZE_TIMEOUT  seconds before the sanitizer run is stopped (default 900)
