@@ -107,10 +107,11 @@ def _same_math(q, k, v, *, causal=False, window=(-1, -1), softcap=0.0, sinks=Non
   """The kernel's precision on the dequantized problem: float32 scores and softmax, P (relative to
   the row max) rounded to e4m3, float32 P V, O rounded to bf16. The error scale of the rule."""
   f32 = lambda x: np.asarray(x, np.float32)
+  # P rounds through NumPy (ml_dtypes' e4m3, the same round-to-nearest-even as XLA's): it runs
+  # once per (row, head), where a jnp conversion's dispatch made this 10x the oracle's time.
   out = naive_attention(f32(q), f32(k), f32(v), causal=causal, window=window, softcap=softcap,
-                        sinks=sinks, p_round=lambda p: np.asarray(
-                            jnp.asarray(p, jnp.float32).astype(E4M3).astype(jnp.float32),
-                            np.float64), **arrays)
+                        sinks=sinks, p_round=lambda p: np.asarray(p, np.float32).astype(
+                            E4M3).astype(np.float64), **arrays)
   return np.asarray(jnp.asarray(out, jnp.float32).astype(jnp.bfloat16).astype(jnp.float32))
 
 
