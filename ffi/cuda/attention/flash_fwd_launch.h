@@ -52,9 +52,9 @@ inline bool HeadDimBuilt(int d) {
     default: return false;
   }
 }
-// The warp-sliced decode kernels' form (decode/warp_launch.cuh): TMA stages (sm_90+), cp.async
-// stages with 32-bit slot indices, or with 64-bit row indices for pools of 2^31 rows or more; or
-// TMA / cp.async stages of an fp8 (e4m3) KV cache under bf16/fp16 q (the only fp8-KV forms).
+// The warp-sliced decode kernels' form (decode/warp_launch.cuh): TMA stages (sm_90+) or cp.async
+// stages with 32-bit slot indices; or TMA / cp.async stages of an fp8 (e4m3) KV cache under
+// bf16/fp16 q (the only fp8-KV forms).
 enum class DecodeWarpForm { kTma, kCpAsync, kTmaFp8Kv, kCpAsyncFp8Kv };
 // The forms that read an fp8 KV cache (their own launcher, LaunchFlashDecodeWarpFp8Kv).
 inline bool IsFp8KvForm(DecodeWarpForm form) {

@@ -101,9 +101,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   if (warpgroup == 0) {
     // ---- Producer ------------------------------------------------------------------------
     cutlass::arch::warpgroup_reg_dealloc<kGather ? Cfg::kGatherProducerRegs : Cfg::kProducerRegs>();
-    if (threadIdx.x >= (kPaged || Cfg::kFp8 ? 128 : 1)) return;
-    MainloopLoad<Cfg, kVarlen, kPaged, kGather>{params, scheduler, shared, pipe_k, pipe_v}.Run(
-        launch_tile);
+    using Load = MainloopLoad<Cfg, kVarlen, kPaged, kGather>;
+    if (threadIdx.x >= Load::kThreads) return;
+    Load{params, scheduler, shared, pipe_k, pipe_v}.Run(launch_tile);
   } else {
     // ---- Consumers -----------------------------------------------------------------------
     cutlass::arch::warpgroup_reg_alloc<kGather ? Cfg::kGatherConsumerRegs : Cfg::kConsumerRegs>();

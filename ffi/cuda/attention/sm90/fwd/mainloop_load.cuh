@@ -9,9 +9,9 @@
 // Cfg::kPageBoxRows keys of a key tile, and warp w issues the boxes i = w mod 4 (a warp's TMA
 // issues run one lane at a time); thread 0 issues Q and arrives on the barriers. Boxes past the
 // keys or behind an entry outside the pool load TMA's zero fill, so no byte outside the pool is
-// read and the ring's byte count is that of a dense tile. kGather (page sizes no TMA box fits: not a multiple
-// of Cfg::kPageBoxRows, a token pool among them): the producer is the whole warpgroup and copies
-// the tile row by row with cp.async instead (GatherPages).
+// read and the ring's byte count is that of a dense tile. kGather (page sizes no TMA box fits:
+// not a multiple of Cfg::kPageBoxRows, a token pool among them): the producer is the whole
+// warpgroup and copies the tile row by row with cp.async instead (GatherPages).
 //
 // fp8 (Cfg::kFp8, dense and varlen): the producer is the whole warpgroup. Thread 0 issues each
 // V tile's TMA load with its K (into the `v` staging ring, behind its own v_staged barrier), and
@@ -50,6 +50,9 @@ struct MainloopLoad {
   static_assert(!kPaged || kVarlen, "paged K/V is a varlen geometry");
   static_assert(!kGather || kPaged, "the gather loads pages");
   static_assert(!Cfg::kFp8 || !kPaged, "fp8 K/V load dense or varlen (paged: not yet)");
+  // Producer threads: the warpgroup when paged (page boxes, gather) or fp8 (V transpose), else
+  // one thread issuing every TMA.
+  static constexpr int kThreads = kPaged || Cfg::kFp8 ? 128 : 1;
 
   KernelParams<Cfg> const& params;
   Scheduler const& scheduler;
@@ -149,7 +152,7 @@ struct MainloopLoad {
   // (non-persistent), or the scheduler's tiles until none is left (persistent).
   __device__ __forceinline__ void Run(WorkTile const& launch_tile) {
     // The thread that issues loads and arrives on barriers (PipelineTmaAsync's is_leader).
-    const bool leader = !(kPaged || Cfg::kFp8) || threadIdx.x == 0;
+    const bool leader = kThreads == 1 || threadIdx.x == 0;
     Tensor sQ = make_tensor(make_smem_ptr(shared.q.data()), typename Cfg::SmemLayoutQ{});
     Tensor sK = make_tensor(make_smem_ptr(shared.k.data()), typename Cfg::SmemLayoutKV{});
     Tensor sV = make_tensor(make_smem_ptr(shared.v.data()), typename Cfg::SmemLayoutKV{});
@@ -324,7 +327,7 @@ struct MainloopLoad {
       // Paged and fp8: thread 0 takes the next tile (a counter must be read once) and tells the
       // warpgroup through smem (the second sync keeps the next write behind every read).
       auto next = [&](int t) {
-        if constexpr (kPaged || Cfg::kFp8) {
+        if constexpr (kThreads > 1) {
           if (leader) shared.next_tile = scheduler.Next(t);
           cutlass::arch::NamedBarrier::sync(128, uint32_t(Barrier::kProducer));
           const int next_t = *reinterpret_cast<volatile int*>(&shared.next_tile);
