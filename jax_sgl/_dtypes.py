@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import jax.numpy as jnp
-import numpy as np
 
 FLOAT_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
 FP8_DTYPES = (jnp.dtype(jnp.float8_e4m3fn), jnp.dtype(jnp.float8_e5m2))
@@ -20,7 +19,3 @@ def names(dtypes) -> str:
 
 def is_fp8(dtype) -> bool:
   return jnp.dtype(dtype) in FP8_DTYPES
-
-
-def dtype_of(x) -> np.dtype:
-  return jnp.dtype(x.dtype)

@@ -114,11 +114,6 @@ def sm90_bwd_built(head_dim: int, dtype) -> bool:
   return _sm90_built("sm90_bwd", head_dim, dtype)
 
 
-def sm90_fwd_built(head_dim: int, dtype) -> bool:
-  """Whether this build holds the sm90 forward for exactly (head_dim, dtype)."""
-  return _sm90_built("sm90_fwd", head_dim, dtype)
-
-
 def local_cuda_devices_are_hopper() -> bool:
   """Whether this process has CUDA devices and all of them are compute capability 9.0."""
   try:

@@ -13,7 +13,8 @@ limits each (benchmarks/notes/NOTES_*.md). Three modes:
                                                with their top reasons
 
 CASE is <what>-<impl>: what in fwd4k, fwd4kc, fwd8k, fwdbwd4k, fwdbwd4kc (causal), decode32k,
-decode32kc; impl in jax_sgl, cudnn. Shapes are the benchmarks' (bench_attention.py,
+decode32kc; impl in jax_sgl, cudnn, and for the fwd / fwdbwd cases fa3 (FlashAttention-3
+through flash-attn3-jax, benchmarks/fa3.py). Shapes are the benchmarks' (bench_attention.py,
 bench_attention_bwd.py): B*S = 32k, H=16, D=128, bf16; decode B=64, 32/8 heads, KV 32k in
 16-key pages (decode32kc: jax_sgl on the contiguous K/V, as cuDNN reads them in both decode
 cases). Chunked prefill over the paged pool (bench_attention_paged.py's B=8 x 1024 new tokens
@@ -98,6 +99,11 @@ def case_fn(case):
   q, k, v = (normal(keys[i], (b, s, h, d)) for i in range(3))
   if impl == "jax_sgl":
     attn = lambda q, k, v: jax_sgl.attention(q, k, v, causal=causal)
+  elif impl == "fa3":
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
+    import fa3
+    assert fa3.load() is not None, "flash-attn3-jax is not importable"
+    attn = fa3.dense_attention(causal)
   else:
     attn = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=causal,
                                                         implementation="cudnn")

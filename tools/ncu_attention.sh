@@ -4,7 +4,9 @@
 # Writes one CSV per case into $OUT/ncu/ as each case finishes (a call cut short by its time limit
 # keeps the cases done) and prints each case's per-kernel summary as it goes.
 #   NCU_CASES   cases to profile (default: every <what>-<impl> of the script)
-#   NCU_KERNEL  kernel-name regex (default Flash|sdpa|cudnn: the attention kernels), e.g.
+#   NCU_KERNEL  regex over demangled kernel names, template arguments included (default
+#               Flash|sdpa|cudnn: the attention kernels; FA3's are cutlass::device_kernel<
+#               flash::FlashAttn...>), e.g.
 #               FlashBwd|sdpa|cudnn to skip our forward in a fwdbwd case
 #   NCU_SOURCE  1: instead, sample warp stalls per SASS instruction (SourceCounters) of the first
 #               kernel matching NCU_KERNEL in each case, and write the source page as
@@ -23,7 +25,7 @@ for c in $cases; do
     # One launch is enough: the sampler sees every warp of the kernel's ~4k CTAs.
     ncu --clock-control none --profile-from-start off --set none --section SourceCounters \
         --section WarpStateStats --launch-count 1 -f -o "$dir/$c" \
-        --kernel-name "regex:${NCU_KERNEL:-Flash|sdpa|cudnn}" \
+        --kernel-name-base demangled --kernel-name "regex:${NCU_KERNEL:-Flash|sdpa|cudnn}" \
         "$PY" "$REPO/tools/ncu_attention.py" run "$c" > "$dir/$c.log" 2>&1 \
       || echo "ncu $c failed: $(tail -2 "$dir/$c.log")"
     ncu --import "$dir/$c.ncu-rep" --page source --csv --print-source sass \
@@ -43,7 +45,7 @@ for c in $cases; do
       --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats \
       --section InstructionStats \
       --metrics "regex:^(smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio|sm__pipe_tensor_op.*_cycles_active\.avg\.pct_of_peak_sustained_active|lts__t_(sectors|requests)_srcunit_(tex|ltcfabric)_op_read(_lookup_hit|_lookup_miss)?\.sum|dram__sectors_read\.sum)$" \
-      --kernel-name "regex:${NCU_KERNEL:-Flash|sdpa|cudnn}" \
+      --kernel-name-base demangled --kernel-name "regex:${NCU_KERNEL:-Flash|sdpa|cudnn}" \
       "$PY" "$REPO/tools/ncu_attention.py" run "$c" > "$dir/$c.csv" 2> "$dir/$c.err" \
     || echo "ncu $c failed: $(tail -2 "$dir/$c.err")"
   "$PY" "$REPO/tools/ncu_attention.py" summary "$dir/$c.csv"
