@@ -74,6 +74,11 @@ const char* CheckSm80Support(const AttentionParams& p, int* cap) {
   return nullptr;
 }
 
+// Whether the warp-sliced decode forms can index every K/V row: they keep pool rows in 32 bits
+// (one shuffled word per key, cp_async_kernel.cuh); pools of 2^31 rows or more (head dims of 32
+// or less in 32+ GiB) take the block-wide kernel's 64-bit rows.
+bool WarpDecodeRowsFit(const AttentionParams& p) { return p.total_k < (int64_t(1) << 31); }
+
 // Whether the fp8-KV decode (the warp forms over e4m3 K/V, decode/fp8_kv_operands.cuh) takes the
 // call; sets the head-dim capacity. The fp8-KV call shapes it leaves (more q rows, other head
 // dims, float32 q) go to the portable kernel's fp8 form (CheckPortableFp8), or are refused there.
@@ -96,7 +101,7 @@ const char* CheckFp8KvDecode(const AttentionParams& p, const DeviceInfo& dev, in
            "(JAX_SGL_ATTN_DISABLE_HDIM*)";
   // 16-byte copies (the tensor maps' byte strides, cp.async's sources); 32-bit row indices.
   if (p.k_head_stride % 16 || p.k_row_stride % 16 || p.v_head_stride % 16 ||
-      p.v_row_stride % 16 || p.total_k >= (int64_t(1) << 31))
+      p.v_row_stride % 16 || !WarpDecodeRowsFit(p))
     return "jax_sgl.attention: the CUDA fp8 KV-cache decode needs K/V rows and heads at 16-byte "
            "strides and fewer than 2^31 rows";
   if (dev.cc_major < 8)
@@ -447,10 +452,7 @@ FwdChoice ChooseFwdKernel(const AttentionParams& p, const DeviceInfo& dev) {
 #endif
   if (decode_shape && CheckSm80Support(p, &c.head_dim_cap) == nullptr) {
     const int64_t rows = int64_t(p.seqlen_q) * (p.num_heads / p.num_kv_heads);
-    // The warp-sliced forms index pool rows in 32 bits (one shuffled word per key,
-    // cp_async_kernel.cuh); pools of 2^31 rows or more (head dims of 32 or less in 32+ GiB) take
-    // the block-wide kernel's 64-bit rows.
-    if (rows <= kDecodeWarpMmaMaxRows && p.total_k < (int64_t(1) << 31)) {
+    if (rows <= kDecodeWarpMmaMaxRows && WarpDecodeRowsFit(p)) {
       c.kernel = FwdKernel::kDecodeWarp;
       c.warp_form = WarpForm(p, c.head_dim_cap, dev);
     } else {
