@@ -18,8 +18,9 @@ through flash-attn3-jax, benchmarks/fa3.py). Shapes are the benchmarks' (bench_a
 bench_attention_bwd.py): B*S = 32k, H=16, D=128, bf16; decode B=64, 32/8 heads, KV 32k in
 16-key pages (decode32kc: jax_sgl on the contiguous K/V, as cuDNN reads them in both decode
 cases). Chunked prefill over the paged pool (bench_attention_paged.py's B=8 x 1024 new tokens
-after 4k of history, shuffled pages): what in paged16, paged64 (the page size); impl jax_sgl
-(paged), contig (jax_sgl on the same keys made contiguous) or fa3 (FlashAttention-3 on the pool).
+after 4k of history, shuffled pages): what in paged1, paged16, paged64 (the page size; 1 is the
+token pool, which the sm90 kernel's cp.async gather loads); impl jax_sgl (paged), contig (jax_sgl
+on the same keys made contiguous) or fa3 (FlashAttention-3 on the pool).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import re
 import sys
 
 CASES = ("fwd4k", "fwd4kc", "fwd8k", "fwdbwd4k", "fwdbwd4kc", "decode32k", "decode32kc",
-         "paged16", "paged64")
+         "paged1", "paged16", "paged64")
 IMPLS = ("jax_sgl", "cudnn", "contig", "fa3")
 
 # (column, ncu metric name): the columns of the summary, from the sections that
