@@ -65,12 +65,12 @@ def case_fn(case):
 
   import jax_sgl
 
+  sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
   what, impl = case.rsplit("-", 1)
   assert what in CASES and impl in IMPLS, case
   keys = jax.random.split(jax.random.PRNGKey(0), 4)
   normal = lambda k, shape: jax.random.normal(k, shape, jnp.float32).astype(jnp.bfloat16)
   if what.startswith("paged"):
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
     import bench_attention_paged as bench
     w = bench.Workload(what, np.full(8, 1024), np.full(8, 4096 + 1024), int(what[5:]), False)
     k_pool, v_pool, table = bench.paged_pool(w, np.random.default_rng(0), keys[1])
@@ -101,7 +101,6 @@ def case_fn(case):
   if impl == "jax_sgl":
     attn = lambda q, k, v: jax_sgl.attention(q, k, v, causal=causal)
   elif impl == "fa3":
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
     import fa3
     assert fa3.load() is not None, "flash-attn3-jax is not importable"
     attn = fa3.dense_attention(causal)
