@@ -177,10 +177,10 @@ struct FlashConfig {
     // gather, bit j of word j / 32 for key j. Written before the stage's full barrier is arrived
     // on, read before the stage is released.
     uint32_t page_holes[kStages][kHoleWords];
-    // Paged gather (mainloop_load.cuh GatherPages): the pool row of each key of the last three
-    // K tiles, or -1 (zeros); the V load of the same tile reads it again. And the producer
-    // warps' next tile.
-    int gather_rows[3][kBlockN];
+    // Paged gather (mainloop_load.cuh GatherPages): the address of each key's K row and V row
+    // of the last three K tiles, or null (zeros); the V load of the same tile reads the V ones.
+    // And the producer warps' next tile.
+    const Element* gather_src[3][2][kBlockN];
     int next_tile;
   };
   static_assert(sizeof(SharedStorage) <= kSmemLimit);
