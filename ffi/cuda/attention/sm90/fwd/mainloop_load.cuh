@@ -93,9 +93,10 @@ struct MainloopLoad {
   // Why addresses, not pool rows: each row is copied by kThreadsPerRow threads, and with rows
   // every one of them formed row * row_stride in 64 bits for each 16-byte copy (23 SASS
   // instructions a copy; ncu, H100, page 1: 833 M instructions against FA3's 365 M and 423 M
-  // for the same kernel's TMA boxes at pages of 16). Three slots, by K load count: the K load
-  // after that V load writes another slot, and the one after it only once every thread has
-  // passed the producer barrier of the first, i.e. has finished that V load.
+  // for the same kernel's TMA boxes at pages of 16). hd256 keeps pool rows (no smem for
+  // addresses; two copies a row and thread share each product). Three slots, by K load count:
+  // the K load after that V load writes another slot, and the one after it only once every
+  // thread has passed the producer barrier of the first, i.e. has finished that V load.
   template <typename SKV>
   __device__ __forceinline__ void GatherPages(WorkTile const& w, SKV const& sKV, int kv,
                                               uint64_t* bar, int n, int stage, uint32_t k_load,
@@ -109,7 +110,8 @@ struct MainloopLoad {
     static_assert(sizeof(E) == 2, "128-byte swizzle rows of 64 elements");
     const int t = int(threadIdx.x);
     const int64_t kv_head = scheduler.KvHead(w);
-    const E* const* src_rows = shared.gather_src[k_load % 3][kv];
+    constexpr bool kAddresses = Cfg::kGatherAddresses;
+    auto const& table = shared.gather_src[k_load % 3][kAddresses ? kv : 0];
     if (write_rows) {
       const E* k_head = params.k_pool + kv_head * params.k_head_stride;
       const E* v_head = params.v_pool + kv_head * params.v_head_stride;
@@ -124,10 +126,14 @@ struct MainloopLoad {
             row = page * params.page_size + (key - entry * params.page_size);
         }
         if (r < kBlockN) {
-          shared.gather_src[k_load % 3][0][r] = row >= 0 ? k_head + row * params.k_row_stride
-                                                         : nullptr;
-          shared.gather_src[k_load % 3][1][r] = row >= 0 ? v_head + row * params.v_row_stride
-                                                         : nullptr;
+          if constexpr (kAddresses) {
+            shared.gather_src[k_load % 3][0][r] =
+                row >= 0 ? k_head + row * params.k_row_stride : nullptr;
+            shared.gather_src[k_load % 3][1][r] =
+                row >= 0 ? v_head + row * params.v_row_stride : nullptr;
+          } else {
+            shared.gather_src[k_load % 3][0][r] = row;
+          }
         }
         const uint32_t bad = __ballot_sync(0xffffffffu, row < 0);
         if (t % 32 == 0 && r < kBlockN)
@@ -143,15 +149,26 @@ struct MainloopLoad {
     const int chunk = t % kThreadsPerRow;
     const uint32_t smem = cute::cast_smem_ptr_to_uint(&sKV(t / kThreadsPerRow, 8 * chunk, stage));
     const E* fallback = kv ? params.v_pool : params.k_pool;
+    [[maybe_unused]] const E* head =
+        fallback + kv_head * (kv ? params.v_head_stride : params.k_head_stride);
+    [[maybe_unused]] const int64_t row_stride = kv ? params.v_row_stride : params.k_row_stride;
 #pragma unroll 2
     for (int j = 0; j < kBlockN / kRowsPerPass; ++j) {
-      const E* row = src_rows[t / kThreadsPerRow + kRowsPerPass * j];
-      const E* src = (row != nullptr ? row : fallback) + 8 * chunk;
+      const auto entry = table[t / kThreadsPerRow + kRowsPerPass * j];
+      bool live;
+      const E* src;
+      if constexpr (kAddresses) {
+        live = entry != nullptr;
+        src = (live ? entry : fallback) + 8 * chunk;
+      } else {
+        live = entry >= 0;
+        src = head + max(entry, 0) * row_stride + 8 * chunk;
+      }
 #pragma unroll
       for (int k = 0; k < kPerRow; ++k)
         asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(
                          smem + j * (kRowsPerPass * 128) + k * 2 * (kBlockN * 128)),
-                     "l"(src + 128 * k), "r"(row != nullptr ? 16 : 0)
+                     "l"(src + 128 * k), "r"(live ? 16 : 0)
                      : "memory");
     }
     asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(
