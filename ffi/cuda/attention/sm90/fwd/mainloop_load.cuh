@@ -86,26 +86,35 @@ struct MainloopLoad {
   // Paged gather: key tile n of this sequence into stage `stage` of sKV by the 128 producer
   // threads, one 16-byte cp.async per (row, chunk), completing on the stage's full barrier
   // (initialized for 128 asynchronous arrivals + the leader's, kernel.cuh). A K load
-  // (write_rows) first resolves each key's pool row through the page table, one key per thread,
-  // into its slot of shared.gather_rows (-1: past the keys or a bad entry, loaded as zeros) and
-  // the stage's per-key hole words; the V load of the same tile, one K load later, reads the
-  // rows back. Three slots, by K load count: the K load after that V load writes another slot,
-  // and the one after it only once every thread has passed the producer barrier of the first,
-  // i.e. has finished that V load.
+  // (write_rows) first resolves each key through the page table, one key per thread, and
+  // publishes the address of its K row and of its V row (of this kv head) in its slot of
+  // shared.gather_src (null: past the keys or a bad entry, loaded as zeros), and the stage's
+  // per-key hole words; the V load of the same tile, one K load later, reads the V addresses.
+  // Why addresses, not pool rows: each row is copied by kThreadsPerRow threads, and with rows
+  // every one of them formed row * row_stride in 64 bits for each 16-byte copy (23 SASS
+  // instructions a copy; ncu, H100, page 1: 833 M instructions against FA3's 365 M and 423 M
+  // for the same kernel's TMA boxes at pages of 16). hd256 keeps pool rows (no smem for
+  // addresses; two copies a row and thread share each product). Three slots, by K load count:
+  // the K load after that V load writes another slot, and the one after it only once every
+  // thread has passed the producer barrier of the first, i.e. has finished that V load.
   template <typename SKV>
-  __device__ __forceinline__ void GatherPages(WorkTile const& w, SKV const& sKV,
-                                              const Element_t<Cfg>* pool, int64_t row_stride,
-                                              int64_t head_stride, uint64_t* bar, int n,
-                                              int stage, uint32_t k_load, bool write_rows) const {
+  __device__ __forceinline__ void GatherPages(WorkTile const& w, SKV const& sKV, int kv,
+                                              uint64_t* bar, int n, int stage, uint32_t k_load,
+                                              bool write_rows) const {
+    using E = Element_t<Cfg>;
     constexpr int kChunks = Cfg::kHeadDim / 8;                  // 16-byte chunks per row
     constexpr int kThreadsPerRow = kChunks < 16 ? kChunks : 16;  // 8 rows per pass from hd128
     constexpr int kPerRow = kChunks / kThreadsPerRow;            // chunks per thread and row
     constexpr int kRowsPerPass = 128 / kThreadsPerRow;           // a multiple of 8
     static_assert(kRowsPerPass % 8 == 0 && Cfg::kBlockN % kRowsPerPass == 0);
-    static_assert(sizeof(Element_t<Cfg>) == 2, "128-byte swizzle rows of 64 elements");
+    static_assert(sizeof(E) == 2, "128-byte swizzle rows of 64 elements");
     const int t = int(threadIdx.x);
-    int* rows = shared.gather_rows[k_load % 3];
+    const int64_t kv_head = scheduler.KvHead(w);
+    constexpr bool kAddresses = Cfg::kGatherAddresses;
+    auto const& table = shared.gather_src[k_load % 3][kAddresses ? kv : 0];
     if (write_rows) {
+      const E* k_head = params.k_pool + kv_head * params.k_head_stride;
+      const E* v_head = params.v_pool + kv_head * params.v_head_stride;
 #pragma unroll 1
       for (int r0 = 0; r0 < kBlockN; r0 += 128) {
         const int r = r0 + t, key = n * kBlockN + r;
@@ -116,7 +125,16 @@ struct MainloopLoad {
           if (page >= 0 && page < params.num_pages)
             row = page * params.page_size + (key - entry * params.page_size);
         }
-        if (r < kBlockN) rows[r] = row;
+        if (r < kBlockN) {
+          if constexpr (kAddresses) {
+            shared.gather_src[k_load % 3][0][r] =
+                row >= 0 ? k_head + row * params.k_row_stride : nullptr;
+            shared.gather_src[k_load % 3][1][r] =
+                row >= 0 ? v_head + row * params.v_row_stride : nullptr;
+          } else {
+            shared.gather_src[k_load % 3][0][r] = row;
+          }
+        }
         const uint32_t bad = __ballot_sync(0xffffffffu, row < 0);
         if (t % 32 == 0 && r < kBlockN)
           *reinterpret_cast<volatile uint32_t*>(&shared.page_holes[stage][r / 32]) = bad;
@@ -126,19 +144,31 @@ struct MainloopLoad {
     // Thread t copies chunks c and c + 16, c + 32, ... (kPerRow of them) of rows t / kThreadsPerRow
     // + kRowsPerPass j: every row it copies has the same row % 8, so under the 128-byte swizzle
     // (16-byte chunk index ^ row % 8) its smem address moves by 128 bytes a row, and a chunk 16 to
-    // the right is two 64-column blocks of the tile further. The producer has 24 registers.
+    // the right is two 64-column blocks of the tile further. A hole copies 0 bytes (zero fill)
+    // from a valid address (the pool's first row).
     const int chunk = t % kThreadsPerRow;
     const uint32_t smem = cute::cast_smem_ptr_to_uint(&sKV(t / kThreadsPerRow, 8 * chunk, stage));
-    const Element_t<Cfg>* head = pool + scheduler.KvHead(w) * head_stride + 8 * chunk;
-#pragma unroll 1
+    const E* fallback = kv ? params.v_pool : params.k_pool;
+    [[maybe_unused]] const E* head =
+        fallback + kv_head * (kv ? params.v_head_stride : params.k_head_stride);
+    [[maybe_unused]] const int64_t row_stride = kv ? params.v_row_stride : params.k_row_stride;
+#pragma unroll 2
     for (int j = 0; j < kBlockN / kRowsPerPass; ++j) {
-      const int row = rows[t / kThreadsPerRow + kRowsPerPass * j];
-      const Element_t<Cfg>* src = head + max(row, 0) * row_stride;
+      const auto entry = table[t / kThreadsPerRow + kRowsPerPass * j];
+      bool live;
+      const E* src;
+      if constexpr (kAddresses) {
+        live = entry != nullptr;
+        src = (live ? entry : fallback) + 8 * chunk;
+      } else {
+        live = entry >= 0;
+        src = head + max(entry, 0) * row_stride + 8 * chunk;
+      }
 #pragma unroll
       for (int k = 0; k < kPerRow; ++k)
         asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(
                          smem + j * (kRowsPerPass * 128) + k * 2 * (kBlockN * 128)),
-                     "l"(src + 128 * k), "r"(row >= 0 ? 16 : 0)
+                     "l"(src + 128 * k), "r"(live ? 16 : 0)
                      : "memory");
     }
     asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(
@@ -241,9 +271,8 @@ struct MainloopLoad {
         pipe_k.producer_acquire(write_k);
         if constexpr (kPaged) {
           if constexpr (kGather)
-            GatherPages(w, sK, params.k_pool, params.k_row_stride, params.k_head_stride,
-                        pipe_k.producer_get_barrier(write_k), n,
-                        write_k.index(), k_loads - 1, true);
+            GatherPages(w, sK, 0, pipe_k.producer_get_barrier(write_k), n, write_k.index(),
+                        k_loads - 1, true);
           else
             load_pages(params.k_page_map, shared.k.data(), win_k,
                        pipe_k.producer_get_barrier(write_k), n, write_k.index(),
@@ -285,9 +314,8 @@ struct MainloopLoad {
         if constexpr (kPaged) {
           // V of tile n: the K load of tile n was `behind` K loads ago, into this stage index.
           if constexpr (kGather)
-            GatherPages(w, sV, params.v_pool, params.v_row_stride, params.v_head_stride,
-                        pipe_v.producer_get_barrier(write_v), n,
-                        write_v.index(), k_loads - behind, false);
+            GatherPages(w, sV, 1, pipe_v.producer_get_barrier(write_v), n, write_v.index(),
+                        k_loads - behind, false);
           else
             load_pages(params.v_page_map, shared.v.data(), win_v,
                        pipe_v.producer_get_barrier(write_v), n, write_v.index(), nullptr);
