@@ -172,22 +172,25 @@ __device__ __forceinline__ void TransposeV(uint32_t v_smem, uint32_t vt_smem, in
   const Map map(t);
   const uint32_t v_stage = v_smem + Map::LoadStage(stage);
   const uint32_t vt_stage = vt_smem + Map::StoreStage(stage);
-  const uint32_t v_base = v_stage + map.load_base, vt_base = vt_stage + map.store_base;
-  // Each address is formed inside the asm (base XOR the block's constant): the compiler would
-  // otherwise hoist all 2 x kPerThread of them out of the producer's tile loop and spill.
+  // Each address is the ring stage's address + (the lane's offset XOR the block's constant),
+  // formed inside the asm: the compiler would otherwise hoist all 2 x kPerThread of them out of
+  // the producer's tile loop and spill. The XOR applies to the offset within the stage only: on
+  // the whole address it flips bits of the ring's own address (the first GPU run of this
+  // transpose, XORing v_smem + offset, read and wrote other bytes: every fp8 test failed).
 #pragma unroll
   for (int it = 0; it < Map::kPerThread; ++it) {
     uint32_t d[4], w[4];
     asm volatile(
-        "{\n .reg .b32 a;\n xor.b32 a, %4, %5;\n"
+        "{\n .reg .b32 a;\n xor.b32 a, %4, %5;\n add.u32 a, a, %6;\n"
         " ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [a];\n}\n"
         : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
-        : "r"(v_base), "r"(Map::LoadConstant(it)));
+        : "r"(map.load_base), "r"(Map::LoadConstant(it)), "r"(v_stage));
     TransposeBlock(d, map.sel_even, map.sel_odd, w);
     asm volatile(
-        "{\n .reg .b32 a;\n xor.b32 a, %0, %1;\n"
-        " stmatrix.sync.aligned.m8n8.x4.shared.b16 [a], {%2, %3, %4, %5};\n}\n"
-        ::"r"(vt_base), "r"(Map::StoreConstant(it)), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3]));
+        "{\n .reg .b32 a;\n xor.b32 a, %0, %1;\n add.u32 a, a, %2;\n"
+        " stmatrix.sync.aligned.m8n8.x4.shared.b16 [a], {%3, %4, %5, %6};\n}\n"
+        ::"r"(map.store_base), "r"(Map::StoreConstant(it)), "r"(vt_stage), "r"(w[0]), "r"(w[1]),
+        "r"(w[2]), "r"(w[3]));
   }
 }
 
