@@ -78,7 +78,9 @@ struct FlashConfig {
   // Registers per thread after setmaxnreg: producers give theirs to the consumers.
   // (24 + 2 * 240) * 128 = 64512 <= 65536, the register file of one SM. fp8 producers keep 32 and
   // the consumers 232 ((32 + 2 * 232) * 128 = 63488): the V transpose (fp8.cuh TransposeV) spilled
-  // 12 bytes in 24 at hd128 with 128-key tiles, none in 32 at any fp8 shape.
+  // 12 bytes in 24 at hd128 with 128-key tiles. With the ring addresses added after the XOR,
+  // hd128 spills 24 bytes in 32 and in 40 alike, outside the transpose (two words of the tile
+  // loop's state; the LDSM / PRMT / STSM blocks keep to registers).
   static constexpr int kProducerRegs = kFp8 ? 32 : 24;
   static constexpr int kConsumerRegs = kFp8 ? 232 : 240;
   // The paged gather (cp.async rows: pages that are not whole TMA boxes) at hd <= 128: its 128
