@@ -1,8 +1,9 @@
 // Replays the Hopper e4m3 forward's V transpose (ffi/cuda/attention/sm90/fwd/fp8.cuh
-// Fp8TransposeMap + TransposeBlock4x4, the code TransposeV runs) on the host for every fp8 head
-// dim and both ring stages: every V^T byte must be V(Fp8KeyOfColumn(k), d) of the same stage,
-// written exactly once, and every load / store offset 4-byte aligned inside its ring. Prints, per
-// shape, the worst smem bank conflict of a warp's 32-bit access (1: conflict-free).
+// Fp8TransposeMap + TransposeBlock, the code TransposeV runs) on the host for every fp8 head dim
+// and ring stage, with models of ldmatrix.x4.trans and stmatrix.x4 (b16): every V^T byte must be
+// V(Fp8KeyOfColumn(k), d) of the same stage, written exactly once, every matrix row 16-byte
+// aligned inside its ring. Prints, per shape, the worst smem bank conflict of one matrix's eight
+// 16-byte rows (1: conflict-free).
 //   nvcc -std=c++17 --expt-relaxed-constexpr -I. -isystem build/cutlass \
 //     -DCUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED=1 -o /tmp/check_fp8_transpose \
 //     tools/check_fp8_transpose.cu && /tmp/check_fp8_transpose
@@ -12,6 +13,23 @@
 #include "ffi/cuda/attention/sm90/fwd/fp8.cuh"
 
 namespace sm90 = jax_sgl::cuda::sm90;
+
+// The most rows of one matrix (eight 16-byte rows) that share a 4-byte bank at distinct words.
+int WorstBank(const uint32_t (&rows)[8]) {
+  int worst = 0;
+  for (int bank = 0; bank < 32; ++bank) {
+    std::vector<uint32_t> words;
+    for (uint32_t row : rows)
+      for (uint32_t w = row / 4; w < row / 4 + 4; ++w)
+        if (w % 32 == uint32_t(bank)) {
+          bool seen = false;
+          for (uint32_t x : words) seen |= x == w;
+          if (!seen) words.push_back(w);
+        }
+    worst = int(words.size()) > worst ? int(words.size()) : worst;
+  }
+  return worst;
+}
 
 template <int kHeadDim>
 bool Check() {
@@ -30,37 +48,49 @@ bool Check() {
       for (int d = 0; d < kD; ++d) v[int(LayoutV{}(key, d, stage))] = key * kD + d + 1;
     for (int warp = 0; warp < 4; ++warp) {
       for (int it = 0; it < Map::kPerThread; ++it) {
-        uint32_t r[32][4], w[32][4];
-        for (int i = 0; i < 4; ++i) {
-          int banks[32] = {};
-          for (int lane = 0; lane < 32; ++lane) {
-            const Map map(32 * warp + lane, stage);
-            const uint32_t off = map.Load(it, i);
-            if (off % 4 != 0 || int(off) + 4 > v_size) { ok = false; continue; }
-            ++banks[off / 4 % 32];
-            // Byte labels 4 i + b: which load and which of its bytes (TransposeBlock4x4 moves
-            // bytes, so the labels come out where the bytes go).
-            r[lane][i] = (4 * i) | (4 * i + 1) << 8 | (4 * i + 2) << 16 | (4 * i + 3) << 24;
-          }
-          for (int b : banks) worst_load = b > worst_load ? b : worst_load;
+        // ldmatrix: lane 8 m + row names row `row` of matrix m.
+        uint32_t load_row[4][8], store_row[4][8];
+        for (int lane = 0; lane < 32; ++lane) {
+          const Map map(32 * warp + lane);
+          load_row[lane / 8][lane % 8] = Map::LoadStage(stage) + map.Load(it);
+          store_row[lane / 8][lane % 8] = Map::StoreStage(stage) + map.Store(it);
         }
-        for (int lane = 0; lane < 32; ++lane)
-          sm90::TransposeBlock4x4(r[lane], Map(32 * warp + lane, stage).LoadSwap(),
-                                  Map(32 * warp + lane, stage).Swap(), w[lane]);
-        for (int j = 0; j < 4; ++j) {
-          int banks[32] = {};
-          for (int lane = 0; lane < 32; ++lane) {
-            const Map map(32 * warp + lane, stage);
-            const uint32_t off = map.Store(it, j);
-            if (off % 4 != 0 || int(off) + 4 > vt_size) { ok = false; continue; }
-            ++banks[off / 4 % 32];
-            for (int b = 0; b < 4; ++b) {
-              const int label = (w[lane][j] >> (8 * b)) & 0xff, i = label / 4, c = label % 4;
-              vt[off + b] = v[map.Load(it, i) + c];
-              ++writes[off + b];
-            }
+        for (int m = 0; m < 4; ++m) {
+          for (int row = 0; row < 8; ++row) {
+            if (load_row[m][row] % 16 || int(load_row[m][row]) + 16 > v_size) ok = false;
+            if (store_row[m][row] % 16 || int(store_row[m][row]) + 16 > vt_size) ok = false;
           }
-          for (int bk : banks) worst_store = bk > worst_store ? bk : worst_store;
+          const int lw = WorstBank(load_row[m]), sw = WorstBank(store_row[m]);
+          worst_load = lw > worst_load ? lw : worst_load;
+          worst_store = sw > worst_store ? sw : worst_store;
+        }
+        if (!ok) {
+          std::printf("hd%d: a matrix row outside its ring or not 16-byte aligned\n", kHeadDim);
+          return false;
+        }
+        for (int lane = 0; lane < 32; ++lane) {
+          const Map map(32 * warp + lane);
+          const int r = lane / 4, c = lane % 4;
+          // .trans: lane (r, c) gets of matrix m the b16 elements (2c, r) and (2c + 1, r), i.e.
+          // bytes 2r, 2r + 1 of rows 2c and 2c + 1. Labels 4 m + b name them; TransposeBlock moves
+          // labels as it moves bytes.
+          int src[16];
+          uint32_t d[4], w[4];
+          for (int m = 0; m < 4; ++m) {
+            d[m] = (4 * m) | (4 * m + 1) << 8 | (4 * m + 2) << 16 | (4 * m + 3) << 24;
+            src[4 * m + 0] = v[load_row[m][2 * c] + 2 * r];
+            src[4 * m + 1] = v[load_row[m][2 * c] + 2 * r + 1];
+            src[4 * m + 2] = v[load_row[m][2 * c + 1] + 2 * r];
+            src[4 * m + 3] = v[load_row[m][2 * c + 1] + 2 * r + 1];
+          }
+          sm90::TransposeBlock(d, map.sel_even, map.sel_odd, w);
+          // stmatrix: register i of lane (r, c) -> bytes 4c .. 4c + 3 of row r of matrix i.
+          for (int i = 0; i < 4; ++i)
+            for (int b = 0; b < 4; ++b) {
+              const int off = int(store_row[i][r]) + 4 * c + b;
+              vt[off] = src[(w[i] >> (8 * b)) & 0xff];
+              ++writes[off];
+            }
         }
       }
     }
@@ -75,9 +105,8 @@ bool Check() {
         }
       }
   }
-  std::printf("hd%d, %d-key tiles (%s map): %s; worst bank conflict: loads %d-way, stores %d-way\n",
-              kHeadDim, kN, Map::kMapped ? "bank" : "plain", ok ? "ok" : "WRONG", worst_load,
-              worst_store);
+  std::printf("hd%d, %d-key tiles: %s; worst bank conflict: ldmatrix %d-way, stmatrix %d-way\n",
+              kHeadDim, kN, ok ? "ok" : "WRONG", worst_load, worst_store);
   return ok;
 }
 

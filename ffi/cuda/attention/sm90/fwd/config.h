@@ -76,16 +76,13 @@ struct FlashConfig {
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static constexpr int kHoleWords = (kBlockN + 31) / 32;  // paged gather: one hole bit per key
   // Registers per thread after setmaxnreg: producers give theirs to the consumers.
-  // (24 + 2 * 240) * 128 = 64512 <= 65536, the register file of one SM. fp8 hd128 with 128-key
-  // tiles and two stages too: the producer's V transpose on XOR-constant smem offsets (fp8.cuh
-  // Fp8TransposeMap) fits 24 without spills. Other fp8 producers keep 32 and the consumers 232
-  // ((32 + 2 * 232) * 128 = 63488): in 24, hd64's transpose spilled 32-36 bytes (in plain
-  // order; its bank map uses 27 registers), 192-key tiles' (two base offsets) 12, three stages'
-  // ring arithmetic (count % 3) 16 (tile_size.h kFp8Hd128Keys, kFp8Hd128Stages).
-  static constexpr bool kFp8WideProducer =
-      kFp8 && !(kHeadDim == 128 && kBlockN == 128 && kStages == 2);
-  static constexpr int kProducerRegs = kFp8WideProducer ? 32 : 24;
-  static constexpr int kConsumerRegs = kFp8WideProducer ? 232 : 240;
+  // (24 + 2 * 240) * 128 = 64512 <= 65536, the register file of one SM. fp8 producers keep 32 and
+  // the consumers 232 ((32 + 2 * 232) * 128 = 63488): the V transpose (fp8.cuh TransposeV) spilled
+  // 12 bytes in 24 at hd128 with 128-key tiles. With the ring addresses added after the XOR,
+  // hd128 spills 24 bytes in 32 and in 40 alike, outside the transpose (two words of the tile
+  // loop's state; the LDSM / PRMT / STSM blocks keep to registers).
+  static constexpr int kProducerRegs = kFp8 ? 32 : 24;
+  static constexpr int kConsumerRegs = kFp8 ? 232 : 240;
   // The paged gather (cp.async rows: pages that are not whole TMA boxes) at hd <= 128: its 128
   // producer threads spilled in the copy loop with 24 (ncu: 1.6 M local-memory requests missing
   // L1); 40 leaves ptxas no spill at hd64 / hd128 and the consumers fit 232. Measured against 24

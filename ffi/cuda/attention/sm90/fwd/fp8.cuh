@@ -28,7 +28,7 @@ __host__ __device__ constexpr int Fp8KeyOfColumn(int k) {
 }
 
 // The two users of the order agree with it: AccToAFp8 puts accumulator column 8 (v / 2) + 2 c +
-// v % 2 at A column 4 c + v; TransposeV reads keys 2 kb + {0, 1, 8, 9} for V^T columns 4 kb + i.
+// v % 2 at A column 4 c + v; TransposeV gives V^T columns 4 c + {0..3} keys 2 c + {0, 1, 8, 9}.
 constexpr bool Fp8KeyOrderConsistent() {
   for (int k = 0; k < 16; ++k) {
     const int c = k / 4, v = k % 4;
@@ -76,116 +76,76 @@ __device__ __forceinline__ auto AccToAFp8(Acc const& acc) {
   return a;
 }
 
-// First key of V^T's 4-column block kb (Fp8KeyOfColumn(4 kb)); its +1, +8, +9 follow. A bit
-// placement (kb bits 0, 1 -> key bits 1, 2; kb bits 2.. -> key bits 4..), so it commutes with
-// XOR: Fp8KeyOfBlock(a ^ b) == Fp8KeyOfBlock(a) ^ Fp8KeyOfBlock(b).
-__host__ __device__ constexpr uint32_t Fp8KeyOfBlock(uint32_t kb) {
-  return 16 * (kb >> 2) + 2 * (kb & 3);
-}
-
-// TransposeV's share of thread t (of the 128 producer threads): block `it` (< kPerThread) is
-// the 4 x 4 bytes V(Fp8KeyOfBlock(kb) + {0, 1, 8, 9}, 4 db + {0..3}) -> V^T(4 db + {0..3},
-// 4 kb + {0..3}), as byte offsets into the `v` / `vt` rings (their CuTe layouts). Load i reads
-// V row key + KeyStep(i ^ LoadSwap()), store j writes V^T row 4 db + (j ^ Swap()).
-// __host__ too: tools/check_fp8_transpose.cu replays the map on the host against the layouts
-// and counts the smem banks of every warp access.
-// Three shapes have a lane -> block map under which a warp's 32 loads, and its 32 stores, each
-// fall in 32 distinct banks (bank bits from the swizzles: 128-byte, 16-byte chunk ^= row % 8;
-// 64-byte, chunk ^= (row / 2) % 4; r: the row a lane's access hits):
-// - hd128, 128 keys (V and V^T rows of 128 bytes): load (db0, db1, db2 ^ r0, db3 ^ kb0,
-//   db4 ^ kb1), store (kb0, kb1, kb2 ^ r0, kb3 ^ r1, kb4 ^ db0), one-to-one in the lane under
-//   db = (l0, l1, l2, l3 ^ l2, l4 ^ l3), kb = (l2, l3, l4, l0, l1 ^ l0).
-// - hd128, 192 keys (V^T rows of 192 bytes, 64-byte atoms): store (kb0, kb1, kb2 ^ r1,
-//   kb3 ^ db0, r0), row bit 0 a bank bit: db = lane, kb = (l1, l2, l3, l0 ^ l4), Swap() = l0.
-// - hd64, 128 keys (V rows of 64 bytes, 64-byte atoms): load (db0, db1, db2 ^ kb0, db3 ^ kb1,
-//   r0), row bit 0 a bank bit: db = lane % 16, kb = (l0, l1, l2, l3, l4 ^ l0), LoadSwap() = l4.
-// Each lane's db is fixed, and its key blocks kb_t ^ c run over all 32 (192 keys: and 32 + the
-// 16 of (kb_t mod 16) ^ c') as c = kLow warp + it (c' = 4 warp + it - 8) over the warps and
-// steps (hd64: the two lanes of a db split them by kb bit 4). Both layouts are XOR-linear in
-// the (row, column) bits a step changes (powers of two under a swizzle), so each offset is the
-// thread's base offset (one for the first 32 key blocks, one for the rest) XOR a constant of
-// `it` and i / j: one LOP3 an address once the loop is unrolled, where evaluating the swizzled
-// layout per access cost ~10. Other shapes go in plain order, their offsets from the layouts.
+// The V transpose of the producer warpgroup (TransposeV): V^T(d, k, stage) = V(Fp8KeyOfColumn(k),
+// d, stage), one block of 16 keys x 32 head-dim bytes per step of a warp, in three instructions
+// of shared-memory traffic per lane and block:
+// - ldmatrix.x4.trans (b16) reads the block as four matrices of 8 keys x 16 bytes (matrix m:
+//   keys + 8 (m & 1), bytes + 16 (m >> 1)); lane (r, c) = (lane / 4, lane % 4) receives of each
+//   the b16 pairs of keys 2c and 2c + 1 at dims 2r, 2r + 1 (bytes: key 2c dim 2r, key 2c dim
+//   2r + 1, key 2c + 1 dim 2r, key 2c + 1 dim 2r + 1);
+// - byte permutes of the key +0 / +8 matrices' registers (0x6420 / 0x7531) give, for dim 2r and
+//   for dim 2r + 1, the keys 2c + {0, 1, 8, 9}: V^T columns 4c + {0..3} in Fp8KeyOfColumn's
+//   order, so P (AccToAFp8) needs no lane exchange;
+// - stmatrix.x4 writes those words as 16-byte V^T rows, lane l naming row l % 8 of matrix
+//   l / 8. Lanes 16-31 (r >= 4) swap their dim 2r / 2r + 1 words (the permute selectors are
+//   per lane), so each matrix's 8 rows are dims of 8 distinct residues mod 8: under the 128- and
+//   64-byte swizzles that puts them in 8 distinct 16-byte bank groups (dims of one parity met
+//   2-way conflicts). ldmatrix's 8 rows are 8 consecutive keys: conflict-free likewise.
+// Block `it` of warp w is key block 4 (it % kKeySteps) + w and dim block it / kKeySteps, so
+// the lane's coordinates and the block's occupy distinct bits of each coordinate; both layouts
+// are linear over those bits (swizzles are XORs of offset bits), so each address is the lane's
+// base offset XOR a constant of `it`: one LOP3 once the loop is unrolled. __host__ too:
+// tools/check_fp8_transpose.cu replays it (with models of the two instructions) against the
+// layouts and counts the banks of every matrix access.
 template <typename Cfg>
 struct Fp8TransposeMap {
   using LayoutV = typename Cfg::SmemLayoutKV;      // [keys, head dim, stage], bytes
   using LayoutVt = typename Cfg::SmemLayoutVtFp8;  // [head dim, keys, stage], bytes
-  static constexpr int kKeyBlocks = Cfg::kBlockN / 4, kDimBlocks = Cfg::kHeadDim / 4;
-  static constexpr int kPerThread = kKeyBlocks * kDimBlocks / 128;
-  static_assert(kKeyBlocks * kDimBlocks % 128 == 0 && Cfg::kBlockN % 16 == 0);
-  static constexpr bool kWide = kDimBlocks == 32 && kKeyBlocks == 48;   // hd128, 192 keys
-  static constexpr bool kNarrow = kDimBlocks == 16 && kKeyBlocks == 32;  // hd64, 128 keys
-  static constexpr bool kMapped = (kDimBlocks == 32 && kKeyBlocks == 32) || kWide || kNarrow;
-  static constexpr int kLow = kNarrow ? 4 : 8;  // mapped: steps over the first 32 key blocks
-  // Row of load i past the block's first key: 0, 1, 8, 9.
-  __host__ __device__ static constexpr uint32_t KeyStep(int i) { return (i & 1) | (i & 2) << 2; }
-
-  uint32_t kb0, db0;       // mapped: step 0's block of this thread; plain: kb0 is the thread
-  uint32_t load0, store0;  // mapped: step 0's offsets (load 0, store 0)
-  uint32_t load8, store8;  // mapped, 192 keys: step 8's (the first past the 32 key blocks)
-  uint32_t swap;           // mapped, 192 keys: lane bit 0
-  uint32_t load_swap;      // mapped, hd64: lane bit 4
-  int stage;
-
-  __host__ __device__ Fp8TransposeMap(int t, int stage_) : stage(stage_) {
-    if constexpr (kMapped) {
-      const uint32_t l = uint32_t(t) % 32, warp = uint32_t(t) / 32;
-      const uint32_t l0 = l & 1, l1 = (l >> 1) & 1, l2 = (l >> 2) & 1, l3 = (l >> 3) & 1,
-                     l4 = l >> 4;
-      uint32_t kb_lane;
-      load_swap = 0;
-      if constexpr (kWide) {
-        db0 = l;
-        kb_lane = l1 | l2 << 1 | l3 << 2 | (l0 ^ l4) << 3;
-        swap = l0;
-      } else if constexpr (kNarrow) {
-        db0 = l % 16;
-        kb_lane = l % 16 | (l4 ^ l0) << 4;
-        swap = 0;
-        load_swap = l4;
-      } else {
-        db0 = l0 | l1 << 1 | l2 << 2 | (l3 ^ l2) << 3 | (l4 ^ l3) << 4;
-        kb_lane = l2 | l3 << 1 | l4 << 2 | l0 << 3 | (l1 ^ l0) << 4;
-        swap = 0;
-      }
-      kb0 = kb_lane ^ (warp * kLow);
-      load0 = uint32_t(LayoutV{}(int(Fp8KeyOfBlock(kb0) ^ KeyStep(int(load_swap))),
-                                 int(4 * db0), stage));
-      store0 = uint32_t(LayoutVt{}(int(4 * db0 + swap), int(4 * kb0), stage));
-      const uint32_t kb8 = 32 + ((kb_lane % 16) ^ (warp * 4));
-      load8 = kWide ? uint32_t(LayoutV{}(int(Fp8KeyOfBlock(kb8)), int(4 * db0), stage)) : 0;
-      store8 = kWide ? uint32_t(LayoutVt{}(int(4 * db0 + swap), int(4 * kb8), stage)) : 0;
-    } else {
-      kb0 = uint32_t(t);
-      db0 = load0 = store0 = load8 = store8 = swap = load_swap = 0;
-    }
+  static constexpr int kKeyBlocks = Cfg::kBlockN / 16, kDimBlocks = Cfg::kHeadDim / 32;
+  static_assert(kKeyBlocks % 4 == 0 && Cfg::kHeadDim % 32 == 0, "whole blocks per warp");
+  static constexpr int kKeySteps = kKeyBlocks / 4;
+  static constexpr int kPerThread = kKeySteps * kDimBlocks;  // blocks per warp
+  __host__ __device__ static constexpr int Key0(int it) { return 64 * (it % kKeySteps); }
+  __host__ __device__ static constexpr int Dim0(int it) { return 32 * (it / kKeySteps); }
+  // ldmatrix / stmatrix row l % 8 of matrix l / 8 of this lane: V's key and byte, V^T's dim.
+  __host__ __device__ static constexpr int LoadKey(int lane, int warp) {
+    return 16 * warp + (lane & 7) + 8 * ((lane >> 3) & 1);
   }
-  __host__ __device__ uint32_t Swap() const { return swap; }
-  __host__ __device__ uint32_t LoadSwap() const { return load_swap; }
-  __host__ __device__ uint32_t Load(int it, int i) const {
-    if constexpr (kMapped) {
-      const uint32_t c = uint32_t(it < kLow ? it : it - kLow);
-      return (it < kLow ? load0 : load8) ^
-             uint32_t(LayoutV{}(int(Fp8KeyOfBlock(c) ^ KeyStep(i)), 0, 0));
-    } else {
-      const uint32_t b = kb0 + 128 * uint32_t(it), kb = b % kKeyBlocks, db = b / kKeyBlocks;
-      return uint32_t(LayoutV{}(int(Fp8KeyOfBlock(kb) + KeyStep(i)), int(4 * db), stage));
-    }
+  __host__ __device__ static constexpr int LoadDim(int lane) { return 16 * (lane >> 4); }
+  __host__ __device__ static constexpr int StoreDim(int lane) {
+    const int m = lane >> 3, row = lane & 7;
+    return 16 * (m >> 1) + 2 * row + ((m & 1) ^ (row >> 2));
   }
-  __host__ __device__ uint32_t Store(int it, int j) const {
-    if constexpr (kMapped) {
-      const uint32_t c = uint32_t(it < kLow ? it : it - kLow);
-      return (it < kLow ? store0 : store8) ^ uint32_t(LayoutVt{}(j, int(4 * c), 0));
-    } else {
-      const uint32_t b = kb0 + 128 * uint32_t(it), kb = b % kKeyBlocks, db = b / kKeyBlocks;
-      return uint32_t(LayoutVt{}(int(4 * db) + j, int(4 * kb), stage));
-    }
+
+  uint32_t load_base, store_base;  // offsets in the rings' stage 0
+  uint32_t sel_even, sel_odd;      // byte_perm selectors of the stmatrix registers 0, 2 / 1, 3
+
+  __host__ __device__ explicit Fp8TransposeMap(int t) {
+    const int lane = t % 32, warp = t / 32;
+    load_base = uint32_t(LayoutV{}(LoadKey(lane, warp), LoadDim(lane), 0));
+    store_base = uint32_t(LayoutVt{}(StoreDim(lane), 16 * warp, 0));
+    sel_even = lane < 16 ? 0x6420u : 0x7531u;  // dim 2r, or 2r + 1 swapped
+    sel_odd = lane < 16 ? 0x7531u : 0x6420u;
+  }
+  __host__ __device__ static constexpr uint32_t LoadConstant(int it) {
+    return uint32_t(LayoutV{}(Key0(it), Dim0(it), 0));
+  }
+  __host__ __device__ static constexpr uint32_t StoreConstant(int it) {
+    return uint32_t(LayoutVt{}(Dim0(it), Key0(it), 0));
+  }
+  __host__ __device__ uint32_t Load(int it) const { return load_base ^ LoadConstant(it); }
+  __host__ __device__ uint32_t Store(int it) const { return store_base ^ StoreConstant(it); }
+  // The stage offsets, added to the rings' addresses once (a stage is the layouts' last mode).
+  __host__ __device__ static uint32_t LoadStage(int stage) {
+    return uint32_t(LayoutV{}(0, 0, stage));
+  }
+  __host__ __device__ static uint32_t StoreStage(int stage) {
+    return uint32_t(LayoutVt{}(0, 0, stage));
   }
 };
 
-// The 4 x 4 byte transpose of one block: r[i] holds V row key + Fp8TransposeMap::KeyStep(i ^
-// load_swap) (4 head-dim bytes); word j of the result is V^T row 4 db + (j ^ swap) (4 key bytes,
-// in Fp8KeyOfColumn's order). BytePerm: __byte_perm, spelled out for the host replay.
+// The stmatrix registers of one block from its four ldmatrix registers (matrices: keys +0 / +8
+// x bytes +0 / +16). BytePerm: __byte_perm, spelled out for the host replay.
 __host__ __device__ inline uint32_t BytePerm(uint32_t a, uint32_t b, uint32_t s) {
 #if defined(__CUDA_ARCH__)
   return __byte_perm(a, b, s);
@@ -196,45 +156,41 @@ __host__ __device__ inline uint32_t BytePerm(uint32_t a, uint32_t b, uint32_t s)
   return r;
 #endif
 }
-__host__ __device__ inline void TransposeBlock4x4(const uint32_t (&r)[4], uint32_t load_swap,
-                                                  uint32_t swap, uint32_t (&w)[4]) {
-  // r[i] holds key + KeyStep(i ^ load_swap): with load_swap the operands of each pair come
-  // swapped, and so do the selectors' operand halves (nibble ^ 4).
-  const uint32_t lo = load_swap ? 0x1504 : 0x5140, hi = load_swap ? 0x3726 : 0x7362;
-  // 0x5410 takes the low halves of the (lo, hi) pairs (rows 4 db + 0 and + 2), 0x7632 the high
-  // halves (rows + 1 and + 3); swap exchanges them.
-  const uint32_t even = swap ? 0x7632 : 0x5410, odd = swap ? 0x5410 : 0x7632;
-  const uint32_t lo01 = BytePerm(r[0], r[1], lo), lo23 = BytePerm(r[2], r[3], lo);
-  const uint32_t hi01 = BytePerm(r[0], r[1], hi), hi23 = BytePerm(r[2], r[3], hi);
-  w[0] = BytePerm(lo01, lo23, even);
-  w[1] = BytePerm(lo01, lo23, odd);
-  w[2] = BytePerm(hi01, hi23, even);
-  w[3] = BytePerm(hi01, hi23, odd);
+__host__ __device__ inline void TransposeBlock(const uint32_t (&d)[4], uint32_t sel_even,
+                                               uint32_t sel_odd, uint32_t (&w)[4]) {
+  w[0] = BytePerm(d[0], d[1], sel_even);
+  w[1] = BytePerm(d[0], d[1], sel_odd);
+  w[2] = BytePerm(d[2], d[3], sel_even);
+  w[3] = BytePerm(d[2], d[3], sel_odd);
 }
 
-// V^T of one staged V tile: Vt(d, k, stage) = V(Fp8KeyOfColumn(k), d, stage), by the 128
-// threads of the producer warpgroup (Fp8TransposeMap's blocks: four 32-bit loads, eight byte
-// permutes, four 32-bit stores each); the caller fences and signals. v_smem / vt_smem: the `v`
-// and `vt` rings as shared-window addresses, so that the accesses are LDS / STS on 32-bit
-// offsets: through CuTe's swizzled smem pointers they compiled to generic LD.E / ST.E with the
-// swizzle applied to 64-bit addresses (107 instructions a block against 32 now, SASS).
+// V^T of one staged V tile by the 128 threads of the producer warpgroup (Fp8TransposeMap); the
+// caller fences and signals. v_smem / vt_smem: the `v` and `vt` rings as shared-window addresses.
 template <typename Cfg>
 __device__ __forceinline__ void TransposeV(uint32_t v_smem, uint32_t vt_smem, int stage, int t) {
   using Map = Fp8TransposeMap<Cfg>;
-  const Map map(t, stage);
-  // Unrolled, the mapped offsets are constants; the plain form (hd256) stays rolled: its
-  // offsets come from the layouts per access either way, and unrolled (hd64's before its map)
-  // it spilled the producer.
-#pragma unroll(Map::kMapped ? Map::kPerThread : 1)
+  const Map map(t);
+  const uint32_t v_stage = v_smem + Map::LoadStage(stage);
+  const uint32_t vt_stage = vt_smem + Map::StoreStage(stage);
+  // Each address is the ring stage's address + (the lane's offset XOR the block's constant),
+  // formed inside the asm: the compiler would otherwise hoist all 2 x kPerThread of them out of
+  // the producer's tile loop and spill. The XOR applies to the offset within the stage only: on
+  // the whole address it flips bits of the ring's own address (the first GPU run of this
+  // transpose, XORing v_smem + offset, read and wrote other bytes: every fp8 test failed).
+#pragma unroll
   for (int it = 0; it < Map::kPerThread; ++it) {
-    uint32_t r[4], w[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-      asm volatile("ld.shared.b32 %0, [%1];" : "=r"(r[i]) : "r"(v_smem + map.Load(it, i)));
-    TransposeBlock4x4(r, map.LoadSwap(), map.Swap(), w);
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-      asm volatile("st.shared.b32 [%0], %1;" ::"r"(vt_smem + map.Store(it, j)), "r"(w[j]));
+    uint32_t d[4], w[4];
+    asm volatile(
+        "{\n .reg .b32 a;\n xor.b32 a, %4, %5;\n add.u32 a, a, %6;\n"
+        " ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [a];\n}\n"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+        : "r"(map.load_base), "r"(Map::LoadConstant(it)), "r"(v_stage));
+    TransposeBlock(d, map.sel_even, map.sel_odd, w);
+    asm volatile(
+        "{\n .reg .b32 a;\n xor.b32 a, %0, %1;\n add.u32 a, a, %2;\n"
+        " stmatrix.sync.aligned.m8n8.x4.shared.b16 [a], {%3, %4, %5, %6};\n}\n"
+        ::"r"(map.store_base), "r"(Map::StoreConstant(it)), "r"(vt_stage), "r"(w[0]), "r"(w[1]),
+        "r"(w[2]), "r"(w[3]));
   }
 }
 

@@ -61,23 +61,21 @@ constexpr FwdTileSize FwdTile(int head_dim) {
 // was made (2026-12-05) but its timing run found no device time; the 192-key tile below holds
 // two only.
 inline constexpr int kFp8Hd128Stages = 2;
-// fp8 hd128 keys per tile, 128 or 192 (the two with a bank-conflict-free transpose map, fp8.cuh
-// Fp8TransposeMap): 192 amortizes each step's fixed work (O rescale, row max shuffles, barriers,
-// wgmma descriptors: ~130 of a step's 469 instructions at 128) over 1.5x the keys, as FA3's wider
-// fp8 tiles do (128 x 224 at hd128); smem holds it with two stages (Q 16 + 2 x 3 x 24 + O 32 =
-// 192 KiB). H100, same session, bench_attention_fp8.py at S 4k (B*S 32k, 16 heads): 742 / 637
-// TFLOP/s full / causal against 708 / 624 for 128 keys (+4.8% / +2.1%; 0.85x / 1.02x cuDNN fp8),
-// the same error; S 16k was not reached in that run.
+// fp8 hd128 keys per tile, a multiple of 64 (the V transpose's blocks, fp8.cuh Fp8TransposeMap,
+// conflict-free at any of them): 192 amortizes each step's fixed work (O rescale, row max
+// shuffles, barriers, wgmma descriptors: ~130 of a step's 469 instructions at 128) over 1.5x the
+// keys, as FA3's wider fp8 tiles do (128 x 224 at hd128); smem holds it with two stages (Q 16 +
+// 2 x 3 x 24 + O 32 = 192 KiB). H100, same session, bench_attention_fp8.py at S 4k (B*S 32k, 16
+// heads): 742 / 637 TFLOP/s full / causal against 708 / 624 for 128 keys (+4.8% / +2.1%; 0.85x /
+// 1.02x cuDNN fp8), the same error; S 16k was not reached in that run.
 inline constexpr int kFp8Hd128Keys = 192;
 
 // e4m3 inputs (FlashConfig::kFp8). Timed at hd128 only (the tile above; hd64 and hd256 not
-// yet). The choices are bounded by registers and by the producer's V transpose. 128-key tiles at
-// hd64: the transpose's bank-conflict-free thread maps (fp8.cuh Fp8TransposeMap) cover 64 / 128 x
-// 128 byte tiles, and the V^T ring's rows are then one 128-byte swizzle atom. FA3 runs 128 x 224 at hd128
-// (bytes are half those of bf16, so smem holds wider tiles); S (112) + P (28) + O (64) registers
-// leave ptxas little room beside the 240 a consumer has, and 192- / 224-byte V^T rows take 64- /
-// 32-byte swizzle atoms, under which a warp's 4-byte transpose stores to rows of one parity meet
-// 2-way bank conflicts (row bit 0 is a bank bit there). hd256: 64-key tiles (O alone takes 128
+// yet). The choices are bounded by registers and by the producer's V transpose (blocks of 16
+// keys, four warps: tiles of a multiple of 64 keys). 128-key tiles at hd64. FA3 runs 128 x 224
+// at hd128 (bytes are half those of bf16, so smem holds wider tiles); S (112) + P (28) + O (64)
+// registers leave ptxas little room beside the 232 a consumer has, and 224 keys are no multiple
+// of 64. hd256: 64-key tiles (O alone takes 128
 // registers; Q 32 KiB + K, V staging and V^T 2 x 16 KiB each + O bf16 64 KiB = 192 KiB), one
 // CTA per tile; 0 spills in ptxas, where the bf16 hd256 kernel spills (its consumers' S is 80
 // keys wide).
