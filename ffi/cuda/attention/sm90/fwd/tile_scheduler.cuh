@@ -12,39 +12,46 @@
 
 namespace jax_sgl::cuda::sm90 {
 
-// Varlen: the linear row block `lin` (sequences in order, each ceil(q_len / block_m) blocks)
-// of q head `head` as a work tile, or false past the last sequence's last block. An O(batch) scan
-// of cu_seqlens per tile instead of a prefix-sum pass: batch is small next to a tile's work.
+// Varlen: tile index `index` as a work tile, or false past the last sequence's last tile.
+// Sequences in order, each as (q head, row block) with the row block inner and, when causal,
+// longest first, the order DecodeTile gives dense calls: the CTAs running at once then read the
+// K/V of one sequence's few kv heads, which stay in L2 while its q heads' tiles run. (Q heads
+// outer over all the sequences' row blocks made each kv head's K/V a working set of every
+// sequence: 1.55x FA3's DRAM reads on the paged chunked prefill, ncu session 22.) An O(batch)
+// scan of cu_seqlens per tile instead of a prefix-sum pass: batch is small next to a tile's work.
 // Lengths clamp like attention_seq.h GetSeqBounds, so bad index arrays never leave the buffers.
 // pack: tile rows per q row (PackGQA, TileScheduler::Pack), so a sequence of q_len rows has
-// ceil(q_len * pack / block_m) blocks.
+// ceil(q_len * pack / block_m) blocks; heads: the tile heads (kv heads when packed).
 template <typename Params>
-__device__ bool VarlenTile(Params const& params, int lin, int head, int block_m, int pack,
+__device__ bool VarlenTile(Params const& params, int index, int heads, int block_m, int pack,
                            WorkTile& w) {
-  w.head = head;
+  int blocks = 1, r = 0;
   if (params.cu_seqlens_q == nullptr) {
-    const int blocks = (params.seqlen_q * pack + block_m - 1) / block_m;
-    w.batch = lin / blocks;
-    w.m_block = lin % blocks;
+    blocks = (params.seqlen_q * pack + block_m - 1) / block_m;
+    if (blocks == 0) return false;
+    w.batch = index / (blocks * heads);
+    r = index % (blocks * heads);
     w.q_row0 = w.batch * params.seqlen_q;
     w.q_len = params.seqlen_q;
   } else {
     int acc = 0, b = 0;
     for (; b < params.batch; ++b) {
-      const RowRange r = ClampedRows(params.cu_seqlens_q[b], params.cu_seqlens_q[b + 1],
-                                     params.total_q);
-      const int blocks = (int(r.len) * pack + block_m - 1) / block_m;
-      if (lin < acc + blocks) {
-        w.m_block = lin - acc;
-        w.q_row0 = int(r.begin);
-        w.q_len = int(r.len);
+      const RowRange rows = ClampedRows(params.cu_seqlens_q[b], params.cu_seqlens_q[b + 1],
+                                        params.total_q);
+      blocks = (int(rows.len) * pack + block_m - 1) / block_m;
+      if (index < acc + blocks * heads) {
+        r = index - acc;
+        w.q_row0 = int(rows.begin);
+        w.q_len = int(rows.len);
         break;
       }
-      acc += blocks;
+      acc += blocks * heads;
     }
     w.batch = b;
   }
   if (w.batch >= params.batch) return false;
+  w.head = r / blocks;
+  w.m_block = params.causal ? blocks - 1 - r % blocks : r % blocks;
   int cap;
   if (params.cu_seqlens_k != nullptr) {
     const RowRange r = ClampedRows(params.cu_seqlens_k[w.batch], params.cu_seqlens_k[w.batch + 1],
@@ -115,13 +122,12 @@ struct KeyTiles {
 
 // Work item t of a persistent CTA: tile t while t < num_whole_tiles; past it, tail tile
 // num_whole_tiles + u / tail_splits with key share u % tail_splits (u = t - num_whole_tiles).
+// The tile is an index (split -1: the whole tile), which DecodeTile (dense) or VarlenTile maps.
 template <typename Params>
-__device__ __forceinline__ WorkTile ItemTile(Params const& params, int t) {
-  if (t < params.num_whole_tiles)
-    return DecodeTile(t, params.num_m_blocks, params.tile_heads, params.causal);
+__device__ __forceinline__ WorkTile ItemIndex(Params const& params, int t) {
+  if (t < params.num_whole_tiles) return {t, 0, 0};
   const int u = t - params.num_whole_tiles;
-  WorkTile w = DecodeTile(params.num_whole_tiles + u / params.tail_splits, params.num_m_blocks,
-                          params.tile_heads, params.causal);
+  WorkTile w{params.num_whole_tiles + u / params.tail_splits, 0, 0};
   w.split = u % params.tail_splits;
   return w;
 }
@@ -172,8 +178,9 @@ struct TileScheduler {
   }
 
   // Non-persistent: the CTA's one tile; causal CTAs with more rows have more key tiles, launch
-  // them first.
+  // them first. Varlen: the grid's linear index, which Resolve maps.
   __device__ __forceinline__ WorkTile LaunchTile() const {
+    if constexpr (kVarlen) return {int(blockIdx.y * gridDim.x + blockIdx.x), 0, 0};
     return {params.causal ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x),
             int(blockIdx.y), int(blockIdx.z)};
   }
@@ -182,11 +189,20 @@ struct TileScheduler {
   __device__ __forceinline__ int First() const { return int(blockIdx.x); }
   __device__ __forceinline__ int Next(int t) const { return NextTile(t, params.tile_counter); }
   __device__ __forceinline__ bool Valid(int t) const { return t < params.num_tiles; }
-  __device__ __forceinline__ WorkTile Item(int t) const { return ItemTile(params, t); }
-  // Persistent and varlen: tile indices name (linear row block, head); the sequence comes from
-  // VarlenTile. Blocks past the last sequence's rows (the grid is a bound) do nothing: false.
+  __device__ __forceinline__ WorkTile Item(int t) const {
+    WorkTile w = ItemIndex(params, t);
+    if constexpr (!kVarlen) {
+      const int split = w.split;
+      w = DecodeTile(w.m_block, params.num_m_blocks, params.tile_heads, params.causal);
+      w.split = split;
+    }
+    return w;
+  }
+  // Varlen: tile indices (a bound of linear row blocks x tile heads) name (sequence, head, row
+  // block) through VarlenTile; indices past the last sequence's tiles do nothing: false.
   __device__ __forceinline__ bool Resolve(WorkTile& w) const {
-    if constexpr (kVarlen) return VarlenTile(params, w.m_block, w.head, Cfg::kBlockM, Pack(), w);
+    if constexpr (kVarlen)
+      return VarlenTile(params, w.m_block, params.tile_heads, Cfg::kBlockM, Pack(), w);
     else return true;
   }
   // The sequence geometry of a tile: the call's (dense) or the tile's own (varlen).
