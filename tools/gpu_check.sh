@@ -114,7 +114,7 @@ if [[ "${GPU_CHECK_TESTS:-}" != none ]]; then
   limit=()
   [[ "${GPU_CHECK_TESTS_TIMEOUT:-0}" != 0 ]] && limit=(timeout "$GPU_CHECK_TESTS_TIMEOUT")
   XLA_PYTHON_CLIENT_PREALLOCATE="${XLA_PYTHON_CLIENT_PREALLOCATE:-false}" "${limit[@]}" \
-    "$PY" -m pytest -m "gpu and not bigmem" -q -rfEs -p no:cacheprovider --rootdir "$REPO" \
+    "$PY" -m pytest -m "gpu and not bigmem" -q -rfEs --durations=25 -p no:cacheprovider --rootdir "$REPO" \
       "${tests[@]}" > "$OUT/pytest.log" 2>&1
   if [[ $? == 124 ]]; then
     # Cut by GPU_CHECK_TESTS_TIMEOUT: what ran, from pytest's progress lines (. s F E x X).
