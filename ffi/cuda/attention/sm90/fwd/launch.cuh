@@ -51,7 +51,7 @@ using FwdConfig = FlashConfig<typename CutlassType<T>::type, kHeadDim>;
 // calls with cu_seqlens_q, varlen k/v or seqused_k (dispatch.cc keeps them off it under
 // JAX_SGL_DISABLE=sm90_varlen) launch the kVarlen instantiation: packed [total, D, H, 1] TMA views and
 // a grid (persistent: tile range) of linear row blocks x q heads, a bound that the kernel maps
-// onto (sequence, row block) tiles (kernel.cuh VarlenTile).
+// onto (sequence, q head, row block) tiles (tile_scheduler.cuh VarlenTile).
 // Paged calls with key_splits > 1 (Sm90KeySplits, persistent tile choices only) run every tile
 // as key_splits shares, leaving float32 partials in scratch for the caller's combine.
 template <typename T, int kHeadDim>
