@@ -111,7 +111,8 @@ struct MainloopLoad {
     const int t = int(threadIdx.x);
     const int64_t kv_head = scheduler.KvHead(w);
     constexpr bool kAddresses = Cfg::kGatherAddresses;
-    auto const& table = shared.gather_src[k_load % 3][kAddresses ? kv : 0];
+    auto& slot = shared.gather_src[k_load % 3];
+    auto const& table = slot[kAddresses ? kv : 0];
     if (write_rows) {
       const E* k_head = params.k_pool + kv_head * params.k_head_stride;
       const E* v_head = params.v_pool + kv_head * params.v_head_stride;
@@ -127,12 +128,10 @@ struct MainloopLoad {
         }
         if (r < kBlockN) {
           if constexpr (kAddresses) {
-            shared.gather_src[k_load % 3][0][r] =
-                row >= 0 ? k_head + row * params.k_row_stride : nullptr;
-            shared.gather_src[k_load % 3][1][r] =
-                row >= 0 ? v_head + row * params.v_row_stride : nullptr;
+            slot[0][r] = row >= 0 ? k_head + row * params.k_row_stride : nullptr;
+            slot[1][r] = row >= 0 ? v_head + row * params.v_row_stride : nullptr;
           } else {
-            shared.gather_src[k_load % 3][0][r] = row;
+            slot[0][r] = row;
           }
         }
         const uint32_t bad = __ballot_sync(0xffffffffu, row < 0);

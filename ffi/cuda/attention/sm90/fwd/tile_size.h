@@ -75,10 +75,9 @@ inline constexpr int kFp8Hd128Keys = 192;
 // keys, four warps: tiles of a multiple of 64 keys). 128-key tiles at hd64. FA3 runs 128 x 224
 // at hd128 (bytes are half those of bf16, so smem holds wider tiles); S (112) + P (28) + O (64)
 // registers leave ptxas little room beside the 232 a consumer has, and 224 keys are no multiple
-// of 64. hd256: 64-key tiles (O alone takes 128
-// registers; Q 32 KiB + K, V staging and V^T 2 x 16 KiB each + O bf16 64 KiB = 192 KiB), one
-// CTA per tile; 0 spills in ptxas, where the bf16 hd256 kernel spills (its consumers' S is 80
-// keys wide).
+// of 64. hd256: 64-key tiles (O alone takes 128 registers; Q 32 KiB + K, V staging and V^T 2 x
+// 16 KiB each + O bf16 64 KiB = 192 KiB), one CTA per tile; 0 spills in ptxas, where the bf16
+// hd256 kernel spills (its consumers' S is 80 keys wide).
 constexpr FwdTileSize FwdTileFp8(int head_dim) {
   return head_dim == 64    ? FwdTileSize{128, true, true}
          : head_dim == 128 ? FwdTileSize{kFp8Hd128Keys, true, false, kFp8Hd128Stages}
