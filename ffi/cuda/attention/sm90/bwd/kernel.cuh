@@ -313,8 +313,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // Keys of this sequence: the causal diagonal and the key mask use k_len (as the sm80 kernels
   // and the reference do); a CTA wholly past it has no step and stores zero dK, dV.
   const int k_len = kVarlen ? seq.k_len : UsedKeys(params.seqused_k, batch, params.seqlen_k);
-  const int q_len = kVarlen ? seq.q_len : params.seqlen_q;
-  const RowBlocks rows(n0, kBlockM, kBlockN, q_len, k_len, params.window_left,
+  // Rows of this sequence. Dense reads params.seqlen_q at each use, as before varlen: a local
+  // copy captured by the consumers' lambdas changed the dense kernels' SASS (32 LDC more).
+#define JAX_SGL_BWD_Q_LEN (kVarlen ? seq.q_len : params.seqlen_q)
+  const RowBlocks rows(n0, kBlockM, kBlockN, JAX_SGL_BWD_Q_LEN, k_len, params.window_left,
                        params.window_right);
   const int m_steps = n0 < k_len ? rows.m_end - rows.m_begin : 0;  // per q head
   // Steps [step_begin, step_end): all of them, or the kTail CTA's share.
@@ -433,7 +435,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
     const AccCoord coord(thread_in_wg);
     const int key_base = n0 + consumer * kKeys + coord.row0;  // key of accumulator row r = 0
-    const int diag = k_len - q_len;
+    const int diag = k_len - JAX_SGL_BWD_Q_LEN;
     const bool keys_partial = n0 + kBlockN > k_len;
 
     // K and V land even when there is no step: the epilogue reuses their smem.
@@ -459,7 +461,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         const float* dsum = shared.dsum[read_do.index()] + coord.col0;
         // Unmasked: every row of the step sees every key of the CTA.
         const bool masked =
-            keys_partial || row0 + kBlockM > q_len ||
+            keys_partial || row0 + kBlockM > JAX_SGL_BWD_Q_LEN ||
             (params.window_right >= 0 && row0 + diag + params.window_right < n0 + kBlockN - 1) ||
             (params.window_left >= 0 && row0 + kBlockM - 1 + diag - params.window_left > n0);
         auto lse = [&](int i) { return lse2[AccCoord::Col(i)]; };
@@ -467,7 +469,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         auto visible = [&](int i) {
           const int key = key_base + AccCoord::Row(i);
           const int row = row0 + coord.col0 + AccCoord::Col(i);
-          return key < k_len && row < q_len &&
+          return key < k_len && row < JAX_SGL_BWD_Q_LEN &&
                  (params.window_right < 0 || key <= row + diag + params.window_right) &&
                  (params.window_left < 0 || key >= row + diag - params.window_left);
         };
@@ -603,6 +605,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       tma_store_wait<0>();
     }
   }
+#undef JAX_SGL_BWD_Q_LEN
 #endif
 }
 
