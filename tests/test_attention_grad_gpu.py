@@ -11,7 +11,7 @@ what actually runs, and that unsupported head dims fall back to the reference lo
 Every test runs twice, once per CUDA backward: "sm80" (JAX_SGL_DISABLE=sm90_bwd: the portable
 mma.sync kernels) and "sm90" (the default: the Hopper wgmma + TMA kernel wherever it covers the call,
 i.e. dense layouts (seqused_k, causal, sliding windows and softcap included) at head dims 64, 96
-and 128 with head_dim == head_dim_v, and varlen there on the wide kernel's varlen instantiation;
+and 128 with head_dim == head_dim_v, and varlen there on the kernel's varlen instantiation;
 every other case checks the explicit fallback to the sm80 kernels). The sm90 runs are skipped off
 compute capability 9.0. test_dense (below) adds dense shapes, mostly without seqused_k, and runs
 the sm90 backward's deterministic dQ kernel (deterministic=True) too.

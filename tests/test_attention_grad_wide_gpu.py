@@ -1,15 +1,15 @@
 """Gradients on a Hopper GPU at head dims 96, 192 and 256, and varlen at every head dim: the sm90
 backward's wide kernel (ffi/cuda/attention/sm90/bwd/wide_kernel.cuh: 64-key CTAs whose two
-consumer warpgroups split the head dim) at 192 / 256 and for varlen, config.h's kernel with 64- /
-32-byte swizzle atoms at 96, and with deterministic=True the atomic-free dQ kernel (32-key tiles
+consumer warpgroups split the head dim) at 192 / 256, config.h's kernel (128-key CTAs) at 64 / 96
+/ 128 (at 96 with 64- / 32-byte swizzle atoms), each with its varlen instantiation, and with deterministic=True the atomic-free dQ kernel (32-key tiles
 above 128), checked by FlashAttention's rule against a float64 oracle (tests/grad_rule.py), with
 NaN-poisoned gradient buffers. Skipped off compute capability 9.0 and where the build left the
 (head dim, dtype) out.
 
-Shapes are ragged: tails of the 64-row steps and 64-key blocks, keys shorter than queries (causal
+Shapes are ragged: tails of the 64-row steps and 64- / 128-key blocks, keys shorter than queries (causal
 rows that see no key), seqused_k, GQA groups of 1, 3, 4 and 8; masks: none, causal, sliding
 window, softcap. Varlen (the kernel's kVarlen instantiation): packed q and k / v with rows
-no sequence covers, sequences without queries or keys, lengths off the 64-row / 64-key grid,
+no sequence covers, sequences without queries or keys, lengths off the row / key block grid,
 seqused_k, checked sequence by sequence against the oracle (grad_rule.check_varlen_grads). Calls
 the wide kernel does not serve (head_dim != head_dim_v, varlen with deterministic=True) lower to the
 reference (no native backward call), checked here too.
@@ -32,7 +32,7 @@ turn_off_xla_autotuning()
 
 HEAD_DIMS = (192, 256)
 DENSE_HEAD_DIMS = (96,) + HEAD_DIMS
-# Varlen runs on the wide kernel's varlen instantiation at every head dim.
+# Varlen: config.h's kernel's varlen instantiation at 64 / 96 / 128, the wide kernel's above.
 VARLEN_HEAD_DIMS = (64, 96, 128) + HEAD_DIMS
 DTYPES = (jnp.bfloat16, jnp.float16)
 # (batch, seqlen_q, seqlen_k, num_heads, num_kv_heads): one row, ragged step / block tails, keys
@@ -92,7 +92,7 @@ def test_sinks(head_dim):
 
 
 # Ragged sequences: one row, an empty q, a sequence without keys (its rows see none), tails of the
-# 64-row steps and 64-key blocks, keys shorter than queries, exact multiples of 64.
+# 64- / 128-row steps and 64- / 128-key blocks, keys shorter than queries, exact multiples of 64.
 Q_LENS = (1, 150, 0, 333, 64, 19)
 K_LENS = (300, 130, 45, 400, 0, 77)
 
@@ -118,14 +118,15 @@ def test_varlen_seqused_k_sinks_and_lse_cotangent(head_dim):
   check_varlen_grads(q, k, v, {**kw, "sinks": sinks, "window": (100, 20)})
 
 
-def test_varlen_many_sequences():
+@pytest.mark.parametrize("head_dim", (128, 256))
+def test_varlen_many_sequences(head_dim):
   """Many sequences (the key-block scan over cu_seqlens_k, the convert's search over the padded
-  workspace) and long ones (dq_accum sums over many key blocks)."""
-  _need(256, jnp.bfloat16)
+  workspace) and long ones (dq_accum sums over many key blocks), on both kernels."""
+  _need(head_dim, jnp.bfloat16)
   rng = np.random.default_rng(3)
   q_lens = tuple(int(x) for x in rng.integers(0, 300, 40)) + (1500,)
   k_lens = tuple(int(x) for x in rng.integers(1, 300, 40)) + (1700,)
-  q, k, v, kw = varlen_inputs(q_lens, k_lens, (4, 2), 256, jnp.bfloat16, seed=21)
+  q, k, v, kw = varlen_inputs(q_lens, k_lens, (4, 2), head_dim, jnp.bfloat16, seed=21)
   check_varlen_grads(q, k, v, {**kw, "causal": True})
 
 

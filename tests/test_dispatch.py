@@ -226,9 +226,9 @@ def test_backward_disable_switch(monkeypatch):
 
 
 @pytest.mark.parametrize("cc", [HOPPER, BLACKWELL])
-def test_varlen_backward_up_to_128_runs_the_wide_sm90_kernel_on_hopper(cc):
-  """Varlen at hd <= 128: the wide kernel's varlen instantiation on Hopper (config.h's kernel has
-  no varlen), the sm80 backward elsewhere and with deterministic=True."""
+def test_varlen_backward_up_to_128_runs_the_sm90_kernel_on_hopper(cc):
+  """Varlen at hd <= 128: config.h's kernel's varlen instantiation on Hopper, the sm80 backward
+  elsewhere and with deterministic=True."""
   sm90 = cc == HOPPER and _built("sm90_bwd", 128)
   assert _varlen_grad_kernels(cc, 128, causal=True)[-1] == (
       "bwd", "sm90_bwd" if sm90 else "portable_bwd")
@@ -275,8 +275,8 @@ def test_wide_calls_the_sm90_backward_leaves_out_lower_to_the_reference(monkeypa
 @pytest.mark.parametrize("deterministic,kernel", [(False, "sm90_bwd"),
                                                   (True, "sm90_bwd_dq_kernel")])
 def test_hd96_backward_runs_sm90_on_hopper(deterministic, kernel):
-  """hd96: config.h's kernel (64- / 32-byte swizzle atoms) on Hopper, dense; varlen on the wide
-  kernel's varlen instantiation, as at 64 / 128."""
+  """hd96: config.h's kernel (64- / 32-byte swizzle atoms) on Hopper, dense and varlen, as at
+  64 / 128."""
   if not _built("sm90_bwd", 96):
     pytest.skip("this build has no sm90 hd96 bf16 backward")
   args = _dense(d=96)
@@ -298,7 +298,7 @@ def _varlen_grad_kernels(cc, d, **kwargs):
 
 @pytest.mark.parametrize("head_dim", [192, 256])
 def test_wide_varlen_backward_runs_sm90_on_hopper(monkeypatch, head_dim):
-  """Above 128 varlen runs on the wide kernel's varlen instantiation (as at 64 / 96 / 128)."""
+  """Above 128 varlen runs on the wide kernel's varlen instantiation."""
   if not _built("sm90_bwd", head_dim):
     pytest.skip(f"this build has no sm90 hd{head_dim} bf16 backward")
   monkeypatch.setattr(_registration, "local_cuda_devices_are_hopper", lambda: True)

@@ -113,8 +113,8 @@ BwdChoice ChooseBwdKernel(const AttentionParams& p, const DeviceInfo& dev) {
 #ifdef JAX_SGL_HAVE_SM90
   // Anything the sm90 kernels do not cover (other head dims, d != d_v, varlen with
   // deterministic=True, ...) runs on the sm80 kernels: Sm90BwdUnsupported names it. Varlen runs on
-  // the wide kernel's varlen instantiation (config.h's kernel has none). deterministic=True: dQ from the
-  // atomic-free sm90 dQ kernel instead of float32 reductions.
+  // the kernels' varlen instantiations. deterministic=True: dQ from the atomic-free sm90 dQ kernel
+  // instead of float32 reductions.
   if (Sm90BwdUnsupported(p) == nullptr && Sm90BwdEnabled(p, dev))
     c.kernel = p.deterministic ? BwdKernel::kSm90DqKernel : BwdKernel::kSm90;
 #endif

@@ -40,8 +40,8 @@ bool Built(DType t, int d) {
 const char* Sm90BwdUnsupported(const AttentionParams& p) {
   const bool varlen = p.cu_seqlens_q != nullptr || p.kv_layout != KvLayout::kDense;
   if (p.kv_layout == KvLayout::kPaged) return "sm90 backward: no paged K/V";
-  // Varlen runs on the wide kernel's kVarlen instantiation (wide_kernel.cuh) at every head dim:
-  // config.h's kernel has none.
+  // Varlen runs on the kVarlen instantiations (kernel.cuh at 64 / 96 / 128, wide_kernel.cuh
+  // above), which take cu_seqlens_q and cu_seqlens_k together.
   if (varlen && (p.cu_seqlens_q == nullptr || p.kv_layout != KvLayout::kVarlen))
     return "sm90 backward: varlen q and k together (cu_seqlens_q and cu_seqlens_k)";
   if (!HalfPrecisionOperands(p))
@@ -69,19 +69,18 @@ const char* Sm90BwdUnsupported(const AttentionParams& p) {
 }
 
 // hd64 / hd128 passed the GPU gradient tests (bf16 / fp16, both dQ modes; H100 and H200,
-// 2026-12-02); hd96, hd192 / hd256 and the varlen and deterministic paths above 128 await their
-// first GPU run (tests/test_attention_grad_wide_gpu.py). All run by default; JAX_SGL_DISABLE=
+// 2026-12-02), hd96, hd192 / hd256 and varlen as well (tests/test_attention_grad_wide_gpu.py,
+// H100, 2026-12-05; varlen at 64 / 96 / 128 since on config.h's kernel). All run by default;
+// JAX_SGL_DISABLE=
 // sm90_bwd (a bit of p.disable) turns them off.
 bool Sm90BwdEnabled(const AttentionParams& p, const DeviceInfo& dev) {
   if (p.disable & kDisableSm90Bwd) return false;
   return IsSm90(dev);
 }
 
-// hd64: config.h's 128-row steps; hd96 / hd128: 64 rows; hd192 / hd256 and varlen:
-// wide_config.h's 64.
-int Sm90BwdRowBlock(const AttentionParams& p) {
-  return p.head_dim == 64 && p.cu_seqlens_q == nullptr ? 128 : 64;
-}
+// hd64: config.h's 128-row steps; hd96 / hd128: 64 rows; hd192 / hd256: wide_config.h's 64.
+// Dense and varlen alike (varlen pads each sequence's workspace rows to it).
+int Sm90BwdRowBlock(const AttentionParams& p) { return p.head_dim == 64 ? 128 : 64; }
 
 int Sm90BwdVarlenWsRows(const AttentionParams& p) {
   const int64_t block = Sm90BwdRowBlock(p);

@@ -31,6 +31,7 @@
 
 #include "ffi/cuda/attention/flash_bwd_launch.h"  // FindPaddedSeq
 #include "ffi/cuda/attention/sm90/bwd/config.h"
+#include "ffi/cuda/attention/sm90/bwd/varlen_block.cuh"
 #include "ffi/cuda/attention/sm90/fwd/softmax.h"  // AccCoord
 #include "ffi/cuda/attention/sm90/wgmma.cuh"
 
@@ -265,7 +266,13 @@ __device__ __forceinline__ void ProduceStep(BwdKernelParams<Cfg> const& params,
 // kTail: the tail split's shares (1-D grid, BwdKernelParams), a kernel of its own so that the
 // main one keeps its block coordinates in the special registers (computed ones, held across
 // the main loop, spilled at hd64).
-template <typename Cfg, bool kSoftcap, bool kTail = false>
+// kVarlen (cu_seqlens_q and cu_seqlens_k): one CTA per linear key block of all sequences
+// (varlen_block.cuh), Q / dO / K / V tiles at the sequence's rows of packed views, the row
+// values and dq_accum in the padded workspace (PaddedSeqRow0), dK / dV stored row by row from
+// smem (a TMA box would run into the next sequence's rows), as FlashBwdSm90WideKernel's. Rows of
+// a tile past the sequence's end are the next sequence's (finite): masked like rows past
+// seqlen_q, so they add nothing.
+template <typename Cfg, bool kSoftcap, bool kTail = false, bool kVarlen = false>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     FlashBwdSm90Kernel(CUTE_GRID_CONSTANT BwdKernelParams<Cfg> const params) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -286,7 +293,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   int kv_head = blockIdx.y;
   int batch = blockIdx.z;
   int share = 0;
-  if constexpr (kTail) {
+  [[maybe_unused]] BwdSeqBlock seq{};
+  if constexpr (kVarlen) {
+    static_assert(!kTail, "the tail split serves dense calls");
+    if (!BwdVarlenBlock(params, int(blockIdx.x), kBlockN, kBlockM, seq)) return;  // whole CTA
+    n_block = seq.n_block;
+    batch = seq.batch;
+  } else if constexpr (kTail) {
     const int block = params.num_whole + int(blockIdx.x) / params.tail_splits;
     share = int(blockIdx.x) % params.tail_splits;
     const int kv_heads = params.num_heads / params.group;
@@ -299,8 +312,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const int n0 = n_block * kBlockN;
   // Keys of this sequence: the causal diagonal and the key mask use k_len (as the sm80 kernels
   // and the reference do); a CTA wholly past it has no step and stores zero dK, dV.
-  const int k_len = UsedKeys(params.seqused_k, batch, params.seqlen_k);
-  const RowBlocks rows(n0, kBlockM, kBlockN, params.seqlen_q, k_len, params.window_left,
+  const int k_len = kVarlen ? seq.k_len : UsedKeys(params.seqused_k, batch, params.seqlen_k);
+  // Rows of this sequence. Dense reads params.seqlen_q at each use, as before varlen: a local
+  // copy captured by the consumers' lambdas changed the dense kernels' SASS (32 LDC more).
+#define JAX_SGL_BWD_Q_LEN (kVarlen ? seq.q_len : params.seqlen_q)
+  const RowBlocks rows(n0, kBlockM, kBlockN, JAX_SGL_BWD_Q_LEN, k_len, params.window_left,
                        params.window_right);
   const int m_steps = n0 < k_len ? rows.m_end - rows.m_begin : 0;  // per q head
   // Steps [step_begin, step_end): all of them, or the kTail CTA's share.
@@ -324,6 +340,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   Tensor sV = make_tensor(make_smem_ptr(shared.v.data()), typename Cfg::SmemLayoutKV{});
   Tensor sQ = make_tensor(make_smem_ptr(shared.q.data()), typename Cfg::SmemLayoutRows{});
   Tensor sdO = make_tensor(make_smem_ptr(shared.dout.data()), typename Cfg::SmemLayoutRows{});
+  // [rows, head dim] of one head of a TMA view: dense picks the batch, varlen starts at the
+  // sequence's row of the packed view (batch extent 1).
+  auto head_rows = [&](auto const& m, int head, int row0) {
+    if constexpr (kVarlen) return domain_offset(make_coord(row0, _0{}), m(_, _, head, _0{}));
+    else return m(_, _, head, batch);
+  };
 
   if (warpgroup == 0) {
     // ---- Producer ------------------------------------------------------------------------
@@ -331,9 +353,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     if (threadIdx.x != 0) return;
     Tensor mK = params.tma_k.get_tma_tensor(params.kv_shape);
     Tensor mV = params.tma_v.get_tma_tensor(params.kv_shape);
-    Tensor gK = local_tile(mK(_, _, kv_head, batch), typename Cfg::KeysD{},
+    const int k_row0 = kVarlen ? seq.k_row0 : 0;
+    Tensor gK = local_tile(head_rows(mK, kv_head, k_row0), typename Cfg::KeysD{},
                            make_coord(_, _0{}));  // [64, D, seqlen_k / 64]
-    Tensor gV = local_tile(mV(_, _, kv_head, batch), typename Cfg::KeysD{}, make_coord(_, _0{}));
+    Tensor gV = local_tile(head_rows(mV, kv_head, k_row0), typename Cfg::KeysD{},
+                           make_coord(_, _0{}));
     auto tK = tma_partition(params.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK),
                             group_modes<0, 2>(gK));
     auto tV = tma_partition(params.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV),
@@ -353,13 +377,18 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     const int g_end = step_end > step_begin ? (step_end - 1) / m_steps + 1 : 0;
     for (int g = kTail ? step_begin / max(m_steps, 1) : 0; g < g_end; ++g) {
       const int head = kv_head * params.group + g;
-      Tensor gQ = local_tile(mQ(_, _, head, batch), typename Cfg::RowsD{}, make_coord(_, _0{}));
-      Tensor gdO = local_tile(mdO(_, _, head, batch), typename Cfg::RowsD{}, make_coord(_, _0{}));
+      const int q_row0 = kVarlen ? seq.q_row0 : 0;
+      Tensor gQ = local_tile(head_rows(mQ, head, q_row0), typename Cfg::RowsD{},
+                             make_coord(_, _0{}));
+      Tensor gdO = local_tile(head_rows(mdO, head, q_row0), typename Cfg::RowsD{},
+                              make_coord(_, _0{}));
       auto tQ = tma_partition(params.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ),
                               group_modes<0, 2>(gQ));
       auto tdO = tma_partition(params.tma_do, _0{}, Layout<_1>{}, group_modes<0, 2>(sdO),
                                group_modes<0, 2>(gdO));
-      const int64_t row_values = (int64_t(batch) * params.num_heads + head) * params.ws_rows;
+      const int64_t row_values =
+          kVarlen ? seq.ws_row0 + int64_t(head) * params.ws_rows
+                  : (int64_t(batch) * params.num_heads + head) * params.ws_rows;
       const int m_lo = rows.m_begin + (kTail ? max(step_begin - g * m_steps, 0) : 0);
       const int m_hi = rows.m_begin + (kTail ? min(step_end - g * m_steps, m_steps) : m_steps);
       for (int m = m_lo; m < m_hi; ++m)
@@ -406,7 +435,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
     const AccCoord coord(thread_in_wg);
     const int key_base = n0 + consumer * kKeys + coord.row0;  // key of accumulator row r = 0
-    const int diag = k_len - params.seqlen_q;
+    const int diag = k_len - JAX_SGL_BWD_Q_LEN;
     const bool keys_partial = n0 + kBlockN > k_len;
 
     // K and V land even when there is no step: the epilogue reuses their smem.
@@ -432,7 +461,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         const float* dsum = shared.dsum[read_do.index()] + coord.col0;
         // Unmasked: every row of the step sees every key of the CTA.
         const bool masked =
-            keys_partial || row0 + kBlockM > params.seqlen_q ||
+            keys_partial || row0 + kBlockM > JAX_SGL_BWD_Q_LEN ||
             (params.window_right >= 0 && row0 + diag + params.window_right < n0 + kBlockN - 1) ||
             (params.window_left >= 0 && row0 + kBlockM - 1 + diag - params.window_left > n0);
         auto lse = [&](int i) { return lse2[AccCoord::Col(i)]; };
@@ -440,7 +469,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         auto visible = [&](int i) {
           const int key = key_base + AccCoord::Row(i);
           const int row = row0 + coord.col0 + AccCoord::Col(i);
-          return key < k_len && row < params.seqlen_q &&
+          return key < k_len && row < JAX_SGL_BWD_Q_LEN &&
                  (params.window_right < 0 || key <= row + diag + params.window_right) &&
                  (params.window_left < 0 || key >= row + diag - params.window_left);
         };
@@ -482,8 +511,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           Tensor tdSsdS_buf = tdSsdS(_, _, _, buf);
           StorePairs(tdSrdS, tdSsdS_buf);
           cutlass::arch::fence_view_async_shared();  // generic-proxy writes -> wgmma reads
-          const int64_t dq_tile = ((int64_t(batch) * params.num_heads + head) *
-                                       (params.ws_rows / kBlockM) + m) * (kBlockM * Cfg::kHeadDim);
+          // dq_accum: the workspace's rows x head dim, in kBlockM-row tiles.
+          const int64_t dq_tile =
+              kVarlen ? (seq.ws_row0 + int64_t(head) * params.ws_rows + row0) * Cfg::kHeadDim
+                      : ((int64_t(batch) * params.num_heads + head) * (params.ws_rows / kBlockM) +
+                         m) * (kBlockM * Cfg::kHeadDim);
           cutlass::arch::NamedBarrier::sync(kConsumerThreads, uint32_t(BwdBarrier::kDsReady));
           Tensor tdQrdQ = partition_fragment_C(mma_dq, Shape<Int<Cfg::kDqRows>,
                                                              Int<Cfg::kDqCols>>{});
@@ -537,7 +569,27 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     StoreDkDv<Element>(tdKrdK, tdVrdV, params.softmax_scale, tdKsK, tdVsV);
     cutlass::arch::fence_view_async_shared();  // generic-proxy writes -> TMA reads
     cutlass::arch::NamedBarrier::sync(128, uint32_t(BwdBarrier::kEpilogue0) + consumer);
-    if (thread_in_wg == 0) {
+    if constexpr (kVarlen) {
+      // Row by row: this consumer's 64 keys of dK, then of dV, one 16-byte chunk (8 features,
+      // whole under every swizzle used here) a thread at a time; keys past the sequence's end
+      // are left alone (they are the next sequence's rows, or the packed tail's).
+      constexpr int kChunks = Cfg::kHeadDim / 8;
+      const int kv_heads = params.num_heads / params.group;
+      const int key0 = n0 + consumer * kKeys;
+      const int live = max(0, min(k_len - key0, kKeys)) * kChunks;
+      const int64_t row_stride = int64_t(kv_heads) * Cfg::kHeadDim;
+      const int64_t base = (int64_t(seq.k_row0) + key0) * row_stride + kv_head * Cfg::kHeadDim;
+      auto store_rows = [&](Element* dst, auto const& tile) {
+#pragma unroll 4
+        for (int idx = thread_in_wg; idx < live; idx += 128) {
+          const int r = idx / kChunks, c = idx % kChunks;
+          *reinterpret_cast<uint4*>(dst + base + r * row_stride + c * 8) =
+              *reinterpret_cast<const uint4*>(raw_pointer_cast(&tile(r, c * 8)));
+        }
+      };
+      store_rows(params.dk, sK(_, _, consumer));
+      store_rows(params.dv, sV(_, _, consumer));
+    } else if (thread_in_wg == 0) {
       Tensor mdK = params.tma_dk.get_tma_tensor(params.kv_shape);
       Tensor mdV = params.tma_dv.get_tma_tensor(params.kv_shape);
       const int half = 2 * n_block + consumer;
@@ -553,6 +605,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       tma_store_wait<0>();
     }
   }
+#undef JAX_SGL_BWD_Q_LEN
 #endif
 }
 

@@ -19,7 +19,9 @@ namespace jax_sgl::cuda {
 
 namespace sm90 {
 
-// hd64 / hd96 / hd128: config.h's kernel, the tail split and the deterministic dQ kernel.
+// hd64 / hd96 / hd128: config.h's kernel, the tail split and the deterministic dQ kernel (dense);
+// varlen calls (cu_seqlens_q and cu_seqlens_k) run its kVarlen instantiation over the linear key
+// blocks of all sequences, and the convert over the padded workspace's row blocks.
 template <typename T, int kHeadDim>
 cudaError_t LaunchFlashBwdSm90Narrow(const FlashBwdArgs& args, float* dq_accum, bool dq_kernel,
                                      cudaStream_t stream) {
@@ -27,6 +29,13 @@ cudaError_t LaunchFlashBwdSm90Narrow(const FlashBwdArgs& args, float* dq_accum, 
   using namespace cute;
   const AttentionBwdParams& bp = args.bp;
   const AttentionParams& p = bp.fwd;
+  // Varlen: cu_seqlens_q with cu_seqlens_k (Sm90BwdUnsupported), the workspace padded per
+  // sequence to this kernel's row block (Sm90BwdRowBlock), dQ by reductions only.
+  const bool varlen = p.cu_seqlens_q != nullptr;
+  if (varlen != (args.ws_seq_align == Cfg::kBlockM) ||
+      varlen != (p.kv_layout == KvLayout::kVarlen) || (varlen && dq_kernel) ||
+      (varlen && args.sm90_tail != nullptr))
+    return cudaErrorInvalidValue;
   const int m_blocks = args.ws_rows / Cfg::kBlockM;
   const int n_blocks = (p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN;
   const int num_blocks = n_blocks * p.num_kv_heads * p.batch;
@@ -48,15 +57,31 @@ cudaError_t LaunchFlashBwdSm90Narrow(const FlashBwdArgs& args, float* dq_accum, 
       args, dq_accum,
       {n_blocks, num_blocks - tail_blocks, tail_splits,
        tail_blocks > 0 ? args.sm90_tail : nullptr,
-       tail_blocks > 0 ? args.sm90_tail + tail_floats : nullptr});
+       tail_blocks > 0 ? args.sm90_tail + tail_floats : nullptr},
+      varlen);
   cudaError_t err;
   if (dq_accum != nullptr &&
       (err = cudaMemsetAsync(dq_accum, 0, Sm90BwdDqAccumFloats(p, args.ws_rows) * sizeof(float),
                              stream)) != cudaSuccess)
     return err;
+  constexpr int kSmem = sizeof(typename Cfg::SharedStorage);
+  if (varlen) {
+    // The key blocks of all sequences: at most ceil(total_k / kBlockN) + batch (each sequence
+    // adds at most one partial block).
+    const int grid_x = int((p.total_k + Cfg::kBlockN - 1) / Cfg::kBlockN) + p.batch;
+    auto kernel = p.softcap > 0.f ? sm90::FlashBwdSm90Kernel<Cfg, true, false, true>
+                                   : sm90::FlashBwdSm90Kernel<Cfg, false, false, true>;
+    if ((err = LaunchWithSmem(kernel, dim3(grid_x, p.num_kv_heads, 1), Cfg::kThreads, kSmem,
+                              stream, params)) != cudaSuccess)
+      return err;
+    sm90::FlashBwdSm90DqConvertKernel<Cfg, true><<<dim3(m_blocks, p.num_heads, 1), 256, 0,
+                                                   stream>>>(
+        dq_accum, static_cast<typename Cfg::Element*>(bp.dq), int(p.total_q), p.num_heads,
+        m_blocks, p.softmax_scale, p.cu_seqlens_q, p.batch);
+    return cudaGetLastError();
+  }
   auto kernel = p.softcap > 0.f ? sm90::FlashBwdSm90Kernel<Cfg, true>
                                  : sm90::FlashBwdSm90Kernel<Cfg, false>;
-  constexpr int kSmem = sizeof(typename Cfg::SharedStorage);
   if ((err = LaunchWithSmem(kernel, dim3(n_blocks, p.num_kv_heads, p.batch), Cfg::kThreads, kSmem,
                             stream, params)) != cudaSuccess)
     return err;
@@ -86,15 +111,12 @@ cudaError_t LaunchFlashBwdSm90Narrow(const FlashBwdArgs& args, float* dq_accum, 
 
 }  // namespace sm90
 
-// Above hd128 the wide kernel; at and below it config.h's kernel, and for varlen calls (which it
-// does not serve) the wide kernel's varlen instantiation.
+// Above hd128 the wide kernel; at and below it config.h's kernel (dense and varlen).
 template <typename T, int kHeadDim>
 cudaError_t LaunchFlashBwdSm90(const FlashBwdArgs& args, float* dq_accum, bool dq_kernel,
                                cudaStream_t stream) {
   if constexpr (kHeadDim > 128)
     return sm90::LaunchFlashBwdSm90Wide<T, kHeadDim>(args, dq_accum, dq_kernel, stream);
-  else if (args.bp.fwd.cu_seqlens_q != nullptr)
-    return sm90::LaunchFlashBwdSm90Wide<T, kHeadDim, true>(args, dq_accum, dq_kernel, stream);
   else
     return sm90::LaunchFlashBwdSm90Narrow<T, kHeadDim>(args, dq_accum, dq_kernel, stream);
 }

@@ -1,5 +1,4 @@
-// Compile-time shape of the sm_90a flash attention backward for the wide head dims (192, 256),
-// and for the varlen calls at 64 / 96 / 128 (config.h's kernel has no varlen):
+// Compile-time shape of the sm_90a flash attention backward for the wide head dims (192, 256):
 // tiles, shared memory layouts and the four warpgroup MMAs, as CuTe types (wide_kernel.cuh runs
 // them). hd64 / hd96 / hd128 keep config.h's shape: this one exists because at hd256 that shape's
 // per-thread dK + dV (2 x 128 floats for 64 keys x 256 features) exceeds the 240 registers.
@@ -35,9 +34,7 @@ template <typename Element_, int kHeadDim_>
 struct BwdWideConfig {
   using Element = Element_;  // cutlass::bfloat16_t or cutlass::half_t
   static constexpr int kHeadDim = kHeadDim_;
-  static_assert(kHeadDim == 64 || kHeadDim == 96 || kHeadDim == 128 || kHeadDim == 192 ||
-                    kHeadDim == 256,
-                "the wide sm90 backward: head dims 192, 256 (and varlen 64, 96, 128)");
+  static_assert(kHeadDim == 192 || kHeadDim == 256, "the wide sm90 backward: head dims 192, 256");
 
   static constexpr int kConsumers = 2;
   static constexpr int kBlockN = 64;  // keys per CTA (wgmma M of the key-major GEMMs)
@@ -80,12 +77,9 @@ struct BwdWideConfig {
 
   // Q, dO, K and V: a consumer's feature half is read transposed (MN-major B operand of dV / dK
   // / dQ), so it must hold whole swizzle atoms: 128-byte ones at hd256 (128 features = 2 atoms),
-  // 64-byte ones at hd192 (96 = 3 atoms of 32; the 128-byte atom's 64 would split) and hd64,
-  // 32-byte ones at hd96 (48 = 3 atoms of 16).
-  using SwizzleAtom = std::conditional_t<
-      kHalf % 64 == 0, GMMA::Layout_K_SW128_Atom<Element>,
-      std::conditional_t<kHalf % 32 == 0, GMMA::Layout_K_SW64_Atom<Element>,
-                         GMMA::Layout_K_SW32_Atom<Element>>>;
+  // 64-byte ones at hd192 (96 = 3 atoms of 32; the 128-byte atom's 64 would split).
+  using SwizzleAtom = std::conditional_t<kHalf % 64 == 0, GMMA::Layout_K_SW128_Atom<Element>,
+                                         GMMA::Layout_K_SW64_Atom<Element>>;
   // K and V: [64 keys, head dim, 1]: one TMA tile each, loaded and (as dK, dV) stored by the
   // same descriptor.
   using SmemLayoutKVTile = decltype(tile_to_shape(SwizzleAtom{}, KeysD{}));

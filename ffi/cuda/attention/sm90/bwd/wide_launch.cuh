@@ -3,9 +3,9 @@
 // reductions) with one CTA per (64 keys, kv head, batch), and the dQ convert; or, for the
 // deterministic dQ (dense only), the dK/dV kernel alone and then dq_kernel.cuh's kernel with
 // 32-key tiles (dq_config.h). No tail split (its scratch is sized for config.h's 128-key
-// blocks). Varlen calls (cu_seqlens_q and cu_seqlens_k) run the
-// kVarlen instantiation over the linear key blocks of all sequences, and the convert over the
-// padded workspace's row blocks. Included by launch.cuh.
+// blocks). Varlen calls (cu_seqlens_q and cu_seqlens_k) run the kVarlen instantiation over the
+// linear key blocks of all sequences, and the convert over the padded workspace's row blocks, as
+// config.h's kernel does at 64 / 96 / 128. Included by launch.cuh.
 #pragma once
 
 #include "ffi/cuda/attention/common/launch.cuh"
@@ -17,9 +17,7 @@
 
 namespace jax_sgl::cuda::sm90 {
 
-// kVarlenOnly: the varlen calls of head dims 64 / 96 / 128 (config.h's kernel serves their dense
-// ones), so only the kVarlen kernels are compiled.
-template <typename T, int kHeadDim, bool kVarlenOnly = false>
+template <typename T, int kHeadDim>
 cudaError_t LaunchFlashBwdSm90Wide(const FlashBwdArgs& args, float* dq_accum, bool dq_kernel,
                                    cudaStream_t stream) {
   using Cfg = BwdWideConfig<typename CutlassType<T>::type, kHeadDim>;
@@ -31,7 +29,7 @@ cudaError_t LaunchFlashBwdSm90Wide(const FlashBwdArgs& args, float* dq_accum, bo
   // Varlen: cu_seqlens_q with cu_seqlens_k (Sm90BwdUnsupported).
   const bool varlen = p.cu_seqlens_q != nullptr;
   if (varlen != (args.ws_seq_align == Cfg::kBlockM) ||
-      varlen != (p.kv_layout == KvLayout::kVarlen) || (kVarlenOnly && !varlen))
+      varlen != (p.kv_layout == KvLayout::kVarlen))
     return cudaErrorInvalidValue;
   const int m_blocks = args.ws_rows / Cfg::kBlockM;
   const int n_blocks = (p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN;
@@ -50,10 +48,8 @@ cudaError_t LaunchFlashBwdSm90Wide(const FlashBwdArgs& args, float* dq_accum, bo
   const bool softcap = p.softcap > 0.f;
   auto kernel = softcap ? FlashBwdSm90WideKernel<Cfg, true, true>
                         : FlashBwdSm90WideKernel<Cfg, false, true>;
-  if constexpr (!kVarlenOnly) {
-    if (!varlen)
-      kernel = softcap ? FlashBwdSm90WideKernel<Cfg, true> : FlashBwdSm90WideKernel<Cfg, false>;
-  }
+  if (!varlen)
+    kernel = softcap ? FlashBwdSm90WideKernel<Cfg, true> : FlashBwdSm90WideKernel<Cfg, false>;
   if ((err = LaunchWithSmem(kernel, dim3(grid_x, p.num_kv_heads, varlen ? 1 : p.batch),
                             Cfg::kThreads, sizeof(typename Cfg::SharedStorage), stream,
                             params)) != cudaSuccess)
@@ -65,11 +61,9 @@ cudaError_t LaunchFlashBwdSm90Wide(const FlashBwdArgs& args, float* dq_accum, bo
         p.batch);
     return cudaGetLastError();
   }
-  if constexpr (!kVarlenOnly) {
-    if (dq_kernel) return LaunchFlashBwdSm90Dq<T, kHeadDim>(args, stream);
-    FlashBwdSm90DqConvertKernel<Cfg><<<dim3(m_blocks, p.num_heads, p.batch), 256, 0, stream>>>(
-        dq_accum, dq, p.seqlen_q, p.num_heads, m_blocks, p.softmax_scale);
-  }
+  if (dq_kernel) return LaunchFlashBwdSm90Dq<T, kHeadDim>(args, stream);
+  FlashBwdSm90DqConvertKernel<Cfg><<<dim3(m_blocks, p.num_heads, p.batch), 256, 0, stream>>>(
+      dq_accum, dq, p.seqlen_q, p.num_heads, m_blocks, p.softmax_scale);
   return cudaGetLastError();
 }
 
