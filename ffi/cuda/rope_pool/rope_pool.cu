@@ -200,12 +200,22 @@ __device__ __forceinline__ void StorePoolRow(P* row, int off0, int off1, bool ha
   }
 }
 
+// The kHeadsPerThread-head set a token's thread group `position` owns: sets from both ends of
+// the head list in turn (0, n - 1, 1, n - 2, ...). The k and v sets at the end are the heavy
+// ones (k_rot, the pool rows and, for an e4m3 pool, the quantization of every element), and in
+// list order they all fell to the token's last warp, which then held its block after the
+// others were done (Hq 32 / Hkv 8 at hd128: 4 heavy sets of 12 in one warp of 3; now at most 2).
+__device__ __forceinline__ int HeadSet(int position, int sets) {
+  return position % 2 == 0 ? position / 2 : sets - 1 - position / 2;
+}
+
 // Per-launch geometry derived once on the host from RopePoolParams.
 struct Geometry {
   int rot_groups;        // rotary_dim / (2 * kVec): groups holding rotated pairs
   int groups;            // rot_groups + unrotated-tail groups, per head row
   int heads_total;       // num_qo_heads + 2 * num_kv_heads (q, k, v rows of one token)
-  int threads_per_token; // groups * ceil(heads_total / kHeadsPerThread)
+  int head_sets;         // ceil(heads_total / kHeadsPerThread)
+  int threads_per_token; // groups * head_sets
   bool pair_stores;      // an fp8 pool aligned for 2 * kVec-byte stores of adjacent vectors
 };
 
@@ -228,7 +238,7 @@ __global__ void __launch_bounds__(kBlockThreads, (kMinBlocksPerSm<T, P>)) RopePo
   const int w = blockIdx.y * blockDim.x + threadIdx.x;
   const bool active = t < p.num_tokens && w < geo.threads_per_token;
   const int g = w % geo.groups;
-  const int h_begin = (w / geo.groups) * kHeadsPerThread;
+  const int h_begin = HeadSet(w / geo.groups, geo.head_sets) * kHeadsPerThread;
 
   int64_t slot = -1;
   if (active) slot = int64_t(static_cast<const I*>(p.slots)[t]);
@@ -342,8 +352,8 @@ cudaError_t Launch(cudaStream_t stream, const RopePoolParams& p) {
   const int tail_vectors = (p.head_dim - p.rotary_dim) / kVec;
   geo.groups = geo.rot_groups + (tail_vectors + 1) / 2;
   geo.heads_total = p.num_qo_heads + 2 * p.num_kv_heads;
-  geo.threads_per_token =
-      geo.groups * ((geo.heads_total + kHeadsPerThread - 1) / kHeadsPerThread);
+  geo.head_sets = (geo.heads_total + kHeadsPerThread - 1) / kHeadsPerThread;
+  geo.threads_per_token = geo.groups * geo.head_sets;
   constexpr int kPairBytes = 2 * kVec * int(sizeof(P));
   geo.pair_stores = !std::is_same_v<P, T> && p.pool_row_stride % (2 * kVec) == 0 &&
                     p.pool_head_stride % (2 * kVec) == 0 && Aligned(p.k_pool, kPairBytes) &&
