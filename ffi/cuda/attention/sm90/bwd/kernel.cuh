@@ -74,7 +74,12 @@ struct BwdKernelParams {
   int tail_splits;
   float* tail_dk;      // [tail block, split, kBlockN, head_dim]
   float* tail_dv;
-  // Varlen (the wide kernel's kVarlen instantiation only; appended, so the dense kernels' fields
+  // Causal launch order (launch.cuh BwdSectionHeads): > 0 runs the grid's blocks key block major
+  // within sections of section_heads (kv head, batch) pairs, so the longest blocks (low key
+  // blocks see the most rows) go first across a section and the grid ends on short ones; a
+  // section's Q, dO and dQ accumulators fit in L2. 0: the grid's own order (key block fastest).
+  int section_heads;
+  // Varlen (the kVarlen instantiations only; appended, so the dense kernels' fields
   // keep their places): q / dout and k / v as packed rows [total, head dim, heads, 1], one CTA
   // per linear key block of all sequences (varlen_block.cuh), the workspace per sequence at
   // PaddedSeqRow0, dK / dV stored row by row.
@@ -306,8 +311,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     n_block = block % params.n_blocks;
     kv_head = block / params.n_blocks % kv_heads;
     batch = block / params.n_blocks / kv_heads;
-  } else if ((batch * int(gridDim.y) + kv_head) * int(gridDim.x) + n_block >= params.num_whole) {
-    return;  // a tail block: the kTail kernel runs it (the whole CTA, before any barrier)
+  } else {
+    const int block = (batch * int(gridDim.y) + kv_head) * int(gridDim.x) + n_block;
+    if (block >= params.num_whole)
+      return;  // a tail block: the kTail kernel runs it (the whole CTA, before any barrier)
+    if (params.section_heads > 0) {
+      const int section = block / (params.section_heads * params.n_blocks);
+      const int first = section * params.section_heads;
+      const int heads = min(params.section_heads, int(gridDim.y * gridDim.z) - first);
+      const int within = block - first * params.n_blocks;
+      n_block = within / heads;
+      const int pair = first + within % heads;
+      kv_head = pair % int(gridDim.y);
+      batch = pair / int(gridDim.y);
+    }
   }
   const int n0 = n_block * kBlockN;
   // Keys of this sequence: the causal diagonal and the key mask use k_len (as the sm80 kernels

@@ -5,6 +5,8 @@
 // Included only by the generated instantiations/sm90_bwd_*.cu files.
 #pragma once
 
+#include <algorithm>
+
 #include "ffi/common/numeric.h"
 #include "ffi/cuda/attention/common/launch.cuh"
 #include "ffi/cuda/attention/sm90/bwd/dq_launch.cuh"
@@ -18,6 +20,16 @@
 namespace jax_sgl::cuda {
 
 namespace sm90 {
+
+// Dense causal calls: (kv head, batch) pairs per section of the key-block-major launch order
+// (BwdKernelParams::section_heads): as many as keep a section's Q and dO (16-bit) and its float32
+// dQ accumulators within 40 MB of the H100's / H200's 50 MB L2. Other calls: 0, the grid's order
+// (their blocks cost the same, or nearly; varlen blocks follow the sequences).
+inline int BwdSectionHeads(const AttentionParams& p, int ws_rows) {
+  if (!p.causal || p.window_left >= 0 || p.cu_seqlens_q != nullptr) return 0;
+  const int64_t bytes = int64_t(p.num_heads / p.num_kv_heads) * ws_rows * p.head_dim * (2 + 2 + 4);
+  return int(std::max<int64_t>(1, (int64_t(40) << 20) / bytes));
+}
 
 // hd64 / hd96 / hd128: config.h's kernel, the tail split and the deterministic dQ kernel (dense);
 // varlen calls (cu_seqlens_q and cu_seqlens_k) run its kVarlen instantiation over the linear key
@@ -57,7 +69,7 @@ cudaError_t LaunchFlashBwdSm90Narrow(const FlashBwdArgs& args, float* dq_accum, 
       args, dq_accum,
       {n_blocks, num_blocks - tail_blocks, tail_splits,
        tail_blocks > 0 ? args.sm90_tail : nullptr,
-       tail_blocks > 0 ? args.sm90_tail + tail_floats : nullptr},
+       tail_blocks > 0 ? args.sm90_tail + tail_floats : nullptr, BwdSectionHeads(p, args.ws_rows)},
       varlen);
   cudaError_t err;
   if (dq_accum != nullptr &&

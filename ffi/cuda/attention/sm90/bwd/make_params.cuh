@@ -12,19 +12,20 @@
 
 namespace jax_sgl::cuda::sm90 {
 
-// Tail split fields of BwdKernelParams (kernel.cuh); {n_blocks, n_blocks, 0, nullptr, nullptr}
-// (every block whole) when off.
-struct BwdTailFields {
+// Grid fields of BwdKernelParams (kernel.cuh): the tail split, {n_blocks, n_blocks, 0, nullptr,
+// nullptr} (every block whole) when off, and the causal launch order (0: the grid's own).
+struct BwdGridFields {
   int n_blocks;
   int num_whole;
   int tail_splits;
   float* tail_dk;
   float* tail_dv;
+  int section_heads = 0;
 };
 
 template <typename Cfg, typename KVBox>
 BwdKernelParams<Cfg> MakeBwdKernelParams(const FlashBwdArgs& args, float* dq_accum,
-                                         const BwdTailFields& tail, bool varlen = false) {
+                                         const BwdGridFields& grid, bool varlen = false) {
   constexpr int kD = Cfg::kHeadDim;
   const AttentionBwdParams& bp = args.bp;
   const AttentionParams& p = bp.fwd;
@@ -62,11 +63,12 @@ BwdKernelParams<Cfg> MakeBwdKernelParams(const FlashBwdArgs& args, float* dq_acc
       p.softcap > 0.f ? p.softcap * 1.4426950408889634f : 0.f,
       p.window_left,
       p.window_right,
-      tail.n_blocks,
-      tail.num_whole,
-      tail.tail_splits,
-      tail.tail_dk,
-      tail.tail_dv,
+      grid.n_blocks,
+      grid.num_whole,
+      grid.tail_splits,
+      grid.tail_dk,
+      grid.tail_dv,
+      grid.section_heads,
       p.cu_seqlens_q,
       p.kv_layout == KvLayout::kVarlen ? p.cu_seqlens_k : nullptr,
       int(p.total_q),
