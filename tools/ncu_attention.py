@@ -30,8 +30,9 @@ import pathlib
 import re
 import sys
 
-CASES = ("fwd4k", "fwd4kc", "fwd8k", "fwdbwd4k", "fwdbwd4kc", "decode32k", "decode32kc",
-         "paged1", "paged16", "paged64")
+# fwdbwdv*: jax_sgl over the same batch packed (cu_seqlens; the anchors stay dense).
+CASES = ("fwd4k", "fwd4kc", "fwd8k", "fwdbwd4k", "fwdbwd4kc", "fwdbwdv4k", "fwdbwdv4kc",
+         "decode32k", "decode32kc", "paged1", "paged16", "paged64")
 # The implementations each kind of case runs (by the case's prefix); any other pairing would
 # fall through to another implementation's branch of case_fn and profile that one instead.
 IMPLS = {"paged": ("jax_sgl", "contig", "fa3"), "decode": ("jax_sgl", "cudnn"),
@@ -99,21 +100,23 @@ def case_fn(case):
     fn = jax.jit(lambda q, kp, vp, t, u: jax_sgl.attention(q, kp, vp, page_table=t, seqused_k=u))
     return fn, (q, to_pool(k), to_pool(v), perm.reshape(b, pages), jnp.full((b,), s, jnp.int32))
   s = 8192 if what == "fwd8k" else 4096
-  causal = what in ("fwd4kc", "fwdbwd4kc")
+  causal = what in ("fwd4kc", "fwdbwd4kc", "fwdbwdv4kc")
   b, h, d = 32768 // s, 16, 128
   q, k, v = (normal(keys[i], (b, s, h, d)) for i in range(3))
+  if impl == "fa3":
+    import fa3
+    assert fa3.load() is not None, "flash-attn3-jax is not importable"
+  if what.startswith("fwdbwd"):
+    import bench_attention_bwd
+    _, grad = bench_attention_bwd.attention_fns(impl, causal, varlen=what.startswith("fwdbwdv"))
+    return grad, (q, k, v)
   if impl == "jax_sgl":
     attn = lambda q, k, v: jax_sgl.attention(q, k, v, causal=causal)
   elif impl == "fa3":
-    import fa3
-    assert fa3.load() is not None, "flash-attn3-jax is not importable"
     attn = fa3.dense_attention(causal)
   else:
     attn = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=causal,
                                                         implementation="cudnn")
-  if what.startswith("fwdbwd"):
-    loss = lambda q, k, v: jnp.sum(jnp.cos(attn(q, k, v).astype(jnp.float32)))
-    return jax.jit(jax.grad(loss, argnums=(0, 1, 2))), (q, k, v)
   return jax.jit(attn), (q, k, v)
 
 
