@@ -109,16 +109,20 @@ if [[ "${GPU_CHECK_TESTS:-}" != none ]]; then
   # Failures are written as they happen (tests/conftest.py), so a run cut short still names them.
   export JAX_SGL_FAILED_LOG="$OUT/failed.txt"
   : > "$JAX_SGL_FAILED_LOG"
+  # A test running over 90 s prints every thread's stack (faulthandler_timeout; it goes on), so a
+  # run cut by the timeout names what it was waiting on (session 24: 6 tests of three grad files
+  # still running at 220 s and at 265 s, unnamed).
   # Without preallocation: XLA's default (75% of the GPU per process) starves parallel workers
   # (pytest -n), which then fail or see no GPU.
   limit=()
   [[ "${GPU_CHECK_TESTS_TIMEOUT:-0}" != 0 ]] && limit=(timeout "$GPU_CHECK_TESTS_TIMEOUT")
   XLA_PYTHON_CLIENT_PREALLOCATE="${XLA_PYTHON_CLIENT_PREALLOCATE:-false}" "${limit[@]}" \
     "$PY" -m pytest -m "gpu and not bigmem" -q -rfEs --durations=25 -p no:cacheprovider --rootdir "$REPO" \
-      "${tests[@]}" > "$OUT/pytest.log" 2>&1
+      -o faulthandler_timeout=90 "${tests[@]}" > "$OUT/pytest.log" 2>&1
   if [[ $? == 124 ]]; then
     # Cut by GPU_CHECK_TESTS_TIMEOUT: what ran, from pytest's progress lines (. s F E x X).
-    progress="$(grep -E '^[.sFExX]+ *\[ *[0-9]+%\]$' "$OUT/pytest.log" | sed 's/ *\[.*//' | tr -d '\n')"
+    # The last line, cut mid-way, has no percentage.
+    progress="$(grep -E '^[.sFExX]+( *\[ *[0-9]+%\])?$' "$OUT/pytest.log" | sed 's/ *\[.*//' | tr -d '\n')"
     row tests "stopped after $GPU_CHECK_TESTS_TIMEOUT s at $(grep -oE '[0-9]+%' "$OUT/pytest.log" | tail -1): $(tr -cd . <<< "$progress" | wc -c) passed, $(tr -cd F <<< "$progress" | wc -c) failed, $(tr -cd E <<< "$progress" | wc -c) errors, $(tr -cd s <<< "$progress" | wc -c) skipped"
   else
     row tests "$(grep -E '(passed|failed|error|skipped|no tests ran)' "$OUT/pytest.log" | tail -1)"

@@ -12,6 +12,8 @@
 #               kernel matching NCU_KERNEL in each case, and write the source page as
 #               $OUT/ncu/<case>.sass.csv (instruction, samples, stall reasons per line) and
 #               the details page as <case>.csv
+#   NCU_QUICK   1: the SpeedOfLight section alone (each kernel's time and throughputs in a few
+#               replay passes), for the time split of a whole call over its kernels
 set -uo pipefail
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 OUT="${OUT:-/tmp/gpu_check}"
@@ -20,6 +22,10 @@ dir="$OUT/ncu"
 mkdir -p "$dir"
 cases="${NCU_CASES:-fwd4k-jax_sgl fwd4k-cudnn fwd4kc-jax_sgl fwd4kc-cudnn fwdbwd4k-jax_sgl fwdbwd4k-cudnn decode32k-jax_sgl decode32k-cudnn}"
 cd /tmp  # the installed package, not the source tree
+# Buffers allocated as needed, not JAX's preallocated pool (75% of the GPU): a kernel replay saves
+# and restores the memory a kernel can write, and under the pool the dQ-accumulating backward
+# failed to profile ("Failed to profile FlashBwdSm90Kernel", session 24, H200).
+export XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_PYTHON_CLIENT_ALLOCATOR=platform
 for c in $cases; do
   if [ "${NCU_SOURCE:-0}" = 1 ]; then
     # One launch is enough: the sampler sees every warp of the kernel's ~4k CTAs.
@@ -39,12 +45,16 @@ for c in $cases; do
   # tensor pipes' share, and the L2 read sectors / requests from the SMs and across the L2
   # partitions (ltcfabric) with their hits, against DRAM sectors read: the MemoryWorkloadAnalysis
   # tables do not reach the CSV. Only the attention kernels are profiled (not XLA's fusions).
-  ncu --clock-control none --profile-from-start off --csv --page details \
-      --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
-      --section MemoryWorkloadAnalysis_Tables \
-      --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats \
-      --section InstructionStats \
-      --metrics "regex:^(smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio|sm__pipe_tensor_op.*_cycles_active\.avg\.pct_of_peak_sustained_active|lts__t_(sectors|requests)_srcunit_(tex|ltcfabric)_op_read(_lookup_hit|_lookup_miss)?\.sum|dram__sectors_read\.sum)$" \
+  if [ "${NCU_QUICK:-0}" = 1 ]; then
+    sections=(--section SpeedOfLight)
+  else
+    sections=(--section SpeedOfLight --section ComputeWorkloadAnalysis
+      --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables
+      --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats
+      --section InstructionStats
+      --metrics "regex:^(smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio|sm__pipe_tensor_op.*_cycles_active\.avg\.pct_of_peak_sustained_active|lts__t_(sectors|requests)_srcunit_(tex|ltcfabric)_op_read(_lookup_hit|_lookup_miss)?\.sum|dram__sectors_read\.sum)$")
+  fi
+  ncu --clock-control none --profile-from-start off --csv --page details "${sections[@]}" \
       --kernel-name-base demangled --kernel-name "regex:${NCU_KERNEL:-Flash|sdpa|cudnn}" \
       "$PY" "$REPO/tools/ncu_attention.py" run "$c" > "$dir/$c.csv" 2> "$dir/$c.err" \
     || echo "ncu $c failed: $(tail -2 "$dir/$c.err")"
