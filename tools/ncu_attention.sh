@@ -12,6 +12,8 @@
 #               kernel matching NCU_KERNEL in each case, and write the source page as
 #               $OUT/ncu/<case>.sass.csv (instruction, samples, stall reasons per line) and
 #               the details page as <case>.csv
+#   NCU_COUNT   profile only the first N launches that match NCU_KERNEL (a fwd+bwd case ran each
+#               of its kernels 11 times in its range, session 24)
 #   NCU_QUICK   1: the SpeedOfLight section alone (each kernel's time and throughputs in a few
 #               replay passes), for the time split of a whole call over its kernels
 set -uo pipefail
@@ -54,7 +56,9 @@ for c in $cases; do
       --section InstructionStats
       --metrics "regex:^(smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio|sm__pipe_tensor_op.*_cycles_active\.avg\.pct_of_peak_sustained_active|lts__t_(sectors|requests)_srcunit_(tex|ltcfabric)_op_read(_lookup_hit|_lookup_miss)?\.sum|dram__sectors_read\.sum)$")
   fi
-  ncu --clock-control none --profile-from-start off --csv --page details "${sections[@]}" \
+  count=()
+  [ -n "${NCU_COUNT:-}" ] && count=(--launch-count "$NCU_COUNT")
+  ncu --clock-control none --profile-from-start off --csv --page details "${sections[@]}" "${count[@]}" \
       --kernel-name-base demangled --kernel-name "regex:${NCU_KERNEL:-Flash|sdpa|cudnn}" \
       "$PY" "$REPO/tools/ncu_attention.py" run "$c" > "$dir/$c.csv" 2> "$dir/$c.err" \
     || echo "ncu $c failed: $(tail -2 "$dir/$c.err")"
