@@ -32,11 +32,11 @@ import sys
 
 # fwdbwdv*: jax_sgl over the same batch packed (cu_seqlens; the anchors stay dense).
 CASES = ("fwd4k", "fwd4kc", "fwd8k", "fwdbwd4k", "fwdbwd4kc", "fwdbwdv4k", "fwdbwdv4kc",
-         "decode32k", "decode32kc", "paged1", "paged16", "paged64")
+         "decode32k", "decode32kc", "paged1", "paged16", "paged64", "fp8fwd4k", "fp8fwd4kc")
 # The implementations each kind of case runs (by the case's prefix); any other pairing would
 # fall through to another implementation's branch of case_fn and profile that one instead.
 IMPLS = {"paged": ("jax_sgl", "contig", "fa3"), "decode": ("jax_sgl", "cudnn"),
-         "fwd": ("jax_sgl", "cudnn", "fa3")}
+         "fwd": ("jax_sgl", "cudnn", "fa3"), "fp8": ("jax_sgl", "cudnn")}
 
 # (column, ncu metric name): the columns of the summary, from the sections that
 # tools/ncu_attention.sh asks for.
@@ -84,6 +84,16 @@ def case_fn(case):
                                bench.gather(k_pool, table, w), bench.gather(v_pool, table, w))
     fn, args, _ = runs[{"jax_sgl": "paged", "contig": "contiguous"}.get(impl, impl)]
     return fn, args
+  if what.startswith("fp8"):  # e4m3 q / k / v with per-tensor descales, bench_attention_fp8's
+    import bench_attention_fp8 as bench
+    causal = what.endswith("c")
+    b, s = 32768 // 4096, 4096
+    (q8, dq), (k8, dk), (v8, dv) = (bench.quantize(keys[i], (b, s, bench.H, bench.D))
+                                    for i in range(3))
+    if impl == "cudnn":
+      return bench.cudnn_fp8(causal, (dq, dk, dv)), (q8, k8, v8)
+    return jax.jit(lambda q, k, v, a, c, e: jax_sgl.attention(
+        q, k, v, causal=causal, q_descale=a, k_descale=c, v_descale=e)), (q8, k8, v8, dq, dk, dv)
   if what.startswith("decode32k"):
     b, s, h, hkv, d, page = 64, 32768, 32, 8, 128, 16
     q = normal(keys[0], (b, 1, h, d))
