@@ -42,7 +42,8 @@ import jax_sgl
 from timing import try_time
 
 DTYPE = jnp.bfloat16
-# jax_sgl's CUDA backward kernels serve head dims up to this; above it, the reference's vjp.
+# jax_sgl's portable (sm80) CUDA backward serves head dims up to this; above it only the sm90
+# backward's wide kernel (192, 256, Hopper) is native, else the reference's vjp.
 MAX_CUDA_BWD_HEAD_DIM = 128
 # FA3's gradients further than this (relative to the anchor's max) from the anchor's are taken as
 # a head dim its wheel does not serve: a wrong or absent kernel is off by O(1), bf16 rounding of
@@ -143,9 +144,8 @@ def bench_head_dim(d, args):
         f"(fwd+bwd counts 3.5x the forward's flops, bwd alone 2.5x); backward variants: "
         f"{' '.join(variants)}")
   if d > MAX_CUDA_BWD_HEAD_DIM and not args.reference_bwd:
-    # Above 128 only the sm90 backward's wide kernel (192, 256; not deterministic) is native.
-    print(f"  (above head dim {MAX_CUDA_BWD_HEAD_DIM} jax_sgl's CUDA backward is the sm90 variant "
-          "alone, on Hopper at 192 / 256: the other variants' rows time the reference backward)")
+    print(f"  (above head dim {MAX_CUDA_BWD_HEAD_DIM} jax_sgl's CUDA backward is the sm90 one "
+          "alone (sm90 / sm90det), on Hopper at 192 / 256: sm80 rows time the reference backward)")
   print(f"{'S':>6} {'causal':>6} {'impl':<14} {'fwd+bwd ms':>10} {'fwd+bwd':>8} {'bwd':>8} "
         f"{'jax_sgl vs':>10}")
   for s in args.seqlens:
