@@ -14,6 +14,8 @@
 #               the details page as <case>.csv
 #   NCU_COUNT   profile only the first N launches that match NCU_KERNEL (a fwd+bwd case ran each
 #               of its kernels 11 times in its range, session 24)
+#   NCU_REPLAY  ncu's --replay-mode (default kernel; application reruns the whole case per pass:
+#               no memory save / restore, slow with many sections)
 #   NCU_QUICK   1: the SpeedOfLight section alone (each kernel's time and throughputs in a few
 #               replay passes), for the time split of a whole call over its kernels
 set -uo pipefail
@@ -58,7 +60,8 @@ for c in $cases; do
   fi
   count=()
   [ -n "${NCU_COUNT:-}" ] && count=(--launch-count "$NCU_COUNT")
-  ncu --clock-control none --profile-from-start off --csv --page details "${sections[@]}" "${count[@]}" \
+  ncu --clock-control none --profile-from-start off --replay-mode "${NCU_REPLAY:-kernel}" \
+      --csv --page details "${sections[@]}" "${count[@]}" \
       --kernel-name-base demangled --kernel-name "regex:${NCU_KERNEL:-Flash|sdpa|cudnn}" \
       "$PY" "$REPO/tools/ncu_attention.py" run "$c" > "$dir/$c.csv" 2> "$dir/$c.err" \
     || echo "ncu $c failed: $(tail -2 "$dir/$c.err")"
