@@ -71,8 +71,7 @@ const char* Sm90BwdUnsupported(const AttentionParams& p) {
 // hd64 / hd128 passed the GPU gradient tests (bf16 / fp16, both dQ modes; H100 and H200,
 // 2026-12-02), hd96, hd192 / hd256 and varlen as well (tests/test_attention_grad_wide_gpu.py,
 // H100, 2026-12-05; varlen at 64 / 96 / 128 since on config.h's kernel). All run by default;
-// JAX_SGL_DISABLE=
-// sm90_bwd (a bit of p.disable) turns them off.
+// JAX_SGL_DISABLE=sm90_bwd (a bit of p.disable) turns them off.
 bool Sm90BwdEnabled(const AttentionParams& p, const DeviceInfo& dev) {
   if (p.disable & kDisableSm90Bwd) return false;
   return IsSm90(dev);

@@ -9,6 +9,8 @@
 
 #include <cstdint>
 
+#include <cute/tensor.hpp>
+
 #include "ffi/common/attention_geometry.h"
 #include "ffi/cuda/attention/flash_bwd_launch.h"  // PaddedSeqRow0
 
@@ -51,6 +53,31 @@ __device__ bool BwdVarlenBlock(Params const& params, int lin, int block_n, int b
   s.q_len = int(r.len);
   s.ws_row0 = PaddedSeqRow0(r.begin, b, block_m);
   return true;
+}
+
+// [rows, head dim] of one head of a TMA view: dense picks the batch, varlen starts at the
+// sequence's row of the packed view (batch extent 1).
+template <bool kVarlen, typename View>
+__device__ __forceinline__ auto SeqHeadRows(View const& m, int head, int batch, int row0) {
+  using namespace cute;
+  if constexpr (kVarlen) return domain_offset(make_coord(row0, _0{}), m(_, _, head, _0{}));
+  else return m(_, _, head, batch);
+}
+
+// Rows [0, rows) of a [rows, kHeadDim] smem tile to dst (row r at dst + r * row_stride) by the
+// 128 threads of a warpgroup, one 16-byte chunk (8 features: whole under every swizzle used) a
+// thread at a time: varlen stores, where a TMA box would write into the next sequence.
+template <int kHeadDim, typename Element, typename Tile>
+__device__ __forceinline__ void StoreSmemRows(Element* dst, int64_t row_stride, int rows,
+                                              Tile const& tile, int thread_in_wg) {
+  constexpr int kChunks = kHeadDim / 8;
+  const int live = rows * kChunks;
+#pragma unroll 4
+  for (int idx = thread_in_wg; idx < live; idx += 128) {
+    const int r = idx / kChunks, c = idx % kChunks;
+    *reinterpret_cast<uint4*>(dst + r * row_stride + c * 8) =
+        *reinterpret_cast<const uint4*>(cute::raw_pointer_cast(&tile(r, c * 8)));
+  }
 }
 
 }  // namespace jax_sgl::cuda::sm90
