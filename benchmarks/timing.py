@@ -67,8 +67,10 @@ def median_seconds(fn, args, calls, batches):
 def jit_with_disable(fn, disable):
   """fn jitted so that its first call lowers and compiles it with JAX_SGL_DISABLE=disable (jax_sgl
   reads the switch when a call is lowered), restoring the variable afterwards: one compiled
-  function per kernel family, timed side by side in one process."""
-  jitted = jax.jit(fn)
+  function per kernel family, timed side by side in one process. A fresh wrapper per call: jax
+  caches a function's lowering by its traced jaxpr, so a second jit of the same `fn` would reuse
+  the first one's lowered call (and its disable attribute)."""
+  jitted = jax.jit(lambda *args: fn(*args))
   compiled = []
 
   def call(*args):
