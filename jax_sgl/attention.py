@@ -218,7 +218,7 @@ _native_bwd_rule = ffi_rule(BWD_TARGET)
 CUDA_BWD_MAX_HEAD_DIM = 128
 # Head dims above it with a CUDA backward on Hopper only: the sm90 backward's wide kernel
 # (ffi/cuda/attention/sm90/bwd/wide_kernel.cuh), dense or varlen, head_dim == head_dim_v;
-# deterministic=True on the dense layout (its dQ from the atomic-free dQ kernel).
+# deterministic=True with its dQ from the atomic-free dQ kernel.
 SM90_BWD_WIDE_HEAD_DIMS = (192, 256)
 
 
@@ -237,9 +237,6 @@ def _wide_bwd_unsupported(spec: AttentionSpec, q_dtype) -> str | None:
             "on Hopper")
   if spec.kv_layout == KV_PAGED:
     return f"head dim {d}: gradients through paged KV have no CUDA backward"
-  if spec.deterministic and spec.varlen_q:
-    return (f"head dim {d}: deterministic=True with varlen q/k has a CUDA backward up to head dim "
-            "128 only (the sm80 one)")
   if "sm90_bwd" in _disable.disabled():
     return f"head dim {d}: {_disable.ENV} names sm90_bwd, the only CUDA backward above 128"
   if not _registration.sm90_bwd_built(d, q_dtype):
@@ -450,11 +447,12 @@ def attention(q, k=None, v=None, *, causal=False, softmax_scale=None, window=(-1
   handled exactly: d lse / d scores = P), and with respect to sinks. The backward kernel recomputes the probabilities from
   the saved lse (no second forward). Index arrays get no gradient. Paged KV and fp8 inputs are
   forward-only: differentiating through them raises NotImplementedError at trace time.
-  `deterministic` (a Python bool): on a compute-capability-9.0 GPU, dense bfloat16 calls at head
-  dim 128 run the Hopper backward, whose dQ is summed with float32 atomics by default (dK/dV are
-  deterministic; dQ can differ in the last bits between runs); deterministic=True computes dQ
-  with an atomic-free kernel instead, bitwise reproducible and 2-3% slower. The CPU backward is
-  always deterministic, so there it has no effect.
+  `deterministic` (a Python bool): on a compute-capability-9.0 GPU, float16/bfloat16 calls
+  (dense or varlen, head dims 64, 96, 128, 192, 256) run the Hopper backward, whose dQ is summed
+  with float32 atomics by default (dK/dV are deterministic; dQ can differ in the last bits
+  between runs); deterministic=True computes dQ with an atomic-free kernel instead, bitwise
+  reproducible and a few percent slower. The CPU backward is always deterministic, so there it
+  has no effect.
   On CUDA the native backward kernels serve float16/bfloat16 with head dims up to 128; for
   float32, larger head dims, or gradients traced while JAX_SGL_DISABLE names cuda_bwd, CUDA runs
   the backward as the vjp of the pure-JAX reference (correct, slower) and warns once.

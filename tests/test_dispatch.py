@@ -227,13 +227,13 @@ def test_backward_disable_switch(monkeypatch):
 
 @pytest.mark.parametrize("cc", [HOPPER, BLACKWELL])
 def test_varlen_backward_up_to_128_runs_the_sm90_kernel_on_hopper(cc):
-  """Varlen at hd <= 128: config.h's kernel's varlen instantiation on Hopper, the sm80 backward
-  elsewhere and with deterministic=True."""
+  """Varlen at hd <= 128: config.h's kernel's varlen instantiation on Hopper (deterministic=True:
+  then the dQ kernel's), the sm80 backward elsewhere."""
   sm90 = cc == HOPPER and _built("sm90_bwd", 128)
   assert _varlen_grad_kernels(cc, 128, causal=True)[-1] == (
       "bwd", "sm90_bwd" if sm90 else "portable_bwd")
   assert _varlen_grad_kernels(cc, 128, causal=True, deterministic=True)[-1] == (
-      "bwd", "portable_bwd")
+      "bwd", "sm90_bwd_dq_kernel" if sm90 else "portable_bwd")
 
 
 def test_head_dims_above_128_lower_to_the_reference_without_a_local_hopper(monkeypatch):
@@ -304,16 +304,10 @@ def test_wide_varlen_backward_runs_sm90_on_hopper(monkeypatch, head_dim):
   monkeypatch.setattr(_registration, "local_cuda_devices_are_hopper", lambda: True)
   for kw in ({"causal": True}, {"window": (100, 0)}, {"softcap": 30.0}, {}):
     assert _varlen_grad_kernels(HOPPER, head_dim, **kw)[-1] == ("bwd", "sm90_bwd"), kw
+  assert _varlen_grad_kernels(HOPPER, head_dim, causal=True, deterministic=True)[-1] == (
+      "bwd", "sm90_bwd_dq_kernel")
   kind, kernel = _varlen_grad_kernels(AMPERE, head_dim, causal=True)[-1]
   assert kind == "bwd" and kernel.startswith("none") and "Hopper" in kernel, kernel
-
-
-def test_wide_varlen_deterministic_lowers_to_the_reference(monkeypatch):
-  monkeypatch.setattr(_registration, "local_cuda_devices_are_hopper", lambda: True)
-  monkeypatch.setattr(_primitive, "_warned", set())
-  with pytest.warns(RuntimeWarning, match="reference"):
-    kernels = _varlen_grad_kernels(HOPPER, 256, causal=True, deterministic=True)
-  assert [d for d, _ in kernels] == ["fwd"], kernels
 
 
 def test_wide_backward_disable_switch(monkeypatch):

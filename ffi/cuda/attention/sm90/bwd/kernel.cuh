@@ -357,11 +357,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   Tensor sV = make_tensor(make_smem_ptr(shared.v.data()), typename Cfg::SmemLayoutKV{});
   Tensor sQ = make_tensor(make_smem_ptr(shared.q.data()), typename Cfg::SmemLayoutRows{});
   Tensor sdO = make_tensor(make_smem_ptr(shared.dout.data()), typename Cfg::SmemLayoutRows{});
-  // [rows, head dim] of one head of a TMA view: dense picks the batch, varlen starts at the
-  // sequence's row of the packed view (batch extent 1).
   auto head_rows = [&](auto const& m, int head, int row0) {
-    if constexpr (kVarlen) return domain_offset(make_coord(row0, _0{}), m(_, _, head, _0{}));
-    else return m(_, _, head, batch);
+    return SeqHeadRows<kVarlen>(m, head, batch, row0);
   };
 
   if (warpgroup == 0) {
@@ -587,25 +584,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     cutlass::arch::fence_view_async_shared();  // generic-proxy writes -> TMA reads
     cutlass::arch::NamedBarrier::sync(128, uint32_t(BwdBarrier::kEpilogue0) + consumer);
     if constexpr (kVarlen) {
-      // Row by row: this consumer's 64 keys of dK, then of dV, one 16-byte chunk (8 features,
-      // whole under every swizzle used here) a thread at a time; keys past the sequence's end
-      // are left alone (they are the next sequence's rows, or the packed tail's).
-      constexpr int kChunks = Cfg::kHeadDim / 8;
+      // Row by row: this consumer's 64 keys of dK, then of dV; keys past the sequence's end are
+      // left alone (they are the next sequence's rows, or the packed tail's).
       const int kv_heads = params.num_heads / params.group;
       const int key0 = n0 + consumer * kKeys;
-      const int live = max(0, min(k_len - key0, kKeys)) * kChunks;
+      const int live = max(0, min(k_len - key0, kKeys));
       const int64_t row_stride = int64_t(kv_heads) * Cfg::kHeadDim;
       const int64_t base = (int64_t(seq.k_row0) + key0) * row_stride + kv_head * Cfg::kHeadDim;
-      auto store_rows = [&](Element* dst, auto const& tile) {
-#pragma unroll 4
-        for (int idx = thread_in_wg; idx < live; idx += 128) {
-          const int r = idx / kChunks, c = idx % kChunks;
-          *reinterpret_cast<uint4*>(dst + base + r * row_stride + c * 8) =
-              *reinterpret_cast<const uint4*>(raw_pointer_cast(&tile(r, c * 8)));
-        }
-      };
-      store_rows(params.dk, sK(_, _, consumer));
-      store_rows(params.dv, sV(_, _, consumer));
+      StoreSmemRows<Cfg::kHeadDim>(params.dk + base, row_stride, live, sK(_, _, consumer),
+                                   thread_in_wg);
+      StoreSmemRows<Cfg::kHeadDim>(params.dv + base, row_stride, live, sV(_, _, consumer),
+                                   thread_in_wg);
     } else if (thread_in_wg == 0) {
       Tensor mdK = params.tma_dk.get_tma_tensor(params.kv_shape);
       Tensor mdV = params.tma_dv.get_tma_tensor(params.kv_shape);

@@ -1,13 +1,15 @@
-// Which sequence and key block a CTA of the sm_90a backward's varlen instantiation runs
-// (FlashBwdSm90WideKernel<.., kVarlen>: cu_seqlens_q and cu_seqlens_k, which the API gives
-// together), and where that sequence's rows live: the grid's x is the
-// linear key block of all sequences (each ceil(k rows / kBlockN) blocks, in order), as the
-// forward's VarlenTile linearizes row blocks. An O(batch) scan of cu_seqlens_k per CTA instead of
+// Which sequence and block a CTA of the sm_90a backward's varlen instantiations runs
+// (cu_seqlens_q and cu_seqlens_k, which the API gives together), and where that sequence's rows
+// live: the grid's x is the linear key block of all sequences for the dK/dV kernels (each
+// ceil(k rows / kBlockN) blocks, in order), the linear row block for the dQ kernel, as the
+// forward's VarlenTile linearizes row blocks. An O(batch) scan of cu_seqlens per CTA instead of
 // a prefix-sum pass: batch is small next to a CTA's work. Lengths clamp like attention_seq.h
 // GetSeqBounds, so bad index arrays never leave the buffers.
 #pragma once
 
 #include <cstdint>
+
+#include <cute/tensor.hpp>
 
 #include "ffi/common/attention_geometry.h"
 #include "ffi/cuda/attention/flash_bwd_launch.h"  // PaddedSeqRow0
@@ -16,7 +18,7 @@ namespace jax_sgl::cuda::sm90 {
 
 struct BwdSeqBlock {
   int batch;
-  int n_block;     // key block within the sequence
+  int n_block;     // key block within the sequence (the dK/dV kernels; the dQ kernel: row block)
   int q_row0;      // first row of the sequence in packed q / dout
   int q_len;
   int k_row0;      // first row in packed k / v / dk / dv
@@ -24,33 +26,92 @@ struct BwdSeqBlock {
   int64_t ws_row0;  // padded workspace row of (sequence, head 0, row 0); head h adds h * ws_rows
 };
 
-// False past the last sequence's last key block (the grid is a bound).
-template <typename Params>
-__device__ bool BwdVarlenBlock(Params const& params, int lin, int block_n, int block_m,
-                               BwdSeqBlock& s) {
-  int acc = 0, b = 0, cap = 0;
-  s.k_row0 = s.n_block = 0;
-  for (; b < params.batch; ++b) {
-    const RowRange r =
-        ClampedRows(params.cu_seqlens_k[b], params.cu_seqlens_k[b + 1], params.total_k);
-    const int blocks = (int(r.len) + block_n - 1) / block_n;
+// Linear block `lin` of the sequences' rows [cu[b], cu[b + 1]) cut into ceil(len / block) blocks
+// each, in order: its sequence b, the block within it and the sequence's rows. False past the
+// last sequence's last block (the grid is a bound).
+__device__ __forceinline__ bool LinearSeqBlock(const int* cu, int batch, int64_t total, int lin,
+                                               int block, int& b, int& within, RowRange& rows) {
+  int acc = 0;
+  for (b = 0; b < batch; ++b) {
+    rows = ClampedRows(cu[b], cu[b + 1], total);
+    const int blocks = (int(rows.len) + block - 1) / block;
     if (lin < acc + blocks) {
-      s.n_block = lin - acc;
-      s.k_row0 = int(r.begin);
-      cap = int(r.len);
-      break;
+      within = lin - acc;
+      return true;
     }
     acc += blocks;
   }
-  if (b >= params.batch) return false;
+  return false;
+}
+
+// Sequence b's rows and keys, its workspace rows padded to ws_align (PaddedSeqRow0).
+template <typename Params>
+__device__ __forceinline__ void BwdSeqRows(Params const& params, int b, const RowRange& k,
+                                           int ws_align, BwdSeqBlock& s) {
   s.batch = b;
-  s.k_len = params.seqused_k != nullptr ? int(ClampIndex(params.seqused_k[b], 0, cap)) : cap;
-  const RowRange r =
+  s.k_row0 = int(k.begin);
+  s.k_len = params.seqused_k != nullptr ? int(ClampIndex(params.seqused_k[b], 0, k.len))
+                                        : int(k.len);
+  const RowRange q =
       ClampedRows(params.cu_seqlens_q[b], params.cu_seqlens_q[b + 1], params.total_q);
-  s.q_row0 = int(r.begin);
-  s.q_len = int(r.len);
-  s.ws_row0 = PaddedSeqRow0(r.begin, b, block_m);
+  s.q_row0 = int(q.begin);
+  s.q_len = int(q.len);
+  s.ws_row0 = PaddedSeqRow0(q.begin, b, ws_align);
+}
+
+// The dK/dV kernels: linear key block `lin` of all sequences (block_n keys each), the workspace
+// padded to block_m.
+template <typename Params>
+__device__ bool BwdVarlenBlock(Params const& params, int lin, int block_n, int block_m,
+                               BwdSeqBlock& s) {
+  int b;
+  RowRange k;
+  if (!LinearSeqBlock(params.cu_seqlens_k, params.batch, params.total_k, lin, block_n, b,
+                      s.n_block, k))
+    return false;
+  BwdSeqRows(params, b, k, block_m, s);
   return true;
+}
+
+// The dQ kernel: linear row block `lin` of all sequences (block_m rows each; n_block is the row
+// block), the workspace padded to ws_align.
+template <typename Params>
+__device__ bool BwdVarlenRowBlock(Params const& params, int lin, int block_m, int ws_align,
+                                  BwdSeqBlock& s) {
+  int b;
+  RowRange q;
+  if (!LinearSeqBlock(params.cu_seqlens_q, params.batch, params.total_q, lin, block_m, b,
+                      s.n_block, q))
+    return false;
+  BwdSeqRows(params, b,
+             ClampedRows(params.cu_seqlens_k[b], params.cu_seqlens_k[b + 1], params.total_k),
+             ws_align, s);
+  return true;
+}
+
+// [rows, head dim] of one head of a TMA view: dense picks the batch, varlen starts at the
+// sequence's row of the packed view (batch extent 1).
+template <bool kVarlen, typename View>
+__device__ __forceinline__ auto SeqHeadRows(View const& m, int head, int batch, int row0) {
+  using namespace cute;
+  if constexpr (kVarlen) return domain_offset(make_coord(row0, _0{}), m(_, _, head, _0{}));
+  else return m(_, _, head, batch);
+}
+
+// Rows [0, rows) of a [rows, kHeadDim] smem tile to dst (row r at dst + r * row_stride) by the
+// 128 threads of a warpgroup, one 16-byte chunk (8 features: whole under every swizzle used) a
+// thread at a time: varlen stores, where a TMA box would write into the next sequence.
+template <int kHeadDim, typename Element, typename Tile>
+__device__ __forceinline__ void StoreSmemRows(Element* dst, int64_t row_stride, int rows,
+                                              Tile const& tile, int thread_in_wg) {
+  constexpr int kChunks = kHeadDim / 8;
+  const int live = rows * kChunks;
+#pragma unroll 4
+  for (int idx = thread_in_wg; idx < live; idx += 128) {
+    const int r = idx / kChunks, c = idx % kChunks;
+    *reinterpret_cast<uint4*>(dst + r * row_stride + c * 8) =
+        *reinterpret_cast<const uint4*>(cute::raw_pointer_cast(&tile(r, c * 8)));
+  }
 }
 
 }  // namespace jax_sgl::cuda::sm90

@@ -80,11 +80,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   Tensor sV = make_tensor(make_smem_ptr(shared.v.data()), typename Cfg::SmemLayoutKV{});
   Tensor sQ = make_tensor(make_smem_ptr(shared.q.data()), typename Cfg::SmemLayoutRows{});
   Tensor sdO = make_tensor(make_smem_ptr(shared.dout.data()), typename Cfg::SmemLayoutRows{});
-  // [rows, head dim] of one head of a TMA view: dense picks the batch, varlen starts at the
-  // sequence's row of the packed view (batch extent 1).
   auto head_rows = [&](auto const& m, int head, int row0) {
-    if constexpr (kVarlen) return domain_offset(make_coord(row0, _0{}), m(_, _, head, _0{}));
-    else return m(_, _, head, batch);
+    return SeqHeadRows<kVarlen>(m, head, batch, row0);
   };
 
   if (warpgroup == 0) {
@@ -291,20 +288,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     tma_store_wait<0>();
   };
   if constexpr (kVarlen) {
-    // Row by row, each consumer's 128 threads one 16-byte chunk at a time (8 features: one
-    // swizzle chunk of the smem tile), rows past the sequence's keys left to the zero fill.
-    constexpr int kChunks = Cfg::kHeadDim / 8;
+    // Row by row, each consumer its tile (dK, dV); rows past the sequence's keys left to the
+    // zero fill.
     const int kv_heads = params.num_heads / params.group;
-    auto tile = consumer == 0 ? sK(_, _, 0) : sV(_, _, 0);
     Element* dst = (consumer == 0 ? params.dk : params.dv) +
                    (int64_t(seq.k_row0 + n0) * kv_heads + kv_head) * Cfg::kHeadDim;
-    const int live = min(k_len - n0, kBlockN) * kChunks;
-#pragma unroll 4
-    for (int idx = thread_in_wg; idx < live; idx += 128) {
-      const int r = idx / kChunks, c = idx % kChunks;
-      *reinterpret_cast<uint4*>(dst + int64_t(r) * kv_heads * Cfg::kHeadDim + c * 8) =
-          *reinterpret_cast<const uint4*>(raw_pointer_cast(&tile(r, c * 8)));
-    }
+    StoreSmemRows<Cfg::kHeadDim>(dst, int64_t(kv_heads) * Cfg::kHeadDim, min(k_len - n0, kBlockN),
+                                 consumer == 0 ? sK(_, _, 0) : sV(_, _, 0), thread_in_wg);
   } else if (thread_in_wg == 0) {
     if (consumer == 0)
       store(params.tma_dk, sK(_, _, 0));
