@@ -85,7 +85,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const int lin = params.window_right >= 0 ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
   [[maybe_unused]] BwdSeqBlock seq{};
   if constexpr (kVarlen) {
-    if (!BwdVarlenRowBlock(params, lin, kBlockM, params.ws_align, seq)) return;  // whole CTA
+    if (!BwdVarlenBlock<true>(params, lin, kBlockM, params.ws_align, seq)) return;  // whole CTA
   }
   const int m_block = kVarlen ? seq.n_block : lin;
   const int head = blockIdx.y;

@@ -17,18 +17,15 @@ cudaError_t LaunchFlashBwdSm90Dq(const FlashBwdArgs& args, cudaStream_t stream) 
   using Cfg = BwdDqConfig<typename CutlassType<T>::type, kHeadDim>;
   const AttentionBwdParams& bp = args.bp;
   const AttentionParams& p = bp.fwd;
-  // Varlen: packed rows [total, head dim, heads, 1] (the batch mode of extent 1).
   const bool varlen = p.cu_seqlens_q != nullptr;
   if (varlen != (p.kv_layout == KvLayout::kVarlen) || varlen != (args.ws_seq_align > 0))
     return cudaErrorInvalidValue;
-  const int rows_q = varlen ? int(p.total_q) : p.seqlen_q;
-  const int rows_k = varlen ? int(p.total_k) : p.seqlen_k;
-  const int batch = varlen ? 1 : p.batch;
-  auto q = DenseTensor<Cfg>(p.q, rows_q, kHeadDim, p.num_heads, batch);
-  auto dout = DenseTensor<Cfg>(bp.dout, rows_q, kHeadDim, p.num_heads, batch);
-  auto dq = DenseTensor<Cfg>(bp.dq, rows_q, kHeadDim, p.num_heads, batch);
-  auto k = DenseTensor<Cfg>(p.k, rows_k, kHeadDim, p.num_kv_heads, batch);
-  auto v = DenseTensor<Cfg>(p.v, rows_k, kHeadDim, p.num_kv_heads, batch);
+  const BwdViewRows rows = Sm90BwdViewRows(p, varlen);
+  auto q = DenseTensor<Cfg>(p.q, rows.q, kHeadDim, p.num_heads, rows.batch);
+  auto dout = DenseTensor<Cfg>(bp.dout, rows.q, kHeadDim, p.num_heads, rows.batch);
+  auto dq = DenseTensor<Cfg>(bp.dq, rows.q, kHeadDim, p.num_heads, rows.batch);
+  auto k = DenseTensor<Cfg>(p.k, rows.k, kHeadDim, p.num_kv_heads, rows.batch);
+  auto v = DenseTensor<Cfg>(p.v, rows.k, kHeadDim, p.num_kv_heads, rows.batch);
   using RowsHalf = typename Cfg::SmemLayoutRowsHalf;
   using KVTile = typename Cfg::SmemLayoutKVTile;
   BwdDqKernelParams<Cfg> params{

@@ -44,48 +44,30 @@ __device__ __forceinline__ bool LinearSeqBlock(const int* cu, int batch, int64_t
   return false;
 }
 
-// Sequence b's rows and keys, its workspace rows padded to ws_align (PaddedSeqRow0).
-template <typename Params>
-__device__ __forceinline__ void BwdSeqRows(Params const& params, int b, const RowRange& k,
-                                           int ws_align, BwdSeqBlock& s) {
+// Linear block `lin` of all sequences: key blocks of block keys for the dK/dV kernels, row blocks
+// of block rows for the dQ kernel (kRowBlocks; n_block is then the row block); the workspace
+// padded to ws_align rows.
+template <bool kRowBlocks = false, typename Params>
+__device__ bool BwdVarlenBlock(Params const& params, int lin, int block, int ws_align,
+                               BwdSeqBlock& s) {
+  int b;
+  RowRange r;
+  if (!LinearSeqBlock(kRowBlocks ? params.cu_seqlens_q : params.cu_seqlens_k, params.batch,
+                      kRowBlocks ? params.total_q : params.total_k, lin, block, b, s.n_block, r))
+    return false;
+  const RowRange k =
+      kRowBlocks ? ClampedRows(params.cu_seqlens_k[b], params.cu_seqlens_k[b + 1], params.total_k)
+                 : r;
+  const RowRange q =
+      kRowBlocks ? r
+                 : ClampedRows(params.cu_seqlens_q[b], params.cu_seqlens_q[b + 1], params.total_q);
   s.batch = b;
   s.k_row0 = int(k.begin);
   s.k_len = params.seqused_k != nullptr ? int(ClampIndex(params.seqused_k[b], 0, k.len))
                                         : int(k.len);
-  const RowRange q =
-      ClampedRows(params.cu_seqlens_q[b], params.cu_seqlens_q[b + 1], params.total_q);
   s.q_row0 = int(q.begin);
   s.q_len = int(q.len);
   s.ws_row0 = PaddedSeqRow0(q.begin, b, ws_align);
-}
-
-// The dK/dV kernels: linear key block `lin` of all sequences (block_n keys each), the workspace
-// padded to block_m.
-template <typename Params>
-__device__ bool BwdVarlenBlock(Params const& params, int lin, int block_n, int block_m,
-                               BwdSeqBlock& s) {
-  int b;
-  RowRange k;
-  if (!LinearSeqBlock(params.cu_seqlens_k, params.batch, params.total_k, lin, block_n, b,
-                      s.n_block, k))
-    return false;
-  BwdSeqRows(params, b, k, block_m, s);
-  return true;
-}
-
-// The dQ kernel: linear row block `lin` of all sequences (block_m rows each; n_block is the row
-// block), the workspace padded to ws_align.
-template <typename Params>
-__device__ bool BwdVarlenRowBlock(Params const& params, int lin, int block_m, int ws_align,
-                                  BwdSeqBlock& s) {
-  int b;
-  RowRange q;
-  if (!LinearSeqBlock(params.cu_seqlens_q, params.batch, params.total_q, lin, block_m, b,
-                      s.n_block, q))
-    return false;
-  BwdSeqRows(params, b,
-             ClampedRows(params.cu_seqlens_k[b], params.cu_seqlens_k[b + 1], params.total_k),
-             ws_align, s);
   return true;
 }
 
