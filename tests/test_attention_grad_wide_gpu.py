@@ -12,8 +12,9 @@ window, softcap. Varlen (the kernel's kVarlen instantiation): packed q and k / v
 no sequence covers, sequences without queries or keys, lengths off the row / key block grid,
 seqused_k, checked sequence by sequence against the oracle (grad_rule.check_varlen_grads), with
 the reduced dQ and with deterministic=True (the dQ kernel's varlen instantiation: one CTA per
-128-row block of all sequences, dQ stored row by row). Calls the wide kernel does not serve
-(head_dim != head_dim_v) lower to the reference (no native backward call), checked here too.
+128-row block of all sequences, dQ stored row by row). Head dims above 128 that the wide kernel
+does not serve as they are (160, 224, head_dim != head_dim_v) run it zero-padded, checked here
+too.
 """
 
 from __future__ import annotations
@@ -190,10 +191,20 @@ def test_varlen_deterministic_dq_is_bitwise_reproducible(head_dim):
   _assert_bitwise_reproducible(fn, q, k, v)
 
 
-def test_uncovered_calls_lower_to_the_reference():
-  """What the wide kernel does not serve (head_dim_v != head_dim) has no native backward call and
-  still differentiates correctly (the reference's vjp)."""
-  q, k, v = dense_inputs((2, 150, 200, 8, 2), 256, jnp.bfloat16, seed=13)
-  v = v[..., :128]
-  assert bwd_kernel(q, k, v, {"causal": True}) is None
-  check_grads(q, k, v, {"causal": True})
+@pytest.mark.parametrize("head_dim,head_dim_v,padded",
+                         [(160, 160, 192), (192, 128, 192), (224, 224, 256), (256, 128, 256)])
+def test_other_head_dims_run_zero_padded(head_dim, head_dim_v, padded):
+  """Head dims above 128 the wide kernel does not serve as they are (between its head dims, or
+  head_dim != head_dim_v) run it zero-padded to `padded` (attention.padded_wide_bwd_spec):
+  native, and right by the rule, dense and varlen, with the reduced and the deterministic dQ."""
+  _need(padded, jnp.bfloat16)
+  q, k, v = dense_inputs((2, 150, 200, 8, 2), head_dim, jnp.bfloat16, seed=head_dim + 13)
+  v = dense_inputs((2, 150, 200, 8, 2), head_dim_v, jnp.bfloat16, seed=head_dim_v + 14)[2]
+  for kw in ({"causal": True}, {"window": (37, 4), "deterministic": True}):
+    det = kw.pop("deterministic", False)
+    want = "sm90_bwd_dq_kernel" if det else "sm90_bwd"
+    assert bwd_kernel(q, k, v, {**kw, "deterministic": det}) == ("bwd", want)
+    check_grads(q, k, v, kw, deterministic=det)
+  q, k, _, kw = varlen_inputs(Q_LENS, K_LENS, (8, 2), head_dim, jnp.bfloat16, seed=head_dim + 15)
+  v = varlen_inputs(Q_LENS, K_LENS, (8, 2), head_dim_v, jnp.bfloat16, seed=head_dim + 16)[2]
+  check_varlen_grads(q, k, v, {**kw, "causal": True})
