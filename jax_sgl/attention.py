@@ -12,6 +12,7 @@ reduction over saved values (`_sinks_grad`).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -218,7 +219,7 @@ _native_bwd_rule = ffi_rule(BWD_TARGET)
 CUDA_BWD_MAX_HEAD_DIM = 128
 # Head dims above it with a CUDA backward on Hopper only: the sm90 backward's wide kernel
 # (ffi/cuda/attention/sm90/bwd/wide_kernel.cuh), dense or varlen, head_dim == head_dim_v;
-# deterministic=True on the dense layout (its dQ from the atomic-free dQ kernel).
+# deterministic=True with its dQ from the atomic-free dQ kernel.
 SM90_BWD_WIDE_HEAD_DIMS = (192, 256)
 
 
@@ -237,9 +238,6 @@ def _wide_bwd_unsupported(spec: AttentionSpec, q_dtype) -> str | None:
             "on Hopper")
   if spec.kv_layout == KV_PAGED:
     return f"head dim {d}: gradients through paged KV have no CUDA backward"
-  if spec.deterministic and spec.varlen_q:
-    return (f"head dim {d}: deterministic=True with varlen q/k has a CUDA backward up to head dim "
-            "128 only (the sm80 one)")
   if "sm90_bwd" in _disable.disabled():
     return f"head dim {d}: {_disable.ENV} names sm90_bwd, the only CUDA backward above 128"
   if not _registration.sm90_bwd_built(d, q_dtype):
@@ -263,9 +261,44 @@ def cuda_bwd_unsupported(spec: AttentionSpec, q_dtype) -> str | None:
   return None
 
 
+def padded_wide_bwd_spec(spec: AttentionSpec, q_dtype) -> AttentionSpec | None:
+  """Head dims above 128 that the wide kernel does not serve as they are (between its head dims,
+  or head_dim != head_dim_v, e.g. MLA's 192 / 128): the call zero-padded to the smallest of its
+  head dims that holds both, where that one is served; else None. Zero features change no score
+  (the softmax scale stays the call's), no output row (V's extra columns are 0) and no gradient
+  of the real features; the extra columns of dq / dk / dv are dropped."""
+  d = max(spec.head_dim, spec.head_dim_v)
+  if d <= CUDA_BWD_MAX_HEAD_DIM or (spec.head_dim == spec.head_dim_v and
+                                     d in SM90_BWD_WIDE_HEAD_DIMS):
+    return None
+  for wide in SM90_BWD_WIDE_HEAD_DIMS:
+    padded = dataclasses.replace(spec, head_dim=wide, head_dim_v=wide)
+    if wide >= d and cuda_bwd_unsupported(padded, q_dtype) is None:
+      return padded
+  return None
+
+
+def _attention_bwd_padded(q, k, v, *rest, spec, present, padded):
+  """The backward of a call on its zero-padded head dims (padded_wide_bwd_spec)."""
+  n = len(OPTIONAL)
+  optional, (out, lse, dout, dlse) = rest[:n], rest[n:]
+  pad = lambda x, d: jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, d - x.shape[-1])])
+  dq, dk, dv = _attention_bwd_local_p.bind(
+      pad(q, padded.head_dim), pad(k, padded.head_dim), pad(v, padded.head_dim_v), *optional,
+      pad(out, padded.head_dim_v), lse, pad(dout, padded.head_dim_v), dlse, spec=padded,
+      present=present)
+  return dq[..., :spec.head_dim], dk[..., :spec.head_dim], dv[..., :spec.head_dim_v]
+
+
+_padded_bwd_rule = mlir.lower_fun(_attention_bwd_padded, multiple_results=True)
+
+
 def _attention_bwd_lowering(ctx, *args, spec, present):
   if "cuda" in ctx.module_context.platforms:
     why = cuda_bwd_unsupported(spec, ctx.avals_in[0].dtype)
+    padded = None if why is None else padded_wide_bwd_spec(spec, ctx.avals_in[0].dtype)
+    if padded is not None:
+      return _padded_bwd_rule(ctx, *args, spec=spec, present=present, padded=padded)
     if why is not None:
       warn_reference_once(BWD_TARGET, "cuda", f"the CUDA backward kernel is not used: {why}")
       return _reference_bwd_rule(ctx, *args, spec=spec, present=present)
@@ -450,14 +483,17 @@ def attention(q, k=None, v=None, *, causal=False, softmax_scale=None, window=(-1
   handled exactly: d lse / d scores = P), and with respect to sinks. The backward kernel recomputes the probabilities from
   the saved lse (no second forward). Index arrays get no gradient. Paged KV and fp8 inputs are
   forward-only: differentiating through them raises NotImplementedError at trace time.
-  `deterministic` (a Python bool): on a compute-capability-9.0 GPU, dense bfloat16 calls at head
-  dim 128 run the Hopper backward, whose dQ is summed with float32 atomics by default (dK/dV are
-  deterministic; dQ can differ in the last bits between runs); deterministic=True computes dQ
-  with an atomic-free kernel instead, bitwise reproducible and 2-3% slower. The CPU backward is
-  always deterministic, so there it has no effect.
-  On CUDA the native backward kernels serve float16/bfloat16 with head dims up to 128; for
-  float32, larger head dims, or gradients traced while JAX_SGL_DISABLE names cuda_bwd, CUDA runs
-  the backward as the vjp of the pure-JAX reference (correct, slower) and warns once.
+  `deterministic` (a Python bool): on a compute-capability-9.0 GPU, float16/bfloat16 calls
+  (dense or varlen, head dims 64, 96, 128, 192, 256) run the Hopper backward, whose dQ is summed
+  with float32 atomics by default (dK/dV are deterministic; dQ can differ in the last bits
+  between runs); deterministic=True computes dQ with an atomic-free kernel instead, bitwise
+  reproducible and a few percent slower. The CPU backward is always deterministic, so there it
+  has no effect.
+  On CUDA the native backward kernels serve float16/bfloat16 with head dims up to 128, and on
+  Hopper every head dim up to 256 (192 and 256 as they are, others zero-padded to the next of
+  them, head_dim != head_dim_v too); for float32, larger head dims off Hopper, or gradients
+  traced while JAX_SGL_DISABLE names cuda_bwd, CUDA runs the backward as the vjp of the pure-JAX
+  reference (correct, slower) and warns once.
 
   Returns:
     out in q's layout with head_dim_v (q's dtype; bfloat16 for fp8), and with `return_lse` also

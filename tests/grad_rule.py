@@ -159,7 +159,7 @@ def varlen_inputs(q_lens, k_lens, heads, head_dim, dtype, seed, pad=3):
   return q, k, v, {"cu_seqlens_q": jnp.asarray(cu_q), "cu_seqlens_k": jnp.asarray(cu_k)}
 
 
-def check_varlen_grads(q, k, v, kw, *, with_lse=False):
+def check_varlen_grads(q, k, v, kw, *, with_lse=False, deterministic=False):
   """The rule for a call with cu_seqlens_q and cu_seqlens_k: the float64 oracle and the
   input-precision reference run on each sequence alone (dense [1, len, H, D]) and are placed at
   its rows; rows no sequence covers want 0."""
@@ -190,4 +190,4 @@ def check_varlen_grads(q, k, v, kw, *, with_lse=False):
         full[j][idx] += np.asarray(part[j]).astype(np.float64)[0]
   low = [jnp.asarray(x, jnp.float32) for x in low]
   w_lse32 = None if w_lse is None else jnp.asarray(w_lse, jnp.float32)
-  _compare(q, k, v, kw, jnp.asarray(w_out, jnp.float32), w_lse32, low, want, False)
+  _compare(q, k, v, kw, jnp.asarray(w_out, jnp.float32), w_lse32, low, want, deterministic)

@@ -308,3 +308,45 @@ def test_cuda_backward_lowering(monkeypatch, opt_out):
   assert (native in exported_text(64)) != opt_out
   # No CUDA backward above head dim 128 but the Hopper-only 192 / 256 (attention.py's gate).
   assert native not in exported_text(160)
+
+
+def _bwd_eqn(jaxpr):
+  """The backward primitive's equation in a (nested) jaxpr."""
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == "jax_sgl_attention_bwd":
+      return eqn
+    for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+      found = _bwd_eqn(sub)
+      if found is not None:
+        return found
+  return None
+
+
+@pytest.mark.parametrize("head_dim,head_dim_v", [(40, 24), (24, 40)])
+def test_zero_padded_backward_is_the_backward(head_dim, head_dim_v):
+  """attention._attention_bwd_padded (how CUDA runs head dims above 128 that Hopper's wide
+  backward does not serve as they are) gives the gradients of the call itself: here on the CPU
+  kernels, padding to 64 features."""
+  import dataclasses
+  import importlib
+  # The module (the package's `attention` is the function).
+  attn_mod = importlib.import_module("jax_sgl.attention")
+  rng = np.random.default_rng(5)
+  q = _rand(rng, (2, 37, 4, head_dim), jnp.float32)
+  k = _rand(rng, (2, 53, 2, head_dim), jnp.float32)
+  v = _rand(rng, (2, 53, 2, head_dim_v), jnp.float32)
+  kw = {"causal": True, "softcap": 3.0}
+  loss = lambda q, k, v: jax_sgl.attention(q, k, v, **kw).sum()
+  eqn = _bwd_eqn(jax.make_jaxpr(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v).jaxpr)
+  spec, present = eqn.params["spec"], eqn.params["present"]
+  optional = [jnp.zeros(x.aval.shape, x.aval.dtype) for x in eqn.invars[3:-4]]
+  out, lse = jax_sgl.attention(q, k, v, return_lse=True, **kw)
+  dout, dlse = _rand(rng, out.shape, jnp.float32), _rand(rng, lse.shape, jnp.float32)
+  args = (q, k, v, *optional, out, lse, dout, dlse)
+  plain = jax.jit(lambda *a: attn_mod._attention_bwd_p.bind(*a, spec=spec, present=present))
+  padded = dataclasses.replace(spec, head_dim=64, head_dim_v=64)
+  via_pad = jax.jit(lambda *a: attn_mod._attention_bwd_padded(*a, spec=spec, present=present,
+                                                              padded=padded))
+  for name, a, b in zip("qkv", plain(*args), via_pad(*args)):
+    assert a.shape == b.shape, name
+    np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=2e-5, atol=2e-6, err_msg=name)

@@ -253,13 +253,14 @@ def test_deterministic(bwd_kernel, deterministic):
       assert err <= TOL[jnp.dtype(jnp.bfloat16)], f"d{name}: deterministic vs default {err:.3g}"
 
 
-def test_unsupported_head_dim_falls_back_to_reference():
-  """Head dims above 128 other than 192 / 256 (the sm90 wide backward's, Hopper only:
-  test_attention_grad_wide_gpu.py) have no CUDA backward: they lower to the reference, still
-  correct."""
+def test_head_dim_160_lowering(bwd_kernel):
+  """Head dims above 128 other than 192 / 256: the sm90 wide backward serves them zero-padded
+  (test_attention_grad_wide_gpu.py checks its gradients at every such dim); without it (the sm80
+  run) they lower to the reference, still correct."""
   q, k, v, kw = _make_case("dense", 160, 160, (4, 2), jnp.bfloat16, 11, q_lens=(9, 20),
                            k_lens=(30, 17))
-  assert BWD_CALL not in _lowered_text(q, k, v, kw)
+  native = bwd_kernel == "sm90" and _sm90_bwd_built(192, jnp.bfloat16)
+  assert (BWD_CALL in _lowered_text(q, k, v, kw)) == native
   _check(q, k, v, {**kw, "causal": True})
 
 

@@ -10,9 +10,11 @@ Shapes are ragged: tails of the 64-row steps and 64- / 128-key blocks, keys shor
 rows that see no key), seqused_k, GQA groups of 1, 3, 4 and 8; masks: none, causal, sliding
 window, softcap. Varlen (the kernel's kVarlen instantiation): packed q and k / v with rows
 no sequence covers, sequences without queries or keys, lengths off the row / key block grid,
-seqused_k, checked sequence by sequence against the oracle (grad_rule.check_varlen_grads). Calls
-the wide kernel does not serve (head_dim != head_dim_v, varlen with deterministic=True) lower to the
-reference (no native backward call), checked here too.
+seqused_k, checked sequence by sequence against the oracle (grad_rule.check_varlen_grads), with
+the reduced dQ and with deterministic=True (the dQ kernel's varlen instantiation: one CTA per
+128-row block of all sequences, dQ stored row by row). Head dims above 128 that the wide kernel
+does not serve as they are (160, 224, head_dim != head_dim_v) run it zero-padded, checked here
+too.
 """
 
 from __future__ import annotations
@@ -97,25 +99,30 @@ Q_LENS = (1, 150, 0, 333, 64, 19)
 K_LENS = (300, 130, 45, 400, 0, 77)
 
 
+@pytest.mark.parametrize("deterministic", [False, True], ids=["reduced_dq", "det_dq"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
 @pytest.mark.parametrize("head_dim", VARLEN_HEAD_DIMS)
 @pytest.mark.parametrize("mask", MASKS)
-def test_varlen(mask, head_dim, dtype):
+def test_varlen(mask, head_dim, dtype, deterministic):
   _need(head_dim, dtype)
   q, k, v, kw = varlen_inputs(Q_LENS, K_LENS, (8, 2), head_dim, dtype, seed=head_dim + len(mask))
   kw = {**kw, **MASKS[mask]}
-  assert bwd_kernel(q, k, v, kw) == ("bwd", "sm90_bwd")
-  check_varlen_grads(q, k, v, kw)
+  want = "sm90_bwd_dq_kernel" if deterministic else "sm90_bwd"
+  assert bwd_kernel(q, k, v, {**kw, "deterministic": deterministic}) == ("bwd", want)
+  check_varlen_grads(q, k, v, kw, deterministic=deterministic)
 
 
+@pytest.mark.parametrize("deterministic", [False, True], ids=["reduced_dq", "det_dq"])
 @pytest.mark.parametrize("head_dim", VARLEN_HEAD_DIMS)
-def test_varlen_seqused_k_sinks_and_lse_cotangent(head_dim):
+def test_varlen_seqused_k_sinks_and_lse_cotangent(head_dim, deterministic):
   _need(head_dim, jnp.bfloat16)
   q, k, v, kw = varlen_inputs(Q_LENS, K_LENS, (8, 1), head_dim, jnp.bfloat16, seed=head_dim + 5)
   used = jnp.asarray([250, 130, 45, 7, 0, 64], jnp.int32)
-  check_varlen_grads(q, k, v, {**kw, "seqused_k": used, "causal": True}, with_lse=True)
+  check_varlen_grads(q, k, v, {**kw, "seqused_k": used, "causal": True}, with_lse=True,
+                     deterministic=deterministic)
   sinks = jax.random.normal(jax.random.PRNGKey(6), (8,), jnp.float32)
-  check_varlen_grads(q, k, v, {**kw, "sinks": sinks, "window": (100, 20)})
+  check_varlen_grads(q, k, v, {**kw, "sinks": sinks, "window": (100, 20)},
+                     deterministic=deterministic)
 
 
 @pytest.mark.parametrize("head_dim", (128, 256))
@@ -128,6 +135,9 @@ def test_varlen_many_sequences(head_dim):
   k_lens = tuple(int(x) for x in rng.integers(1, 300, 40)) + (1700,)
   q, k, v, kw = varlen_inputs(q_lens, k_lens, (4, 2), head_dim, jnp.bfloat16, seed=21)
   check_varlen_grads(q, k, v, {**kw, "causal": True})
+  # deterministic=True: the dQ kernel's scan over cu_seqlens_q (row blocks of 128, most
+  # sequences one partial block; the long one many).
+  check_varlen_grads(q, k, v, {**kw, "causal": True}, deterministic=True)
 
 
 def test_long_sequence():
@@ -151,6 +161,12 @@ def test_dk_dv_are_bitwise_reproducible():
   assert np.max(np.abs(a - b)) <= 1e-2 * np.max(np.abs(a)), "dq differs between runs"
 
 
+def _assert_bitwise_reproducible(fn, *args):
+  first, second = [[np.asarray(x) for x in fn(*args)] for _ in range(2)]
+  for name, a, b in zip("qkv", first, second):
+    np.testing.assert_array_equal(a.view(np.uint16), b.view(np.uint16), err_msg=f"d{name}")
+
+
 @pytest.mark.parametrize("head_dim", DENSE_HEAD_DIMS)
 def test_deterministic_dq_is_bitwise_reproducible(head_dim):
   """deterministic=True: dQ from the atomic-free dQ kernel, one CTA per row block summing its key
@@ -160,17 +176,35 @@ def test_deterministic_dq_is_bitwise_reproducible(head_dim):
   fn = jax.jit(jax.grad(lambda q, k, v: jax_sgl.attention(q, k, v, causal=True,
                                                           deterministic=True)
                         .astype(jnp.float32).sum(), argnums=(0, 1, 2)))
-  first, second = [[np.asarray(x) for x in fn(q, k, v)] for _ in range(2)]
-  for name, a, b in zip("qkv", first, second):
-    np.testing.assert_array_equal(a.view(np.uint16), b.view(np.uint16), err_msg=f"d{name}")
+  _assert_bitwise_reproducible(fn, q, k, v)
 
 
-def test_uncovered_calls_lower_to_the_reference():
-  """What the wide kernel does not serve (head_dim_v != head_dim; varlen with deterministic=True)
-  has no native backward call and still differentiates correctly (the reference's vjp)."""
-  q, k, v = dense_inputs((2, 150, 200, 8, 2), 256, jnp.bfloat16, seed=13)
-  v = v[..., :128]
-  assert bwd_kernel(q, k, v, {"causal": True}) is None
-  check_grads(q, k, v, {"causal": True})
-  q, k, v, kw = varlen_inputs(Q_LENS, K_LENS, (8, 2), 256, jnp.bfloat16, seed=14)
-  assert bwd_kernel(q, k, v, {**kw, "causal": True, "deterministic": True}) is None
+@pytest.mark.parametrize("head_dim", VARLEN_HEAD_DIMS)
+def test_varlen_deterministic_dq_is_bitwise_reproducible(head_dim):
+  """The same with varlen: the dQ kernel's varlen instantiation."""
+  _need(head_dim, jnp.bfloat16)
+  q, k, v, kw = varlen_inputs((700, 0, 129, 1, 450), (900, 33, 0, 300, 450), (8, 2), head_dim,
+                              jnp.bfloat16, seed=head_dim + 12)
+  fn = jax.jit(jax.grad(lambda q, k, v: jax_sgl.attention(q, k, v, causal=True,
+                                                          deterministic=True, **kw)
+                        .astype(jnp.float32).sum(), argnums=(0, 1, 2)))
+  _assert_bitwise_reproducible(fn, q, k, v)
+
+
+@pytest.mark.parametrize("head_dim,head_dim_v,padded",
+                         [(160, 160, 192), (192, 128, 192), (224, 224, 256), (256, 128, 256)])
+def test_other_head_dims_run_zero_padded(head_dim, head_dim_v, padded):
+  """Head dims above 128 the wide kernel does not serve as they are (between its head dims, or
+  head_dim != head_dim_v) run it zero-padded to `padded` (attention.padded_wide_bwd_spec):
+  native, and right by the rule, dense and varlen, with the reduced and the deterministic dQ."""
+  _need(padded, jnp.bfloat16)
+  q, k, v = dense_inputs((2, 150, 200, 8, 2), head_dim, jnp.bfloat16, seed=head_dim + 13)
+  v = dense_inputs((2, 150, 200, 8, 2), head_dim_v, jnp.bfloat16, seed=head_dim_v + 14)[2]
+  for kw in ({"causal": True}, {"window": (37, 4), "deterministic": True}):
+    det = kw.pop("deterministic", False)
+    want = "sm90_bwd_dq_kernel" if det else "sm90_bwd"
+    assert bwd_kernel(q, k, v, {**kw, "deterministic": det}) == ("bwd", want)
+    check_grads(q, k, v, kw, deterministic=det)
+  q, k, _, kw = varlen_inputs(Q_LENS, K_LENS, (8, 2), head_dim, jnp.bfloat16, seed=head_dim + 15)
+  v = varlen_inputs(Q_LENS, K_LENS, (8, 2), head_dim_v, jnp.bfloat16, seed=head_dim + 16)[2]
+  check_varlen_grads(q, k, v, {**kw, "causal": True})

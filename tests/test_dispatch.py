@@ -227,13 +227,13 @@ def test_backward_disable_switch(monkeypatch):
 
 @pytest.mark.parametrize("cc", [HOPPER, BLACKWELL])
 def test_varlen_backward_up_to_128_runs_the_sm90_kernel_on_hopper(cc):
-  """Varlen at hd <= 128: config.h's kernel's varlen instantiation on Hopper, the sm80 backward
-  elsewhere and with deterministic=True."""
+  """Varlen at hd <= 128: config.h's kernel's varlen instantiation on Hopper (deterministic=True:
+  then the dQ kernel's), the sm80 backward elsewhere."""
   sm90 = cc == HOPPER and _built("sm90_bwd", 128)
   assert _varlen_grad_kernels(cc, 128, causal=True)[-1] == (
       "bwd", "sm90_bwd" if sm90 else "portable_bwd")
   assert _varlen_grad_kernels(cc, 128, causal=True, deterministic=True)[-1] == (
-      "bwd", "portable_bwd")
+      "bwd", "sm90_bwd_dq_kernel" if sm90 else "portable_bwd")
 
 
 def test_head_dims_above_128_lower_to_the_reference_without_a_local_hopper(monkeypatch):
@@ -263,8 +263,33 @@ def test_wide_backward_runs_sm90_on_hopper_only(monkeypatch, head_dim, determini
   assert kind == "bwd" and kernel.startswith("none"), kernel
 
 
-def test_wide_calls_the_sm90_backward_leaves_out_lower_to_the_reference(monkeypatch):
+@pytest.mark.parametrize("head_dim,head_dim_v,padded",
+                         [(160, 160, 192), (192, 128, 192), (224, 224, 256), (256, 128, 256),
+                          (136, 200, 256)])
+def test_other_wide_head_dims_run_the_sm90_backward_zero_padded(monkeypatch, head_dim,
+                                                                 head_dim_v, padded):
+  """Above 128, head dims the wide kernel does not serve as they are (between 192 and 256, or
+  head_dim != head_dim_v: MLA's 192 / 128) run it zero-padded to its next head dim: the native
+  backward call takes q / k / v / out / dout at `padded` features, no reference fallback."""
+  if not _built("sm90_bwd", padded):
+    pytest.skip(f"this build has no sm90 hd{padded} bf16 backward")
   monkeypatch.setattr(_registration, "local_cuda_devices_are_hopper", lambda: True)
+  q, k, v = _dense(sq=300, sk=500, h=8, hkv=2, d=head_dim)
+  v = _sds(v.shape[:-1] + (head_dim_v,))
+  for kw in ({"causal": True}, {"deterministic": True}):
+    want = "sm90_bwd_dq_kernel" if kw.get("deterministic") else "sm90_bwd"
+    assert _grad_kernels(HOPPER, q, k, v, **kw)[-1] == ("bwd", want), kw
+  loss = lambda q, k, v: jax_sgl.attention(q, k, v, causal=True).astype(jnp.float32).sum()
+  text = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).trace(q, k, v).lower(
+      lowering_platforms=("cuda",)).as_text()
+  call = next(l for l in text.splitlines() if "@jax_sgl_attention_bwd" in l)
+  assert f"tensor<2x300x8x{padded}xbf16>" in call and f"tensor<2x500x2x{padded}xbf16>" in call, call
+
+
+def test_wide_backward_without_its_head_dims_built_lowers_to_the_reference(monkeypatch):
+  """No built head dim of the wide kernel to pad to: the reference backward, with a warning."""
+  monkeypatch.setattr(_registration, "local_cuda_devices_are_hopper", lambda: True)
+  monkeypatch.setattr(_registration, "sm90_bwd_built", lambda d, dtype: False)
   monkeypatch.setattr(_primitive, "_warned", set())
   q, k, v = _dense(d=256)
   with pytest.warns(RuntimeWarning, match="reference"):
@@ -304,16 +329,10 @@ def test_wide_varlen_backward_runs_sm90_on_hopper(monkeypatch, head_dim):
   monkeypatch.setattr(_registration, "local_cuda_devices_are_hopper", lambda: True)
   for kw in ({"causal": True}, {"window": (100, 0)}, {"softcap": 30.0}, {}):
     assert _varlen_grad_kernels(HOPPER, head_dim, **kw)[-1] == ("bwd", "sm90_bwd"), kw
+  assert _varlen_grad_kernels(HOPPER, head_dim, causal=True, deterministic=True)[-1] == (
+      "bwd", "sm90_bwd_dq_kernel")
   kind, kernel = _varlen_grad_kernels(AMPERE, head_dim, causal=True)[-1]
   assert kind == "bwd" and kernel.startswith("none") and "Hopper" in kernel, kernel
-
-
-def test_wide_varlen_deterministic_lowers_to_the_reference(monkeypatch):
-  monkeypatch.setattr(_registration, "local_cuda_devices_are_hopper", lambda: True)
-  monkeypatch.setattr(_primitive, "_warned", set())
-  with pytest.warns(RuntimeWarning, match="reference"):
-    kernels = _varlen_grad_kernels(HOPPER, 256, causal=True, deterministic=True)
-  assert [d for d, _ in kernels] == ["fwd"], kernels
 
 
 def test_wide_backward_disable_switch(monkeypatch):

@@ -60,9 +60,8 @@ size_t Bytes(int64_t rows, int64_t heads, int dim, DType t) {
 
 // Head dims above the sm80 kernels' 128 (192, 256): the sm90 backward's wide kernel only, on a
 // Hopper device, for what it covers (dense or varlen, head_dim == head_dim_v; deterministic=True
-// dense only, its dQ by the atomic-free dQ kernel:
-// Sm90BwdUnsupported); everything else has no CUDA backward (the Python layer lowers it to the
-// reference: attention.py, cuda_bwd_unsupported).
+// with its dQ by the atomic-free dQ kernel: Sm90BwdUnsupported); everything else has no CUDA
+// backward (the Python layer lowers it to the reference: attention.py, cuda_bwd_unsupported).
 BwdChoice ChooseWideBwdKernel(const AttentionParams& p, const DeviceInfo& dev) {
   (void)dev;
   BwdChoice c;
@@ -111,8 +110,8 @@ BwdChoice ChooseBwdKernel(const AttentionParams& p, const DeviceInfo& dev) {
   }
 #endif
 #ifdef JAX_SGL_HAVE_SM90
-  // Anything the sm90 kernels do not cover (other head dims, d != d_v, varlen with
-  // deterministic=True, ...) runs on the sm80 kernels: Sm90BwdUnsupported names it. Varlen runs on
+  // Anything the sm90 kernels do not cover (other head dims, d != d_v, varlen q without varlen
+  // k, ...) runs on the sm80 kernels: Sm90BwdUnsupported names it. Varlen runs on
   // the kernels' varlen instantiations. deterministic=True: dQ from the atomic-free sm90 dQ kernel
   // instead of float32 reductions.
   if (Sm90BwdUnsupported(p) == nullptr && Sm90BwdEnabled(p, dev))

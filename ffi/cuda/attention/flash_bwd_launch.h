@@ -101,6 +101,18 @@ JAX_SGL_HD PaddedSeq FindPaddedSeq(const int32_t* cu, int batch, int64_t total_q
   return {r.begin + off, int(r.len - off)};
 }
 
+// Rows and batch extent of the sm90 backward's TMA views: dense [batch, seq, ...]; varlen
+// (cu_seqlens_q with cu_seqlens_k) the packed rows [total, ...] as a batch of one.
+struct BwdViewRows {
+  int q;
+  int k;
+  int batch;
+};
+inline BwdViewRows Sm90BwdViewRows(const AttentionParams& p, bool varlen) {
+  return varlen ? BwdViewRows{int(p.total_q), int(p.total_k), 1}
+                : BwdViewRows{p.seqlen_q, p.seqlen_k, p.batch};
+}
+
 // Index of (sequence b, head h, row i of that sequence) in softmax_d and lse_log2.
 JAX_SGL_HD int64_t WsIndex(const FlashBwdArgs& a, const SeqBounds& s, int b, int h, int i) {
   const AttentionParams& p = a.bp.fwd;

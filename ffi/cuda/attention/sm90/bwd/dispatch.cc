@@ -48,9 +48,6 @@ const char* Sm90BwdUnsupported(const AttentionParams& p) {
     return "sm90 backward: float16/bfloat16 q, k, v and out only";
   if (p.head_dim != p.head_dim_v || !Built(p.q_type, p.head_dim))
     return "sm90 backward: head_dim == head_dim_v in the built set (64, 96, 128, 192, 256) only";
-  // The atomic-free dQ kernel (dq_kernel.cuh) reads dense tensors only.
-  if (varlen && p.deterministic)
-    return "sm90 backward: deterministic=True on the dense layout only (varlen dQ is reduced)";
   if (varlen ? p.total_q < 1 || p.total_k < 1 : p.seqlen_q < 1 || p.seqlen_k < 1)
     return "sm90 backward: non-empty q and k";
   // TMA byte strides below 2^40; the dQ accumulator's float offsets below 2^38 as well (varlen:

@@ -1,7 +1,11 @@
-// The sm_90a deterministic dQ kernel of the attention backward (dense layout): one CTA per (128
-// query rows, q head, batch), shapes and math in bwd_dq_config.h. It runs after the dK/dV kernel
-// (bwd_kernel.cuh, launched without dq_accum) when deterministic=True: every dQ row is
-// the sum over key tiles in one fixed order, inside one CTA, so two runs give the same bits.
+// The sm_90a deterministic dQ kernel of the attention backward: one CTA per (128 query rows, q
+// head, batch), shapes and math in dq_config.h. It runs after the dK/dV kernel (kernel.cuh or
+// wide_kernel.cuh, launched without dq_accum) when deterministic=True: every dQ row is the sum
+// over key tiles in one fixed order, inside one CTA, so two runs give the same bits.
+// kVarlen (cu_seqlens_q and cu_seqlens_k): one CTA per linear 128-row block of all sequences
+// (varlen_block.cuh), Q / dO / K / V at the sequence's rows of packed views, the row values at
+// the workspace's per-sequence padding (PaddedSeqRow0), dQ stored row by row (a TMA box would
+// write into the next sequence).
 // Warpgroup 0: one thread TMA-loads the CTA's Q and dO halves once and streams the visible K / V
 // tiles (both on one stage of a PipelineTmaAsync ring). Warpgroups 1 and 2: 64 rows each, lse2
 // and D of their rows in registers (rows past seqlen_q get lse2 = +inf, so their P is 0).
@@ -17,6 +21,7 @@
 
 #include "ffi/cuda/attention/sm90/bwd/dq_config.h"
 #include "ffi/cuda/attention/sm90/bwd/kernel.cuh"  // StorePairs (Gemm, AccToA: sm90/wgmma.cuh)
+#include "ffi/cuda/attention/sm90/bwd/varlen_block.cuh"
 #include "ffi/cuda/attention/sm90/fwd/softmax.h"      // AccCoord
 
 namespace jax_sgl::cuda::sm90 {
@@ -44,11 +49,21 @@ struct BwdDqKernelParams {
   float cap_log2;
   int window_left;   // as in BwdKernelParams: -1 unbounded, causal = window_right 0
   int window_right;
+  // Varlen (the kVarlen instantiation only; appended, so the dense kernel's fields keep their
+  // places): q / dout / dq and k / v as packed rows [total, head dim, heads, 1], the row values
+  // in the workspace padded per sequence to ws_align rows.
+  const int* cu_seqlens_q;  // [batch + 1], or nullptr (dense)
+  const int* cu_seqlens_k;
+  int total_q;
+  int total_k;
+  int batch;
+  int ws_align;
+  typename Cfg::Element* dq;  // [total_q, num_heads, head_dim]
 };
 
 enum class BwdDqBarrier : uint32_t { kEpilogue0 = 0, kEpilogue1 = 1 };
 
-template <typename Cfg>
+template <typename Cfg, bool kVarlen = false>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     FlashBwdSm90DqKernel(CUTE_GRID_CONSTANT BwdDqKernelParams<Cfg> const params) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -65,14 +80,21 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
   const int warpgroup = threadIdx.x / 128;
   const int thread_in_wg = threadIdx.x % 128;
-  // With a right window bound (causal) later rows see more keys: launch them first.
-  const int m_block = params.window_right >= 0 ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+  // With a right window bound (causal) later rows see more keys: launch them first (varlen:
+  // later sequences first too; the blocks past the last sequence's come first and return).
+  const int lin = params.window_right >= 0 ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+  [[maybe_unused]] BwdSeqBlock seq{};
+  if constexpr (kVarlen) {
+    if (!BwdVarlenBlock<true>(params, lin, kBlockM, params.ws_align, seq)) return;  // whole CTA
+  }
+  const int m_block = kVarlen ? seq.n_block : lin;
   const int head = blockIdx.y;
-  const int batch = blockIdx.z;
+  const int batch = kVarlen ? seq.batch : int(blockIdx.z);
   const int kv_head = head / params.group;
   const int m0 = m_block * kBlockM;
-  const int k_len = UsedKeys(params.seqused_k, batch, params.seqlen_k);
-  const int diag = k_len - params.seqlen_q;
+  const int k_len = kVarlen ? seq.k_len : UsedKeys(params.seqused_k, batch, params.seqlen_k);
+  // Rows of this sequence (dense reads params.seqlen_q at each use, as before varlen).
+  const int diag = k_len - (kVarlen ? seq.q_len : params.seqlen_q);
   // Key tiles [n_begin, n_end): from the first row's window start to the last row's window end.
   const int wl = params.window_left, wr = params.window_right;
   const int key_begin = wl >= 0 ? max(0, m0 + diag - wl) : 0;
@@ -95,6 +117,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   Tensor sdO = make_tensor(make_smem_ptr(shared.dout.data()), typename Cfg::SmemLayoutRows{});
   Tensor sK = make_tensor(make_smem_ptr(shared.k.data()), typename Cfg::SmemLayoutKV{});
   Tensor sV = make_tensor(make_smem_ptr(shared.v.data()), typename Cfg::SmemLayoutKV{});
+  auto head_rows = [&](auto const& m, int head, int row0) {
+    return SeqHeadRows<kVarlen>(m, head, batch, row0);
+  };
 
   if (warpgroup == 0) {
     // ---- Producer ------------------------------------------------------------------------
@@ -102,8 +127,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     if (threadIdx.x != 0) return;
     Tensor mQ = params.tma_q.get_tma_tensor(params.q_shape);
     Tensor mdO = params.tma_do.get_tma_tensor(params.q_shape);
-    Tensor gQ = local_tile(mQ(_, _, head, batch), typename Cfg::RowsD{}, make_coord(_, _0{}));
-    Tensor gdO = local_tile(mdO(_, _, head, batch), typename Cfg::RowsD{}, make_coord(_, _0{}));
+    const int q_row0 = kVarlen ? seq.q_row0 : 0;
+    Tensor gQ = local_tile(head_rows(mQ, head, q_row0), typename Cfg::RowsD{}, make_coord(_, _0{}));
+    Tensor gdO =
+        local_tile(head_rows(mdO, head, q_row0), typename Cfg::RowsD{}, make_coord(_, _0{}));
     auto tQ = tma_partition(params.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ),
                             group_modes<0, 2>(gQ));
     auto tdO = tma_partition(params.tma_do, _0{}, Layout<_1>{}, group_modes<0, 2>(sdO),
@@ -118,8 +145,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
     Tensor mK = params.tma_k.get_tma_tensor(params.kv_shape);
     Tensor mV = params.tma_v.get_tma_tensor(params.kv_shape);
-    Tensor gK = local_tile(mK(_, _, kv_head, batch), typename Cfg::KeysD{}, make_coord(_, _0{}));
-    Tensor gV = local_tile(mV(_, _, kv_head, batch), typename Cfg::KeysD{}, make_coord(_, _0{}));
+    const int k_row0 = kVarlen ? seq.k_row0 : 0;
+    Tensor gK =
+        local_tile(head_rows(mK, kv_head, k_row0), typename Cfg::KeysD{}, make_coord(_, _0{}));
+    Tensor gV =
+        local_tile(head_rows(mV, kv_head, k_row0), typename Cfg::KeysD{}, make_coord(_, _0{}));
     auto tK = tma_partition(params.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK),
                             group_modes<0, 2>(gK));
     auto tV = tma_partition(params.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV),
@@ -153,11 +183,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     const AccCoord coord(thread_in_wg);
     const int row_base = m0 + consumer * kRows + coord.row0;  // query row of r = 0
     float lse2[2], dsum[2];
-    const int64_t row_values = (int64_t(batch) * params.num_heads + head) * params.ws_rows;
+    const int64_t row_values = kVarlen
+        ? seq.ws_row0 + int64_t(head) * params.ws_rows
+        : (int64_t(batch) * params.num_heads + head) * params.ws_rows;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int row = row_base + 8 * r;
-      const bool ok = row < params.seqlen_q;
+      const bool ok = row < (kVarlen ? seq.q_len : params.seqlen_q);
       lse2[r] = ok ? params.lse2[row_values + row] : INFINITY;
       dsum[r] = ok ? params.dsum[row_values + row] : 0.f;
     }
@@ -228,7 +260,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     StorePairs(dq, tdQsQ);
     cutlass::arch::fence_view_async_shared();
     cutlass::arch::NamedBarrier::sync(128, uint32_t(BwdDqBarrier::kEpilogue0) + consumer);
-    if (thread_in_wg == 0) {
+    if constexpr (kVarlen) {
+      // Row by row: one 16-byte chunk (8 features, whole under the swizzle) a thread at a time;
+      // rows past the sequence's end are left alone (the next sequence's, or the zero fill).
+      const int row0 = m0 + consumer * kRows;
+      const int64_t row_stride = int64_t(params.num_heads) * Cfg::kHeadDim;
+      StoreSmemRows<Cfg::kHeadDim>(
+          params.dq + (int64_t(seq.q_row0) + row0) * row_stride + head * Cfg::kHeadDim,
+          row_stride, max(0, min(seq.q_len - row0, kRows)), sQ(_, _, consumer), thread_in_wg);
+    } else if (thread_in_wg == 0) {
       Tensor mdQ = params.tma_dq.get_tma_tensor(params.q_shape);
       Tensor gdQ = local_tile(mdQ(_, _, head, batch), typename Cfg::RowsD{},
                               make_coord(2 * m_block + consumer, _0{}));

@@ -42,10 +42,10 @@ cudaError_t LaunchFlashBwdSm90Narrow(const FlashBwdArgs& args, float* dq_accum, 
   const AttentionBwdParams& bp = args.bp;
   const AttentionParams& p = bp.fwd;
   // Varlen: cu_seqlens_q with cu_seqlens_k (Sm90BwdUnsupported), the workspace padded per
-  // sequence to this kernel's row block (Sm90BwdRowBlock), dQ by reductions only.
+  // sequence to this kernel's row block (Sm90BwdRowBlock), no tail split.
   const bool varlen = p.cu_seqlens_q != nullptr;
   if (varlen != (args.ws_seq_align == Cfg::kBlockM) ||
-      varlen != (p.kv_layout == KvLayout::kVarlen) || (varlen && dq_kernel) ||
+      varlen != (p.kv_layout == KvLayout::kVarlen) || (dq_accum == nullptr) != dq_kernel ||
       (varlen && args.sm90_tail != nullptr))
     return cudaErrorInvalidValue;
   const int m_blocks = args.ws_rows / Cfg::kBlockM;
@@ -86,6 +86,7 @@ cudaError_t LaunchFlashBwdSm90Narrow(const FlashBwdArgs& args, float* dq_accum, 
     if ((err = LaunchWithSmem(kernel, dim3(grid_x, p.num_kv_heads, 1), Cfg::kThreads, kSmem,
                               stream, params)) != cudaSuccess)
       return err;
+    if (dq_kernel) return sm90::LaunchFlashBwdSm90Dq<T, kHeadDim>(args, stream);
     sm90::FlashBwdSm90DqConvertKernel<Cfg, true><<<dim3(m_blocks, p.num_heads, 1), 256, 0,
                                                    stream>>>(
         dq_accum, static_cast<typename Cfg::Element*>(bp.dq), int(p.total_q), p.num_heads,
@@ -113,8 +114,7 @@ cudaError_t LaunchFlashBwdSm90Narrow(const FlashBwdArgs& args, float* dq_accum, 
            32 * sm90::kTailWarps, 0, stream>>>(sum);
     if ((err = cudaGetLastError()) != cudaSuccess) return err;
   }
-  if (dq_accum == nullptr)
-    return dq_kernel ? sm90::LaunchFlashBwdSm90Dq<T, kHeadDim>(args, stream) : cudaSuccess;
+  if (dq_kernel) return sm90::LaunchFlashBwdSm90Dq<T, kHeadDim>(args, stream);
   sm90::FlashBwdSm90DqConvertKernel<Cfg><<<dim3(m_blocks, p.num_heads, p.batch), 256, 0, stream>>>(
       dq_accum, static_cast<typename Cfg::Element*>(bp.dq), p.seqlen_q, p.num_heads, m_blocks,
       p.softmax_scale);

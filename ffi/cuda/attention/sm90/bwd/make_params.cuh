@@ -1,8 +1,8 @@
 // BwdKernelParams of one call, for both shapes of the sm_90a backward's dK/dV kernel (config.h's
 // FlashBwdSm90Kernel and wide_config.h's FlashBwdSm90WideKernel): TMA descriptors over the dense
 // [batch, seq, heads, head_dim] tensors (K / V / dK / dV in boxes of KVBox, one consumer's half
-// or the whole tile) and the call's scalars; `varlen` (the wide kernel's kVarlen instantiation)
-// views them all as packed rows [total, head_dim, heads, 1]. Host code; included by the
+// or the whole tile) and the call's scalars; `varlen` (the kVarlen instantiations) views them all
+// as packed rows [total, head_dim, heads, 1] (Sm90BwdViewRows). Host code; included by the
 // launchers.
 #pragma once
 
@@ -29,15 +29,13 @@ BwdKernelParams<Cfg> MakeBwdKernelParams(const FlashBwdArgs& args, float* dq_acc
   constexpr int kD = Cfg::kHeadDim;
   const AttentionBwdParams& bp = args.bp;
   const AttentionParams& p = bp.fwd;
-  const int rows_q = varlen ? int(p.total_q) : p.seqlen_q;
-  const int rows_k = varlen ? int(p.total_k) : p.seqlen_k;
-  const int batch = varlen ? 1 : p.batch;
-  auto q = DenseTensor<Cfg>(p.q, rows_q, kD, p.num_heads, batch);
-  auto dout = DenseTensor<Cfg>(bp.dout, rows_q, kD, p.num_heads, batch);
-  auto k = DenseTensor<Cfg>(p.k, rows_k, kD, p.num_kv_heads, batch);
-  auto v = DenseTensor<Cfg>(p.v, rows_k, kD, p.num_kv_heads, batch);
-  auto dk = DenseTensor<Cfg>(bp.dk, rows_k, kD, p.num_kv_heads, batch);
-  auto dv = DenseTensor<Cfg>(bp.dv, rows_k, kD, p.num_kv_heads, batch);
+  const BwdViewRows rows = Sm90BwdViewRows(p, varlen);
+  auto q = DenseTensor<Cfg>(p.q, rows.q, kD, p.num_heads, rows.batch);
+  auto dout = DenseTensor<Cfg>(bp.dout, rows.q, kD, p.num_heads, rows.batch);
+  auto k = DenseTensor<Cfg>(p.k, rows.k, kD, p.num_kv_heads, rows.batch);
+  auto v = DenseTensor<Cfg>(p.v, rows.k, kD, p.num_kv_heads, rows.batch);
+  auto dk = DenseTensor<Cfg>(bp.dk, rows.k, kD, p.num_kv_heads, rows.batch);
+  auto dv = DenseTensor<Cfg>(bp.dv, rows.k, kD, p.num_kv_heads, rows.batch);
   using RowsTile = typename Cfg::SmemLayoutRowsTile;
   return BwdKernelParams<Cfg>{
       make_tma_copy(SM90_TMA_LOAD{}, q, RowsTile{}, typename Cfg::RowsD{}, _1{}),

@@ -1,8 +1,8 @@
-// Which sequence and key block a CTA of the sm_90a backward's varlen instantiation runs
-// (FlashBwdSm90WideKernel<.., kVarlen>: cu_seqlens_q and cu_seqlens_k, which the API gives
-// together), and where that sequence's rows live: the grid's x is the
-// linear key block of all sequences (each ceil(k rows / kBlockN) blocks, in order), as the
-// forward's VarlenTile linearizes row blocks. An O(batch) scan of cu_seqlens_k per CTA instead of
+// Which sequence and block a CTA of the sm_90a backward's varlen instantiations runs
+// (cu_seqlens_q and cu_seqlens_k, which the API gives together), and where that sequence's rows
+// live: the grid's x is the linear key block of all sequences for the dK/dV kernels (each
+// ceil(k rows / kBlockN) blocks, in order), the linear row block for the dQ kernel, as the
+// forward's VarlenTile linearizes row blocks. An O(batch) scan of cu_seqlens per CTA instead of
 // a prefix-sum pass: batch is small next to a CTA's work. Lengths clamp like attention_seq.h
 // GetSeqBounds, so bad index arrays never leave the buffers.
 #pragma once
@@ -18,7 +18,7 @@ namespace jax_sgl::cuda::sm90 {
 
 struct BwdSeqBlock {
   int batch;
-  int n_block;     // key block within the sequence
+  int n_block;     // key block within the sequence (the dK/dV kernels; the dQ kernel: row block)
   int q_row0;      // first row of the sequence in packed q / dout
   int q_len;
   int k_row0;      // first row in packed k / v / dk / dv
@@ -26,32 +26,48 @@ struct BwdSeqBlock {
   int64_t ws_row0;  // padded workspace row of (sequence, head 0, row 0); head h adds h * ws_rows
 };
 
-// False past the last sequence's last key block (the grid is a bound).
-template <typename Params>
-__device__ bool BwdVarlenBlock(Params const& params, int lin, int block_n, int block_m,
-                               BwdSeqBlock& s) {
-  int acc = 0, b = 0, cap = 0;
-  s.k_row0 = s.n_block = 0;
-  for (; b < params.batch; ++b) {
-    const RowRange r =
-        ClampedRows(params.cu_seqlens_k[b], params.cu_seqlens_k[b + 1], params.total_k);
-    const int blocks = (int(r.len) + block_n - 1) / block_n;
+// Linear block `lin` of the sequences' rows [cu[b], cu[b + 1]) cut into ceil(len / block) blocks
+// each, in order: its sequence b, the block within it and the sequence's rows. False past the
+// last sequence's last block (the grid is a bound).
+__device__ __forceinline__ bool LinearSeqBlock(const int* cu, int batch, int64_t total, int lin,
+                                               int block, int& b, int& within, RowRange& rows) {
+  int acc = 0;
+  for (b = 0; b < batch; ++b) {
+    rows = ClampedRows(cu[b], cu[b + 1], total);
+    const int blocks = (int(rows.len) + block - 1) / block;
     if (lin < acc + blocks) {
-      s.n_block = lin - acc;
-      s.k_row0 = int(r.begin);
-      cap = int(r.len);
-      break;
+      within = lin - acc;
+      return true;
     }
     acc += blocks;
   }
-  if (b >= params.batch) return false;
+  return false;
+}
+
+// Linear block `lin` of all sequences: key blocks of block keys for the dK/dV kernels, row blocks
+// of block rows for the dQ kernel (kRowBlocks; n_block is then the row block); the workspace
+// padded to ws_align rows.
+template <bool kRowBlocks = false, typename Params>
+__device__ bool BwdVarlenBlock(Params const& params, int lin, int block, int ws_align,
+                               BwdSeqBlock& s) {
+  int b;
+  RowRange r;
+  if (!LinearSeqBlock(kRowBlocks ? params.cu_seqlens_q : params.cu_seqlens_k, params.batch,
+                      kRowBlocks ? params.total_q : params.total_k, lin, block, b, s.n_block, r))
+    return false;
+  const RowRange k =
+      kRowBlocks ? ClampedRows(params.cu_seqlens_k[b], params.cu_seqlens_k[b + 1], params.total_k)
+                 : r;
+  const RowRange q =
+      kRowBlocks ? r
+                 : ClampedRows(params.cu_seqlens_q[b], params.cu_seqlens_q[b + 1], params.total_q);
   s.batch = b;
-  s.k_len = params.seqused_k != nullptr ? int(ClampIndex(params.seqused_k[b], 0, cap)) : cap;
-  const RowRange r =
-      ClampedRows(params.cu_seqlens_q[b], params.cu_seqlens_q[b + 1], params.total_q);
-  s.q_row0 = int(r.begin);
-  s.q_len = int(r.len);
-  s.ws_row0 = PaddedSeqRow0(r.begin, b, block_m);
+  s.k_row0 = int(k.begin);
+  s.k_len = params.seqused_k != nullptr ? int(ClampIndex(params.seqused_k[b], 0, k.len))
+                                        : int(k.len);
+  s.q_row0 = int(q.begin);
+  s.q_len = int(q.len);
+  s.ws_row0 = PaddedSeqRow0(q.begin, b, ws_align);
   return true;
 }
 

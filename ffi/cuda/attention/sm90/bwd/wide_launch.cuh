@@ -1,8 +1,8 @@
 // Host launcher of the sm_90a flash attention backward for the wide head dims (192, 256;
 // wide_kernel.cuh): TMA descriptors for one call, then zero dq_accum, the dK/dV kernel (+ dQ
 // reductions) with one CTA per (64 keys, kv head, batch), and the dQ convert; or, for the
-// deterministic dQ (dense only), the dK/dV kernel alone and then dq_kernel.cuh's kernel with
-// 32-key tiles (dq_config.h). No tail split (its scratch is sized for config.h's 128-key
+// deterministic dQ, the dK/dV kernel alone and then dq_kernel.cuh's kernel with 32-key tiles
+// (dq_config.h). No tail split (its scratch is sized for config.h's 128-key
 // blocks). Varlen calls (cu_seqlens_q and cu_seqlens_k) run the kVarlen instantiation over the
 // linear key blocks of all sequences, and the convert over the padded workspace's row blocks, as
 // config.h's kernel does at 64 / 96 / 128. Included by launch.cuh.
@@ -23,9 +23,8 @@ cudaError_t LaunchFlashBwdSm90Wide(const FlashBwdArgs& args, float* dq_accum, bo
   using Cfg = BwdWideConfig<typename CutlassType<T>::type, kHeadDim>;
   const AttentionBwdParams& bp = args.bp;
   const AttentionParams& p = bp.fwd;
-  // Exactly one dQ: reductions, or (dense) the deterministic kernel.
-  if ((dq_accum == nullptr) != dq_kernel || (dq_kernel && p.cu_seqlens_q != nullptr))
-    return cudaErrorInvalidValue;
+  // Exactly one dQ: reductions, or the deterministic kernel.
+  if ((dq_accum == nullptr) != dq_kernel) return cudaErrorInvalidValue;
   // Varlen: cu_seqlens_q with cu_seqlens_k (Sm90BwdUnsupported).
   const bool varlen = p.cu_seqlens_q != nullptr;
   if (varlen != (args.ws_seq_align == Cfg::kBlockM) ||
@@ -54,6 +53,7 @@ cudaError_t LaunchFlashBwdSm90Wide(const FlashBwdArgs& args, float* dq_accum, bo
                             Cfg::kThreads, sizeof(typename Cfg::SharedStorage), stream,
                             params)) != cudaSuccess)
     return err;
+  if (dq_kernel) return LaunchFlashBwdSm90Dq<T, kHeadDim>(args, stream);
   auto* dq = static_cast<typename Cfg::Element*>(bp.dq);
   if (varlen) {
     FlashBwdSm90DqConvertKernel<Cfg, true><<<dim3(m_blocks, p.num_heads, 1), 256, 0, stream>>>(
@@ -61,7 +61,6 @@ cudaError_t LaunchFlashBwdSm90Wide(const FlashBwdArgs& args, float* dq_accum, bo
         p.batch);
     return cudaGetLastError();
   }
-  if (dq_kernel) return LaunchFlashBwdSm90Dq<T, kHeadDim>(args, stream);
   FlashBwdSm90DqConvertKernel<Cfg><<<dim3(m_blocks, p.num_heads, p.batch), 256, 0, stream>>>(
       dq_accum, dq, p.seqlen_q, p.num_heads, m_blocks, p.softmax_scale);
   return cudaGetLastError();
