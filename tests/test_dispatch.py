@@ -309,7 +309,10 @@ def test_forward_runs_sm90_zero_padded_where_it_serves_only_that(monkeypatch, he
   assert _fwd(HOPPER, one, k, v) != "sm90"   # decode: no padding
   q, k = _sds((3000, 8, head_dim)), _sds((5000, 2, head_dim))
   v, cu = _sds((5000, 2, head_dim_v)), _sds((4,), jnp.int32)
-  assert _fwd(HOPPER, q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, causal=True) == "sm90"
+  varlen = lambda q, k, v, cq, ck: jax_sgl.attention(q, k, v, cu_seqlens_q=cq, cu_seqlens_k=ck,
+                                                     causal=True)
+  assert cuda_attention_kernels(varlen, q, k, v, cu, cu, compute_capability=HOPPER) == [
+      ("fwd", "sm90")]
 
 
 def test_wide_backward_without_its_head_dims_built_lowers_to_the_reference(monkeypatch):
