@@ -109,6 +109,11 @@ def _sm90_built(family: str, head_dim: int, dtype) -> bool:
              for d, t in pairs)
 
 
+def sm90_fwd_built(head_dim: int, dtype) -> bool:
+  """Whether this build holds the sm90 forward for exactly (head_dim, dtype)."""
+  return _sm90_built("sm90_fwd", head_dim, dtype)
+
+
 def sm90_bwd_built(head_dim: int, dtype) -> bool:
   """Whether this build holds the sm90 backward for exactly (head_dim, dtype)."""
   return _sm90_built("sm90_bwd", head_dim, dtype)

@@ -101,7 +101,69 @@ def _ffi_attrs(ctx, spec: AttentionSpec) -> dict:
       qk_blockscaled=np.bool_(spec.qk_blockscaled))
 
 
+# Head dims of the sm90 forward, one of which a call may be zero-padded to (padded_sm90_fwd_spec).
+SM90_FWD_HEAD_DIMS = (64, 96, 128, 192, 256)
+
+
+def _fwd_plan(ctx, spec: AttentionSpec, dims=None) -> str:
+  """The forward kernel CUDA's dispatch picks for this call on a Hopper GPU (jax_sgl/_plan.py),
+  at its head dims or at `dims` (head_dim, head_dim_v)."""
+  d, dv = dims or (spec.head_dim, spec.head_dim_v)
+  avals = ctx.avals_in
+  feat = lambda a, n: (list(a.shape[:-1]) + [n], jnp.dtype(a.dtype).name)
+  operands = [feat(avals[0], d), feat(avals[1], d), feat(avals[2], dv)]
+  operands += [(list(a.shape), jnp.dtype(a.dtype).name) for a in avals[3:]]
+  out = ctx.avals_out[0]
+  operands += [(list(out.shape[:-1]) + [dv], jnp.dtype(out.dtype).name),
+               (list(ctx.avals_out[1].shape), "float32")]
+  attrs = {k: v.item() for k, v in _ffi_attrs(ctx, spec).items()}
+  return _registration._ext.attention_plan(False, operands, attrs, 9, 0, 132)
+
+
+def padded_sm90_fwd_spec(ctx, spec: AttentionSpec) -> AttentionSpec | None:
+  """A dense or varlen float16 / bfloat16 call that the sm90 forward does not serve at its head
+  dims (head_dim != head_dim_v, e.g. MLA's 192 / 128, or a head dim between its own), run on the
+  Hopper of this process, while it serves the call zero-padded to one of its head dims: that
+  padded spec, so the call runs there instead of the portable kernel. Zero features change no
+  score (the call's softmax scale is kept) and V's give zero output columns, dropped. Only where
+  the dispatch takes the portable kernel at the call's dims and the sm90 one padded (decode and
+  split calls keep their kernels); None otherwise."""
+  q_dtype = ctx.avals_in[0].dtype
+  d = max(spec.head_dim, spec.head_dim_v)
+  if (spec.kv_layout == KV_PAGED or spec.kv_buffer or spec.qk_blockscaled or
+      jnp.dtype(q_dtype) not in (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16)) or
+      jnp.dtype(ctx.avals_in[2].dtype) != jnp.dtype(q_dtype) or
+      not _registration.local_cuda_devices_are_hopper()):
+    return None
+  wide = next((w for w in SM90_FWD_HEAD_DIMS
+               if w >= d and _registration.sm90_fwd_built(w, q_dtype)), None)
+  if wide is None or (wide, wide) == (spec.head_dim, spec.head_dim_v):
+    return None
+  if _fwd_plan(ctx, spec) != "portable" or _fwd_plan(ctx, spec, (wide, wide)) != "sm90":
+    return None
+  return dataclasses.replace(spec, head_dim=wide, head_dim_v=wide)
+
+
+def _pad_features(x, n):
+  return jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, n - x.shape[-1])])
+
+
+def _attention_fwd_padded(q, k, v, *optional, spec, present, padded):
+  """The forward of a call on its zero-padded head dims (padded_sm90_fwd_spec)."""
+  out, lse = _attention_fwd_local_p.bind(
+      _pad_features(q, padded.head_dim), _pad_features(k, padded.head_dim),
+      _pad_features(v, padded.head_dim_v), *optional, spec=padded, present=present)
+  return out[..., :spec.head_dim_v], lse
+
+
+_padded_fwd_rule = mlir.lower_fun(_attention_fwd_padded, multiple_results=True)
+
+
 def _attention_fwd_lowering(ctx, *args, spec, present):
+  if "cuda" in ctx.module_context.platforms:
+    padded = padded_sm90_fwd_spec(ctx, spec)
+    if padded is not None:
+      return _padded_fwd_rule(ctx, *args, spec=spec, present=present, padded=padded)
   return _native_rule(ctx, *args, **_ffi_attrs(ctx, spec))
 
 
@@ -282,7 +344,7 @@ def _attention_bwd_padded(q, k, v, *rest, spec, present, padded):
   """The backward of a call on its zero-padded head dims (padded_wide_bwd_spec)."""
   n = len(OPTIONAL)
   optional, (out, lse, dout, dlse) = rest[:n], rest[n:]
-  pad = lambda x, d: jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, d - x.shape[-1])])
+  pad = _pad_features
   dq, dk, dv = _attention_bwd_local_p.bind(
       pad(q, padded.head_dim), pad(k, padded.head_dim), pad(v, padded.head_dim_v), *optional,
       pad(out, padded.head_dim_v), lse, pad(dout, padded.head_dim_v), dlse, spec=padded,

@@ -310,13 +310,13 @@ def test_cuda_backward_lowering(monkeypatch, opt_out):
   assert native not in exported_text(160)
 
 
-def _bwd_eqn(jaxpr):
-  """The backward primitive's equation in a (nested) jaxpr."""
+def _find_eqn(jaxpr, name="jax_sgl_attention_bwd"):
+  """The first equation of primitive `name` in a (nested) jaxpr."""
   for eqn in jaxpr.eqns:
-    if eqn.primitive.name == "jax_sgl_attention_bwd":
+    if eqn.primitive.name == name:
       return eqn
     for sub in jax.extend.core.jaxprs_in_params(eqn.params):
-      found = _bwd_eqn(sub)
+      found = _find_eqn(sub, name)
       if found is not None:
         return found
   return None
@@ -337,7 +337,7 @@ def test_zero_padded_backward_is_the_backward(head_dim, head_dim_v):
   v = _rand(rng, (2, 53, 2, head_dim_v), jnp.float32)
   kw = {"causal": True, "softcap": 3.0}
   loss = lambda q, k, v: jax_sgl.attention(q, k, v, **kw).sum()
-  eqn = _bwd_eqn(jax.make_jaxpr(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v).jaxpr)
+  eqn = _find_eqn(jax.make_jaxpr(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v).jaxpr)
   spec, present = eqn.params["spec"], eqn.params["present"]
   optional = [jnp.zeros(x.aval.shape, x.aval.dtype) for x in eqn.invars[3:-4]]
   out, lse = jax_sgl.attention(q, k, v, return_lse=True, **kw)
@@ -348,5 +348,30 @@ def test_zero_padded_backward_is_the_backward(head_dim, head_dim_v):
   via_pad = jax.jit(lambda *a: attn_mod._attention_bwd_padded(*a, spec=spec, present=present,
                                                               padded=padded))
   for name, a, b in zip("qkv", plain(*args), via_pad(*args)):
+    assert a.shape == b.shape, name
+    np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=2e-5, atol=2e-6, err_msg=name)
+
+
+@pytest.mark.parametrize("head_dim,head_dim_v", [(40, 24), (24, 40)])
+def test_zero_padded_forward_is_the_forward(head_dim, head_dim_v):
+  """attention._attention_fwd_padded (how CUDA may run a prefill at head dims the sm90 forward
+  lacks) gives the call's own out and lse: here on the CPU kernels, padding to 64 features."""
+  import dataclasses
+  import importlib
+  attn_mod = importlib.import_module("jax_sgl.attention")
+  rng = np.random.default_rng(6)
+  q = _rand(rng, (2, 37, 4, head_dim), jnp.float32)
+  k = _rand(rng, (2, 53, 2, head_dim), jnp.float32)
+  v = _rand(rng, (2, 53, 2, head_dim_v), jnp.float32)
+  kw = {"causal": True, "softcap": 3.0}
+  eqn = _find_eqn(jax.make_jaxpr(lambda q, k, v: jax_sgl.attention(q, k, v, **kw))(q, k, v).jaxpr,
+                  "jax_sgl_attention_fwd")
+  spec, present = eqn.params["spec"], eqn.params["present"]
+  optional = [jnp.zeros(x.aval.shape, x.aval.dtype) for x in eqn.invars[3:]]
+  want = jax_sgl.attention(q, k, v, return_lse=True, **kw)
+  padded = dataclasses.replace(spec, head_dim=64, head_dim_v=64)
+  got = jax.jit(lambda *a: attn_mod._attention_fwd_padded(*a, spec=spec, present=present,
+                                                          padded=padded))(q, k, v, *optional)
+  for name, a, b in zip(("out", "lse"), want, got):
     assert a.shape == b.shape, name
     np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=2e-5, atol=2e-6, err_msg=name)

@@ -286,6 +286,35 @@ def test_other_wide_head_dims_run_the_sm90_backward_zero_padded(monkeypatch, hea
   assert f"tensor<2x300x8x{padded}xbf16>" in call and f"tensor<2x500x2x{padded}xbf16>" in call, call
 
 
+@pytest.mark.parametrize("head_dim,head_dim_v,padded", [(192, 128, 256), (160, 160, 256),
+                                                      (80, 48, 128), (224, 224, 256)])
+def test_forward_runs_sm90_zero_padded_where_it_serves_only_that(monkeypatch, head_dim,
+                                                                 head_dim_v, padded):
+  """A dense or varlen prefill at head dims the sm90 forward lacks (MLA's 192 / 128, 160, ...)
+  runs it zero-padded to its next head dim on a Hopper process, not the portable kernel; decode
+  calls keep the decode kernel, and without a local Hopper the call is lowered as it is."""
+  if not _built("sm90_fwd", padded):
+    pytest.skip(f"this build has no sm90 hd{padded} bf16 forward")
+  q, k, v = _dense(sq=1000, sk=1200, h=8, hkv=2, d=head_dim)
+  v = _sds(v.shape[:-1] + (head_dim_v,))
+  monkeypatch.setattr(_registration, "local_cuda_devices_are_hopper", lambda: False)
+  assert _fwd(HOPPER, q, k, v, causal=True) == "portable"
+  monkeypatch.setattr(_registration, "local_cuda_devices_are_hopper", lambda: True)
+  assert _fwd(HOPPER, q, k, v, causal=True) == "sm90"
+  text = jax.jit(lambda q, k, v: jax_sgl.attention(q, k, v, causal=True)).trace(q, k, v).lower(
+      lowering_platforms=("cuda",)).as_text()
+  call = next(l for l in text.splitlines() if "@jax_sgl_attention_fwd" in l)
+  assert f"tensor<2x1000x8x{padded}xbf16>" in call and f"tensor<2x1200x2x{padded}xbf16>" in call
+  one = _sds((2, 1, 8, head_dim))
+  assert _fwd(HOPPER, one, k, v) != "sm90"   # decode: no padding
+  q, k = _sds((3000, 8, head_dim)), _sds((5000, 2, head_dim))
+  v, cu = _sds((5000, 2, head_dim_v)), _sds((4,), jnp.int32)
+  varlen = lambda q, k, v, cq, ck: jax_sgl.attention(q, k, v, cu_seqlens_q=cq, cu_seqlens_k=ck,
+                                                     causal=True)
+  assert cuda_attention_kernels(varlen, q, k, v, cu, cu, compute_capability=HOPPER) == [
+      ("fwd", "sm90")]
+
+
 def test_wide_backward_without_its_head_dims_built_lowers_to_the_reference(monkeypatch):
   """No built head dim of the wide kernel to pad to: the reference backward, with a warning."""
   monkeypatch.setattr(_registration, "local_cuda_devices_are_hopper", lambda: True)
