@@ -11,6 +11,7 @@ import pytest
 
 import jax_sgl
 from jax_sgl import reference
+from test_rope_pool import assert_matches_reference
 
 E4M3, E5M2 = jnp.float8_e4m3fn, jnp.float8_e5m2
 E4M3_NAN = 0x7f
@@ -101,15 +102,16 @@ def test_separate_pools_quantized_exactly(dtype, scales, is_neox):
   # k_rot is what the bf16 pool would get; the fp8 pool stores it quantized.
   want = reference.rope_pool_fused(q, k, v, pos, slots, jnp.zeros((24, 2, 64), dtype),
                                    jnp.zeros((24, 2, 64), dtype), is_neox=is_neox)
-  np.testing.assert_array_equal(np.asarray(k_rot, np.float32), np.asarray(want[1], np.float32))
-  np.testing.assert_array_equal(np.asarray(q_rot, np.float32), np.asarray(want[0], np.float32))
+  assert_matches_reference(k_rot, want[1], "k_rot")
+  assert_matches_reference(q_rot, want[0], "q_rot")
   check_pool(k_out, k_pool, quantized_model(k_rot, ks), slots, 24)
   check_pool(v_out, v_pool, quantized_model(v, vs), slots, 24)
-  # The pure-JAX reference writes the same bytes.
+  # The pure-JAX reference quantizes the same way: its pools hold the model of its own k_rot
+  # (equal to ours in bf16 / fp16, within an ulp in float32: assert_matches_reference).
   ref = reference.rope_pool_fused(q, k, v, pos, slots, k_pool, v_pool, is_neox=is_neox,
                                   k_scale=ks, v_scale=vs)
-  np.testing.assert_array_equal(u8(k_out), u8(ref[2]))
-  np.testing.assert_array_equal(u8(v_out), u8(ref[3]))
+  check_pool(ref[2], k_pool, quantized_model(want[1], ks), slots, 24)
+  check_pool(ref[3], v_pool, quantized_model(v, vs), slots, 24)
 
 
 def test_saturation_and_specials():
