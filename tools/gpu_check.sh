@@ -121,8 +121,10 @@ if [[ "${GPU_CHECK_TESTS:-}" != none ]]; then
       -o faulthandler_timeout=90 "${tests[@]}" > "$OUT/pytest.log" 2>&1
   if [[ $? == 124 ]]; then
     # Cut by GPU_CHECK_TESTS_TIMEOUT: what ran, from pytest's progress lines (. s F E x X).
-    # The last line, cut mid-way, has no percentage.
-    progress="$(grep -E '^[.sFExX]+( *\[ *[0-9]+%\])?$' "$OUT/pytest.log" | sed 's/ *\[.*//' | tr -d '\n')"
+    # The last line, cut mid-way, has no percentage; faulthandler's "Timeout (0:01:30)!" may
+    # continue a progress line (session 25: an F before it went uncounted).
+    progress="$(sed -E 's/Timeout \([0-9:]+\)!.*//' "$OUT/pytest.log" |
+      grep -E '^[.sFExX]+( *\[ *[0-9]+%\])?$' | sed 's/ *\[.*//' | tr -d '\n')"
     row tests "stopped after $GPU_CHECK_TESTS_TIMEOUT s at $(grep -oE '[0-9]+%' "$OUT/pytest.log" | tail -1): $(tr -cd . <<< "$progress" | wc -c) passed, $(tr -cd F <<< "$progress" | wc -c) failed, $(tr -cd E <<< "$progress" | wc -c) errors, $(tr -cd s <<< "$progress" | wc -c) skipped"
   else
     row tests "$(grep -E '(passed|failed|error|skipped|no tests ran)' "$OUT/pytest.log" | tail -1)"
