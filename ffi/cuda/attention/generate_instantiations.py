@@ -1,11 +1,12 @@
 """Writes ffi/cuda/attention/instantiations/ from instantiations.json: one file per (kind, head dim,
-dtype), so a build compiles them in parallel, each behind its family's guard, which a dev or CI
-build defines to leave the file out (cmake/cuda.cmake does it from JAX_SGL_ATTN_HEAD_DIMS,
-JAX_SGL_SM90_HEAD_DIMS / JAX_SGL_SM90_DTYPES and JAX_SGL_SM100_HEAD_DIMS / JAX_SGL_SM100_DTYPES; the
-dispatch then reports that head dim as not built). Also writes instantiations/<family>_kernels.inc
-for the sm90 and sm100 families: the X-macro list of the family's kernels the dispatch switches
-over (MACROS), each behind the same guard. Every macro of the list defaults to nothing, so an
-includer defines only the ones it switches over.
+dtype), so a build compiles them in parallel and leaves out those of the (head dim, dtype) pairs it
+does not want (cmake/cuda.cmake and bazel/configure.bzl, from JAX_SGL_ATTN_HEAD_DIMS,
+JAX_SGL_SM90_HEAD_DIMS / JAX_SGL_SM90_DTYPES and JAX_SGL_SM100_HEAD_DIMS / JAX_SGL_SM100_DTYPES),
+defining the family's guard of each pair it left out for the dispatch, which then reports that
+head dim as not built. Also writes instantiations/<family>_kernels.inc for the sm90 and sm100
+families: the X-macro list of the family's kernels the dispatch switches over (MACROS), each
+behind its guard. Every macro of the list defaults to nothing, so an includer defines only the
+ones it switches over.
 
 Kinds: prefill_sm80 (the portable forward, prefill and decode warp layouts), prefill_sm80_fp8 (the
 same kernel over e4m3 operands: fp8 q/k/v, v_dequant, an fp8 KV cache; the dtype is the compute
@@ -66,11 +67,11 @@ def render() -> dict:
       include, instantiate = KINDS[kind]
       for d in head_dims:
         for dtype in spec.get("kind_dtypes", {}).get(kind, spec["dtypes"]):
-          g = guard(family, d, dtype)
           files[f"{kind}_hdim{d}_{dtype}.cu"] = (
-              f"{HEADER}#ifndef {g}\n#include \"ffi/cuda/attention/{include}\"\n"
-              f"{instantiate}({TYPES[dtype]}, {d})\n#endif\n")
+              f"{HEADER}#include \"ffi/cuda/attention/{include}\"\n"
+              f"{instantiate}({TYPES[dtype]}, {d})\n")
           if kind in MACROS:
+            g = guard(family, d, dtype)
             listed.append(f"#ifndef {g}\n{MACROS[kind]}({d}, {dtype})\n#endif\n")
     if listed:
       macros = list(dict.fromkeys(MACROS[k] for k in family["kinds"] if k in MACROS))
