@@ -7,7 +7,7 @@
 
 #include "ffi/common/attention_seq.h"
 #include "ffi/cuda/attention/flash_bwd_launch.h"
-#include "ffi/cuda/attention/flash_fwd_launch.h"  // HeadDimBuilt
+#include "ffi/cuda/attention/flash_fwd_launch.h"  // HeadDimBuilt, WithHeadDimCap
 #ifdef JAX_SGL_HAVE_SM90
 #include "ffi/cuda/attention/sm90/bwd/launch.h"
 #endif
@@ -19,27 +19,15 @@ namespace jax_sgl::cuda {
 namespace {
 
 // The capacity a call runs on, or 0 when none is compiled for it.
-int BwdHeadDimCap(const AttentionParams& p) {
-  const int need = std::max(p.head_dim, p.head_dim_v);
-  for (int d : kBwdHeadDimCapacities)
-    if (d >= need) return d;
-  return 0;
-}
+int BwdHeadDimCap(const AttentionParams& p) { return SmallestCapacity(p, kBwdHeadDimCapacities); }
 
 template <typename T>
 cudaError_t LaunchForType(int cap, const FlashBwdArgs& args, cudaStream_t stream) {
-  switch (cap) {
-#ifndef JAX_SGL_ATTN_DISABLE_HDIM64
-    case 64: return LaunchFlashBwd<T, 64>(args, stream);
-#endif
-#ifndef JAX_SGL_ATTN_DISABLE_HDIM96
-    case 96: return LaunchFlashBwd<T, 96>(args, stream);
-#endif
-#ifndef JAX_SGL_ATTN_DISABLE_HDIM128
-    case 128: return LaunchFlashBwd<T, 128>(args, stream);
-#endif
-    default: return cudaErrorInvalidValue;
-  }
+  return WithHeadDimCap(cap, cudaErrorInvalidValue, [&](auto d) {
+    constexpr int D = decltype(d)::value;  // the portable backward stops at 128
+    if constexpr (D <= 128) return LaunchFlashBwd<T, D>(args, stream);
+    return cudaErrorInvalidValue;
+  });
 }
 
 // The choices whose dK / dV come from the sm90 kernel (its dQ by reductions or by the dQ kernel).

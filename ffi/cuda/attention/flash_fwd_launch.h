@@ -16,6 +16,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <type_traits>
 
 #include "ffi/common/attention_params.h"
 #include "ffi/common/numeric.h"
@@ -32,25 +33,42 @@ inline constexpr int kHeadDimCapacities[] = {64, 96, 128, 192, 256};
 // The built capacities as text, e.g. " 64 128" (jax_sgl.attention_backend_info()).
 const char* PortableBuiltHeadDims();
 
-inline bool HeadDimBuilt(int d) {
-  switch (d) {
+// Calls f(std::integral_constant<int, D>{}) for the head-dim capacity D == cap when this build
+// compiled it (JAX_SGL_ATTN_DISABLE_HDIM<D> unset), else returns `fallback`: the one switch from a
+// run-time capacity to the instantiation of every per-head-dim kernel entry point.
+template <typename R, typename F>
+R WithHeadDimCap(int cap, R fallback, F&& f) {
+  switch (cap) {
 #ifndef JAX_SGL_ATTN_DISABLE_HDIM64
-    case 64: return true;
+    case 64: return f(std::integral_constant<int, 64>{});
 #endif
 #ifndef JAX_SGL_ATTN_DISABLE_HDIM96
-    case 96: return true;
+    case 96: return f(std::integral_constant<int, 96>{});
 #endif
 #ifndef JAX_SGL_ATTN_DISABLE_HDIM128
-    case 128: return true;
+    case 128: return f(std::integral_constant<int, 128>{});
 #endif
 #ifndef JAX_SGL_ATTN_DISABLE_HDIM192
-    case 192: return true;
+    case 192: return f(std::integral_constant<int, 192>{});
 #endif
 #ifndef JAX_SGL_ATTN_DISABLE_HDIM256
-    case 256: return true;
+    case 256: return f(std::integral_constant<int, 256>{});
 #endif
-    default: return false;
+    default: return fallback;
   }
+}
+
+inline bool HeadDimBuilt(int d) {
+  return WithHeadDimCap(d, false, [](auto) { return true; });
+}
+
+// The smallest of a kernel's head-dim capacities that holds the call's head dims (0: none).
+template <size_t N>
+int SmallestCapacity(const AttentionParams& p, const int (&caps)[N]) {
+  const int need = p.head_dim > p.head_dim_v ? p.head_dim : p.head_dim_v;
+  for (int d : caps)
+    if (d >= need) return d;
+  return 0;
 }
 // The warp-sliced decode kernels' form (decode/warp_launch.cuh): TMA stages (sm_90+) or cp.async
 // stages with 32-bit slot indices; or TMA / cp.async stages of an fp8 (e4m3) KV cache under

@@ -51,15 +51,6 @@ int64_t KeyBound(const AttentionParams& p) {
   }
 }
 
-// The smallest of a kernel's head-dim capacities that holds the call's head dims (0: none).
-template <size_t N>
-int SmallestCapacity(const AttentionParams& p, const int (&caps)[N]) {
-  const int need = std::max(p.head_dim, p.head_dim_v);
-  for (int d : caps)
-    if (d >= need) return d;
-  return 0;
-}
-
 // Whether the portable kernels take the call's dtypes and head dims; sets the head-dim capacity.
 const char* CheckSm80Support(const AttentionParams& p, int* cap) {
   if (!HalfPrecisionOperands(p))
@@ -233,31 +224,6 @@ void PlanDecodeKernel(const AttentionParams& p, const DeviceInfo& dev, FlashPlan
   const int64_t n_tiles = (KeyBound(p) + DecodeBlockN(cap) - 1) / DecodeBlockN(cap);
   plan->num_splits = DecodeSplits(base, slots, kDecodeWaves, n_tiles / kDecodeMinTilesPerSplit);
   SetScratch(p, plan);
-}
-
-// Calls f(std::integral_constant<int, D>{}) for the head-dim capacity D == cap when this build
-// compiled it (JAX_SGL_ATTN_DISABLE_HDIM<D> unset), else returns `fallback`: the one switch from a
-// run-time capacity to the instantiation of every per-head-dim kernel entry point.
-template <typename R, typename F>
-R WithHeadDimCap(int cap, R fallback, F&& f) {
-  switch (cap) {
-#ifndef JAX_SGL_ATTN_DISABLE_HDIM64
-    case 64: return f(std::integral_constant<int, 64>{});
-#endif
-#ifndef JAX_SGL_ATTN_DISABLE_HDIM96
-    case 96: return f(std::integral_constant<int, 96>{});
-#endif
-#ifndef JAX_SGL_ATTN_DISABLE_HDIM128
-    case 128: return f(std::integral_constant<int, 128>{});
-#endif
-#ifndef JAX_SGL_ATTN_DISABLE_HDIM192
-    case 192: return f(std::integral_constant<int, 192>{});
-#endif
-#ifndef JAX_SGL_ATTN_DISABLE_HDIM256
-    case 256: return f(std::integral_constant<int, 256>{});
-#endif
-    default: return fallback;
-  }
 }
 
 template <typename T>

@@ -16,7 +16,7 @@
 
 namespace jax_sgl::cuda::sm90 {
 
-// The instruction: cp.async.bulk.tensor.Nd, completing on an mbarrier, no L2 policy.
+// The instruction: cp.async.bulk.tensor.{4,5}d, completing on an mbarrier, no L2 policy.
 struct TmaLoadNoHintOp {
   template <class... Coords>
   __device__ static void copy(void const* desc_ptr, uint64_t* mbar_ptr, void* smem_ptr,
@@ -26,23 +26,9 @@ struct TmaLoadNoHintOp {
     const uint32_t smem = cute::cast_smem_ptr_to_uint(smem_ptr);
     const int32_t c[] = {int32_t(coords)...};
     constexpr int kRank = sizeof...(Coords);
-    static_assert(kRank >= 1 && kRank <= 5, "TMA tensors have 1 to 5 modes");
-    if constexpr (kRank == 1) {
-      asm volatile(
-          "cp.async.bulk.tensor.1d.shared::cluster.global.mbarrier::complete_tx::bytes"
-          " [%0], [%1, {%3}], [%2];"
-          :: "r"(smem), "l"(desc), "r"(mbar), "r"(c[0]) : "memory");
-    } else if constexpr (kRank == 2) {
-      asm volatile(
-          "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
-          " [%0], [%1, {%3, %4}], [%2];"
-          :: "r"(smem), "l"(desc), "r"(mbar), "r"(c[0]), "r"(c[1]) : "memory");
-    } else if constexpr (kRank == 3) {
-      asm volatile(
-          "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
-          " [%0], [%1, {%3, %4, %5}], [%2];"
-          :: "r"(smem), "l"(desc), "r"(mbar), "r"(c[0]), "r"(c[1]), "r"(c[2]) : "memory");
-    } else if constexpr (kRank == 4) {
+    // The kernels' views have four modes (CuTe's) or five (the paged forward's page map).
+    static_assert(kRank == 4 || kRank == 5, "the forward's TMA views have 4 or 5 modes");
+    if constexpr (kRank == 4) {
       asm volatile(
           "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
           " [%0], [%1, {%3, %4, %5, %6}], [%2];"

@@ -13,7 +13,6 @@
 // the decode kernels), as Sm100FwdUnsupported says.
 #include <cstdint>
 #include <initializer_list>
-#include <string>
 
 #include "ffi/common/numeric.h"
 #include "ffi/cuda/attention/sm100/fwd/launch.h"
@@ -95,14 +94,10 @@ bool Sm100FwdEnabled(const AttentionParams& p, const DeviceInfo& dev) {
 }
 
 const char* Sm100FwdBuiltKernels() {
-  // Built once: the list is fixed at compile time.
-  static const std::string kernels = [] {
-    std::string s;
-#define JAX_SGL_SM100_FWD(D, T) s += " hdim" #D "_" #T;
+  return ""
+#define JAX_SGL_SM100_FWD(D, T) " hdim" #D "_" #T
 #include "ffi/cuda/attention/instantiations/sm100_kernels.inc"
-    return s;
-  }();
-  return kernels.c_str();
+      ;
 }
 
 cudaError_t RunFlashFwdSm100(const AttentionParams& p, cudaStream_t stream) {

@@ -19,15 +19,12 @@ namespace {
 template <typename F>
 bool WithInstantiation(DType t, int d, F&& f) {
   (void)t, (void)d, (void)f;  // unused when no instantiation is built
-#define JAX_SGL_SM90_FWD(D, T)
 #define JAX_SGL_SM90_BWD(D, T)                                                       \
   if (t == sm90::kDType_##T && d == D) {                                            \
     f(static_cast<sm90::Type_##T*>(nullptr), std::integral_constant<int, D>{});     \
     return true;                                                                     \
   }
 #include "ffi/cuda/attention/instantiations/sm90_kernels.inc"
-#undef JAX_SGL_SM90_FWD
-#undef JAX_SGL_SM90_BWD
   return false;
 }
 
@@ -89,11 +86,8 @@ size_t Sm90BwdDqAccumFloats(const AttentionParams& p, int ws_rows) {
 
 const char* Sm90BwdBuiltKernels() {
   return ""
-#define JAX_SGL_SM90_FWD(D, T)
 #define JAX_SGL_SM90_BWD(D, T) " hdim" #D "_" #T
 #include "ffi/cuda/attention/instantiations/sm90_kernels.inc"
-#undef JAX_SGL_SM90_FWD
-#undef JAX_SGL_SM90_BWD
       ;
 }
 

@@ -11,10 +11,7 @@
 // / 256) over dense and varlen k/v.
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <initializer_list>
-#include <string>
 
 #include "ffi/common/numeric.h"
 #include "ffi/cuda/attention/flash_fwd_launch.h"
@@ -31,10 +28,7 @@ bool Built(DType t, int d) {
   (void)t, (void)d;
 #define JAX_SGL_SM90_FWD(D, T) \
   if (t == sm90::kDType_##T && d == D) return true;
-#define JAX_SGL_SM90_BWD(D, T)
 #include "ffi/cuda/attention/instantiations/sm90_kernels.inc"
-#undef JAX_SGL_SM90_FWD
-#undef JAX_SGL_SM90_BWD
   return false;
 }
 
@@ -45,10 +39,7 @@ cudaError_t Launch(DType t, int d, const AttentionParams& p, int key_splits, voi
 #define JAX_SGL_SM90_FWD(D, T)            \
   if (t == sm90::kDType_##T && d == D) \
     return LaunchFlashFwdSm90<sm90::Type_##T, D>(p, key_splits, scratch, stream);
-#define JAX_SGL_SM90_BWD(D, T)
 #include "ffi/cuda/attention/instantiations/sm90_kernels.inc"
-#undef JAX_SGL_SM90_FWD
-#undef JAX_SGL_SM90_BWD
   return cudaErrorInvalidValue;
 }
 
@@ -136,17 +127,10 @@ bool Sm90Enabled(const AttentionParams& p, const DeviceInfo& dev) {
 }
 
 const char* Sm90BuiltKernels() {
-  // Built once: the list is fixed at compile time.
-  static const std::string kernels = [] {
-    std::string s;
-#define JAX_SGL_SM90_FWD(D, T) s += " hdim" #D "_" #T;
-#define JAX_SGL_SM90_BWD(D, T)
+  return ""
+#define JAX_SGL_SM90_FWD(D, T) " hdim" #D "_" #T
 #include "ffi/cuda/attention/instantiations/sm90_kernels.inc"
-#undef JAX_SGL_SM90_FWD
-#undef JAX_SGL_SM90_BWD
-    return s;
-  }();
-  return kernels.c_str();
+      ;
 }
 
 // H200, hd128 bf16, 32 q / 8 kv heads, causal, 2026-12-04 (bench_attention_paged.py): a mixed
