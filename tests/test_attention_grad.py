@@ -3,6 +3,7 @@ pure-JAX reference, on fresh random inputs: dense and varlen layouts, causal/win
 GQA/MQA, float32/float16/bfloat16, awkward sizes; numerical checks; jit, vmap; the backward does
 not re-run the forward; paged KV and fp8 refuse to differentiate."""
 
+import dataclasses
 import functools
 import warnings
 
@@ -322,20 +323,25 @@ def _find_eqn(jaxpr, name="jax_sgl_attention_bwd"):
   return None
 
 
+def _padding_case(seed, head_dim, head_dim_v):
+  """(the jax_sgl.attention module, rng, q, k, v, kw) of the zero-padding tests: GQA 4 / 2, causal
+  with softcap, float32 on the CPU kernels."""
+  import importlib
+  # The module (the package's `attention` is the function).
+  attn_mod = importlib.import_module("jax_sgl.attention")
+  rng = np.random.default_rng(seed)
+  q = _rand(rng, (2, 37, 4, head_dim), jnp.float32)
+  k = _rand(rng, (2, 53, 2, head_dim), jnp.float32)
+  v = _rand(rng, (2, 53, 2, head_dim_v), jnp.float32)
+  return attn_mod, rng, q, k, v, {"causal": True, "softcap": 3.0}
+
+
 @pytest.mark.parametrize("head_dim,head_dim_v", [(40, 24), (24, 40)])
 def test_zero_padded_backward_is_the_backward(head_dim, head_dim_v):
   """attention._attention_bwd_padded (how CUDA runs head dims above 128 that Hopper's wide
   backward does not serve as they are) gives the gradients of the call itself: here on the CPU
   kernels, padding to 64 features."""
-  import dataclasses
-  import importlib
-  # The module (the package's `attention` is the function).
-  attn_mod = importlib.import_module("jax_sgl.attention")
-  rng = np.random.default_rng(5)
-  q = _rand(rng, (2, 37, 4, head_dim), jnp.float32)
-  k = _rand(rng, (2, 53, 2, head_dim), jnp.float32)
-  v = _rand(rng, (2, 53, 2, head_dim_v), jnp.float32)
-  kw = {"causal": True, "softcap": 3.0}
+  attn_mod, rng, q, k, v, kw = _padding_case(5, head_dim, head_dim_v)
   loss = lambda q, k, v: jax_sgl.attention(q, k, v, **kw).sum()
   eqn = _find_eqn(jax.make_jaxpr(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v).jaxpr)
   spec, present = eqn.params["spec"], eqn.params["present"]
@@ -356,14 +362,7 @@ def test_zero_padded_backward_is_the_backward(head_dim, head_dim_v):
 def test_zero_padded_forward_is_the_forward(head_dim, head_dim_v):
   """attention._attention_fwd_padded (how CUDA may run a prefill at head dims the sm90 forward
   lacks) gives the call's own out and lse: here on the CPU kernels, padding to 64 features."""
-  import dataclasses
-  import importlib
-  attn_mod = importlib.import_module("jax_sgl.attention")
-  rng = np.random.default_rng(6)
-  q = _rand(rng, (2, 37, 4, head_dim), jnp.float32)
-  k = _rand(rng, (2, 53, 2, head_dim), jnp.float32)
-  v = _rand(rng, (2, 53, 2, head_dim_v), jnp.float32)
-  kw = {"causal": True, "softcap": 3.0}
+  attn_mod, _, q, k, v, kw = _padding_case(6, head_dim, head_dim_v)
   eqn = _find_eqn(jax.make_jaxpr(lambda q, k, v: jax_sgl.attention(q, k, v, **kw))(q, k, v).jaxpr,
                   "jax_sgl_attention_fwd")
   spec, present = eqn.params["spec"], eqn.params["present"]
