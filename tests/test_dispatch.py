@@ -42,6 +42,13 @@ def _fwd(cc, *args, **kwargs):
   return kernels[0][1]
 
 
+def _cuda_call(fn, target, *args):
+  """The line of the first `target` custom call in fn(*args) lowered for CUDA (its operand
+  types: what a zero-padded call passes)."""
+  text = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+  return next(l for l in text.splitlines() if f"@{target}" in l)
+
+
 def _dense(b=2, sq=1024, sk=1024, h=16, hkv=4, d=128, dtype=BF16):
   return _sds((b, sq, h, d), dtype), _sds((b, sk, hkv, d), dtype), _sds((b, sk, hkv, d), dtype)
 
@@ -280,9 +287,7 @@ def test_other_wide_head_dims_run_the_sm90_backward_zero_padded(monkeypatch, hea
     want = "sm90_bwd_dq_kernel" if kw.get("deterministic") else "sm90_bwd"
     assert _grad_kernels(HOPPER, q, k, v, **kw)[-1] == ("bwd", want), kw
   loss = lambda q, k, v: jax_sgl.attention(q, k, v, causal=True).astype(jnp.float32).sum()
-  text = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).trace(q, k, v).lower(
-      lowering_platforms=("cuda",)).as_text()
-  call = next(l for l in text.splitlines() if "@jax_sgl_attention_bwd" in l)
+  call = _cuda_call(jax.grad(loss, argnums=(0, 1, 2)), "jax_sgl_attention_bwd", q, k, v)
   assert f"tensor<2x300x8x{padded}xbf16>" in call and f"tensor<2x500x2x{padded}xbf16>" in call, call
 
 
@@ -301,9 +306,8 @@ def test_forward_runs_sm90_zero_padded_where_it_serves_only_that(monkeypatch, he
   assert _fwd(HOPPER, q, k, v, causal=True) == "portable"
   monkeypatch.setattr(_registration, "local_cuda_devices_are_hopper", lambda: True)
   assert _fwd(HOPPER, q, k, v, causal=True) == "sm90"
-  text = jax.jit(lambda q, k, v: jax_sgl.attention(q, k, v, causal=True)).trace(q, k, v).lower(
-      lowering_platforms=("cuda",)).as_text()
-  call = next(l for l in text.splitlines() if "@jax_sgl_attention_fwd" in l)
+  call = _cuda_call(lambda q, k, v: jax_sgl.attention(q, k, v, causal=True),
+                    "jax_sgl_attention_fwd", q, k, v)
   assert f"tensor<2x1000x8x{padded}xbf16>" in call and f"tensor<2x1200x2x{padded}xbf16>" in call
   one = _sds((2, 1, 8, head_dim))
   assert _fwd(HOPPER, one, k, v) != "sm90"   # decode: no padding
