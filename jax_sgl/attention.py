@@ -101,8 +101,9 @@ def _ffi_attrs(ctx, spec: AttentionSpec) -> dict:
       qk_blockscaled=np.bool_(spec.qk_blockscaled))
 
 
-# Head dims of the sm90 forward, one of which a call may be zero-padded to (padded_sm90_fwd_spec).
-SM90_FWD_HEAD_DIMS = (64, 96, 128, 192, 256)
+# Head dims of the sm90 forward (ffi/cuda/attention/sm90/fwd/tile_size.h Sm90FwdHeadDim), one of
+# which a call may be zero-padded to (padded_sm90_fwd_spec) where the build holds it.
+SM90_FWD_HEAD_DIMS = (64, 128, 256)
 
 
 def _fwd_plan(ctx, spec: AttentionSpec, dims=None) -> str:
