@@ -83,6 +83,27 @@ struct MainloopLoad {
     win.page = page >= 0 && page < params.num_pages ? page : params.num_pages;
   }
 
+  // The pages of the keys a producer thread resolves in key tile n's K load (GatherPages'
+  // write_rows: keys n kBlockN + t + 128 p), -1 past the keys. Read one K load ahead (load_tile):
+  // resolved in the load itself, the page-table read's latency sat between the ring's empty slot
+  // and the first copy of every tile (ncu, H100, pages of 1: the producer's long-scoreboard
+  // stalls, the tensor pipe 39% busy against FA3's 67%).
+  struct GatherPagesAhead {
+    int page[(kBlockN + 127) / 128];
+  };
+  __device__ __forceinline__ GatherPagesAhead ReadPagesAhead(WorkTile const& w, int n) const {
+    GatherPagesAhead ahead;
+#pragma unroll
+    for (int p = 0; p < (kBlockN + 127) / 128; ++p) {
+      const int r = 128 * p + int(threadIdx.x), key = n * kBlockN + r;
+      ahead.page[p] = r < kBlockN && key < w.k_len
+                          ? params.page_table[int64_t(w.batch) * params.max_pages +
+                                              key / params.page_size]
+                          : -1;
+    }
+    return ahead;
+  }
+
   // Paged gather: key tile n of this sequence into stage `stage` of sKV by the 128 producer
   // threads, one 16-byte cp.async per (row, chunk), completing on the stage's full barrier
   // (initialized for 128 asynchronous arrivals + the leader's, kernel.cuh). A K load
@@ -100,7 +121,8 @@ struct MainloopLoad {
   template <typename SKV>
   __device__ __forceinline__ void GatherPages(WorkTile const& w, SKV const& sKV, int kv,
                                               uint64_t* bar, int n, int stage, uint32_t k_load,
-                                              bool write_rows) const {
+                                              GatherPagesAhead const* ahead) const {
+    const bool write_rows = ahead != nullptr;  // a K load: resolve the keys from their pages
     using E = Element_t<Cfg>;
     constexpr int kChunks = Cfg::kHeadDim / 8;                  // 16-byte chunks per row
     constexpr int kThreadsPerRow = kChunks < 16 ? kChunks : 16;  // 8 rows per pass from hd128
@@ -116,16 +138,13 @@ struct MainloopLoad {
     if (write_rows) {
       const E* k_head = params.k_pool + kv_head * params.k_head_stride;
       const E* v_head = params.v_pool + kv_head * params.v_head_stride;
-#pragma unroll 1
-      for (int r0 = 0; r0 < kBlockN; r0 += 128) {
-        const int r = r0 + t, key = n * kBlockN + r;
-        int row = -1;
-        if (r < kBlockN && key < w.k_len) {
-          const int entry = key / params.page_size;
-          const int page = params.page_table[int64_t(w.batch) * params.max_pages + entry];
-          if (page >= 0 && page < params.num_pages)
-            row = page * params.page_size + (key - entry * params.page_size);
-        }
+#pragma unroll
+      for (int p = 0; p < (kBlockN + 127) / 128; ++p) {
+        const int r = 128 * p + t, key = n * kBlockN + r;
+        const int page = ahead->page[p];  // -1 past the keys
+        const int row = page >= 0 && page < params.num_pages
+                            ? page * params.page_size + key % params.page_size
+                            : -1;
         if (r < kBlockN) {
           if constexpr (kAddresses) {
             slot[0][r] = row >= 0 ? k_head + row * params.k_row_stride : nullptr;
@@ -265,13 +284,22 @@ struct MainloopLoad {
                                 0, kv_head, group);
         }
       };
+      // Gather: the pages of the next K load's keys, read one K load ahead (ReadPagesAhead).
+      [[maybe_unused]] GatherPagesAhead pages_next;
+      if constexpr (kGather)
+        if (!tiles.empty()) pages_next = ReadPagesAhead(w, tiles.n_end - 1);
       auto load_k = [&](int n) {
+        [[maybe_unused]] GatherPagesAhead pages_now;
+        if constexpr (kGather) {
+          pages_now = pages_next;
+          if (n > tiles.n_begin) pages_next = ReadPagesAhead(w, n - 1);  // K tiles run down
+        }
         const PipelineState write_k = write_state(k_loads++);
         pipe_k.producer_acquire(write_k);
         if constexpr (kPaged) {
           if constexpr (kGather)
             GatherPages(w, sK, 0, pipe_k.producer_get_barrier(write_k), n, write_k.index(),
-                        k_loads - 1, true);
+                        k_loads - 1, &pages_now);
           else
             load_pages(params.k_page_map, shared.k.data(), win_k,
                        pipe_k.producer_get_barrier(write_k), n, write_k.index(),
@@ -314,7 +342,7 @@ struct MainloopLoad {
           // V of tile n: the K load of tile n was `behind` K loads ago, into this stage index.
           if constexpr (kGather)
             GatherPages(w, sV, 1, pipe_v.producer_get_barrier(write_v), n, write_v.index(),
-                        k_loads - behind, false);
+                        k_loads - behind, nullptr);
           else
             load_pages(params.v_page_map, shared.v.data(), win_v,
                        pipe_v.producer_get_barrier(write_v), n, write_v.index(), nullptr);
