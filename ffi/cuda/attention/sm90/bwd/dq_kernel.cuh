@@ -117,24 +117,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   Tensor sdO = make_tensor(make_smem_ptr(shared.dout.data()), typename Cfg::SmemLayoutRows{});
   Tensor sK = make_tensor(make_smem_ptr(shared.k.data()), typename Cfg::SmemLayoutKV{});
   Tensor sV = make_tensor(make_smem_ptr(shared.v.data()), typename Cfg::SmemLayoutKV{});
-  auto head_rows = [&](auto const& m, int head, int row0) {
-    return SeqHeadRows<kVarlen>(m, head, batch, row0);
-  };
 
   if (warpgroup == 0) {
     // ---- Producer ------------------------------------------------------------------------
     cutlass::arch::warpgroup_reg_dealloc<Cfg::kProducerRegs>();
     if (threadIdx.x != 0) return;
-    Tensor mQ = params.tma_q.get_tma_tensor(params.q_shape);
-    Tensor mdO = params.tma_do.get_tma_tensor(params.q_shape);
     const int q_row0 = kVarlen ? seq.q_row0 : 0;
-    Tensor gQ = local_tile(head_rows(mQ, head, q_row0), typename Cfg::RowsD{}, make_coord(_, _0{}));
-    Tensor gdO =
-        local_tile(head_rows(mdO, head, q_row0), typename Cfg::RowsD{}, make_coord(_, _0{}));
-    auto tQ = tma_partition(params.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ),
-                            group_modes<0, 2>(gQ));
-    auto tdO = tma_partition(params.tma_do, _0{}, Layout<_1>{}, group_modes<0, 2>(sdO),
-                             group_modes<0, 2>(gdO));
+    auto tQ = HeadTiles<kVarlen, typename Cfg::RowsD>(params.tma_q, params.q_shape, sQ, head, batch,
+                                                      q_row0);
+    auto tdO = HeadTiles<kVarlen, typename Cfg::RowsD>(params.tma_do, params.q_shape, sdO, head,
+                                                       batch, q_row0);
     // Q and dO always land (even with no key tile): the epilogue reuses the Q smem.
     shared.barrier_rows.arrive_and_expect_tx(2 * Cfg::kConsumers * Cfg::kRowsHalfBytes);
     auto& bar_rows = reinterpret_cast<uint64_t&>(shared.barrier_rows);
@@ -143,17 +135,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       copy(params.tma_do.with(bar_rows, 0), get<0>(tdO)(_, 2 * m_block + half),
            get<1>(tdO)(_, half));
     }
-    Tensor mK = params.tma_k.get_tma_tensor(params.kv_shape);
-    Tensor mV = params.tma_v.get_tma_tensor(params.kv_shape);
     const int k_row0 = kVarlen ? seq.k_row0 : 0;
-    Tensor gK =
-        local_tile(head_rows(mK, kv_head, k_row0), typename Cfg::KeysD{}, make_coord(_, _0{}));
-    Tensor gV =
-        local_tile(head_rows(mV, kv_head, k_row0), typename Cfg::KeysD{}, make_coord(_, _0{}));
-    auto tK = tma_partition(params.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK),
-                            group_modes<0, 2>(gK));
-    auto tV = tma_partition(params.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV),
-                            group_modes<0, 2>(gV));
+    auto tK = HeadTiles<kVarlen, typename Cfg::KeysD>(params.tma_k, params.kv_shape, sK, kv_head,
+                                                      batch, k_row0);
+    auto tV = HeadTiles<kVarlen, typename Cfg::KeysD>(params.tma_v, params.kv_shape, sV, kv_head,
+                                                      batch, k_row0);
     PipelineState write = cutlass::make_producer_start_state<Pipeline>();
     for (int n = n_begin; n < n_end; ++n) {
       pipe_kv.producer_acquire(write);

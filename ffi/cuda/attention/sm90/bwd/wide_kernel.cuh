@@ -80,44 +80,29 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   Tensor sV = make_tensor(make_smem_ptr(shared.v.data()), typename Cfg::SmemLayoutKV{});
   Tensor sQ = make_tensor(make_smem_ptr(shared.q.data()), typename Cfg::SmemLayoutRows{});
   Tensor sdO = make_tensor(make_smem_ptr(shared.dout.data()), typename Cfg::SmemLayoutRows{});
-  auto head_rows = [&](auto const& m, int head, int row0) {
-    return SeqHeadRows<kVarlen>(m, head, batch, row0);
-  };
 
   if (warpgroup == 0) {
     // ---- Producer ------------------------------------------------------------------------
     cutlass::arch::warpgroup_reg_dealloc<Cfg::kProducerRegs>();
     if (threadIdx.x != 0) return;
-    Tensor mK = params.tma_k.get_tma_tensor(params.kv_shape);
-    Tensor mV = params.tma_v.get_tma_tensor(params.kv_shape);
-    Tensor gK = local_tile(head_rows(mK, kv_head, seq.k_row0), typename Cfg::KeysD{},
-                           make_coord(_, _0{}));
-    Tensor gV = local_tile(head_rows(mV, kv_head, seq.k_row0), typename Cfg::KeysD{},
-                           make_coord(_, _0{}));
-    auto tK = tma_partition(params.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK),
-                            group_modes<0, 2>(gK));
-    auto tV = tma_partition(params.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV),
-                            group_modes<0, 2>(gV));
+    auto tK = HeadTiles<kVarlen, typename Cfg::KeysD>(params.tma_k, params.kv_shape, sK, kv_head,
+                                                      batch, seq.k_row0);
+    auto tV = HeadTiles<kVarlen, typename Cfg::KeysD>(params.tma_v, params.kv_shape, sV, kv_head,
+                                                      batch, seq.k_row0);
     shared.barrier_kv.arrive_and_expect_tx(2 * Cfg::kKVTileBytes);
     auto& bar_kv = reinterpret_cast<uint64_t&>(shared.barrier_kv);
     copy(params.tma_k.with(bar_kv, 0), get<0>(tK)(_, n_block), get<1>(tK)(_, 0));
     copy(params.tma_v.with(bar_kv, 0), get<0>(tV)(_, n_block), get<1>(tV)(_, 0));
 
-    Tensor mQ = params.tma_q.get_tma_tensor(params.q_shape);
-    Tensor mdO = params.tma_do.get_tma_tensor(params.q_shape);
     PipelineState write_q = cutlass::make_producer_start_state<Pipeline>();
     PipelineState write_do = cutlass::make_producer_start_state<Pipeline>();
     // Step order: q head by q head, each over its row blocks.
     for (int g = 0; g < (steps > 0 ? params.group : 0); ++g) {
       const int head = kv_head * params.group + g;
-      Tensor gQ = local_tile(head_rows(mQ, head, seq.q_row0), typename Cfg::RowsD{},
-                             make_coord(_, _0{}));
-      Tensor gdO = local_tile(head_rows(mdO, head, seq.q_row0), typename Cfg::RowsD{},
-                              make_coord(_, _0{}));
-      auto tQ = tma_partition(params.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ),
-                              group_modes<0, 2>(gQ));
-      auto tdO = tma_partition(params.tma_do, _0{}, Layout<_1>{}, group_modes<0, 2>(sdO),
-                               group_modes<0, 2>(gdO));
+      auto tQ = HeadTiles<kVarlen, typename Cfg::RowsD>(params.tma_q, params.q_shape, sQ, head,
+                                                        batch, seq.q_row0);
+      auto tdO = HeadTiles<kVarlen, typename Cfg::RowsD>(params.tma_do, params.q_shape, sdO, head,
+                                                         batch, seq.q_row0);
       const int64_t row_values = seq.ws_row0 + int64_t(head) * params.ws_rows;
       for (int m = rows.m_begin; m < rows.m_end; ++m)
         ProduceStep(params, shared, pipe_q, pipe_do, write_q, write_do, tQ, tdO, m, row_values);
