@@ -170,24 +170,39 @@ struct MainloopLoad {
     [[maybe_unused]] const E* head =
         fallback + kv_head * (kv ? params.v_head_stride : params.k_head_stride);
     [[maybe_unused]] const int64_t row_stride = kv ? params.v_row_stride : params.k_row_stride;
-#pragma unroll 2
-    for (int j = 0; j < kBlockN / kRowsPerPass; ++j) {
-      const auto entry = table[t / kThreadsPerRow + kRowsPerPass * j];
-      bool live;
-      const E* src;
-      if constexpr (kAddresses) {
-        live = entry != nullptr;
-        src = (live ? entry : fallback) + 8 * chunk;
-      } else {
-        live = entry >= 0;
-        src = head + max(entry, 0) * row_stride + 8 * chunk;
-      }
+    // The table entries of kBatch passes are read before their copies are issued: the copies'
+    // "memory" clobber keeps the compiler from moving a read above an earlier copy, and one read
+    // per copy left every copy behind a shared-memory load's latency (SASS: LDS.64, then its
+    // LDGSTS, pass by pass; ncu, page 1: the consumers waiting on the K / V full barriers).
+    // Four (eight spilled 32 B in the 40-register producer at hd128); two where the passes are
+    // not a multiple of four (hd256's 80-key tile: ten).
+    constexpr int kPasses = kBlockN / kRowsPerPass;
+    constexpr int kBatch = kPasses % 4 == 0 ? 4 : kPasses % 2 == 0 ? 2 : 1;
+#pragma unroll 1
+    for (int j0 = 0; j0 < kPasses; j0 += kBatch) {
+      typename Cfg::GatherSrc entries[kBatch];
 #pragma unroll
-      for (int k = 0; k < kPerRow; ++k)
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(
-                         smem + j * (kRowsPerPass * 128) + k * 2 * (kBlockN * 128)),
-                     "l"(src + 128 * k), "r"(live ? 16 : 0)
-                     : "memory");
+      for (int b = 0; b < kBatch; ++b)
+        entries[b] = table[t / kThreadsPerRow + kRowsPerPass * (j0 + b)];
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b) {
+        const int j = j0 + b;
+        bool live;
+        const E* src;
+        if constexpr (kAddresses) {
+          live = entries[b] != nullptr;
+          src = (live ? entries[b] : fallback) + 8 * chunk;
+        } else {
+          live = entries[b] >= 0;
+          src = head + max(entries[b], 0) * row_stride + 8 * chunk;
+        }
+#pragma unroll
+        for (int k = 0; k < kPerRow; ++k)
+          asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(
+                           smem + j * (kRowsPerPass * 128) + k * 2 * (kBlockN * 128)),
+                       "l"(src + 128 * k), "r"(live ? 16 : 0)
+                       : "memory");
+      }
     }
     asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(
                      cute::cast_smem_ptr_to_uint(bar))
