@@ -23,6 +23,7 @@
 #include "ffi/cuda/attention/sm90/bwd/kernel.cuh"  // StorePairs (Gemm, AccToA: sm90/wgmma.cuh)
 #include "ffi/cuda/attention/sm90/bwd/varlen_block.cuh"
 #include "ffi/cuda/attention/sm90/fwd/softmax.h"      // AccCoord
+#include "ffi/cuda/attention/sm90/gmem_view.h"  // HeadTiles
 
 namespace jax_sgl::cuda::sm90 {
 

@@ -33,6 +33,7 @@
 #include "ffi/cuda/attention/sm90/bwd/config.h"
 #include "ffi/cuda/attention/sm90/bwd/varlen_block.cuh"
 #include "ffi/cuda/attention/sm90/fwd/softmax.h"  // AccCoord
+#include "ffi/cuda/attention/sm90/gmem_view.h"  // HeadTiles
 #include "ffi/cuda/attention/sm90/wgmma.cuh"
 
 namespace jax_sgl::cuda::sm90 {

@@ -71,26 +71,6 @@ __device__ bool BwdVarlenBlock(Params const& params, int lin, int block, int ws_
   return true;
 }
 
-// [rows, head dim] of one head of a TMA view: dense picks the batch, varlen starts at the
-// sequence's row of the packed view (batch extent 1).
-template <bool kVarlen, typename View>
-__device__ __forceinline__ auto SeqHeadRows(View const& m, int head, int batch, int row0) {
-  using namespace cute;
-  if constexpr (kVarlen) return domain_offset(make_coord(row0, _0{}), m(_, _, head, _0{}));
-  else return m(_, _, head, batch);
-}
-
-// One head's [Tile] tiles of a TMA view (SeqHeadRows) partitioned against the smem tile s:
-// get<0>(...)(_, i) the view's tile i, get<1> s's stages.
-template <bool kVarlen, typename Tile, typename Tma, typename Shape, typename Smem>
-__device__ __forceinline__ auto HeadTiles(Tma const& tma, Shape const& shape, Smem const& s,
-                                          int head, int batch, int row0) {
-  using namespace cute;
-  Tensor g = local_tile(SeqHeadRows<kVarlen>(tma.get_tma_tensor(shape), head, batch, row0),
-                        Tile{}, make_coord(_, _0{}));
-  return tma_partition(tma, _0{}, Layout<_1>{}, group_modes<0, 2>(s), group_modes<0, 2>(g));
-}
-
 // Rows [0, rows) of a [rows, kHeadDim] smem tile to dst (row r at dst + r * row_stride) by the
 // 128 threads of a warpgroup, one 16-byte chunk (8 features: whole under every swizzle used) a
 // thread at a time: varlen stores, where a TMA box would write into the next sequence.

@@ -22,6 +22,7 @@
 #include "ffi/cuda/attention/sm90/bwd/kernel.cuh"
 #include "ffi/cuda/attention/sm90/bwd/varlen_block.cuh"
 #include "ffi/cuda/attention/sm90/bwd/wide_config.h"
+#include "ffi/cuda/attention/sm90/gmem_view.h"  // HeadTiles
 
 namespace jax_sgl::cuda::sm90 {
 

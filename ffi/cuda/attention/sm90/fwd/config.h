@@ -92,6 +92,7 @@ struct FlashConfig {
   static constexpr int kGatherConsumerRegs = kHeadDim <= 128 ? 232 : kConsumerRegs;
 
   using RowsD = Shape<Int<kWarpgroupRows>, Int<kHeadDim>>;
+  using KeysD = Shape<Int<kBlockN>, Int<kHeadDim>>;
   using TileQK = Shape<Int<kWarpgroupRows>, Int<kBlockN>, Int<kHeadDim>>;  // S = Q K^T
   using TilePV = Shape<Int<kWarpgroupRows>, Int<kHeadDim>, Int<kBlockN>>;  // O += P V
 

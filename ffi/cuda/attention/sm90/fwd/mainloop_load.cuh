@@ -28,6 +28,7 @@
 #include "ffi/cuda/attention/sm90/fwd/gemm.cuh"
 #include "ffi/cuda/attention/sm90/fwd/kernel_params.h"
 #include "ffi/cuda/attention/sm90/fwd/tile_scheduler.cuh"
+#include "ffi/cuda/attention/sm90/gmem_view.h"
 #include "ffi/cuda/attention/sm90/tma_load.h"
 
 namespace jax_sgl::cuda::sm90 {
@@ -60,14 +61,6 @@ struct MainloopLoad {
   Pipeline& pipe_k;
   Pipeline& pipe_v;
 
-  // [rows, head dim] view of one head's rows of a TMA tensor: dense picks the batch, varlen
-  // starts at the sequence's row of the packed tensor (its batch extent is 1).
-  template <typename Tensor>
-  __device__ __forceinline__ static auto HeadRows(Tensor const& m, int head, int batch, int row0) {
-    if constexpr (kVarlen) return domain_offset(make_coord(row0, _0{}), m(_, _, head, _0{}));
-    else return m(_, _, head, batch);
-  }
-
   // Paged: makes the window hold the entries [e_lo, e_hi] (at most 32 apart), loading the 32
   // that end at e_hi when it does not: key tiles come last first, so the next tiles' entries
   // are the lower ones. Warp-uniform (all lanes pass the same e_lo, e_hi).
@@ -88,13 +81,14 @@ struct MainloopLoad {
   // resolved in the load itself, the page-table read's latency sat between the ring's empty slot
   // and the first copy of every tile (ncu, H100, pages of 1: the producer's long-scoreboard
   // stalls, the tensor pipe 39% busy against FA3's 67%).
+  static constexpr int kGatherKeysPerThread = (kBlockN + 127) / 128;
   struct GatherPagesAhead {
-    int page[(kBlockN + 127) / 128];
+    int page[kGatherKeysPerThread];
   };
   __device__ __forceinline__ GatherPagesAhead ReadPagesAhead(WorkTile const& w, int n) const {
     GatherPagesAhead ahead;
 #pragma unroll
-    for (int p = 0; p < (kBlockN + 127) / 128; ++p) {
+    for (int p = 0; p < kGatherKeysPerThread; ++p) {
       const int r = 128 * p + int(threadIdx.x), key = n * kBlockN + r;
       ahead.page[p] = r < kBlockN && key < w.k_len
                           ? params.page_table[int64_t(w.batch) * params.max_pages +
@@ -139,7 +133,7 @@ struct MainloopLoad {
       const E* k_head = params.k_pool + kv_head * params.k_head_stride;
       const E* v_head = params.v_pool + kv_head * params.v_head_stride;
 #pragma unroll
-      for (int p = 0; p < (kBlockN + 127) / 128; ++p) {
+      for (int p = 0; p < kGatherKeysPerThread; ++p) {
         const int r = 128 * p + t, key = n * kBlockN + r;
         const int page = ahead->page[p];  // -1 past the keys
         const int row = page >= 0 && page < params.num_pages
@@ -219,9 +213,6 @@ struct MainloopLoad {
     Tensor sQ = make_tensor(make_smem_ptr(shared.q.data()), typename Cfg::SmemLayoutQ{});
     Tensor sK = make_tensor(make_smem_ptr(shared.k.data()), typename Cfg::SmemLayoutKV{});
     Tensor sV = make_tensor(make_smem_ptr(shared.v.data()), typename Cfg::SmemLayoutKV{});
-    Tensor mQ = params.tma_q.get_tma_tensor(params.q_shape);
-    Tensor mK = params.tma_k.get_tma_tensor(params.kv_shape);
-    Tensor mV = params.tma_v.get_tma_tensor(params.kv_shape);
     // The K/V ring states run on across the tiles of a persistent CTA. Both rings see the same
     // number of loads per tile, V one behind K inside it (load_tile's order), so one count of K
     // loads gives both states: the producer has 24 registers, and two states spilled.
@@ -237,18 +228,12 @@ struct MainloopLoad {
       // [64, D, m/64] rows of this (batch, head); [N, D, n] keys of this (batch, kv head).
       // Varlen: boxes that run past a sequence's end read the next sequence's rows (or TMA's
       // zero fill past the buffer): masked as keys past k_len, unused as q rows past q_len.
-      Tensor gQ = local_tile(HeadRows(mQ, w.head, w.batch, w.q_row0), typename Cfg::RowsD{},
-                             make_coord(_, _0{}));
-      Tensor gK = local_tile(HeadRows(mK, kv_head, w.batch, w.k_row0),
-                             Shape<Int<kBlockN>, Int<Cfg::kHeadDim>>{}, make_coord(_, _0{}));
-      Tensor gV = local_tile(HeadRows(mV, kv_head, w.batch, w.k_row0),
-                             Shape<Int<kBlockN>, Int<Cfg::kHeadDim>>{}, make_coord(_, _0{}));
-      auto tQ = tma_partition(params.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ),
-                              group_modes<0, 2>(gQ));
-      auto tK = tma_partition(params.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK),
-                              group_modes<0, 2>(gK));
-      auto tV = tma_partition(params.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV),
-                              group_modes<0, 2>(gV));
+      auto tQ = HeadTiles<kVarlen, typename Cfg::RowsD>(params.tma_q, params.q_shape, sQ, w.head,
+                                                        w.batch, w.q_row0);
+      auto tK = HeadTiles<kVarlen, typename Cfg::KeysD>(params.tma_k, params.kv_shape, sK, kv_head,
+                                                        w.batch, w.k_row0);
+      auto tV = HeadTiles<kVarlen, typename Cfg::KeysD>(params.tma_v, params.kv_shape, sV, kv_head,
+                                                        w.batch, w.k_row0);
       auto tQg = get<0>(tQ);
       auto tQs = get<1>(tQ);
       auto tKg = get<0>(tK);
