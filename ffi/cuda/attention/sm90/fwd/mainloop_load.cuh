@@ -156,13 +156,12 @@ struct MainloopLoad {
     // Thread t copies chunks c and c + 16, c + 32, ... (kPerRow of them) of rows t / kThreadsPerRow
     // + kRowsPerPass j: every row it copies has the same row % 8, so under the 128-byte swizzle
     // (16-byte chunk index ^ row % 8) its smem address moves by 128 bytes a row, and a chunk 16 to
-    // the right is two 64-column blocks of the tile further. A hole copies 0 bytes (zero fill)
-    // from a valid address (the pool's first row).
+    // the right is two 64-column blocks of the tile further. A hole copies 0 bytes (zero fill):
+    // from its head's first row where rows are published (hd256), from no address otherwise.
     const int chunk = t % kThreadsPerRow;
     const uint32_t smem = cute::cast_smem_ptr_to_uint(&sKV(t / kThreadsPerRow, 8 * chunk, stage));
-    const E* fallback = kv ? params.v_pool : params.k_pool;
-    [[maybe_unused]] const E* head =
-        fallback + kv_head * (kv ? params.v_head_stride : params.k_head_stride);
+    [[maybe_unused]] const E* head = (kv ? params.v_pool : params.k_pool) +
+                                     kv_head * (kv ? params.v_head_stride : params.k_head_stride);
     [[maybe_unused]] const int64_t row_stride = kv ? params.v_row_stride : params.k_row_stride;
     // The table entries of kBatch passes are read before their copies are issued: the copies'
     // "memory" clobber keeps the compiler from moving a read above an earlier copy, and one read
@@ -184,8 +183,12 @@ struct MainloopLoad {
         bool live;
         const E* src;
         if constexpr (kAddresses) {
+          // A hole's null entry goes to its zero-size copy as it is: cp.async reads src-size
+          // bytes, none here (LDGSTS takes the size as its ignore-source predicate), so no
+          // select of a valid row per copy.
           live = entries[b] != nullptr;
-          src = (live ? entries[b] : fallback) + 8 * chunk;
+          src = reinterpret_cast<const E*>(reinterpret_cast<uintptr_t>(entries[b]) +
+                                           16 * chunk);
         } else {
           live = entries[b] >= 0;
           src = head + max(entries[b], 0) * row_stride + 8 * chunk;
