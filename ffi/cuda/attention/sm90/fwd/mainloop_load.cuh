@@ -167,10 +167,10 @@ struct MainloopLoad {
     // "memory" clobber keeps the compiler from moving a read above an earlier copy, and one read
     // per copy left every copy behind a shared-memory load's latency (SASS: LDS.64, then its
     // LDGSTS, pass by pass; ncu, page 1: the consumers waiting on the K / V full barriers).
-    // Four (eight spilled 32 B in the 40-register producer at hd128); two where the passes are
-    // not a multiple of four (hd256's 80-key tile: ten).
+    // Eight (config.h's 48-register gather producer holds them without spills); fewer where the
+    // passes are not a multiple of eight (hd256's 80-key tile: ten passes, two).
     constexpr int kPasses = kBlockN / kRowsPerPass;
-    constexpr int kBatch = kPasses % 4 == 0 ? 4 : kPasses % 2 == 0 ? 2 : 1;
+    constexpr int kBatch = kPasses % 8 == 0 ? 8 : kPasses % 4 == 0 ? 4 : kPasses % 2 == 0 ? 2 : 1;
 #pragma unroll 1
     for (int j0 = 0; j0 < kPasses; j0 += kBatch) {
       typename Cfg::GatherSrc entries[kBatch];
