@@ -87,9 +87,11 @@ struct FlashConfig {
   // producer threads spilled in the copy loop with 24 (ncu: 1.6 M local-memory requests missing
   // L1); 40 leaves ptxas no spill at hd64 / hd128 and the consumers fit 232. Measured against 24
   // / 240 (H100, 2026-12-05, bench_attention_paged.py at page 1, two runs): chunked prefill
-  // +4-6%, mixed batch +3.5%, verify +2%. hd256's consumers spill in 232: it keeps the split above.
-  static constexpr int kGatherProducerRegs = kHeadDim <= 128 ? 40 : kProducerRegs;
-  static constexpr int kGatherConsumerRegs = kHeadDim <= 128 ? 232 : kConsumerRegs;
+  // +4-6%, mixed batch +3.5%, verify +2%. 48 / 224 then holds the copy loop's eight table entries
+  // in flight (mainloop_load.cuh) without spills. hd256's consumers spill in 232: it keeps the
+  // split above.
+  static constexpr int kGatherProducerRegs = kHeadDim <= 128 ? 48 : kProducerRegs;
+  static constexpr int kGatherConsumerRegs = kHeadDim <= 128 ? 224 : kConsumerRegs;
 
   using RowsD = Shape<Int<kWarpgroupRows>, Int<kHeadDim>>;
   using KeysD = Shape<Int<kBlockN>, Int<kHeadDim>>;

@@ -156,22 +156,21 @@ struct MainloopLoad {
     // Thread t copies chunks c and c + 16, c + 32, ... (kPerRow of them) of rows t / kThreadsPerRow
     // + kRowsPerPass j: every row it copies has the same row % 8, so under the 128-byte swizzle
     // (16-byte chunk index ^ row % 8) its smem address moves by 128 bytes a row, and a chunk 16 to
-    // the right is two 64-column blocks of the tile further. A hole copies 0 bytes (zero fill)
-    // from a valid address (the pool's first row).
+    // the right is two 64-column blocks of the tile further. A hole copies 0 bytes (zero fill):
+    // from its head's first row where rows are published (hd256), from no address otherwise.
     const int chunk = t % kThreadsPerRow;
     const uint32_t smem = cute::cast_smem_ptr_to_uint(&sKV(t / kThreadsPerRow, 8 * chunk, stage));
-    const E* fallback = kv ? params.v_pool : params.k_pool;
-    [[maybe_unused]] const E* head =
-        fallback + kv_head * (kv ? params.v_head_stride : params.k_head_stride);
+    [[maybe_unused]] const E* head = (kv ? params.v_pool : params.k_pool) +
+                                     kv_head * (kv ? params.v_head_stride : params.k_head_stride);
     [[maybe_unused]] const int64_t row_stride = kv ? params.v_row_stride : params.k_row_stride;
     // The table entries of kBatch passes are read before their copies are issued: the copies'
     // "memory" clobber keeps the compiler from moving a read above an earlier copy, and one read
     // per copy left every copy behind a shared-memory load's latency (SASS: LDS.64, then its
     // LDGSTS, pass by pass; ncu, page 1: the consumers waiting on the K / V full barriers).
-    // Four (eight spilled 32 B in the 40-register producer at hd128); two where the passes are
-    // not a multiple of four (hd256's 80-key tile: ten).
+    // Eight (config.h's 48-register gather producer holds them without spills); fewer where the
+    // passes are not a multiple of eight (hd256's 80-key tile: ten passes, two).
     constexpr int kPasses = kBlockN / kRowsPerPass;
-    constexpr int kBatch = kPasses % 4 == 0 ? 4 : kPasses % 2 == 0 ? 2 : 1;
+    constexpr int kBatch = kPasses % 8 == 0 ? 8 : kPasses % 4 == 0 ? 4 : kPasses % 2 == 0 ? 2 : 1;
 #pragma unroll 1
     for (int j0 = 0; j0 < kPasses; j0 += kBatch) {
       typename Cfg::GatherSrc entries[kBatch];
@@ -184,8 +183,12 @@ struct MainloopLoad {
         bool live;
         const E* src;
         if constexpr (kAddresses) {
+          // A hole's null entry goes to its zero-size copy as it is: cp.async reads src-size
+          // bytes, none here (LDGSTS takes the size as its ignore-source predicate), so no
+          // select of a valid row per copy.
           live = entries[b] != nullptr;
-          src = (live ? entries[b] : fallback) + 8 * chunk;
+          src = reinterpret_cast<const E*>(reinterpret_cast<uintptr_t>(entries[b]) +
+                                           16 * chunk);
         } else {
           live = entries[b] >= 0;
           src = head + max(entries[b], 0) * row_stride + 8 * chunk;
