@@ -11,7 +11,8 @@
 #   NCU_SOURCE  1: instead, sample warp stalls per SASS instruction (SourceCounters) of the first
 #               kernel matching NCU_KERNEL in each case, and write the source page as
 #               $OUT/ncu/<case>.sass.csv (instruction, samples, stall reasons per line) and
-#               the details page as <case>.csv
+#               the details page as <case>.csv; for the backward's main kernel name it
+#               (NCU_KERNEL=FlashBwdSm90Kernel: FlashBwd matches the preprocess kernel first)
 #   NCU_COUNT   profile only the first N launches that match NCU_KERNEL (a fwd+bwd case ran each
 #               of its kernels 11 times in its range, session 24)
 #   NCU_REPLAY  ncu's --replay-mode (default kernel; application reruns the whole case per pass:
