@@ -20,7 +20,9 @@ bench_attention_bwd.py): B*S = 32k, H=16, D=128, bf16; decode B=64, 32/8 heads, 
 cases). Chunked prefill over the paged pool (bench_attention_paged.py's B=8 x 1024 new tokens
 after 4k of history, shuffled pages): what in paged1, paged16, paged64 (the page size; 1 is the
 token pool, which the sm90 kernel's cp.async gather loads); impl jax_sgl (paged), contig (jax_sgl
-on the same keys made contiguous) or fa3 (FlashAttention-3 on the pool).
+on the same keys made contiguous) or fa3 (FlashAttention-3 on the pool). Speculative verify
+(bench_attention_paged.py's B=32 x 32 draft tokens after 8k of history, dense q, shuffled pages):
+what in verify1, verify16, verify64 (the page size), impl jax_sgl or fa3.
 """
 
 from __future__ import annotations
@@ -32,10 +34,12 @@ import sys
 
 # fwdbwdv*: jax_sgl over the same batch packed (cu_seqlens; the anchors stay dense).
 CASES = ("fwd4k", "fwd4kc", "fwd8k", "fwdbwd4k", "fwdbwd4kc", "fwdbwdv4k", "fwdbwdv4kc",
-         "decode32k", "decode32kc", "paged1", "paged16", "paged64", "fp8fwd4k", "fp8fwd4kc")
+         "decode32k", "decode32kc", "paged1", "paged16", "paged64", "verify1", "verify16",
+         "verify64", "fp8fwd4k", "fp8fwd4kc")
 # The implementations each kind of case runs (by the case's prefix); any other pairing would
 # fall through to another implementation's branch of case_fn and profile that one instead.
-IMPLS = {"paged": ("jax_sgl", "contig", "fa3"), "decode": ("jax_sgl", "cudnn"),
+IMPLS = {"paged": ("jax_sgl", "contig", "fa3"), "verify": ("jax_sgl", "fa3"),
+         "decode": ("jax_sgl", "cudnn"),
          "fwd": ("jax_sgl", "cudnn", "fa3"), "fp8": ("jax_sgl", "cudnn")}
 
 # (column, ncu metric name): the columns of the summary, from the sections that
@@ -75,11 +79,13 @@ def case_fn(case):
   assert kind is not None and impl in IMPLS[kind], f"{case}: no such case"
   keys = jax.random.split(jax.random.PRNGKey(0), 4)
   normal = lambda k, shape: jax.random.normal(k, shape, jnp.float32).astype(jnp.bfloat16)
-  if what.startswith("paged"):
+  if kind in ("paged", "verify"):
     import bench_attention_paged as bench
-    w = bench.Workload(what, np.full(8, 1024), np.full(8, 4096 + 1024), int(what[5:]), False)
+    b, new, hist = (8, 1024, 4096) if kind == "paged" else (32, 32, 8192)
+    w = bench.Workload(what, np.full(b, new), np.full(b, hist + new), int(what[len(kind):]),
+                       False)
     k_pool, v_pool, table = bench.paged_pool(w, np.random.default_rng(0), keys[1])
-    q = normal(keys[0], (8, 1024, bench.H, bench.D))
+    q = normal(keys[0], (b, new, bench.H, bench.D))
     runs, _ = bench.candidates(w, q, k_pool, v_pool, table, jnp.asarray(w.kv, jnp.int32),
                                bench.gather(k_pool, table, w), bench.gather(v_pool, table, w))
     fn, args, _ = runs[{"jax_sgl": "paged", "contig": "contiguous"}.get(impl, impl)]
