@@ -220,11 +220,17 @@ __device__ __forceinline__ void SoftcapScoresToPDs(AccS& s, AccDp& dp, float sof
 }
 
 // Adds a consumer's float32 dQ part (accumulator order) to its block of dq_accum at dst.
+// The vectors are one thread address plus constants (DqAccumIndex(j, t) = DqAccumIndex(0, t) +
+// 512 j): each reduction then takes [base + immediate], where offsets summed in 32 bits gave
+// eight 64-bit addresses a step (16 IADD3 / IMAD.X), sixteen registers held until the queued
+// reductions had read them: ncu's per-SASS samples (H100, causal S 4k) put 9.5% of the main
+// kernel's warp stalls on the next step's first write of one of them (long scoreboard).
 template <typename Acc>
 __device__ __forceinline__ void RedAddDqPart(float* dst, const Acc& dq, int thread_in_wg) {
+  float* base = dst + DqAccumIndex(0, thread_in_wg);
 #pragma unroll
   for (int j = 0; j < size(dq) / 4; ++j)
-    RedAddV4(dst + DqAccumIndex(j, thread_in_wg), dq(4 * j), dq(4 * j + 1), dq(4 * j + 2),
+    RedAddV4(base + DqAccumIndex(j, 0), dq(4 * j), dq(4 * j + 1), dq(4 * j + 2),
              dq(4 * j + 3));
 }
 
