@@ -76,12 +76,19 @@ def chained(fn):
   return jax.jit(run, donate_argnums=1)
 
 
+def chain_calls(num_tokens):
+  """Programs per timed batch: about 4M tokens' calls, at least 3 programs."""
+  return max(3, min(500, 4_000_000 // num_tokens) // CHAIN)
+
+
 def chain_seconds(fn, sets, pools, calls, batches, extra=()):
   """Median seconds per call of fn chained (see `chained`), over `calls` programs a batch; returns
   it and the pools after the last call."""
-  run = chained(fn)
+  # Compiled once, checked, and that executable timed (calling the jitted function would
+  # compile it a second time).
+  run = chained(fn).lower(sets, pools, *extra).compile()
   # A pool copied inside the program would time a second pool write, not the call.
-  hlo = run.lower(sets, pools, *extra).compile().as_text()
+  hlo = run.as_text()
   for dims in {"[" + ",".join(map(str, p.shape)) + "]" for p in pools}:
     copies = [l for l in hlo.splitlines() if re.search(r"\bcopy\(", l) and dims in l]
     assert not copies, f"the chained program copies a pool: {copies[0][:200]}"
@@ -188,11 +195,6 @@ def run_fp8(num_tokens, num_slots, copy_bw, batches, rng, sets):
   t = rows["fp8 pool"]
   print(f"SUMMARY rope_pool fp8 pool T={num_tokens}: {t * 1e6:.1f} us, {nbytes / t / 1e9:.0f} "
         f"GB/s = {100 * nbytes / t / copy_bw:.1f}% of copy; {rows['jax fp8'] / t:.2f}x jax fp8")
-
-
-def chain_calls(num_tokens):
-  """Programs per timed batch: about 4M tokens' calls, at least 3 programs."""
-  return max(3, min(500, 4_000_000 // num_tokens) // CHAIN)
 
 
 def run(num_tokens, num_slots, copy_bw, batches, rng):
