@@ -180,7 +180,7 @@ struct FlashConfig {
     // Paged gather (mainloop_load.cuh GatherPages), per key of the last three K tiles: its pool
     // row, or -1 (zeros), in the copy loop's order (GatherRowSlot). And the producer warps' next
     // tile.
-    int gather_rows[3][kBlockN];
+    alignas(16) int gather_rows[3][kBlockN];
     int next_tile;
   };
   static_assert(sizeof(SharedStorage) <= kSmemLimit);
