@@ -23,6 +23,7 @@
 // decode_fp8kv (fp8_kv_operands.cuh) for the mma operands and the descales.
 #pragma once
 
+#include "ffi/cuda/attention/common/fast_div.h"
 #include "ffi/cuda/attention/decode/block_kernel.cuh"
 #include "ffi/cuda/attention/decode/warp_steps.cuh"
 
@@ -32,20 +33,6 @@ namespace decode_cp_async {
 using flash::Elem;
 using flash::Ldmatrix4;
 using flash::SmemAddr;
-
-// n / d for 0 <= n < 2^31 and 1 <= d < 2^31 by a multiply-high and a shift (Granlund-Montgomery):
-// the page lookup runs once per stage per lane, where a division would cost ~20 instructions.
-struct FastDiv {
-  uint32_t mul, shift;
-  __device__ explicit FastDiv(uint32_t d) {
-    shift = 0;
-    while ((1u << shift) < d) ++shift;
-    mul = uint32_t(((uint64_t(1) << 32) * ((uint64_t(1) << shift) - d)) / d + 1);
-  }
-  __device__ __forceinline__ uint32_t Div(uint32_t n) const {
-    return (__umulhi(n, mul) + n) >> shift;
-  }
-};
 
 // 16-byte cp.async; `skip` writes zeros and reads nothing (the ignore-src form, which LDGSTS
 // takes as a predicate: no src-size register to select per copy).

@@ -146,7 +146,7 @@ __global__ void __launch_bounds__(kDecodeWarpThreads, 3)
   // First row of this warp's i-th stage in the [rows, Hkv, D] buffer, kNoRow past the range or
   // behind a bad page entry; and which of its 16 keys are in [n_lo, n_hi).
   const bool paged = p.kv_layout == KvLayout::kPaged;
-  const decode_cp_async::FastDiv page_div(paged ? uint32_t(p.page_size) : 1u);
+  const FastDiv page_div(paged ? uint32_t(p.page_size) : 1u);
   const int32_t* page_row = paged ? p.page_table + int64_t(b) * p.max_pages : nullptr;
   auto stage_row = [&](int i) -> uint32_t {
     if (i >= my_tiles) return kNoRow;

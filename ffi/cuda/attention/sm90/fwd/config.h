@@ -159,10 +159,6 @@ struct FlashConfig {
       kFp8 || (kPersistent &&
                kQBytes * 2 + 2 * cosize_v<SmemLayoutKV> * int(sizeof(Element)) + 1024 <= kSmemLimit);
 
-  // The paged gather's row table holds addresses (GatherPages) where they fit in smem.
-  static constexpr bool kGatherAddresses = kHeadDim <= 128;
-  using GatherSrc = std::conditional_t<kGatherAddresses, const Element*, int>;
-
   struct SharedStorage : Fp8Storage<kFp8, Element, cosize_v<SmemLayoutVtFp8>, kStages> {
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutQ>> q;  // O too if !kSeparateO
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutKV>> k;
@@ -181,10 +177,10 @@ struct FlashConfig {
     // gather, bit j of word j / 32 for key j. Written before the stage's full barrier is arrived
     // on, read before the stage is released.
     uint32_t page_holes[kStages][kHoleWords];
-    // Paged gather (mainloop_load.cuh GatherPages), per key of the last three K tiles: the
-    // addresses of its K and V rows, or null (zeros); at hd256, whose smem has no room for
-    // them, its pool row, or -1. And the producer warps' next tile.
-    GatherSrc gather_src[3][kGatherAddresses ? 2 : 1][kBlockN];
+    // Paged gather (mainloop_load.cuh GatherPages), per key of the last three K tiles: its pool
+    // row, or -1 (zeros), in the copy loop's order (GatherRowSlot). And the producer warps' next
+    // tile.
+    alignas(16) int gather_rows[3][kBlockN];
     int next_tile;
   };
   static_assert(sizeof(SharedStorage) <= kSmemLimit);

@@ -69,6 +69,12 @@ const char* VarlenUnsupported(const AttentionParams& p) {
     // Key indices (and batch * keys, the unused dense row offset) stay in int.
     if (int64_t(p.max_pages) * p.page_size * std::max(p.batch, 1) >= (int64_t(1) << 30))
       return "sm90 kernel: batch * max_pages * page_size below 2^30";
+    // The gather forms each copy's address as a 32-bit pool row times a 32-bit row stride in
+    // bytes (mainloop_load.cuh GatherPages), and pool rows stay in int.
+    if (Sm90PagedGather(p) &&
+        (std::max(p.k_row_stride, p.v_row_stride) * 2 >= (int64_t(1) << 32) ||  // 16-bit k/v
+         int64_t(p.num_pages) * p.page_size >= (int64_t(1) << 31)))
+      return "sm90 kernel: paged k/v row strides below 4 GiB and pools below 2^31 rows";
   }
   if (p.disable & kDisableSm90Varlen)
     return "sm90 kernel: varlen turned off by JAX_SGL_DISABLE=sm90_varlen (runs on the sm80 kernel)";

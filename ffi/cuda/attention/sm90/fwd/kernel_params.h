@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "ffi/cuda/attention/common/fast_div.h"
 #include "ffi/cuda/attention/sm90/fwd/config.h"
 
 namespace jax_sgl::cuda::sm90 {
@@ -78,6 +79,7 @@ struct KernelParams {
   // K/V rows with cp.async through the page table instead of TMA boxes, for any page size.
   // page_box_rows is then 1 (the loads zero-fill every row past the keys).
   int page_size;
+  FastDiv page_div;  // by page_size (the gather's page lookups)
   // K / V of (pool row r, kv head h) at pool + r * row_stride + h * head_stride (AttentionParams'
   // strides: a fused K/V buffer too).
   const Element_t<Cfg>* k_pool;

@@ -182,6 +182,7 @@ cudaError_t LaunchFlashFwdSm90(const AttentionParams& p, int key_splits, void* s
       paged ? p.num_pages : 0,
       page_box_rows,
       p.page_size,
+      FastDiv(uint32_t(paged ? p.page_size : 1)),
       static_cast<const typename Cfg::Element*>(p.k),
       static_cast<const typename Cfg::Element*>(p.v),
       p.k_row_stride,

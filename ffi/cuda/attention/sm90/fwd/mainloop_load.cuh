@@ -92,7 +92,7 @@ struct MainloopLoad {
       const int r = 128 * p + int(threadIdx.x), key = n * kBlockN + r;
       ahead.page[p] = r < kBlockN && key < w.k_len
                           ? params.page_table[int64_t(w.batch) * params.max_pages +
-                                              key / params.page_size]
+                                              params.page_div.Div(uint32_t(key))]
                           : -1;
     }
     return ahead;
@@ -102,19 +102,22 @@ struct MainloopLoad {
   // threads, one 16-byte cp.async per (row, chunk), completing on the stage's full barrier
   // (initialized for 128 asynchronous arrivals + the leader's, kernel.cuh). A K load
   // (write_rows) first resolves each key through the page table, one key per thread, and
-  // publishes the address of its K row and of its V row (of this kv head) in its slot of
-  // shared.gather_src (null: past the keys or a bad entry, loaded as zeros), and the stage's
-  // per-key hole words; the V load of the same tile, one K load later, reads the V addresses.
-  // Why addresses, not pool rows: each row is copied by kThreadsPerRow threads, and with rows
-  // every one of them formed row * row_stride in 64 bits for each 16-byte copy (23 SASS
-  // instructions a copy; ncu, H100, page 1: 833 M instructions against FA3's 365 M and 423 M
-  // for the same kernel's TMA boxes at pages of 16). hd256 keeps pool rows (no smem for
-  // addresses; two copies a row and thread share each product). Three slots, by K load count:
-  // the K load after that V load writes another slot, and the one after it only once every
-  // thread has passed the producer barrier of the first, i.e. has finished that V load.
+  // publishes its pool row (-1: past the keys or a bad entry, loaded as zeros) in a slot of
+  // shared.gather_rows, and the stage's per-key hole words; the V load of the same tile, one K
+  // load later, reads the same rows. Three slots, by K load count: the K load after that V load
+  // writes another slot, and the one after it only once every thread has passed the producer
+  // barrier of the first, i.e. has finished that V load.
+  //
+  // Per copy the loop spends a 32 x 32 -> 64-bit product (row x row stride in bytes), its 64-bit
+  // add to the thread's base, the ignore-source test of the row and the LDGSTS (5 SASS
+  // instructions); the rows come four to a shared load. Publishing 64-bit row addresses instead cost a 64-bit add
+  // and a 64-bit null test per copy, and the page size's divisions (now FastDiv) three integer
+  // divisions per K load: 510 producer instructions a warp and tile, a quarter of the kernel's
+  // (ncu, H100, chunked prefill at pages of 1).
   template <typename SKV>
   __device__ __forceinline__ void GatherPages(WorkTile const& w, SKV const& sKV, int kv,
-                                              uint64_t* bar, int n, int stage, uint32_t k_load,
+                                              int kv_head, uint64_t* bar, int n, int stage,
+                                              uint32_t k_load,
                                               GatherPagesAhead const* ahead) const {
     const bool write_rows = ahead != nullptr;  // a K load: resolve the keys from their pages
     using E = Element_t<Cfg>;
@@ -122,31 +125,24 @@ struct MainloopLoad {
     constexpr int kThreadsPerRow = kChunks < 16 ? kChunks : 16;  // 8 rows per pass from hd128
     constexpr int kPerRow = kChunks / kThreadsPerRow;            // chunks per thread and row
     constexpr int kRowsPerPass = 128 / kThreadsPerRow;           // a multiple of 8
+    constexpr int kPasses = kBlockN / kRowsPerPass;
     static_assert(kRowsPerPass % 8 == 0 && Cfg::kBlockN % kRowsPerPass == 0);
     static_assert(sizeof(E) == 2, "128-byte swizzle rows of 64 elements");
     const int t = int(threadIdx.x);
-    const int64_t kv_head = scheduler.KvHead(w);
-    constexpr bool kAddresses = Cfg::kGatherAddresses;
-    auto& slot = shared.gather_src[k_load % 3];
-    auto const& table = slot[kAddresses ? kv : 0];
+    int* rows = shared.gather_rows[k_load % 3];
+    // Key r's slot: the rows one thread copies (r % kRowsPerPass fixed, pass r / kRowsPerPass)
+    // side by side, so that it reads them with vector loads.
+    auto slot_of = [](int r) { return (r % kRowsPerPass) * kPasses + r / kRowsPerPass; };
     if (write_rows) {
-      const E* k_head = params.k_pool + kv_head * params.k_head_stride;
-      const E* v_head = params.v_pool + kv_head * params.v_head_stride;
 #pragma unroll
       for (int p = 0; p < kGatherKeysPerThread; ++p) {
         const int r = 128 * p + t, key = n * kBlockN + r;
         const int page = ahead->page[p];  // -1 past the keys
+        const int in_page = key - int(params.page_div.Div(uint32_t(key))) * params.page_size;
         const int row = page >= 0 && page < params.num_pages
-                            ? page * params.page_size + key % params.page_size
+                            ? page * params.page_size + in_page
                             : -1;
-        if (r < kBlockN) {
-          if constexpr (kAddresses) {
-            slot[0][r] = row >= 0 ? k_head + row * params.k_row_stride : nullptr;
-            slot[1][r] = row >= 0 ? v_head + row * params.v_row_stride : nullptr;
-          } else {
-            slot[0][r] = row;
-          }
-        }
+        if (r < kBlockN) rows[slot_of(r)] = row;
         const uint32_t bad = __ballot_sync(0xffffffffu, row < 0);
         if (t % 32 == 0 && r < kBlockN)
           *reinterpret_cast<volatile uint32_t*>(&shared.page_holes[stage][r / 32]) = bad;
@@ -156,52 +152,52 @@ struct MainloopLoad {
     // Thread t copies chunks c and c + 16, c + 32, ... (kPerRow of them) of rows t / kThreadsPerRow
     // + kRowsPerPass j: every row it copies has the same row % 8, so under the 128-byte swizzle
     // (16-byte chunk index ^ row % 8) its smem address moves by 128 bytes a row, and a chunk 16 to
-    // the right is two 64-column blocks of the tile further. A hole copies 0 bytes (zero fill):
-    // from its head's first row where rows are published (hd256), from no address otherwise.
+    // the right is two 64-column blocks of the tile further. A hole copies 0 bytes (zero fill)
+    // and reads nothing: its address (from row -1) is never used.
     const int chunk = t % kThreadsPerRow;
     const uint32_t smem = cute::cast_smem_ptr_to_uint(&sKV(t / kThreadsPerRow, 8 * chunk, stage));
-    [[maybe_unused]] const E* head = (kv ? params.v_pool : params.k_pool) +
-                                     kv_head * (kv ? params.v_head_stride : params.k_head_stride);
-    [[maybe_unused]] const int64_t row_stride = kv ? params.v_row_stride : params.k_row_stride;
-    // The table entries of kBatch passes are read before their copies are issued: the copies'
-    // "memory" clobber keeps the compiler from moving a read above an earlier copy, and one read
-    // per copy left every copy behind a shared-memory load's latency (SASS: LDS.64, then its
-    // LDGSTS, pass by pass; ncu, page 1: the consumers waiting on the K / V full barriers).
-    // Eight (config.h's 48-register gather producer holds them without spills; against four, H100,
-    // page 1: chunked prefill +6%, mixed batch +3%); fewer where the passes are not a multiple of
-    // eight (hd256's 80-key tile: ten passes, two).
-    constexpr int kPasses = kBlockN / kRowsPerPass;
+    const E* head = (kv ? params.v_pool : params.k_pool) +
+                    int64_t(kv_head) * (kv ? params.v_head_stride : params.k_head_stride);
+    const uint64_t base = reinterpret_cast<uint64_t>(head + 8 * chunk);
+    // Below 2^32 (dispatch.cc, VarlenUnsupported).
+    const uint32_t stride =
+        uint32_t((kv ? params.v_row_stride : params.k_row_stride) * int64_t(sizeof(E)));
+    const int* my_rows = rows + (t / kThreadsPerRow) * kPasses;
+    // kBatch passes' rows are read before their copies are issued: the copies' "memory" clobber
+    // keeps the compiler from moving a read above an earlier copy, and one read per copy left
+    // every copy behind a shared-memory load's latency (ncu, page 1: the consumers waiting on
+    // the K / V full barriers). Eight (against four, H100, page 1: chunked prefill +6%, mixed
+    // batch +3%); fewer where the passes are not a multiple of eight (hd256's 80-key tile: ten
+    // passes, two).
     constexpr int kBatch = kPasses % 8 == 0 ? 8 : kPasses % 4 == 0 ? 4 : kPasses % 2 == 0 ? 2 : 1;
 #pragma unroll 1
     for (int j0 = 0; j0 < kPasses; j0 += kBatch) {
-      typename Cfg::GatherSrc entries[kBatch];
+      int entries[kBatch];
+      if constexpr (kBatch % 4 == 0) {
 #pragma unroll
-      for (int b = 0; b < kBatch; ++b)
-        entries[b] = table[t / kThreadsPerRow + kRowsPerPass * (j0 + b)];
+        for (int b = 0; b < kBatch; b += 4) {
+          const int4 v = *reinterpret_cast<const int4*>(my_rows + j0 + b);
+          entries[b] = v.x, entries[b + 1] = v.y, entries[b + 2] = v.z, entries[b + 3] = v.w;
+        }
+      } else if constexpr (kBatch == 2) {
+        const int2 v = *reinterpret_cast<const int2*>(my_rows + j0);
+        entries[0] = v.x, entries[1] = v.y;
+      } else {
+        entries[0] = my_rows[j0];
+      }
 #pragma unroll
       for (int b = 0; b < kBatch; ++b) {
         const int j = j0 + b;
-        bool live;
-        const E* src;
-        if constexpr (kAddresses) {
-          // A hole's null entry goes to its zero-size copy as it is: cp.async reads src-size
-          // bytes, none here (LDGSTS takes the size as its ignore-source predicate), so no
-          // select of a valid row per copy (H100, page 1, against the select: chunked prefill
-          // +5.5%, mixed batch +3.7%). The chunk offset goes on in bytes, as an integer: no
-          // arithmetic on a null pointer.
-          live = entries[b] != nullptr;
-          src = reinterpret_cast<const E*>(reinterpret_cast<uintptr_t>(entries[b]) +
-                                           16 * chunk);
-        } else {
-          live = entries[b] >= 0;
-          src = head + max(entries[b], 0) * row_stride + 8 * chunk;
-        }
+        uint64_t src;
+        asm("mad.wide.u32 %0, %1, %2, %3;" : "=l"(src) : "r"(entries[b]), "r"(stride), "l"(base));
 #pragma unroll
         for (int k = 0; k < kPerRow; ++k)
-          asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(
-                           smem + j * (kRowsPerPass * 128) + k * 2 * (kBlockN * 128)),
-                       "l"(src + 128 * k), "r"(live ? 16 : 0)
-                       : "memory");
+          asm volatile(
+              "{\n .reg .pred p;\n setp.lt.s32 p, %2, 0;\n"
+              " cp.async.cg.shared.global [%0], [%1], 16, p;\n}\n" ::"r"(
+                  smem + j * (kRowsPerPass * 128) + k * 2 * (kBlockN * 128)),
+              "l"(src + 256 * k), "r"(entries[b])
+              : "memory");
       }
     }
     asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(
@@ -304,7 +300,7 @@ struct MainloopLoad {
         pipe_k.producer_acquire(write_k);
         if constexpr (kPaged) {
           if constexpr (kGather)
-            GatherPages(w, sK, 0, pipe_k.producer_get_barrier(write_k), n, write_k.index(),
+            GatherPages(w, sK, 0, kv_head, pipe_k.producer_get_barrier(write_k), n, write_k.index(),
                         k_loads - 1, &pages_now);
           else
             load_pages(params.k_page_map, shared.k.data(), win_k,
@@ -347,7 +343,7 @@ struct MainloopLoad {
         if constexpr (kPaged) {
           // V of tile n: the K load of tile n was `behind` K loads ago, into this stage index.
           if constexpr (kGather)
-            GatherPages(w, sV, 1, pipe_v.producer_get_barrier(write_v), n, write_v.index(),
+            GatherPages(w, sV, 1, kv_head, pipe_v.producer_get_barrier(write_v), n, write_v.index(),
                         k_loads - behind, nullptr);
           else
             load_pages(params.v_page_map, shared.v.data(), win_v,
