@@ -9,6 +9,16 @@ namespace jax_sgl::cuda::sm90 {
 
 using namespace cute;
 
+// The calling thread's warpgroup, broadcast from lane 0 so that ptxas knows it is warp-uniform
+// and keeps what derives from it (a consumer's smem halves, its wgmma descriptors) in uniform
+// registers. From threadIdx.x / 128 as such, the forward's consumers formed both descriptors of
+// every wgmma in ordinary registers and moved them over (R2UR x 4, VIADD, IMAD.MOV: 274 R2UR in
+// the hd128 dense kernel, 80 this way; 29 M of its 526 M warp instructions at page-1 prefill,
+// ncu, H100, where FA3's descriptors stay in UIADD3 / UMOV).
+__device__ __forceinline__ int WarpgroupIndex() {
+  return __shfl_sync(0xffffffffu, int(threadIdx.x / 128), 0);
+}
+
 // One wgmma batch: C (+)= A B over the K blocks, committed as one group; the caller waits.
 // kARegs: A is a register fragment (fenced like the accumulator) rather than smem descriptors.
 template <bool kZeroInit, bool kARegs, typename Mma, typename TA, typename TB, typename TC>

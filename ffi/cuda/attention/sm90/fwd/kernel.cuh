@@ -53,7 +53,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   extern __shared__ __align__(1024) char smem_raw[];
   auto& shared = *reinterpret_cast<typename Cfg::SharedStorage*>(smem_raw);
 
-  const int warpgroup = threadIdx.x / 128;
+  const int warpgroup = WarpgroupIndex();  // warp-uniform to ptxas (sm90/wgmma.cuh)
   const int thread_in_wg = threadIdx.x % 128;
   const TileScheduler<Cfg, kVarlen, KernelParams<Cfg>, kPaged> scheduler{params};
   WorkTile launch_tile = scheduler.LaunchTile();
