@@ -11,6 +11,9 @@ bench_attention.py. Implementations:
   cudnn_fp8  jax._src.cudnn.fused_attention_stablehlo.dot_product_attention(q8, k8, v8,
              fp8_params=..., use_fp8=True) on the same e4m3 tensors and descales (per-tensor
              scales, fp8 out: dequantized by its descale_o for the error);
+  fa3_fp8    FlashAttention-3's e4m3 forward (flash-attn3-jax, benchmarks/fa3.py dense_fp8) on the
+             same tensors, the per-tensor descales broadcast to its [B, Hkv] (bf16 out); timed
+             only when its error stays within 4x the larger of ours and cuDNN's;
   bf16       jax_sgl.attention on the dequantized values rounded to bf16 (the Hopper bf16 kernel).
 
 The inputs: x ~ N(0, 1) quantized per tensor as e4m3(x / descale) with descale = max|x| / 448 (a
@@ -31,6 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+import fa3
 import jax_sgl
 from timing import interleaved_medians
 
@@ -96,8 +100,9 @@ def main():
   print(f"device: {jax.devices()[0].device_kind}, jax {jax.__version__}")
   print(f"\nfp8 prefill, D={D}, {H}/{H} heads, B*S={args.tokens}; TFLOP/s, ratios of fp8 to each, "
         f"max |err| vs float64")
-  print(f"{'S':>6} {'causal':>6} {'fp8':>7} {'cudnn_fp8':>9} {'bf16':>7} {'vs cudnn':>8} "
-        f"{'vs bf16':>8} {'err fp8':>9} {'err cudnn':>9} {'err bf16':>9}")
+  print(f"{'S':>6} {'causal':>6} {'fp8':>7} {'cudnn_fp8':>9} {'fa3_fp8':>7} {'bf16':>7} "
+        f"{'vs cudnn':>8} {'vs fa3':>8} {'vs bf16':>8} {'err fp8':>9} {'err cudnn':>9} "
+        f"{'err fa3':>9} {'err bf16':>9}")
   results = []
   for s in args.seqlens:
     b = max(1, args.tokens // s)
@@ -123,6 +128,21 @@ def main():
         print(f"  (cudnn_fp8 unavailable: {type(e).__name__}: {str(e).splitlines()[0][:120]})")
       errs["fp8"] = oracle_error(jax.block_until_ready(ours(q8, k8, v8, dq, dk, dv)), q8, k8, v8,
                                  descales, causal, args.check_rows)
+      if fa3.load() is not None:
+        fa3_in = (q8, k8, v8) + tuple(jnp.broadcast_to(d, (b, H)) for d in descales)
+        try:
+          theirs = fa3.dense_fp8(causal, 1.0 / np.sqrt(D))
+          e = oracle_error(jax.block_until_ready(theirs(*fa3_in)), q8, k8, v8, descales, causal,
+                           args.check_rows)
+        except Exception as ex:  # a wheel whose target refuses e4m3
+          print(f"  (fa3_fp8 unavailable: {type(ex).__name__}: {str(ex).splitlines()[0][:120]})")
+        else:
+          bound = 4 * max(errs["fp8"], errs.get("cudnn_fp8", 0.0))
+          if e <= bound:
+            errs["fa3_fp8"] = e
+            runs["fa3_fp8"] = (theirs, fa3_in, None)
+          else:
+            print(f"  (fa3_fp8 n/a: max err {e:.3g} against the oracle, above {bound:.3g})")
       one = jnp.float32(1.0)
       errs["bf16"] = oracle_error(jax.block_until_ready(bf16(q16, k16, v16)), q16, k16, v16,
                                   (one, one, one), causal, args.check_rows)
@@ -132,13 +152,15 @@ def main():
       ratio = lambda n: f"{tf['fp8'] / tf[n]:7.2f}x" if n in tf else f"{'-':>8}"
       cell = lambda n, w: f"{tf[n]:{w}.0f}" if n in tf else f"{'-':>{w}}"
       err = lambda n: f"{errs[n]:9.2e}" if n in errs else f"{'-':>9}"
-      print(f"{s:>6} {str(causal):>6} {cell('fp8', 7)} {cell('cudnn_fp8', 9)} {cell('bf16', 7)} "
-            f"{ratio('cudnn_fp8')} {ratio('bf16')} {err('fp8')} {err('cudnn_fp8')} {err('bf16')}")
+      print(f"{s:>6} {str(causal):>6} {cell('fp8', 7)} {cell('cudnn_fp8', 9)} "
+            f"{cell('fa3_fp8', 7)} {cell('bf16', 7)} {ratio('cudnn_fp8')} {ratio('fa3_fp8')} "
+            f"{ratio('bf16')} {err('fp8')} {err('cudnn_fp8')} {err('fa3_fp8')} {err('bf16')}")
       results.append({"S": s, "B": b, "causal": causal, "TFLOPs": tf, "max_err": errs})
       print(f"SUMMARY attention fp8 prefill S={s} {'causal' if causal else 'full'}: fp8 "
             f"{tf['fp8']:.0f} TFLOP/s, {ratio('cudnn_fp8').strip()} cudnn fp8 (target >= 1.1x), "
-            f"{ratio('bf16').strip()} our bf16; max err fp8 {errs['fp8']:.2e}, cudnn fp8 "
-            f"{errs.get('cudnn_fp8', float('nan')):.2e}, bf16 {errs['bf16']:.2e}")
+            f"{ratio('fa3_fp8').strip()} fa3 fp8, {ratio('bf16').strip()} our bf16; max err fp8 "
+            f"{errs['fp8']:.2e}, cudnn fp8 {errs.get('cudnn_fp8', float('nan')):.2e}, fa3 fp8 "
+            f"{errs.get('fa3_fp8', float('nan')):.2e}, bf16 {errs['bf16']:.2e}")
     del q8, k8, v8, q16, k16, v16
   if args.json:
     with open(args.json, "w") as f:

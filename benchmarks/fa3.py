@@ -8,7 +8,11 @@ other anchors. The calls used, with the layouts jax_sgl's benchmarks already hav
                                                 runs FA3's backward;
   flash_mha_with_kvcache(q, k_pool, v_pool,     q dense [B, Sq, H, D] over a page pool
       cache_seqlens, page_table, is_causal)     [num_pages, page_size, Hkv, D] (forward only);
-  flash_mha_varlen(q, k, v, cu_q, cu_k, ...)    packed q and k/v [total, H(kv), D].
+  flash_mha_varlen(q, k, v, cu_q, cu_k, ...)    packed q and k/v [total, H(kv), D];
+  dense_fp8 below                               e4m3 q / k / v with descales, bf16 out: the
+                                                package's FFI target itself (its Python layer
+                                                admits 16-bit inputs only; the target takes
+                                                F8E4M3FN and runs FA3's e4m3 kernels).
 
 Causal masks are bottom-right in FA3 as in jax_sgl. flash-attn3-jax 0.2.3 is built with the head
 dim 128 kernels only: its library instantiates run_mha_fwd_/run_mha_bwd_ for 128 alone, so another
@@ -122,6 +126,34 @@ def varlen(causal, max_seqlen_q, max_seqlen_k):
   return jax.jit(lambda q, k, v, cu_q, cu_k: fa3.flash_mha_varlen(
       q, k, v, cu_q, cu_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
       is_causal=causal))
+
+
+def dense_fp8(causal, softmax_scale):
+  """FA3's e4m3 forward, jitted, as f(q8, k8, v8, q_descale, k_descale, v_descale): dense e4m3
+  [B, S, H(kv), D], descales float32 [B, Hkv] (FA3's layout: one per batch and kv head), bf16
+  output. The operands and attributes are those of flash-attn3-jax's own lowering of flash_mha
+  (flash_hlo.py), with the descales given instead of empty."""
+  load()
+
+  def f(q, k, v, q_descale, k_descale, v_descale):
+    b, s, h, d = q.shape
+    empty_i32 = jnp.zeros((0,), jnp.int32)
+    empty_q = jnp.zeros((0,), q.dtype)
+    out_types = [jax.ShapeDtypeStruct((b, s, h, d), jnp.bfloat16),
+                 jax.ShapeDtypeStruct((b, h, s), jnp.float32),
+                 jax.ShapeDtypeStruct((1, 1, 1, 1), jnp.float32),
+                 jax.ShapeDtypeStruct((1, 1, 1), jnp.float32)]
+    out = jax.ffi.ffi_call("flash_mha_fwd", out_types, has_side_effect=False)(
+        q, k, v, empty_q, empty_q, empty_q, empty_i32, empty_i32, empty_i32, empty_i32,
+        empty_i32, empty_i32, empty_i32, empty_i32, empty_q, empty_q, empty_i32, q_descale,
+        k_descale, v_descale, empty_i32, max_seqlen_q=s, max_seqlen_q_has_value=True,
+        max_seqlen_k=k.shape[1], max_seqlen_k_has_value=True,
+        softmax_scale_val=float(softmax_scale), softmax_scale_has_value=True,
+        pack_gqa_val=False, pack_gqa_has_value=False, is_causal=causal, window_size_left=-1,
+        window_size_right=-1, attention_chunk=0, softcap=0.0, is_rotary_interleaved=False,
+        num_splits=1, sm_margin=0)
+    return out[0]
+  return jax.jit(f)
 
 
 def max_diff(a, b):
