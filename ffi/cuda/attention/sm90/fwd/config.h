@@ -178,8 +178,8 @@ struct FlashConfig {
     // on, read before the stage is released.
     uint32_t page_holes[kStages][kHoleWords];
     // Paged gather (mainloop_load.cuh GatherPages), per key of the last three K tiles: its pool
-    // row, or -1 (zeros), in the copy loop's order (GatherRowSlot). And the producer warps' next
-    // tile.
+    // row, or -1 (zeros), in the copy loop's order (GatherPages' slot_of). And the producer
+    // warps' next tile.
     alignas(16) int gather_rows[3][kBlockN];
     int next_tile;
   };

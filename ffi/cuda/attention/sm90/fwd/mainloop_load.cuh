@@ -108,11 +108,11 @@ struct MainloopLoad {
   // writes another slot, and the one after it only once every thread has passed the producer
   // barrier of the first, i.e. has finished that V load.
   //
-  // Per copy the loop spends a 32 x 32 -> 64-bit product (row x row stride in bytes), its 64-bit
-  // add to the thread's base, the ignore-source test of the row and the LDGSTS (5 SASS
-  // instructions); the rows come four to a shared load. Publishing 64-bit row addresses instead cost a 64-bit add
-  // and a 64-bit null test per copy, and the page size's divisions (now FastDiv) three integer
-  // divisions per K load: 510 producer instructions a warp and tile, a quarter of the kernel's
+  // Why 32-bit rows: per copy the loop spends a 32 x 32 -> 64-bit product (row x row stride in
+  // bytes), its 64-bit add to the thread's base, the ignore-source test of the row and the LDGSTS
+  // (5 SASS instructions), the rows four to a shared load. Published 64-bit row addresses cost a
+  // 64-bit add and a 64-bit null test more per copy, and with integer divisions by the page size
+  // (now FastDiv) the producer took 510 instructions a warp and tile, a quarter of the kernel's
   // (ncu, H100, chunked prefill at pages of 1).
   template <typename SKV>
   __device__ __forceinline__ void GatherPages(WorkTile const& w, SKV const& sKV, int kv,
