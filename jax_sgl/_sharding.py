@@ -76,6 +76,11 @@ def _dim_axes(shape, dim: int) -> tuple[str, ...]:
   return _axes(spec[dim % len(shape.shape)])
 
 
+def _shapes(values) -> list[tuple[int, ...]]:
+  """The shapes of a partitioning callback's operands (ShapeDtypeStructs or MLIR types)."""
+  return [tuple(v.shape) for v in values]
+
+
 def _pick(mesh, candidates, sizes, taken=()) -> tuple[str, ...]:
   """The first candidate axes whose mesh size divides every size and which avoid `taken`."""
   for axes in candidates:
@@ -97,9 +102,10 @@ class _OpRules:
   the shardings/local params of a plan."""
   select: Callable        # (params, args) -> operands of the partitioned call
   restore: Callable       # (params, operands) -> all operands of the twin primitive
-  rule: Callable          # params -> (Shardy rule string, kwargs of str_to_sdy_sharding_rule)
+  rule: Callable          # (params, shapes) -> (Shardy rule string, str_to_sdy_sharding_rule's
+                          # kwargs); shapes: the operands' shapes, as tuples
   plan: Callable          # (params, mesh, arg_shapes) -> _Plan
-  shardings: Callable     # (params, mesh, plan) -> (arg specs, result specs), PartitionSpecs
+  shardings: Callable     # (params, mesh, plan, shapes) -> (arg specs, result specs), PartitionSpecs
   local_params: Callable  # (params, mesh, plan) -> params of the per-device twin
 
 
@@ -118,7 +124,7 @@ def _partitioned(prim: Primitive, abstract_eval: Callable, rules: _OpRules) -> P
   def partition(static, mesh, arg_shapes, result_shape):
     params = dict(static)
     plan = rules.plan(params, mesh, arg_shapes)
-    arg_specs, result_specs = rules.shardings(params, mesh, plan)
+    arg_specs, result_specs = rules.shardings(params, mesh, plan, _shapes(arg_shapes))
     local_params = rules.local_params(params, mesh, plan)
 
     def lower_fn(*ops):
@@ -128,11 +134,12 @@ def _partitioned(prim: Primitive, abstract_eval: Callable, rules: _OpRules) -> P
 
   def infer(static, mesh, arg_shapes, result_shape):
     params = dict(static)
-    _, result_specs = rules.shardings(params, mesh, rules.plan(params, mesh, arg_shapes))
+    _, result_specs = rules.shardings(params, mesh, rules.plan(params, mesh, arg_shapes),
+                                      _shapes(arg_shapes))
     return named(mesh, result_specs)
 
   def sharding_rule(static, mesh, value_types, result_types):
-    return rules.rule(dict(static))
+    return rules.rule(dict(static), _shapes(value_types))
 
   cp = custom_partitioning(call, static_argnums=(0,))
   cp.def_partition(partition, infer_sharding_from_operands=infer, sharding_rule=sharding_rule)
@@ -172,7 +179,7 @@ def _rule(operands, results, replicated, g, **sizes):
 # size, x max pages, c batch + 1, k KV heads, g group, d head_dim, e head_dim_v; a fused kv_buffer
 # [p, r, 2 * Hkv, head_dim_pad] is "p r (k i) w": i the K/V pair (2, innermost, so a head split
 # keeps whole pairs on a device), w the padded head dim; f the blocks of q/k block scales
-# (head_dim // 32).
+# (head_dim // 32); o a per-tensor descale's single entry.
 
 _ATTN_OPTIONAL = ("cu_seqlens_q", "cu_seqlens_k", "seqused_k", "page_table", "q_descale",
                   "k_descale", "v_descale", "sinks")
@@ -203,17 +210,29 @@ def _attn_batch_split(spec) -> bool:
   return not spec.varlen_q and spec.kv_layout in (KV_DENSE, KV_PAGED)
 
 
-def _attn_factors(spec):
+def _per_head_descales(params, shapes) -> dict[str, int]:
+  """The present per-head descales' ranks by name: 2 for [B, Hkv], 1 for [Hkv], 0 per tensor
+  ([1]: attention.py passes [Hkv] and per-tensor scales unbroadcast, see HeadDescale)."""
+  spec = params["spec"]
+  names = ("v_descale",) if spec.qk_blockscaled else ("q_descale", "k_descale", "v_descale")
+  ranks = {}
+  for name, shape in zip(_attn_names(params), shapes):
+    if name in names:
+      ranks[name] = len(shape) if len(shape) == 2 or shape[0] == spec.num_kv_heads else 0
+  return ranks
+
+
+def _attn_factors(spec, descales):
   h = _heads(spec.num_heads // spec.num_kv_heads)
   q_rows = "n" if spec.varlen_q else "b s"
   pages = "p" if spec.token_pool else "p r"
   kv = {KV_DENSE: "b t k", KV_VARLEN: "m k", KV_PAGED: f"{pages} k"}[spec.kv_layout]
   k, v = ((f"{pages} (k i) w",) * 2) if spec.kv_buffer else (f"{kv} d", f"{kv} e")
   per_name = {"q": f"{q_rows} {h} d", "k": k, "v": v, "cu_seqlens_q": "c",
-              "cu_seqlens_k": "c", "seqused_k": "b", "page_table": "b x", "q_descale": "b k",
-              "k_descale": "b k", "v_descale": "b k", "sinks": h}
+              "cu_seqlens_k": "c", "seqused_k": "b", "page_table": "b x", "sinks": h}
   if spec.qk_blockscaled:   # block scales: q's and K's factors (a fused buffer's K view: paged)
     per_name["q_descale"], per_name["k_descale"] = f"{q_rows} {h} f", f"{kv} f"
+  per_name.update({name: ("o", "k", "b k")[rank] for name, rank in descales.items()})
   lse = f"{h} n" if spec.varlen_q else f"b {h} s"
   return per_name, [f"{q_rows} {h} e", lse]
 
@@ -225,15 +244,15 @@ def _attn_sizes(spec) -> dict[str, int]:
 
 
 def _attn_replicated(spec) -> list[str]:
-  replicated = ["s", "n", "t", "m", "p", "r", "x", "c", "d", "e", "i", "w", "f"]
+  replicated = ["s", "n", "t", "m", "p", "r", "x", "c", "d", "e", "i", "w", "f", "o"]
   if not _attn_batch_split(spec):
     replicated.append("b")
   return replicated
 
 
-def _attn_rule(params):
+def _attn_rule(params, shapes):
   spec = params["spec"]
-  per_name, results = _attn_factors(spec)
+  per_name, results = _attn_factors(spec, _per_head_descales(params, shapes))
   return _rule([per_name[n] for n in _attn_names(params)], results, _attn_replicated(spec),
                spec.num_heads // spec.num_kv_heads, **_attn_sizes(spec))
 
@@ -251,17 +270,18 @@ def _attn_plan(params, mesh, arg_shapes):
   return _Plan(heads=heads, batch=batch)
 
 
-def _attn_shardings(params, mesh, plan):
+def _attn_shardings(params, mesh, plan, shapes):
   spec = params["spec"]
   h, b = _entry(plan.heads), _entry(plan.batch)
   q = P(None, h, None) if spec.varlen_q else P(b, None, h, None)
   kv = {KV_DENSE: P(b, None, h, None), KV_VARLEN: P(None, h, None),
         KV_PAGED: P(None, h, None) if spec.token_pool else P(None, None, h, None)}[spec.kv_layout]
   per_name = {"q": q, "k": kv, "v": kv, "cu_seqlens_q": P(None), "cu_seqlens_k": P(None),
-              "seqused_k": P(b), "page_table": P(b, None), "q_descale": P(b, h),
-              "k_descale": P(b, h), "v_descale": P(b, h), "sinks": P(h)}
+              "seqused_k": P(b), "page_table": P(b, None), "sinks": P(h)}
   if spec.qk_blockscaled:   # block scales split as q and k (a fused buffer's K view as a pool)
     per_name["q_descale"], per_name["k_descale"] = q, kv
+  per_name.update({name: (P(None), P(h), P(b, h))[rank]
+                   for name, rank in _per_head_descales(params, shapes).items()})
   lse = P(h, None) if spec.varlen_q else P(b, h, None)
   return [per_name[n] for n in _attn_names(params)], [q, lse]
 
@@ -299,17 +319,17 @@ def _attn_bwd_restore(params, ops):
   return _attn_restore(params, ops[:n]) + list(ops[n:])
 
 
-def _attn_bwd_rule(params):
+def _attn_bwd_rule(params, shapes):
   spec = params["spec"]
-  per_name, (out, lse) = _attn_factors(spec)
+  per_name, (out, lse) = _attn_factors(spec, _per_head_descales(params, shapes))
   per_name.update(out=out, dout=out, lse=lse, dlse=lse)
   names = _attn_names(params) + list(_BWD_EXTRA)
   return _rule([per_name[n] for n in names], [per_name[n] for n in ("q", "k", "v")],
                _attn_replicated(spec), spec.num_heads // spec.num_kv_heads, **_attn_sizes(spec))
 
 
-def _attn_bwd_shardings(params, mesh, plan):
-  args, (out, lse) = _attn_shardings(params, mesh, plan)
+def _attn_bwd_shardings(params, mesh, plan, shapes):
+  args, (out, lse) = _attn_shardings(params, mesh, plan, shapes)
   return args + [out, lse, out, lse], args[:3]
 
 
@@ -347,7 +367,7 @@ def _kv_buffer_factors(spec):
   return "n r b2 b3 e", None
 
 
-def _rope_rule(params):
+def _rope_rule(params, shapes):
   spec = params["spec"]
   g = spec.num_qo_heads // spec.num_kv_heads
   h = _heads(g)
@@ -382,7 +402,7 @@ def _rope_plan(params, mesh, arg_shapes):
   return _Plan(heads=_pick(mesh, candidates, (spec.num_kv_heads,)), batch=())
 
 
-def _rope_shardings(params, mesh, plan):
+def _rope_shardings(params, mesh, plan, shapes):
   spec = params["spec"]
   heads = P(None, _entry(plan.heads), None)
   scales = P(None, _entry(plan.heads)) if spec.kv_scaled else P(None)

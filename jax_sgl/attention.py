@@ -184,9 +184,15 @@ def _attention_fwd_reference(q, k, v, *optional, spec, present):
 
 
 def _fold_optional(name, x, d, size, spec: AttentionSpec):
-  """A non-index optional operand under the head fold: descales [B, Hkv] -> [B, V * Hkv], sinks
-  [H] -> [V * H], block scales (q's and k's layouts) as q and k (unmapped ones are broadcast:
-  every instance has the same values)."""
+  """A non-index optional operand under the head fold: descales [B, Hkv] -> [B, V * Hkv], [Hkv]
+  or [1] -> [V * Hkv] (an unmapped [1] stays: one scale for every instance), sinks [H] -> [V * H],
+  block scales (q's and k's layouts) as q and k (unmapped ones are broadcast: every instance has
+  the same values)."""
+  if name in _PER_HEAD_DESCALES and x.ndim - (d is not None) == 1:
+    if d is None and x.shape[0] == 1:
+      return x
+    x = at_front(x, d, size)
+    return jnp.broadcast_to(x, (size, spec.num_kv_heads)).reshape(-1)
   x = at_front(x, d, size)
   if name == "sinks":
     return x.reshape(-1)
@@ -479,14 +485,12 @@ _attention_diff.defvjp(_attention_diff_fwd, _attention_diff_bwd)
 _PER_HEAD_DESCALES = ("q_descale", "k_descale", "v_descale")
 
 
-def _descale_operand(x, spec: AttentionSpec):
-  """A descale per kv head ([Hkv]) or per tensor ([1] / [], e.g. rope_pool_fused's k_scale /
-  v_scale) broadcast into the kernels' [batch, Hkv] operand (a few floats: the params stay as
-  they are)."""
+def _descale_operand(x):
+  """A per-head descale as the kernels take it: [batch, Hkv], [Hkv] or, per tensor, [1] (e.g.
+  rope_pool_fused's k_scale / v_scale), never broadcast: the kernels index it with zero strides
+  (HeadDescale), where a [batch, Hkv] copy would cost XLA a broadcast kernel per descale."""
   x = jnp.asarray(x)
-  if x.ndim < 2:
-    x = jnp.broadcast_to(jnp.reshape(x, (-1,)), (spec.batch, spec.num_kv_heads))
-  return x
+  return jnp.reshape(x, (-1,)) if x.ndim < 2 else x
 
 
 def attention(q, k=None, v=None, *, causal=False, softmax_scale=None, window=(-1, -1), softcap=0.0,
@@ -526,7 +530,8 @@ def attention(q, k=None, v=None, *, causal=False, softmax_scale=None, window=(-1
 
   Dtypes: float32, float16, bfloat16 with float32 accumulation; fp8 (float8_e4m3fn/e5m2) q/k with
   q_descale/k_descale float32 [batch, num_kv_heads], fp8 v with v_descale (also beside bf16 q/k:
-  SGLang's v_dequant path); fp8 output is bfloat16.
+  SGLang's v_dequant path); fp8 output is bfloat16. A per-head descale may also be per kv head
+  [num_kv_heads] or per tensor ([1] / []), read as given (no [batch, num_kv_heads] copy).
 
   Block-scaled q/k (SGLang's qk_blockscaled, the OCP MX format): float8_e4m3fn q/k with
   q_descale/k_descale of q's/k's shape with head_dim // 32 in place of head_dim, one scale per 32
@@ -590,7 +595,7 @@ def attention(q, k=None, v=None, *, causal=False, softmax_scale=None, window=(-1
       dtype = x.dtype   # e8m0 block scales reach the kernel as stored (a quarter of the bytes)
     if x is not None and name in _PER_HEAD_DESCALES and not (
         spec.qk_blockscaled and name != "v_descale"):
-      x = _descale_operand(x, spec)
+      x = _descale_operand(x)
     operands.append(jnp.zeros((0,), dtype) if x is None else jnp.asarray(x).astype(dtype))
   out, lse = _attention_diff(spec, present, q, k, v, tuple(operands))
   return (out, lse) if return_lse else out

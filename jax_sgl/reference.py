@@ -141,8 +141,9 @@ def attention(q, k, v, *, kv_layout: int, varlen_q: bool, batch: int, softmax_sc
   q: [B, Sq, H, D] or [total_q, H, D] (varlen_q); k/v: [B, Sk, Hkv, D] (KV_DENSE),
   [total_k, Hkv, D] (KV_VARLEN) or [num_pages, page_size, Hkv, D] (KV_PAGED).
   lse: [B, H, Sq], or [H, total_q] for varlen q.
-  q_descale/k_descale: per (batch, kv head) [B, Hkv], or block scales with q's/k's rank
-  (qk_blockscaled: q's/k's shape with D // 32 features, applied by dequantize_blocks).
+  q_descale/k_descale/v_descale: per (batch, kv head) [B, Hkv], per kv head [Hkv] or per tensor
+  [1] / []; q's and k's may instead be block scales with q's/k's rank (qk_blockscaled: q's/k's
+  shape with D // 32 features, applied by dequantize_blocks).
   sinks: [H] float32 or None: each head's logit joins the softmax denominator (unscaled, no value
   vector), so lse' = logaddexp(lse, sink) and out *= exp(lse - lse'); a fully masked row gets 0
   and lse' = sink.
@@ -201,6 +202,9 @@ def attention(q, k, v, *, kv_layout: int, varlen_q: bool, batch: int, softmax_sc
   qf = qb.astype(f32)
   kf_ = kb.astype(f32)
   vf_ = vb.astype(f32)
+  per_head = lambda d: None if d is None else jnp.broadcast_to(
+      jnp.reshape(d, (-1,)) if d.ndim < 2 else d, (batch, num_kv_heads))
+  q_descale, k_descale, v_descale = map(per_head, (q_descale, k_descale, v_descale))
   if q_descale is not None:   # [B, Hkv] -> per q head
     qf = qf * jnp.repeat(q_descale, group, axis=1)[:, None, :, None]
   if k_descale is not None:

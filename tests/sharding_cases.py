@@ -108,6 +108,23 @@ def attention_dense_fp8_descale():
 
 
 @case
+def attention_dense_fp8_descale_shapes():
+  """Descales per (batch, kv head), per kv head and per tensor in one call, reaching the kernels
+  unbroadcast: [B, Hkv] split with batch and heads, [Hkv] with the heads, [] replicated."""
+  rng = np.random.default_rng(30)
+  f8 = jnp.float8_e4m3fn
+  q, k, v = (rand(rng, 2, 5, 8, 16, dtype=f8), rand(rng, 2, 6, 4, 16, dtype=f8),
+             rand(rng, 2, 6, 4, 16, dtype=f8))
+  sq = jnp.asarray(rng.uniform(0.5, 2, (2, 4)), jnp.float32)
+  sk = jnp.asarray(rng.uniform(0.5, 2, (4,)), jnp.float32)
+  sv = jnp.asarray(rng.uniform(0.5, 2), jnp.float32)
+  fn = lambda q, k, v, sq, sk, sv: jax_sgl.attention(q, k, v, causal=True, q_descale=sq,
+                                                    k_descale=sk, v_descale=sv)
+  run_sharded(fn, (q, k, v, sq, sk, sv),
+              (BSHD,) * 3 + (P("data", "model"), P("model"), P()))
+
+
+@case
 def attention_dense_blockscaled_batch_and_heads():
   """Block scales (qk_blockscaled) split as q and k: e8m0 [B, S, H, D/32] beside e4m3 q/k."""
   rng = np.random.default_rng(4)

@@ -190,7 +190,7 @@ def test_token_pool():
 @pytest.mark.parametrize("shape", ["head", "batch_head", "tensor_1", "tensor_0d"])
 def test_descale_shapes_agree(shape):
   """Per-tensor, per-head and per-(batch, head) descales holding the same values give the same
-  bits: the Python layer broadcasts them into one [batch, Hkv] operand."""
+  bits: the kernels read each through its strides (HeadDescale)."""
   cache = Cache(5, [24, 9], per_head=shape.startswith("tensor") is False)
   q = cache.query(1)
   base = jax_sgl.attention(q, cache.k_pages, cache.v_pages, **cache.arrays("batch_head"))
@@ -208,6 +208,38 @@ def test_dense_fp8_kv():
   out = jax_sgl.attention(q, k8, v8, causal=True, k_descale=ks, v_descale=vs)
   want = naive_attention(q, dequantize(k8, ks), dequantize(v8, vs), causal=True)
   np.testing.assert_allclose(np.asarray(out, np.float64), want, rtol=2 ** -7, atol=2e-3)
+
+
+def test_descales_reach_the_kernel_unbroadcast():
+  """[Hkv] and per-tensor descales are the custom call's operands as given ([Hkv], [1]): no
+  [batch, Hkv] copy, which would cost XLA a broadcast kernel per descale and call."""
+  cache = Cache(5, [24, 9])
+  arrays = cache.arrays("head")
+  arrays["v_descale"] = cache.arrays("tensor_0d")["v_descale"]
+  text = jax.jit(lambda q, a: jax_sgl.attention(q, cache.k_pages, cache.v_pages, **a)).lower(
+      cache.query(1), arrays).as_text()
+  call = next(line for line in text.splitlines() if "custom_call @jax_sgl_attention" in line)
+  operand_types = call.rsplit(" : (", 1)[1].split(") -> ")[0].split(", ")
+  assert operand_types[8:10] == [f"tensor<{HKV}xf32>", "tensor<1xf32>"], operand_types
+  assert f"tensor<2x{HKV}xf32>" not in text
+
+
+def test_vmap_over_descales():
+  """Mapped [Hkv] and per-tensor descales fold with the heads (one call), each instance scaled
+  by its own."""
+  cache = Cache(11, [21, 6])
+  q = cache.query(1)
+  arrays = cache.arrays("head")
+  ks = jnp.stack([arrays["k_descale"], 2 * arrays["k_descale"]])
+  vs = jnp.asarray([0.5, 3.0], jnp.float32) * arrays["v_descale"][0]
+  got = jax.vmap(lambda k_descale, v_descale: jax_sgl.attention(
+      q, cache.k_pages, cache.v_pages, **{**arrays, "k_descale": k_descale,
+                                         "v_descale": v_descale}))(ks, vs)
+  for i in range(2):
+    want = jax_sgl.attention(q, cache.k_pages, cache.v_pages,
+                             **{**arrays, "k_descale": ks[i], "v_descale": vs[i]})
+    np.testing.assert_allclose(np.asarray(got[i], np.float32), np.asarray(want, np.float32),
+                               rtol=1e-6, atol=1e-6)
 
 
 def test_jit_and_vmap():

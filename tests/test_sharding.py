@@ -20,6 +20,7 @@ CASE_NAMES = [
     "attention_dense_batch_and_heads",
     "attention_dense_heads_over_both_axes_softcap_window",
     "attention_dense_fp8_descale",
+    "attention_dense_fp8_descale_shapes",
     "attention_dense_blockscaled_batch_and_heads",
     "attention_dense_grad_batch_and_heads",
     "attention_dense_sinks_batch_and_heads",

@@ -13,11 +13,12 @@
 //   4 cu_seqlens_k  int32 [B + 1] or [0]
 //   5 seqused_k     int32 [B] or [0]
 //   6 page_table    int32 [B, max_pages] or [0]
-//   7 q_descale     float32 [B, Hkv] or [0]; with the qk_blockscaled attribute q's block scales,
-//                   q's shape with head_dim / 32 last, float32 or float8_e8m0fnu
-//   8 k_descale     float32 [B, Hkv] or [0]; with qk_blockscaled k's block scales (k's shape, or
+//   7 q_descale     float32 [B, Hkv], [Hkv], [1] or [0] (HeadDescale); with the qk_blockscaled
+//                   attribute q's block scales, q's shape with head_dim / 32 last, float32 or
+//                   float8_e8m0fnu
+//   8 k_descale     float32 as q_descale; with qk_blockscaled k's block scales (k's shape, or
 //                   a fused buffer's K view, with head_dim / 32 last), q_descale's dtype
-//   9 v_descale     float32 [B, Hkv] or [0]
+//   9 v_descale     float32 as q_descale
 //  10 sinks         float32 [H] or [0]
 // Forward results: out (q's layout, head_dim_v), lse float32 [B, H, Sq] or [H, total_q].
 #pragma once
@@ -25,6 +26,7 @@
 #include <cstddef>
 #include <optional>
 #include <string>
+#include <tuple>
 
 #include "ffi/common/attention_params.h"
 #include "ffi/common/ffi_helpers.h"
@@ -231,28 +233,46 @@ inline ffi::Error FillAttentionParams(const AttentionOperands& o, const Attentio
   p->seqused_k = seqused_k.element_count() > 0 ? seqused_k.typed_data() : nullptr;
   if (p->seqused_k && int64_t(seqused_k.element_count()) != batch)
     return InvalidArgument("jax_sgl.attention: seqused_k must have batch entries");
-  const int64_t descale_size = batch * p->num_kv_heads;
-  auto descale = [&](const float* data, size_t count) -> const float* {
-    return int64_t(count) == descale_size && descale_size > 0 ? data : nullptr;
+  // A descale's layout from its size ([B, Hkv], [Hkv] or [1]; where two agree, so do their
+  // strides' values), none when empty.
+  auto descale = [&](const char* name, const float* data, size_t count,
+                     HeadDescale* out) -> ffi::Error {
+    const int64_t n = int64_t(count);
+    *out = HeadDescale{nullptr, 0, 0};
+    if (n == 0) return ffi::Error::Success();
+    if (n == batch * p->num_kv_heads) *out = HeadDescale{data, p->num_kv_heads, 1};
+    else if (n == p->num_kv_heads) *out = HeadDescale{data, 0, 1};
+    else if (n == 1) *out = HeadDescale{data, 0, 0};
+    else
+      return InvalidArgument(std::string("jax_sgl.attention: ") + name +
+                             " must have [batch, num_kv_heads], [num_kv_heads] or 1 entries, got " +
+                             std::to_string(n));
+    return ffi::Error::Success();
   };
-  p->q_descale = p->k_descale = nullptr;
+  p->q_descale = p->k_descale = HeadDescale{nullptr, 0, 0};
   p->q_block_scale = p->k_block_scale = nullptr;
   p->qk_block_scale = BlockScaleType::kNone;
   if (attrs.qk_blockscaled) {
     if (auto err = SetBlockScales(*o.q_descale, *o.k_descale, p); err.failure()) return err;
   } else {
-    for (auto [d, out] : {std::pair{&*o.q_descale, &p->q_descale},
-                          std::pair{&*o.k_descale, &p->k_descale}}) {
+    for (auto [name, d, out] : {std::tuple{"q_descale", &*o.q_descale, &p->q_descale},
+                                std::tuple{"k_descale", &*o.k_descale, &p->k_descale}}) {
       if (d->element_type() != ffi::DataType::F32)
         return InvalidArgument("jax_sgl.attention: q_descale/k_descale must be float32 "
-                               "[batch, num_kv_heads] without qk_blockscaled");
-      *out = descale(static_cast<const float*>(d->untyped_data()), d->element_count());
+                               "per-head descales without qk_blockscaled");
+      if (auto err = descale(name, static_cast<const float*>(d->untyped_data()),
+                             d->element_count(), out);
+          err.failure())
+        return err;
     }
   }
-  p->v_descale = descale(o.v_descale->typed_data(), o.v_descale->element_count());
-  if (Fp8KvCacheTypes(*p) && (p->k_descale == nullptr || p->v_descale == nullptr))
+  if (auto err = descale("v_descale", o.v_descale->typed_data(), o.v_descale->element_count(),
+                         &p->v_descale);
+      err.failure())
+    return err;
+  if (Fp8KvCacheTypes(*p) && (!p->k_descale || !p->v_descale))
     return InvalidArgument("jax_sgl.attention: an fp8 KV cache (e4m3 k/v under 16/32-bit q) "
-                           "needs k_descale and v_descale [batch, num_kv_heads]");
+                           "needs k_descale and v_descale");
   const ffi::Buffer<ffi::F32>& sinks = *o.sinks;
   if (sinks.element_count() > 0 && int64_t(sinks.element_count()) != p->num_heads)
     return InvalidArgument("jax_sgl.attention: sinks must have num_heads entries");

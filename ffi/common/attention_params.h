@@ -27,6 +27,7 @@
 
 #include <cstdint>
 
+#include "ffi/common/host_device.h"
 #include "ffi/common/rope_pool_params.h"  // DType
 
 namespace jax_sgl {
@@ -49,6 +50,20 @@ enum AttentionDisable : int64_t {
   kDisableSm100Bwd = int64_t(1) << 4,    // "sm100_bwd": the Blackwell backward (1 << 3: "sm100")
 };
 
+// A per-head descale, element (b, kv head) at data[b * batch_stride + kv_head * head_stride]: one
+// per (batch, kv head) ([B, Hkv]: Hkv, 1), per kv head ([Hkv]: 0, 1) or per tensor ([1]: 0, 0).
+// The zero strides let the [Hkv] and per-tensor scales a KV cache keeps (rope_pool_fused's k_scale
+// / v_scale) reach the kernels as they are: a [B, Hkv] copy costs XLA two broadcast kernels a call.
+struct HeadDescale {
+  const float* data;  // nullptr: none (a factor of 1)
+  int batch_stride;
+  int head_stride;
+  JAX_SGL_HD explicit operator bool() const { return data != nullptr; }
+  JAX_SGL_HD float At(int b, int kv_head) const {
+    return data ? data[int64_t(b) * batch_stride + kv_head * head_stride] : 1.0f;
+  }
+};
+
 struct AttentionParams {
   const void* q;
   const void* k;
@@ -60,9 +75,9 @@ struct AttentionParams {
   const int32_t* cu_seqlens_k;  // [batch + 1], kv_layout == kVarlen
   const int32_t* seqused_k;     // [batch] or nullptr: keys actually used per sequence
   const int32_t* page_table;    // [batch, max_pages], kv_layout == kPaged
-  const float* q_descale;       // [batch, num_kv_heads] or nullptr (fp8 only)
-  const float* k_descale;       // [batch, num_kv_heads] or nullptr
-  const float* v_descale;       // [batch, num_kv_heads] or nullptr
+  HeadDescale q_descale;        // fp8 q only
+  HeadDescale k_descale;        // fp8 k (or an fp8 KV cache)
+  HeadDescale v_descale;        // fp8 v
   const float* sinks;           // [num_heads] or nullptr: per-head sink logit (attention_sink.h)
   const void* q_block_scale;    // [q rows, num_heads, head_dim / 32] or nullptr (see above)
   const void* k_block_scale;    // [key rows, num_kv_heads, head_dim / 32] or nullptr

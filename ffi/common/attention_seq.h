@@ -72,11 +72,6 @@ JAX_SGL_HD void KeyRange(const AttentionParams& p, const SeqBounds& s, int i, in
   *hi = span.hi;
 }
 
-// Descale factor for (b, kv_head), 1 when the tensor has none.
-JAX_SGL_HD float Descale(const float* d, const AttentionParams& p, int b, int kv_head) {
-  return d ? d[int64_t(b) * p.num_kv_heads + kv_head] : 1.0f;
-}
-
 // Block scale i (flat) of q's or k's block scales as float32: exact for both storages.
 JAX_SGL_HD float BlockScale(const void* scales, BlockScaleType type, int64_t i) {
   return type == BlockScaleType::kE8M0 ? ToFloat(static_cast<const f8e8m0_t*>(scales)[i])

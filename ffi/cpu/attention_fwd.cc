@@ -69,8 +69,8 @@ int AttendBlock(const AttentionParams& p, int b, int kh, const SeqBounds& s, int
 
   // Scores come out scaled: fold softmax_scale and the fp8 descales into q once.
   const float q_scale =
-      p.softmax_scale * Descale(p.q_descale, p, b, kh) * Descale(p.k_descale, p, b, kh);
-  const float v_scale = Descale(p.v_descale, p, b, kh);
+      p.softmax_scale * p.q_descale.At(b, kh) * p.k_descale.At(b, kh);
+  const float v_scale = p.v_descale.At(b, kh);
   const int nq = rows * group;  // (row, head) pairs of this task, row-major in row
   const bool blockscaled = p.qk_block_scale != BlockScaleType::kNone;
   const int blocks = d / kQkScaleBlock;

@@ -182,7 +182,7 @@ __global__ void __launch_bounds__(kDecodeWarpThreads, CpAsyncMinCtasPerSm(kD, kF
   if constexpr (kFp8Kv) {
     float inv_pow2[2];
     decode_warp_mma::QRowPow2<T, kD>(sq, lane, inv_pow2);
-    scoring.ScaleRows(Descale(p.k_descale, p, b, kv_head), inv_pow2);
+    scoring.ScaleRows(p.k_descale.At(b, kv_head), inv_pow2);
   }
 
   uint32_t qa[kD / 16][4];

@@ -290,7 +290,7 @@ __device__ __forceinline__ void MergeWarpsAndStore(const FlashDecodeArgs& args,
     const SinkedRow fin = ApplySinkOf(split ? nullptr : p.sinks, head,
                                       l_all > 0.f ? (m_all + log2f(l_all)) * kLn2 : -INFINITY);
     float inv = l_all > 0.f ? fin.scale / l_all : 0.f;
-    if constexpr (kFp8Kv) inv *= Descale(p.v_descale, p, b, kv_head);
+    if constexpr (kFp8Kv) inv *= p.v_descale.At(b, kv_head);
     const float lse = fin.lse;
     const int64_t row_head = (s.q_row0 + i) * p.num_heads + head;
     if (split) {

@@ -256,7 +256,7 @@ __global__ void __launch_bounds__(128) FlashFwdKernel(const FlashFwdArgs args) {
   // This thread's two rows (lane / 4 and lane / 4 + 8 of the warp's 16) and their key ranges.
   RowScores scoring(p, s, group, m0 + wm * 16, rows, 0, lane);
   if constexpr (kFp8)
-    scoring.ScaleBy(Descale(p.q_descale, p, b, kv_head) * Descale(p.k_descale, p, b, kv_head));
+    scoring.ScaleBy(p.q_descale.At(b, kv_head) * p.k_descale.At(b, kv_head));
 
   float o[kDT][4];
 #pragma unroll
@@ -386,7 +386,7 @@ __global__ void __launch_bounds__(128) FlashFwdKernel(const FlashFwdArgs args) {
                     l_all > 0.f ? (m_all + log2f(l_all)) * kLn2 : -INFINITY);
     f[h] = l_all > 0.f ? fin.scale * exp2f(m_run[h] - m_all) / l_all : 0.f;
     // v_descale is linear in the output, so each split's partial takes it before the combine.
-    if constexpr (kFp8) f[h] *= Descale(p.v_descale, p, b, kv_head);
+    if constexpr (kFp8) f[h] *= p.v_descale.At(b, kv_head);
     if (wn == 0 && lane % 4 == 0) slse[r_loc[h]] = fin.lse;
   }
 #pragma unroll

@@ -72,10 +72,10 @@ struct Epilogue {
       // Softcap: the capped scores are already scaled (softmax_scale is then 1).
       const float qk = params.softcap != 0.f
                            ? 1.f
-                           : Fp8Descale(params, params.q_descale, w.batch, kv_head) *
-                                 Fp8Descale(params, params.k_descale, w.batch, kv_head);
+                           : params.q_descale.At(w.batch, kv_head) *
+                                 params.k_descale.At(w.batch, kv_head);
       softmax.Finish(params.softmax_scale * qk, inv_sum, lse);
-      const float v_descale = Fp8Descale(params, params.v_descale, w.batch, kv_head);
+      const float v_descale = params.v_descale.At(w.batch, kv_head);
       inv_sum[0] *= v_descale;
       inv_sum[1] *= v_descale;
     } else {

@@ -194,14 +194,6 @@ __device__ __forceinline__ void TransposeV(uint32_t v_smem, uint32_t vt_smem, in
   }
 }
 
-// The descales of work tile w's (batch, kv head) (AttentionParams: [batch, num_kv_heads] or
-// nullptr for 1).
-template <typename Cfg>
-__device__ __forceinline__ float Fp8Descale(KernelParams<Cfg> const& params, const float* d,
-                                            int batch, int kv_head) {
-  return d != nullptr ? d[int64_t(batch) * params.num_kv_heads + kv_head] : 1.f;
-}
-
 // The smem the consumers read V^T from (16-bit: the V ring itself) and stage O in.
 template <typename Cfg>
 __device__ __forceinline__ auto VtData(typename Cfg::SharedStorage& shared) {

@@ -181,8 +181,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       [[maybe_unused]] float qk_descale = 1.f;
       if constexpr (Cfg::kFp8) {
         const int kv_head = scheduler.KvHead(tile);
-        qk_descale = Fp8Descale(params, params.q_descale, tile.batch, kv_head) *
-                     Fp8Descale(params, params.k_descale, tile.batch, kv_head);
+        qk_descale = params.q_descale.At(tile.batch, kv_head) *
+                     params.k_descale.At(tile.batch, kv_head);
       }
       OnlineSoftmax softmax(Cfg::kFp8 && !kSoftcap ? params.softmax_scale * qk_descale
                                                    : params.softmax_scale);

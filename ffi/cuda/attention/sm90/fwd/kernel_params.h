@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "ffi/common/attention_params.h"  // HeadDescale
 #include "ffi/cuda/attention/common/fast_div.h"
 #include "ffi/cuda/attention/sm90/fwd/config.h"
 
@@ -90,12 +91,11 @@ struct KernelParams {
   // pack > 1: the consumers load Q from q row by row and store O the same way.
   int pack;
   const Element_t<Cfg>* q;           // [total_q, num_heads, head_dim]
-  // fp8 (Cfg::kFp8): descales [batch, num_kv_heads] or nullptr (1), placed as the CPU kernel
-  // does: q_descale * k_descale into the softmax scale, v_descale onto O (fp8_scale.h).
-  const float* q_descale;
-  const float* k_descale;
-  const float* v_descale;
-  int num_kv_heads;
+  // fp8 (Cfg::kFp8): the per-head descales (AttentionParams), placed as the CPU kernel does:
+  // q_descale * k_descale into the softmax scale, v_descale onto O.
+  HeadDescale q_descale;
+  HeadDescale k_descale;
+  HeadDescale v_descale;
   // Key split (paged, persistent; Sm90KeySplits): num_whole_tiles is 0 and every tile runs as
   // tail_splits shares of the key tiles it visits (KeyTiles::Split). Each share writes its rows'
   // O (float32, normalized by its own sum) and LSE, without sinks, here instead of out / lse;

@@ -194,7 +194,6 @@ cudaError_t LaunchFlashFwdSm90(const AttentionParams& p, int key_splits, void* s
       p.q_descale,
       p.k_descale,
       p.v_descale,
-      p.num_kv_heads,
       key_split ? split_o : nullptr,
       key_split ? split_lse : nullptr,
   };
