@@ -13,7 +13,9 @@ bench_attention.py. Implementations:
              scales, fp8 out: dequantized by its descale_o for the error);
   fa3_fp8    FlashAttention-3's e4m3 forward (flash-attn3-jax, benchmarks/fa3.py dense_fp8) on the
              same tensors, the per-tensor descales broadcast to its [B, Hkv] (bf16 out); timed
-             only when its error stays within 4x the larger of ours and cuDNN's;
+             only when its error stays within 4x the larger of ours and cuDNN's, and only with a
+             wheel built with fp8 (the one the device carries in 2026-12 is not: "This flash
+             attention build does not support FP8", printed as unavailable);
   bf16       jax_sgl.attention on the dequantized values rounded to bf16 (the Hopper bf16 kernel).
 
 The inputs: x ~ N(0, 1) quantized per tensor as e4m3(x / descale) with descale = max|x| / 448 (a
