@@ -242,8 +242,8 @@ def _check_head_dim(name: str, d: int) -> None:
 
 
 def descale_shapes(batch: int, num_kv_heads: int) -> tuple[tuple[int, ...], ...]:
-  """Per-head descale shapes: per (batch, kv head), and, broadcast by jax_sgl.attention into that
-  operand, per kv head or per tensor (the shapes rope_pool_fused's k_scale / v_scale take)."""
+  """Per-head descale shapes: per (batch, kv head), per kv head or per tensor (the shapes
+  rope_pool_fused's k_scale / v_scale take), each read by the kernels as given (HeadDescale)."""
   return (batch, num_kv_heads), (num_kv_heads,), (1,), ()
 
 
