@@ -105,7 +105,8 @@ class _OpRules:
   rule: Callable          # (params, shapes) -> (Shardy rule string, str_to_sdy_sharding_rule's
                           # kwargs); shapes: the operands' shapes, as tuples
   plan: Callable          # (params, mesh, arg_shapes) -> _Plan
-  shardings: Callable     # (params, mesh, plan, shapes) -> (arg specs, result specs), PartitionSpecs
+  shardings: Callable     # (params, mesh, plan, shapes) -> (arg specs, result specs),
+                          # PartitionSpecs
   local_params: Callable  # (params, mesh, plan) -> params of the per-device twin
 
 

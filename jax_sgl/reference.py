@@ -202,8 +202,7 @@ def attention(q, k, v, *, kv_layout: int, varlen_q: bool, batch: int, softmax_sc
   qf = qb.astype(f32)
   kf_ = kb.astype(f32)
   vf_ = vb.astype(f32)
-  per_head = lambda d: None if d is None else jnp.broadcast_to(
-      jnp.reshape(d, (-1,)) if d.ndim < 2 else d, (batch, num_kv_heads))
+  per_head = lambda d: None if d is None else jnp.broadcast_to(d, (batch, num_kv_heads))
   q_descale, k_descale, v_descale = map(per_head, (q_descale, k_descale, v_descale))
   if q_descale is not None:   # [B, Hkv] -> per q head
     qf = qf * jnp.repeat(q_descale, group, axis=1)[:, None, :, None]
