@@ -333,3 +333,18 @@ def check_kernel_output(run, want_out, want_lse, dtype, tol):
   fin = np.isfinite(want_lse_np)
   np.testing.assert_allclose(lse_np[fin], want_lse_np[fin], atol=2e-3, rtol=1e-3)
   assert not np.isnan(lse_np).any()
+
+
+def climbing(q, k, per_128, q0):
+  """q, k (float64 arrays, dequantized values) with feature 0 replaced so that scores climb
+  toward the first key, where the kernel's walk over key tiles ends (it starts at the last): by
+  `per_128` log2 units of the softmax per 128 keys in every third row, per_128 / 8 in the next,
+  not at all in the third. So in one warp some rows move their running max (and rescale O) by
+  large factors every step, some by small ones and some never. q's feature 0 is q0 (or a
+  fraction of it); k's grows by the step that gives the climb."""
+  d, sk = q.shape[-1], k.shape[1]
+  step = per_128 / 128 / np.log2(np.e) * np.sqrt(d) / q0
+  q, k = np.array(q, np.float64), np.array(k, np.float64)
+  q[..., 0] = q0 * np.array([1.0, 1 / 8, 0.0])[np.arange(q.shape[1]) % 3][None, :, None]
+  k[..., 0] = step * (sk - np.arange(sk))[None, :, None]
+  return q, k

@@ -23,8 +23,8 @@ import numpy as np
 import pytest
 
 import jax_sgl
-from attention_cases import (DENSE_SHAPES, naive_attention, planned_kernels, poison_allocator,
-                             require_sm90, run_attention_on)
+from attention_cases import (DENSE_SHAPES, climbing, naive_attention, planned_kernels,
+                             poison_allocator, require_sm90, run_attention_on)
 
 pytestmark = pytest.mark.gpu
 
@@ -115,7 +115,8 @@ def _same_math(q, k, v, *, causal=False, window=(-1, -1), softcap=0.0, sinks=Non
   return np.asarray(jnp.asarray(out, jnp.float32).astype(jnp.bfloat16).astype(jnp.float32))
 
 
-def _check(q, k, v, qd, kd, vd, kind, rows_batch_q, rows_batch_k, static, arrays):
+def _check(q, k, v, qd, kd, vd, kind, rows_batch_q, rows_batch_k, static, arrays,
+           lse_rtol=3e-4):
   """Runs the call on the GPU and the CPU and holds both to the oracle by the rule."""
   batch = qd.shape[0]
   eff = [_effective(d, kind, batch) for d in (qd, kd, vd)]
@@ -148,8 +149,9 @@ def _check(q, k, v, qd, kd, vd, kind, rows_batch_q, rows_batch_k, static, arrays
   fin = np.isfinite(oracle)
   # rtol 3e-4, not float32's 1e-4: Hopper's fp8 wgmma adds its products in fewer bits than
   # float32 (about 14 mantissa bits, DeepSeek-V3 report 3.3.2), so scores near 10 err ~1e-3.
-  np.testing.assert_allclose(lse[fin], oracle[fin], atol=2e-3, rtol=3e-4)
-  np.testing.assert_allclose(lse[fin], np.asarray(cpu_lse, np.float64)[fin], atol=2e-3, rtol=3e-4)
+  np.testing.assert_allclose(lse[fin], oracle[fin], atol=2e-3, rtol=lse_rtol)
+  np.testing.assert_allclose(lse[fin], np.asarray(cpu_lse, np.float64)[fin], atol=2e-3,
+                             rtol=lse_rtol)
 
 
 def _dense_case(seed, shape, head_dim):
@@ -189,6 +191,26 @@ def test_descale_shapes(head_dim, kind):
   _need(head_dim)
   _, q, k, v, qd, kd, vd = _dense_case(2, SHAPES["square"], head_dim)
   _check(q, k, v, qd, kd, vd, kind, None, None, {"causal": True}, {})
+
+
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_running_max_climbs(head_dim, causal):
+  """test_attention_sm90.py's climbing scores at e4m3: 600 keys climbing 24 log2 units per 128.
+  k's descale 0.25 keeps the climb's largest key (~55) inside e4m3. LSEs near 82 here: the fp8
+  wgmma's ~14-bit sums (see _check) put them up to 7.4e-4 off (H100, 2026-12-07), so rtol 1.5e-3."""
+  _need(head_dim)
+  rng = np.random.default_rng(9)
+  b, sq, sk, h, hkv = 1, 300, 600, 4, 2
+  qd = np.full((b, hkv), 0.05, np.float32)
+  kd = np.full((b, hkv), 0.25, np.float32)
+  vd = rng.uniform(0.02, 0.05, (b, hkv)).astype(np.float32)
+  q, k = climbing(rng.standard_normal((b, sq, h, head_dim)),
+                  rng.standard_normal((b, sk, hkv, head_dim)), 24.0, 16.0)
+  q = np.asarray(jnp.asarray(q / 0.05, jnp.float32).astype(E4M3))
+  k = np.asarray(jnp.asarray(k / 0.25, jnp.float32).astype(E4M3))
+  v = _quantize(rng, (b, sk, hkv, head_dim), vd, 2)
+  _check(q, k, v, qd, kd, vd, "batch_head", None, None, {"causal": causal}, {}, lse_rtol=1.5e-3)
 
 
 MASKS = {

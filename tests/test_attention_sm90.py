@@ -19,8 +19,9 @@ import numpy as np
 import pytest
 
 import jax_sgl
-from attention_cases import (DENSE_SHAPES, check_kernel_output, poison_allocator, random_normal,
-                             random_page_table, require_sm90, turn_off_xla_autotuning)
+from attention_cases import (DENSE_SHAPES, check_kernel_output, climbing, poison_allocator,
+                             random_normal, random_page_table, require_sm90,
+                             turn_off_xla_autotuning)
 from jax_sgl import reference
 from jax_sgl._checks import check_attention
 
@@ -128,6 +129,19 @@ def test_many_tiles(head_dim, causal, shape):
   first = np.asarray(fn(q, k, v)).view(np.uint16)
   poison_allocator(first.size * 2)
   np.testing.assert_array_equal(first, np.asarray(fn(q, k, v)).view(np.uint16))
+
+
+@pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
+@pytest.mark.parametrize("head_dim", (64, 128, 256))
+def test_running_max_climbs(head_dim, causal):
+  """The online softmax's O rescale (by large factors every step in some rows of a warp, small
+  ones in others, none in the rest) against the reference: 300 rows over 1000 keys whose scores climb 24 log2 units per 128 keys (~190 in
+  all, so a max that never moved would overflow exp2)."""
+  _need(head_dim, jnp.bfloat16)
+  q, k, v = _inputs((1, 300, 1000, 4, 2), head_dim, jnp.bfloat16, seed=11 * head_dim)
+  q, k = climbing(np.asarray(q.astype(jnp.float32)), np.asarray(k.astype(jnp.float32)), 24.0,
+                  16.0)
+  _check(jnp.asarray(q, jnp.bfloat16), jnp.asarray(k, jnp.bfloat16), v, causal)
 
 
 def _tail_shape(case):
