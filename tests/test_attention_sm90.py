@@ -135,8 +135,9 @@ def test_many_tiles(head_dim, causal, shape):
 @pytest.mark.parametrize("head_dim", (64, 128, 256))
 def test_running_max_climbs(head_dim, causal):
   """The online softmax's O rescale (by large factors every step in some rows of a warp, small
-  ones in others, none in the rest) against the reference: 300 rows over 1000 keys whose scores climb 24 log2 units per 128 keys (~190 in
-  all, so a max that never moved would overflow exp2)."""
+  ones in others, none in the rest) against the reference: 300 rows over 1000 keys whose scores
+  climb 24 log2 units per 128 keys (~190 in all, so a max that never moved would overflow
+  exp2)."""
   _need(head_dim, jnp.bfloat16)
   q, k, v = _inputs((1, 300, 1000, 4, 2), head_dim, jnp.bfloat16, seed=11 * head_dim)
   q, k = climbing(np.asarray(q.astype(jnp.float32)), np.asarray(k.astype(jnp.float32)), 24.0,
