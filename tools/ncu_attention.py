@@ -11,6 +11,12 @@ limits each (benchmarks/notes/NOTES_*.md). Three modes:
                                                tools/ncu_attention.sh): the warp-stall samples by
                                                reason and by opcode, and the N hottest SASS lines
                                                with their top reasons
+  python3 tools/ncu_attention.py roles CSV US [CSV US]
+                                               source pages of warp-specialized kernels, each with
+                                               its kernel's duration in us: samples and
+                                               instructions of the producer and consumer code, and
+                                               the consumers' time by stall reason and by opcode,
+                                               two kernels side by side
 
 CASE is <what>-<impl>: what in fwd4k, fwd4kc, fwd8k, fwdbwd4k, fwdbwd4kc (causal), decode32k,
 decode32kc; impl in jax_sgl, cudnn, and for the fwd / fwdbwd cases fa3 (FlashAttention-3
@@ -198,21 +204,36 @@ def summary(paths):
                         for k, v in sorted(l2.items())))
 
 
-def hot(path, top=30):
-  with open(path, newline="") as f:
-    rows = list(csv.reader(f))
-  head = next(i for i, r in enumerate(rows) if r and r[0] == "Address")
-  col = {name: i for i, name in enumerate(rows[head])}
-  lines = rows[head + 1:]
-  reasons = [n for n in rows[head] if n.startswith("stall_") and "(" not in n]
+SAMPLES = "Warp Stall Sampling (All Samples)"
 
-  def value(row, name):
+
+class SourcePage:
+  """One kernel's SASS source page (`ncu --page source --csv --print-source sass`): its lines in
+  address order, the stall-reason columns, and value(line, column) as a number (0 if blank)."""
+
+  def __init__(self, path):
+    with open(path, newline="") as f:
+      rows = list(csv.reader(f))
+    head = next(i for i, r in enumerate(rows) if r and r[0] == "Address")
+    self.col = {name: i for i, name in enumerate(rows[head])}
+    self.lines = [r for r in rows[head + 1:] if len(r) == len(rows[head])]
+    self.reasons = [n for n in rows[head] if n.startswith("stall_") and "(" not in n]
+
+  def value(self, row, name):
     try:
-      return float(row[col[name]].replace(",", ""))
+      return float(row[self.col[name]].replace(",", ""))
     except ValueError:
       return 0.0
 
-  samples = "Warp Stall Sampling (All Samples)"
+  def opcode(self, row):
+    words = [w for w in row[self.col["Source"]].split() if not w.startswith("@")]
+    return words[0].split(".")[0] if words else "?"
+
+
+def hot(path, top=30):
+  page = SourcePage(path)
+  lines, reasons, value, samples = page.lines, page.reasons, page.value, SAMPLES
+  col = page.col
   total = sum(value(r, samples) for r in lines) or 1.0
   print(f"{path}: {total:.0f} warp samples")
   by_reason = {n: sum(value(r, n) for r in lines) for n in reasons}
@@ -220,8 +241,7 @@ def hot(path, top=30):
     print(f"  {n.removeprefix('stall_'):20s} {100 * v / total:5.1f}%")
   by_op = {}
   for r in lines:
-    words = [w for w in r[col["Source"]].split() if not w.startswith("@")]
-    op = words[0].split(".")[0] if words else "?"
+    op = page.opcode(r)
     by_op[op] = by_op.get(op, 0.0) + value(r, samples)
   print("  by opcode: " + ", ".join(f"{op} {100 * v / total:.1f}%" for op, v in
                                    sorted(by_op.items(), key=lambda kv: -kv[1])[:12]))
@@ -232,11 +252,64 @@ def hot(path, top=30):
           " ".join(f"{n} {100 * v / total:.2f}" for v, n in why if v))
 
 
+def roles(pairs):
+  """The warp roles of warp-specialized kernels (the sm90 forward: a producer warpgroup that
+  gives its registers back with USETMAXREG.DEALLOC, and the consumers' code before it), side by
+  side; printed, and returned per kernel as {stall reason: consumer us}. The sampler takes one warp per scheduler at a time, so a role's share of the samples is
+  not its share of the time when the kernels run different numbers of warps; the consumers'
+  states are given as time instead: their fraction of the consumer samples times the kernel's
+  duration (every consumer warp lives for the whole kernel)."""
+  pages, times, parts = [], [], []
+  for path, us in pairs:
+    page = SourcePage(path)
+    split = next((i for i, r in enumerate(page.lines)
+                  if "USETMAXREG.DEALLOC" in r[page.col["Source"]]), len(page.lines))
+    pages.append(page)
+    times.append(float(us))
+    parts.append({"consumer": page.lines[:split], "producer": page.lines[split:]})
+  names = [p.rsplit("/", 1)[-1].removesuffix(".sass.csv") for p, _ in pairs]
+  print("kernel:   " + " | ".join(f"{n} ({t:.0f} us)" for n, t in zip(names, times)))
+  for role in ("consumer", "producer"):
+    print(f"{role + ':':10s}" + " | ".join(
+        f"{sum(pg.value(r, SAMPLES) for r in part[role]):8.0f} samples, "
+        f"{sum(pg.value(r, 'Instructions Executed') for r in part[role]) / 1e6:7.1f}M instructions"
+        for pg, part in zip(pages, parts)))
+
+  def consumer_us(i, keep):  # {keep(page, line, reason): us} over the consumer lines
+    page, lines = pages[i], parts[i]["consumer"]
+    total = sum(page.value(r, SAMPLES) for r in lines) or 1.0
+    out = {}
+    for r in lines:
+      for reason in page.reasons:
+        v = page.value(r, reason)
+        if v:
+          key = keep(page, r, reason)
+          out[key] = out.get(key, 0.0) + v / total * times[i]
+    return out
+
+  by_reason = [consumer_us(i, lambda pg, r, reason: reason.removeprefix("stall_"))
+               for i in range(len(pages))]
+  print("consumer time by state (us): " + " | ".join(names))
+  keys = sorted(set().union(*by_reason), key=lambda k: -max(d.get(k, 0.0) for d in by_reason))
+  for k in keys[:10]:
+    print(f"  {k:20s}" + "".join(f"{d.get(k, 0.0):9.1f}" for d in by_reason))
+  by_op = [consumer_us(i, lambda pg, r, reason: (pg.opcode(r), reason.removeprefix("stall_")))
+           for i in range(len(pages))]
+  print("consumer time by (opcode, state), largest differences (us):")
+  keys = set().union(*by_op)
+  diff = lambda k: max(d.get(k, 0.0) for d in by_op) - min(d.get(k, 0.0) for d in by_op)
+  for k in sorted(keys, key=lambda k: -diff(k))[:15]:
+    print(f"  {k[0] + ' ' + k[1]:28s}" + "".join(f"{d.get(k, 0.0):9.1f}" for d in by_op))
+  return by_reason
+
+
 if __name__ == "__main__":
   if len(sys.argv) >= 3 and sys.argv[1] == "run":
     run(sys.argv[2])
   elif len(sys.argv) >= 3 and sys.argv[1] == "summary":
     summary(sys.argv[2:])
+  elif len(sys.argv) >= 4 and sys.argv[1] == "roles" and len(sys.argv) % 2 == 0:
+    roles(list(zip(sys.argv[2::2], sys.argv[3::2])))
   elif len(sys.argv) >= 3 and sys.argv[1] == "hot":
     hot(sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 30)
   else:

@@ -12,7 +12,9 @@
 #               kernel matching NCU_KERNEL in each case, and write the source page as
 #               $OUT/ncu/<case>.sass.csv (instruction, samples, stall reasons per line) and
 #               the details page as <case>.csv; for the backward's main kernel name it
-#               (NCU_KERNEL=FlashBwdSm90Kernel: FlashBwd matches the preprocess kernel first)
+#               (NCU_KERNEL=FlashBwdSm90Kernel: FlashBwd matches the preprocess kernel first);
+#               `tools/ncu_attention.py hot` reads one, `roles` two side by side (producer /
+#               consumer code, the consumers' stalls as time)
 #   NCU_COUNT   profile only the first N launches that match NCU_KERNEL (a fwd+bwd case ran each
 #               of its kernels 11 times in its range, session 24)
 #   NCU_REPLAY  ncu's --replay-mode (default kernel; application reruns the whole case per pass:
