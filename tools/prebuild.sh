@@ -4,6 +4,7 @@
 # minutes go to tests and benchmarks, not to nvcc: the device's builds took 2-7 minutes of its 30
 # a session, and a build of main and of a branch (or of two tile constants) for a same-run
 # comparison twice that. Carry the archive with the call (carry [".prebuilt"]; ignored by git).
+# tools/ab_archives.sh runs tests and a benchmark against several archives in one device call.
 #
 #   tools/prebuild.sh NAME [pip args...]
 #   e.g. tools/prebuild.sh hd128 -Ccmake.define.JAX_SGL_ATTN_HEAD_DIMS=128 \
