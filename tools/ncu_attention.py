@@ -1,5 +1,5 @@
 """Nsight Compute views of jax_sgl's attention kernels beside cuDNN's, for the notes on what
-limits each (benchmarks/notes/NOTES_*.md). Three modes:
+limits each (benchmarks/notes/NOTES_*.md). Four modes:
 
   python3 tools/ncu_attention.py run CASE      one call of CASE inside cudaProfilerStart/Stop,
                                                after a warm-up call; run it under
@@ -255,10 +255,11 @@ def hot(path, top=30):
 def roles(pairs):
   """The warp roles of warp-specialized kernels (the sm90 forward: a producer warpgroup that
   gives its registers back with USETMAXREG.DEALLOC, and the consumers' code before it), side by
-  side; printed, and returned per kernel as {stall reason: consumer us}. The sampler takes one warp per scheduler at a time, so a role's share of the samples is
-  not its share of the time when the kernels run different numbers of warps; the consumers'
-  states are given as time instead: their fraction of the consumer samples times the kernel's
-  duration (every consumer warp lives for the whole kernel)."""
+  side; printed, and returned per kernel as {stall reason: consumer us}. The sampler takes one
+  warp per scheduler at a time, so a role's share of the samples is not its share of the time
+  when the kernels run different numbers of warps; the consumers' states are given as time
+  instead: their fraction of the consumer samples times the kernel's duration (every consumer
+  warp lives for the whole kernel)."""
   pages, times, parts = [], [], []
   for path, us in pairs:
     page = SourcePage(path)
