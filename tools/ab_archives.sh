@@ -29,8 +29,8 @@ export JAX_SGL_BENCH_SETTLE_S="${JAX_SGL_BENCH_SETTLE_S:-0.5}" PYTHONUNBUFFERED=
 site_of() {  # the install of archive $1, made on first use
   local site=/tmp/site-$1
   if [[ ! -d $site ]]; then
-    mkdir -p "$site" && cp -r "$REPO/jax_sgl" "$site/" &&
-      tar -xJf "$REPO/.prebuilt/$1.tar.xz" -C "$site/jax_sgl" || return 1
+    PYTHON="$PY" bash "$REPO/tools/install_prebuilt.sh" "$REPO/.prebuilt/$1.tar.xz" "$site" \
+      || return 1
   fi
   echo "$site"
 }

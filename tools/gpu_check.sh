@@ -82,9 +82,7 @@ if [[ -n "${GPU_CHECK_PREBUILT:-}" ]]; then
   # Outside $OUT: the device tool returns a limited number of files from $OUT, and the package's
   # files took the places of the logs (pytest.log came back missing).
   site="$(mktemp -d /tmp/gpu_check_site.XXXXXX)"
-  cp -r jax_sgl "$site/"
-  "$PY" -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
-    "$GPU_CHECK_PREBUILT" "$site/jax_sgl" > "$OUT/build.log" 2>&1 \
+  PYTHON="$PY" bash tools/install_prebuilt.sh "$GPU_CHECK_PREBUILT" "$site" > "$OUT/build.log" 2>&1 \
     || build_failed "unpacking $GPU_CHECK_PREBUILT"
   export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
   row build "prebuilt $GPU_CHECK_PREBUILT: $(paste -sd';' "$site/jax_sgl/PREBUILT")"
