@@ -22,6 +22,10 @@ Implementations:
               two parts (4 x 512 chunks, 64 x 1 decodes: two FA3 calls in one jitted function);
   fa3_varlen  mixed only: flash_attn3_jax.flash_mha_varlen on the contiguous packed batch, FA3's
               one-call form of a mixed batch (no page table).
+--fp8: q and both pools in e4m3 (per-tensor descales max|x| / 448; issue 24's paged fp8), so
+  paged and contiguous run jax_sgl's e4m3 forward with q/k/v_descale; fa3 / fa3_varlen (whose
+  wheel has no fp8) and bf16 (jax_sgl paged, bf16) run on the same values dequantized to bf16,
+  and GB/s count e4m3's one byte per element.
 Before timing, each output is compared with `contiguous`; an FA3 result that differs is dropped.
 
 TFLOP/s count the visible (causal) pairs only: a sequence with n new rows and L keys has
@@ -50,6 +54,8 @@ DTYPE = jnp.bfloat16
 # Pool pages over the pages the sequences use: a server's pool always has free pages.
 POOL_SLACK = 1.25
 IMPLS = ("paged", "contiguous", "fa3", "fa3_varlen")
+IMPLS_FP8 = IMPLS + ("bf16",)
+E4M3 = jnp.float8_e4m3fn
 WORKLOADS = ("prefill", "mixed", "verify")
 # Max |difference| of jax_sgl paged from jax_sgl contiguous above which the row is flagged (the
 # same keys in the same order: only the kernels' rounding differs).
@@ -64,6 +70,7 @@ class Workload:
   kv: np.ndarray      # [B] keys per sequence: history + new
   page: int
   packed: bool        # q packed with cu_seqlens_q; else dense [B, n, H, D] (all n equal)
+  fp8: bool = False   # e4m3 q and pools (--fp8)
 
   @property
   def pairs(self):
@@ -77,7 +84,8 @@ class Workload:
 
   @property
   def kv_bytes(self):
-    return int(np.sum(self.kv.astype(np.int64))) * HKV * D * 2 * jnp.dtype(DTYPE).itemsize
+    itemsize = jnp.dtype(E4M3 if self.fp8 else DTYPE).itemsize
+    return int(np.sum(self.kv.astype(np.int64))) * HKV * D * 2 * itemsize
 
 
 def workloads(args):
@@ -85,25 +93,26 @@ def workloads(args):
   tok = (lambda n: max(1, n // 64)) if args.tiny else (lambda n: n)
   bat = (lambda b: max(2, b // 16)) if args.tiny else (lambda b: b)
   full = lambda b, n: np.full(b, n, np.int64)
+  Workload_ = lambda *a, **k: Workload(*a, **k, fp8=args.fp8)
   out = []
   if "prefill" in args.only:
     b, n = bat(8), tok(1024)
     for hist in args.history:
       for page in args.pages:
-        out.append(Workload(f"prefill B{b} new {n} hist {tok(hist)} page {page}", full(b, n),
+        out.append(Workload_(f"prefill B{b} new {n} hist {tok(hist)} page {page}", full(b, n),
                             full(b, tok(hist) + n), page, packed=False))
   if "mixed" in args.only:
     chunks, chunk, decodes, hist = bat(4), tok(512), bat(64), tok(8192)
     new = np.concatenate([full(chunks, chunk), full(decodes, 1)])
     for page in args.mixed_pages:
-      out.append(Workload(f"mixed {chunks}x{chunk} + {decodes}x1 hist {hist} page {page}", new,
+      out.append(Workload_(f"mixed {chunks}x{chunk} + {decodes}x1 hist {hist} page {page}", new,
                           new + hist, page, packed=True))
   if "verify" in args.only:
     hist = tok(8192)
     for b in map(bat, args.verify_batches):
       for drafts in args.drafts:
         for page in args.verify_pages:
-          out.append(Workload(f"verify B{b} draft {drafts} hist {hist} page {page}",
+          out.append(Workload_(f"verify B{b} draft {drafts} hist {hist} page {page}",
                               full(b, drafts), full(b, hist + drafts), page, packed=False))
   return out
 
@@ -143,23 +152,43 @@ def cumulative(lengths):
   return jnp.asarray(np.concatenate([[0], np.cumsum(lengths)]), jnp.int32)
 
 
-def candidates(w, q, k_pool, v_pool, table, seqused, k, v):
-  """{impl: (jitted fn, args, None)} for one workload, and a function per impl that turns its
-  output into the packed (or dense) layout of `contiguous` for the comparison."""
-  runs, layout = {}, {}
+def quantize(x):
+  """(e4m3(x / descale), descale) with the per-tensor descale max|x| / 448, and the dequantized
+  values in bf16 (what the bf16 anchors run on)."""
+  descale = (jnp.max(jnp.abs(x.astype(jnp.float32))) / 448.0).astype(jnp.float32)
+  x8 = (x.astype(jnp.float32) / descale).astype(E4M3)
+  return x8, descale, (x8.astype(jnp.float32) * descale).astype(DTYPE)
+
+
+def jax_sgl_runs(w, q, k_pool, v_pool, table, seqused, k, v, **descales):
+  """jax_sgl paged and contiguous on one workload's operands ({impl: (jitted fn, args, None)})."""
+  att = lambda *a, **kw: jax_sgl.attention(*a, causal=True, **kw, **descales)
   if w.packed:
     cu_q, cu_k = cumulative(w.new), cumulative(w.kv)
-    runs["paged"] = (jax.jit(lambda q, kp, vp, t, u, cq: jax_sgl.attention(
-        q, kp, vp, cu_seqlens_q=cq, page_table=t, seqused_k=u, causal=True)),
-        (q, k_pool, v_pool, table, seqused, cu_q), None)
-    runs["contiguous"] = (jax.jit(lambda q, k, v, cq, ck: jax_sgl.attention(
-        q, k, v, cu_seqlens_q=cq, cu_seqlens_k=ck, causal=True)), (q, k, v, cu_q, cu_k), None)
+    return {"paged": (jax.jit(lambda q, kp, vp, t, u, cq: att(
+                q, kp, vp, cu_seqlens_q=cq, page_table=t, seqused_k=u)),
+                (q, k_pool, v_pool, table, seqused, cu_q), None),
+            "contiguous": (jax.jit(lambda q, k, v, cq, ck: att(
+                q, k, v, cu_seqlens_q=cq, cu_seqlens_k=ck)), (q, k, v, cu_q, cu_k), None)}
+  return {"paged": (jax.jit(lambda q, kp, vp, t, u: att(q, kp, vp, page_table=t, seqused_k=u)),
+                    (q, k_pool, v_pool, table, seqused), None),
+          "contiguous": (jax.jit(lambda q, k, v: att(q, k, v)), (q, k, v), None)}
+
+
+def candidates(w, q, k_pool, v_pool, table, seqused, k, v):
+  """{impl: (jitted fn, args, None)} for one workload, and a function per impl that turns its
+  output into the packed (or dense) layout of `contiguous` for the comparison. --fp8: jax_sgl
+  runs on e4m3 q and pools, the bf16 anchors on their dequantized values."""
+  layout = {}
+  if w.fp8:
+    (q8, dq, q), (kp8, dk, k_pool), (vp8, dv, v_pool) = map(quantize, (q, k_pool, v_pool))
+    k8, v8 = gather(kp8, table, w), gather(vp8, table, w)
+    k, v = gather(k_pool, table, w), gather(v_pool, table, w)
+    runs = jax_sgl_runs(w, q8, kp8, vp8, table, seqused, k8, v8, q_descale=dq, k_descale=dk,
+                        v_descale=dv)
+    runs["bf16"] = jax_sgl_runs(w, q, k_pool, v_pool, table, seqused, k, v)["paged"]
   else:
-    runs["paged"] = (jax.jit(lambda q, kp, vp, t, u: jax_sgl.attention(
-        q, kp, vp, page_table=t, seqused_k=u, causal=True)), (q, k_pool, v_pool, table, seqused),
-        None)
-    runs["contiguous"] = (jax.jit(lambda q, k, v: jax_sgl.attention(q, k, v, causal=True)),
-                          (q, k, v), None)
+    runs = jax_sgl_runs(w, q, k_pool, v_pool, table, seqused, k, v)
   if fa3.load() is None or not fa3.serves("fwd", D):
     return runs, layout
   paged_fa3 = fa3.paged(causal=True)
@@ -243,14 +272,14 @@ def fmt(x, spec):
   return format(x, spec) if x is not None else "n/a".rjust(int(spec.split(".")[0]))
 
 
-def print_header():
-  print(f"{'config':<44} " + " ".join(f"{i:>10}" for i in IMPLS) +
+def print_header(impls):
+  print(f"{'config':<44} " + " ".join(f"{i:>10}" for i in impls) +
         f" {'GB/s pgd':>8} {'pgd/fa3':>8} {'pgd/cont':>8}")
 
 
-def print_row(row):
+def print_row(row, impls):
   gbps = row["paged"]["GBps"] if "paged" in row else None
-  print(f"{row['config']:<44} " + " ".join(fmt(tflops(row, i), "10.1f") for i in IMPLS) +
+  print(f"{row['config']:<44} " + " ".join(fmt(tflops(row, i), "10.1f") for i in impls) +
         f" {fmt(gbps, '8.0f')} {fmt(ratio(row, 'paged', 'fa3'), '8.2f')}"
         f" {fmt(ratio(row, 'paged', 'contiguous'), '8.2f')}")
 
@@ -264,7 +293,7 @@ def print_summary(row):
   print(f"SUMMARY attention paged {row['config']}: jax_sgl paged {tflops(row, 'paged'):.1f} "
         f"TFLOP/s ({row['paged']['GBps']:.0f} GB/s K/V), contiguous {part('contiguous')}, "
         f"fa3 {part('fa3')}" + (f", fa3_varlen {part('fa3_varlen')}" if "fa3_varlen" in row
-                                else ""))
+                                else "") + (f", bf16 {part('bf16')}" if "bf16" in row else ""))
 
 
 def main():
@@ -286,27 +315,30 @@ def main():
                       help="page tables of runs of 1-N consecutive pages (default 0: shuffled)")
   parser.add_argument("--tiny", action="store_true",
                       help="token counts / 64, batch counts / 16: a CPU dry run")
+  parser.add_argument("--fp8", action="store_true",
+                      help="e4m3 q and pools with descales (fa3 and bf16 on their bf16 values)")
   parser.add_argument("--json", help="write the results here")
   args = parser.parse_args()
+  impls = IMPLS_FP8 if args.fp8 else IMPLS
   print(f"device: {jax.devices()[0].device_kind}, jax {jax.__version__}")
   print(f"jax_sgl attention backend: {jax_sgl.attention_backend_info()}")
   fa3.load()
-  print(f"\npaged attention, H{H}/{HKV} D{D} bf16 causal; TFLOP/s of the visible pairs; "
-        f"GB/s of jax_sgl paged's K/V; ratios are jax_sgl paged over each")
-  print_header()
+  print(f"\npaged attention, H{H}/{HKV} D{D} {'e4m3' if args.fp8 else 'bf16'} causal; TFLOP/s "
+        f"of the visible pairs; GB/s of jax_sgl paged's K/V; ratios are jax_sgl paged over each")
+  print_header(impls)
   rng = np.random.default_rng(0)
   rows = []
   for i, w in enumerate(workloads(args)):
     row = run_workload(w, args.batches, rng, seed=i, runs=args.page_runs)
     rows.append(row)
-    print_row(row)
+    print_row(row, impls)
   for row in rows:
     print_summary(row)
   print("\nsummary (TFLOP/s; the mixed batch's fa3 is two calls, fa3_varlen one call on "
         "contiguous K/V)")
-  print_header()
+  print_header(impls)
   for row in rows:
-    print_row(row)
+    print_row(row, impls)
   if args.json:
     with open(args.json, "w") as f:
       json.dump(rows, f, indent=1)

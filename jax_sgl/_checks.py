@@ -581,7 +581,8 @@ def check_fp8_cuda(q_dtype, k_dtype, v_dtype) -> None:
   """fp8 on CUDA (the dtypes check_attention_dtypes accepted): float8_e4m3fn only, under float16/
   bfloat16 compute. The fp8-KV decode takes decode calls over an fp8 KV cache, the portable
   kernel's fp8 form every other call shape (dense, varlen, paged at any page size; fp8 q/k/v,
-  v_dequant, chunked prefill / mixed batches / verify over an fp8 pool; ffi/cuda/attention/
+  v_dequant, chunked prefill / mixed batches / verify over an fp8 pool), except the e4m3 q/k/v
+  calls the Hopper fp8 forward takes first (dense, varlen, paged; ffi/cuda/attention/
   fwd_dispatch.cc). Forward only: jax.grad through fp8 raises in jax_sgl.attention."""
   got = f"q {jnp.dtype(q_dtype)}, k {jnp.dtype(k_dtype)}, v {jnp.dtype(v_dtype)}"
   e4m3 = jnp.dtype(jnp.float8_e4m3fn)

@@ -9,7 +9,10 @@ precision (scores and softmax in float32, P rounded to e4m3 before P V, as Flash
 fp8 test rounds its reference's P, O in bf16), plus a float32-noise floor. The CPU kernel on the
 same inputs is held to the same bound, LSE to the oracle's within float32 noise. The matrix:
 head dims 64 / 128 / 256, odd lengths that end mid-tile, q longer and shorter than k, GQA,
-causal, sliding window, softcap, sinks, varlen q/k (an empty sequence, seqused_k), and descales
+causal, sliding window, softcap, sinks, varlen q/k (an empty sequence, seqused_k), paged k/v
+(pages of 1 (a token pool), 5, 16, 64 and 128 keys: TMA page boxes and the producer's gather;
+chunked prefill, mixed batches packing the GQA group, verify split over the keys; NaN in the
+pool's unreferenced pages and page tails, page-table entries outside the pool), and descales
 per (batch, kv head), per kv head and per tensor. Skipped without a compute capability 9.0
 device or the e4m3 instantiation; outputs are poisoned beforehand so unwritten elements show up
 as NaN.
@@ -24,7 +27,7 @@ import pytest
 
 import jax_sgl
 from attention_cases import (DENSE_SHAPES, climbing, naive_attention, planned_kernels,
-                             poison_allocator, require_sm90, run_attention_on)
+                             poison_allocator, random_page_table, require_sm90, run_attention_on)
 
 pytestmark = pytest.mark.gpu
 
@@ -123,10 +126,17 @@ def _check(q, k, v, qd, kd, vd, kind, rows_batch_q, rows_batch_k, static, arrays
   q64 = _dequantize(q, eff[0], rows_batch_q)
   k64 = _dequantize(k, eff[1], rows_batch_k)
   v64 = _dequantize(v, eff[2], rows_batch_k)
+  descales = dict(q_descale=_fit(qd, kind), k_descale=_fit(kd, kind), v_descale=_fit(vd, kind))
+  _hold(q, k, v, (q64, k64, v64), descales, rows_batch_q is not None, static, arrays, lse_rtol)
+
+
+def _hold(q, k, v, dequantized, descales, varlen_q, static, arrays, lse_rtol=3e-4):
+  """The GPU and the CPU on (q, k, v) with `descales`, each held to the float64 oracle on the
+  dequantized operands (q64, k64, v64) by the rule; LSE alike."""
+  q64, k64, v64 = dequantized
   want, want_lse = naive_attention(q64, k64, v64, return_lse=True, **static, **arrays)
   ref = _same_math(q64, k64, v64, **static, **arrays)
-  kwargs = dict(static, q_descale=_fit(qd, kind), k_descale=_fit(kd, kind),
-                v_descale=_fit(vd, kind), **arrays)
+  kwargs = dict(static, **descales, **arrays)
   # The call must reach the fp8 kernel, not a fallback that would pass for it.
   planned = planned_kernels(q, k, v, kwargs)
   assert planned == [("fwd", "sm90")], planned
@@ -144,7 +154,7 @@ def _check(q, k, v, qd, kd, vd, kind, rows_batch_q, rows_batch_k, static, arrays
   assert cpu_err <= bound, (cpu_err, bound)
   # LSE: [B, H, Sq] (dense) or [H, total_q] (varlen); the oracle's per row in q's row layout.
   lse = np.asarray(lse, np.float64)
-  oracle = np.moveaxis(want_lse, -1, -2) if rows_batch_q is None else want_lse.T
+  oracle = want_lse.T if varlen_q else np.moveaxis(want_lse, -1, -2)
   np.testing.assert_array_equal(np.isneginf(lse), np.isneginf(oracle))
   fin = np.isfinite(oracle)
   # rtol 3e-4, not float32's 1e-4: Hopper's fp8 wgmma adds its products in fewer bits than
@@ -257,3 +267,122 @@ def test_varlen(head_dim, causal):
   cu = lambda n: np.concatenate([[0], np.cumsum(n)]).astype(np.int32)
   arrays = {"cu_seqlens_q": cu(q_lens), "cu_seqlens_k": cu(k_lens), "seqused_k": used}
   _check(q, k, v, qd, kd, vd, "batch_head", rq, rk, {"causal": causal}, arrays)
+
+
+def _nan_pool(shape):
+  return np.full(shape, 0x7F, np.uint8).view(E4M3)  # e4m3 NaN
+
+
+def _paged_case(seed, q_lens, k_lens, page, head_dim, h, hkv, dense_q=False):
+  """e4m3 q over an e4m3 page pool (page 1: the token pool [slots, Hkv, D]) whose unreferenced
+  pages and page tails hold NaN, with two page-table entries outside the pool (masked, never
+  read); q descales per (batch, kv head), k / v per kv head (a pool's pages serve every
+  sequence). Returns the call's operands, descales, the dequantized operands and the arrays."""
+  rng = np.random.default_rng(seed)
+  b = len(q_lens)
+  table, num_pages = random_page_table(rng, k_lens, page, 3)  # 3 pages nobody reads
+  # Bad entries among the used pages of the longest sequence (its keys there are masked).
+  s = int(np.argmax(k_lens))
+  used_pages = -(-k_lens[s] // page)
+  table[s, 1] = num_pages + 5
+  table[s, used_pages // 2] = -3
+  qd = rng.uniform(0.02, 0.05, (b, hkv)).astype(np.float32)
+  kd, vd = (rng.uniform(0.02, 0.05, hkv).astype(np.float32) for _ in range(2))
+  if dense_q:
+    q = _quantize(rng, (b, q_lens[0], h, head_dim), qd, 2)
+    q64 = _dequantize(q, qd, None)
+  else:
+    rows = np.repeat(np.arange(b), q_lens)
+    per = np.repeat(qd, h // hkv, axis=1)[rows][:, :, None]  # [rows, heads, 1]
+    x = rng.standard_normal((len(rows), h, head_dim))
+    q = np.asarray(jnp.asarray(x / per, jnp.float32).astype(E4M3))
+    q64 = _dequantize(q, qd, rows)
+  written = np.zeros((num_pages, page), bool)  # the pool rows the sequences' keys occupy
+  for seq, length in enumerate(k_lens):
+    j = np.arange(length)
+    pg = table[seq, j // page]
+    ok = (pg >= 0) & (pg < num_pages)
+    written[pg[ok], j[ok] % page] = True
+  pools, pools64 = [], []
+  for d in (kd, vd):
+    pool = _nan_pool((num_pages, page, hkv, head_dim))
+    fresh = rng.standard_normal((num_pages, page, hkv, head_dim)) / d[:, None]
+    pool[written] = np.asarray(jnp.asarray(fresh[written], jnp.float32).astype(E4M3))
+    pools64.append(pool.astype(np.float64) * d[:, None].astype(np.float64))
+    pools.append(pool[:, 0] if page == 1 else pool)
+  if page == 1:
+    pools64 = [x[:, 0] for x in pools64]
+  arrays = {"page_table": table, "seqused_k": np.asarray(k_lens, np.int32)}
+  if not dense_q:
+    arrays["cu_seqlens_q"] = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+  descales = dict(q_descale=qd, k_descale=kd, v_descale=vd)
+  return (q, *pools), descales, (q64, *pools64), arrays
+
+
+PAGES = (1, 5, 16, 64, 128)
+
+
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("page", PAGES)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_paged_chunked_prefill(head_dim, page, causal):
+  """Chunked prefill over a page pool: whole tiles of q rows per sequence after a history, an
+  empty sequence, q longer than its keys, key counts that end mid-page and mid-tile (the tail
+  of the last page, NaN in the pool, zeroed before P V), TMA page boxes (pages of 16, 64, 128)
+  and the producer's gather (1, 5)."""
+  _need(head_dim)
+  operands, descales, dequantized, arrays = _paged_case(
+      100 + page, [200, 0, 300, 457], [530, 17, 129, 1100], page, head_dim, 8, 2)
+  _hold(*operands, dequantized, descales, True, {"causal": causal}, arrays)
+
+
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("page", (1, 16, 64))
+def test_paged_mixed_batch(head_dim, page):
+  """Decode rows beside prefill chunks in one call: few q rows per sequence on average, so the
+  tiles pack the GQA group's heads (PackGQA: Q loaded, O stored row by row)."""
+  _need(head_dim)
+  operands, descales, dequantized, arrays = _paged_case(
+      200 + page, [1, 37, 1, 64, 5, 1], [700, 300, 33, 517, 96, 1], page, head_dim, 16, 4)
+  _hold(*operands, dequantized, descales, True, {"causal": True}, arrays)
+
+
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("page", (1, 16))
+def test_paged_verify_key_split(head_dim, page):
+  """Speculative verify: 8 dense q rows per sequence over a long history, few tiles for the SMs,
+  so the persistent head dims run each tile as key shares merged by the split-KV combine."""
+  _need(head_dim)
+  operands, descales, dequantized, arrays = _paged_case(
+      300 + page, [8] * 2, [5000, 4321], page, head_dim, 16, 4, dense_q=True)
+  _hold(*operands, dequantized, descales, False, {"causal": True}, arrays)
+
+
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("mask", list(MASKS), ids=list(MASKS))
+def test_paged_masks(head_dim, mask):
+  _need(head_dim)
+  operands, descales, dequantized, arrays = _paged_case(
+      400, [200, 0, 300, 457], [530, 17, 129, 1100], 16, head_dim, 8, 2)
+  _hold(*operands, dequantized, descales, True, MASKS[mask], arrays)
+
+
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_paged_sinks(head_dim):
+  _need(head_dim)
+  operands, descales, dequantized, arrays = _paged_case(
+      500, [1, 37, 64, 130], [300, 95, 517, 130], 16, head_dim, 8, 2)
+  arrays["sinks"] = np.random.default_rng(5).standard_normal(8).astype(np.float32)
+  _hold(*operands, dequantized, descales, True, {"causal": True}, arrays)
+
+
+def test_paged_deterministic():
+  """Two runs of one paged call give the same bits (no atomics in the forward's reduction)."""
+  _need(128)
+  operands, descales, _, arrays = _paged_case(600, [200, 0, 300, 457], [530, 17, 129, 1100],
+                                              16, 128, 8, 2)
+  kwargs = dict(descales, causal=True, **arrays)
+  first = [np.asarray(x) for x in run_attention_on(_gpu(), *operands, kwargs)]
+  second = [np.asarray(x) for x in run_attention_on(_gpu(), *operands, kwargs)]
+  for a, b in zip(first, second):
+    np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))

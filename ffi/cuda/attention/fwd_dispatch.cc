@@ -389,7 +389,8 @@ FwdChoice ChooseFwdKernel(const AttentionParams& p, const DeviceInfo& dev) {
     // Every other fp8 call shape (fp8 q/k/v, v_dequant, prefill / mixed batches / verify over an
     // fp8 pool; dense, varlen, paged at any page size): the portable kernel's fp8 form, on any
     // GPU from sm80, except what the Hopper fp8 forward takes first on a 9.0 device (e4m3 q/k/v
-    // over dense or varlen k/v at its built head dims, sm90/fwd/dispatch.cc Sm90Fp8Operands).
+    // over dense, varlen or paged k/v at its built head dims, with the 16-bit kernel's bounds on
+    // paged calls' rows; sm90/fwd/dispatch.cc Sm90Fp8Operands, VarlenUnsupported).
 #ifdef JAX_SGL_HAVE_SM90
     if (Sm90Unsupported(p) == nullptr && Sm90Enabled(p, dev)) {
       c.kernel = FwdKernel::kSm90;

@@ -89,9 +89,14 @@ struct FlashConfig {
   // / 240 (H100, 2026-12-05, bench_attention_paged.py at page 1, two runs): chunked prefill
   // +4-6%, mixed batch +3.5%, verify +2%. 48 / 224 then holds the copy loop's eight table entries
   // in flight (mainloop_load.cuh) without spills. hd256's consumers spill in 232: it keeps the
-  // split above.
-  static constexpr int kGatherProducerRegs = kHeadDim <= 128 ? 48 : kProducerRegs;
-  static constexpr int kGatherConsumerRegs = kHeadDim <= 128 ? 224 : kConsumerRegs;
+  // split above. e4m3 producers gather V too and transpose it: ptxas -v (nvcc 13.0) finds no
+  // spill with 56 at hd64 (48 spilled 8 bytes), 48 at hd128, 40 at hd256 (32 spilled 40), and
+  // no consumer spill at 224 / 224 / 232.
+  static constexpr int kGatherProducerRegs =
+      kFp8 ? (kHeadDim == 64 ? 56 : kHeadDim == 128 ? 48 : 40)
+           : kHeadDim <= 128 ? 48 : kProducerRegs;
+  static constexpr int kGatherConsumerRegs = kHeadDim <= 128 ? 224 : kFp8 ? 232 : kConsumerRegs;
+  static_assert(kGatherProducerRegs + 2 * kGatherConsumerRegs <= 512, "64K registers per SM");
 
   using RowsD = Shape<Int<kWarpgroupRows>, Int<kHeadDim>>;
   using KeysD = Shape<Int<kBlockN>, Int<kHeadDim>>;
@@ -220,7 +225,10 @@ struct FlashConfig {
   // (tools/check_page_box_layout.cu checks this layout against the box's write order).
   using SmemLayoutKVRows = decltype(tile_to_shape(
       SwizzleAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>, Int<kStages>>{}, Step<_2, _1, _3>{}));
-  using SmemLayoutVtRows = TransposedKV<SmemLayoutKVRows>;
+  // V^T as P V reads it from that ring (16-bit); fp8 reads its own `vt` ring, whatever V's
+  // layout (the producer's transpose reads the rows form, fp8.cuh TransposeV).
+  using SmemLayoutVtRows =
+      std::conditional_t<kFp8, SmemLayoutVtFp8, TransposedKV<SmemLayoutKVRows>>;
 };
 
 }  // namespace jax_sgl::cuda::sm90

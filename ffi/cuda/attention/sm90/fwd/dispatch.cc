@@ -8,7 +8,7 @@
 // GQA group's heads into the tile rows (Sm90PackGqa), and those whose tiles are too few for the
 // SMs run each tile as key shares merged by the split-KV combine (Sm90KeySplits). e4m3 q/k/v
 // (bf16 out) run on the fp8 instantiations (instantiations.json sm90_fwd_e4m3, head dims 64 / 128
-// / 256) over dense and varlen k/v.
+// / 256) over dense, varlen and paged k/v alike.
 #include <algorithm>
 #include <cstdint>
 #include <initializer_list>
@@ -71,8 +71,9 @@ const char* VarlenUnsupported(const AttentionParams& p) {
       return "sm90 kernel: batch * max_pages * page_size below 2^30";
     // The gather forms each copy's address as a 32-bit pool row times a 32-bit row stride in
     // bytes (mainloop_load.cuh GatherPages), and pool rows stay in int.
+    const int64_t kv_bytes = p.k_type == DType::kF8E4M3 ? 1 : 2;  // e4m3 or 16-bit k/v
     if (Sm90PagedGather(p) &&
-        (std::max(p.k_row_stride, p.v_row_stride) * 2 >= (int64_t(1) << 32) ||  // 16-bit k/v
+        (std::max(p.k_row_stride, p.v_row_stride) * kv_bytes >= (int64_t(1) << 32) ||
          int64_t(p.num_pages) * p.page_size >= (int64_t(1) << 31)))
       return "sm90 kernel: paged k/v row strides below 4 GiB and pools below 2^31 rows";
   }
@@ -94,6 +95,15 @@ bool Sm90Fp8Operands(const AttentionParams& p) {
          p.v_type == DType::kF8E4M3 && p.out_type == DType::kBF16;
 }
 
+namespace {
+
+// The tile the call's instantiation runs (fp8 and 16-bit choose theirs apart, tile_size.h).
+sm90::FwdTileSize CallTile(const AttentionParams& p) {
+  return Sm90Fp8Operands(p) ? sm90::FwdTileFp8(p.head_dim) : sm90::FwdTile(p.head_dim);
+}
+
+}  // namespace
+
 const char* Sm90Unsupported(const AttentionParams& p) {
   const bool varlen =
       p.cu_seqlens_q != nullptr || p.kv_layout != KvLayout::kDense || p.seqused_k != nullptr;
@@ -101,9 +111,7 @@ const char* Sm90Unsupported(const AttentionParams& p) {
     if (const char* why = VarlenUnsupported(p)) return why;
   }
   if (Sm90Fp8Operands(p)) {
-    // fp8 (e4m3 q/k/v, bf16 out; sm90/fwd/fp8.cuh): dense and varlen k/v, per-head descales.
-    if (p.kv_layout == KvLayout::kPaged)
-      return "sm90 kernel: fp8 q/k/v over dense or varlen k/v (a paged fp8 pool is not yet served)";
+    // fp8 (e4m3 q/k/v, bf16 out; sm90/fwd/fp8.cuh): per-head descales.
     if (p.qk_block_scale != BlockScaleType::kNone)
       return "sm90 kernel: fp8 q/k with per-head descales (block scales have no Hopper MMA)";
   } else if (!HalfPrecisionOperands(p)) {
@@ -190,7 +198,7 @@ constexpr int kKeySplitMinKeyTiles = 8;
 constexpr double kKeySplitMinGain = 0.1;
 
 int Sm90KeySplits(const AttentionParams& p, int num_sms) {
-  const sm90::FwdTileSize tile = sm90::FwdTile(p.head_dim);
+  const sm90::FwdTileSize tile = CallTile(p);
   if (p.kv_layout != KvLayout::kPaged || !tile.persistent || num_sms < 1) return 1;
   const int64_t tiles = Sm90TileGrid(p, sm90::kSm90FwdBlockM).count();
   const int64_t key_tiles = (int64_t(p.max_pages) * p.page_size + tile.block_n - 1) / tile.block_n;
@@ -214,8 +222,7 @@ bool Sm90TailSplitRequested(const AttentionParams& p) {
 
 size_t Sm90ScratchBytes(const AttentionParams& p, int num_sms, int key_splits) {
   if (key_splits > 1) return kSm90CounterBytes + Sm90KeySplitBytes(p, key_splits);
-  const sm90::FwdTileSize tile =
-      Sm90Fp8Operands(p) ? sm90::FwdTileFp8(p.head_dim) : sm90::FwdTile(p.head_dim);
+  const sm90::FwdTileSize tile = CallTile(p);
   if (!Sm90TailSplitRequested(p) || !tile.persistent)
     return kSm90CounterBytes;
   return kSm90CounterBytes + Sm90TailBytes(num_sms, std::max(p.head_dim, p.head_dim_v));

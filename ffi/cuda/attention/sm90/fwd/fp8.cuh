@@ -97,9 +97,11 @@ __device__ __forceinline__ auto AccToAFp8(Acc const& acc) {
 // base offset XOR a constant of `it`: one LOP3 once the loop is unrolled. __host__ too:
 // tools/check_fp8_transpose.cu replays it (with models of the two instructions) against the
 // layouts and counts the banks of every matrix access.
-template <typename Cfg>
+// LayoutV: the staging ring's layout, SmemLayoutKV or, where paged TMA boxes fill it by whole
+// rows, SmemLayoutKVRows (linear over the same bits: tiles of swizzle atoms in another order).
+template <typename Cfg, typename LayoutV_ = typename Cfg::SmemLayoutKV>
 struct Fp8TransposeMap {
-  using LayoutV = typename Cfg::SmemLayoutKV;      // [keys, head dim, stage], bytes
+  using LayoutV = LayoutV_;                        // [keys, head dim, stage], bytes
   using LayoutVt = typename Cfg::SmemLayoutVtFp8;  // [head dim, keys, stage], bytes
   static constexpr int kKeyBlocks = Cfg::kBlockN / 16, kDimBlocks = Cfg::kHeadDim / 32;
   static_assert(kKeyBlocks % 4 == 0 && Cfg::kHeadDim % 32 == 0, "whole blocks per warp");
@@ -166,9 +168,9 @@ __host__ __device__ inline void TransposeBlock(const uint32_t (&d)[4], uint32_t 
 
 // V^T of one staged V tile by the 128 threads of the producer warpgroup (Fp8TransposeMap); the
 // caller fences and signals. v_smem / vt_smem: the `v` and `vt` rings as shared-window addresses.
-template <typename Cfg>
+template <typename Cfg, typename LayoutV = typename Cfg::SmemLayoutKV>
 __device__ __forceinline__ void TransposeV(uint32_t v_smem, uint32_t vt_smem, int stage, int t) {
-  using Map = Fp8TransposeMap<Cfg>;
+  using Map = Fp8TransposeMap<Cfg, LayoutV>;
   const Map map(t);
   const uint32_t v_stage = v_smem + Map::LoadStage(stage);
   const uint32_t vt_stage = vt_smem + Map::StoreStage(stage);

@@ -13,9 +13,9 @@
 // heads of one kv head: the consumers then load Q and store O row by row. kSoftcap: scores
 // capped before the mask (KernelParams::softcap != 0). Each is its own instantiation, picked per
 // call by the launcher, so the dense plain kernel holds none of their code.
-// fp8 (Cfg::kFp8: e4m3 q/k/v, bf16 O; dense and varlen): the producer warpgroup also writes V
-// transposed (mainloop_load.cuh), P goes to e4m3 in the key order of fp8.cuh, q_descale *
-// k_descale of the tile's (batch, kv head) scale the scores and v_descale O (epilogue.cuh).
+// fp8 (Cfg::kFp8: e4m3 q/k/v, bf16 O; dense, varlen and paged): the producer warpgroup also
+// writes V transposed (mainloop_load.cuh), P goes to e4m3 in the key order of fp8.cuh, q_descale
+// * k_descale of the tile's (batch, kv head) scale the scores and v_descale O (epilogue.cuh).
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -48,7 +48,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   constexpr int kConsumerThreads = 128 * Cfg::kConsumers;
   constexpr bool kPersistent = Cfg::kPersistent;
   // Paged: whether middle key tiles with page-table holes branch to the masked step (below).
-  constexpr bool kHolesBranch = Cfg::kHeadDim <= 128;
+  // Not for e4m3 under softcap: its two kinds of step in one loop spilled 340 bytes (ptxas -v,
+  // hd128's 192-key tile) where one step that tests the holes keeps to registers.
+  constexpr bool kHolesBranch = Cfg::kHeadDim <= 128 && !(Cfg::kFp8 && kSoftcap);
 
   extern __shared__ __align__(1024) char smem_raw[];
   auto& shared = *reinterpret_cast<typename Cfg::SharedStorage*>(smem_raw);
@@ -78,15 +80,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     if constexpr (kGather) {
       for (int i = 0; i < Cfg::kStages; ++i) {
         shared.pipe_k.full_barrier_[i].init(128 + 1);
-        shared.pipe_v.full_barrier_[i].init(128 + 1);
+        if constexpr (!Cfg::kFp8) shared.pipe_v.full_barrier_[i].init(128 + 1);
       }
     }
     // fp8: the 128 producer threads arrive on the V^T ring's full barriers once each has written
-    // its share of the transposed tile; one TMA arrival per staged V tile.
+    // its share of the transposed tile; one TMA arrival per staged V tile (gather: the 128
+    // threads' cp.async arrivals + the leader's, as K's).
     if constexpr (Cfg::kFp8) {
       for (int i = 0; i < Cfg::kStages; ++i) {
         shared.pipe_v.full_barrier_[i].init(128);
-        shared.v_staged[i].init(1);
+        shared.v_staged[i].init(kGather ? 128 + 1 : 1);
       }
     }
     shared.barrier_q.init(1);
@@ -147,7 +150,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     // row (tile row m: q row m / pack of q head tile.head * pack + m % pack; a TMA box cannot
     // gather them for a group size that does not divide 64). Rows past the sequence get zeros.
     [[maybe_unused]] auto load_q_rows = [&](WorkTile const& tile) {
-      constexpr int kChunks = Cfg::kHeadDim / 8;  // 16-byte chunks per row
+      constexpr int kChunkElems = 16 / int(sizeof(Element));
+      constexpr int kChunks = Cfg::kHeadDim / kChunkElems;  // 16-byte chunks per row
       const int pack = scheduler.Pack();
       const int row0 = tile.m_block * kBlockM + consumer * kRows;
       const int64_t row_stride = int64_t(params.num_heads) * Cfg::kHeadDim;
@@ -160,9 +164,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         if (token < tile.q_len)
           chunk = *reinterpret_cast<const uint4*>(
               params.q + (int64_t(tile.q_row0) + token) * row_stride +
-              int64_t(head) * Cfg::kHeadDim + 8 * c);
-        // 16-byte chunks of a row stay whole under the 128-byte swizzle.
-        *reinterpret_cast<uint4*>(&sQmine(m, 8 * c)) = chunk;
+              int64_t(head) * Cfg::kHeadDim + kChunkElems * c);
+        // 16-byte chunks of a row stay whole under the 128- and 64-byte swizzles.
+        *reinterpret_cast<uint4*>(&sQmine(m, kChunkElems * c)) = chunk;
       }
       cutlass::arch::fence_view_async_shared();  // generic-proxy writes -> wgmma reads
       cutlass::arch::NamedBarrier::sync(128, epilogue_barrier);
@@ -245,7 +249,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       // key of this sequence (a page's unused tail: any bits, NaN included). Their scores are
       // masked, but P V would still multiply 0 by them, so the first (last-key) tile's V rows
       // from the end of the keys to the box's end are zeroed before any P V reads them. Both
-      // consumers write the same zeros; each fences its own writes for its wgmma.
+      // consumers write the same zeros; each fences its own writes for its wgmma. (fp8: the
+      // producer zeroes them in the staged V before its transpose, mainloop_load.cuh.)
       [[maybe_unused]] auto zero_v_tail = [&](int n) {
         const int tail = key_end - n * kBlockN;  // keys of tile n; rows from here are past them
         const int box_rows = params.page_box_rows;
@@ -300,7 +305,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           pipe_k.consumer_release(read_k);
           ++read_k;
         }
-        if constexpr (kPaged) zero_v_tail(n);
+        if constexpr (kPaged && !Cfg::kFp8) zero_v_tail(n);
         // Early rescale: the correction of the latest softmax step waits here until the next
         // step's S is issued (the first one scales O = 0: harmless).
         float correction[2];

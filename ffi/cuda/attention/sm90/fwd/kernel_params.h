@@ -63,8 +63,8 @@ struct KernelParams {
   // Attention sinks (attention_sink.h): the epilogue applies them from the LSE, the tail combine
   // to merged tail tiles (never to a share).
   const float* sinks;                // [num_heads] or nullptr
-  // Paged kernel only (kPaged, not kGather): K/V pools as 5-D TMA maps (EncodePageMap: 64
-  // columns, 8 rows, head-dim block, kv head, 8-row group of the pool), loaded box by box
+  // Paged kernel only (kPaged, not kGather): K/V pools as 5-D TMA maps (EncodePageMap: 128
+  // bytes of columns, 8 rows, column block, kv head, 8-row group of the pool), loaded box by box
   // (page_box_rows keys, every column) through page_table [batch, max_pages]. seqlen_k is then
   // max_pages * page_size, each sequence's key bound. Entries outside [0, num_pages) load zeros
   // (a row group past the pool) and are masked like keys past the end.

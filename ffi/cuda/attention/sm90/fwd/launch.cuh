@@ -95,12 +95,14 @@ cudaError_t LaunchFlashFwdSm90(const AttentionParams& p, int key_splits, void* s
   const int page_box_rows = gather ? 1 : wide ? Cfg::kPageBoxRowsWide : Cfg::kPageBoxRows;
   CUtensorMap k_page_map{}, v_page_map{};
   if (paged && !gather) {
-    const CUtensorMapDataType type = std::is_same_v<T, bf16_t> ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
-                                                               : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+    const CUtensorMapDataType type = Cfg::kFp8                     ? CU_TENSOR_MAP_DATA_TYPE_UINT8
+                                     : std::is_same_v<T, bf16_t> ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                                 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+    constexpr int kBytes = int(sizeof(typename Cfg::Element));
     const int64_t pool_rows = int64_t(p.num_pages) * p.page_size;
-    if (!sm90::EncodePageMap(&k_page_map, type, 2, p.k, kHeadDim, p.num_kv_heads, pool_rows,
+    if (!sm90::EncodePageMap(&k_page_map, type, kBytes, p.k, kHeadDim, p.num_kv_heads, pool_rows,
                              p.k_row_stride, p.k_head_stride, page_box_rows) ||
-        !sm90::EncodePageMap(&v_page_map, type, 2, p.v, kHeadDim, p.num_kv_heads, pool_rows,
+        !sm90::EncodePageMap(&v_page_map, type, kBytes, p.v, kHeadDim, p.num_kv_heads, pool_rows,
                              p.v_row_stride, p.v_head_stride, page_box_rows))
       return cudaErrorInvalidValue;
   }
@@ -198,23 +200,14 @@ cudaError_t LaunchFlashFwdSm90(const AttentionParams& p, int key_splits, void* s
       key_split ? split_lse : nullptr,
   };
   // Softcap has its own instantiations (kernel.cuh kSoftcap), so the plain ones carry none of it.
-  // fp8 builds dense and varlen only (dispatch.cc keeps paged calls off it).
-  auto kernel = [&] {
-    if constexpr (Cfg::kFp8)
-      return varlen ? (softcap ? sm90::FlashFwdSm90Kernel<Cfg, true, true>
-                               : sm90::FlashFwdSm90Kernel<Cfg, true, false>)
-                    : (softcap ? sm90::FlashFwdSm90Kernel<Cfg, false, true>
-                               : sm90::FlashFwdSm90Kernel<Cfg, false, false>);
-    else
-      return gather   ? (softcap ? sm90::FlashFwdSm90Kernel<Cfg, true, true, true, true>
-                                 : sm90::FlashFwdSm90Kernel<Cfg, true, false, true, true>)
-             : paged  ? (softcap ? sm90::FlashFwdSm90Kernel<Cfg, true, true, true>
-                                 : sm90::FlashFwdSm90Kernel<Cfg, true, false, true>)
-             : varlen ? (softcap ? sm90::FlashFwdSm90Kernel<Cfg, true, true>
-                                 : sm90::FlashFwdSm90Kernel<Cfg, true, false>)
-                      : (softcap ? sm90::FlashFwdSm90Kernel<Cfg, false, true>
-                                 : sm90::FlashFwdSm90Kernel<Cfg, false, false>);
-  }();
+  auto kernel = gather   ? (softcap ? sm90::FlashFwdSm90Kernel<Cfg, true, true, true, true>
+                                    : sm90::FlashFwdSm90Kernel<Cfg, true, false, true, true>)
+                : paged  ? (softcap ? sm90::FlashFwdSm90Kernel<Cfg, true, true, true>
+                                    : sm90::FlashFwdSm90Kernel<Cfg, true, false, true>)
+                : varlen ? (softcap ? sm90::FlashFwdSm90Kernel<Cfg, true, true>
+                                    : sm90::FlashFwdSm90Kernel<Cfg, true, false>)
+                         : (softcap ? sm90::FlashFwdSm90Kernel<Cfg, false, true>
+                                    : sm90::FlashFwdSm90Kernel<Cfg, false, false>);
   dim3 grid(num_m_blocks, tile_heads, tile_batches);
   if constexpr (Cfg::kPersistent) {
     grid = dim3(std::min(num_items, num_sms));

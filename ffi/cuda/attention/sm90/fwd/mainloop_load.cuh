@@ -13,10 +13,11 @@
 // not a multiple of Cfg::kPageBoxRows, a token pool among them): the producer is the whole
 // warpgroup and copies the tile row by row with cp.async instead (GatherPages).
 //
-// fp8 (Cfg::kFp8, dense and varlen): the producer is the whole warpgroup. Thread 0 issues each
-// V tile's TMA load with its K (into the `v` staging ring, behind its own v_staged barrier), and
-// at the tile's V turn all 128 threads write it transposed into the `vt` ring the consumers read
-// (fp8.cuh TransposeV), then arrive on that ring's full barrier (128 arrivals, kernel.cuh).
+// fp8 (Cfg::kFp8): the producer is the whole warpgroup. Each V tile is loaded with its K (TMA
+// by thread 0, or paged: the same page boxes or gather as K) into the `v` staging ring, behind
+// its own v_staged barrier, and at the tile's V turn all 128 threads write it transposed into the
+// `vt` ring the consumers read (fp8.cuh TransposeV), then arrive on that ring's full barrier
+// (128 arrivals, kernel.cuh).
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -50,7 +51,6 @@ struct MainloopLoad {
   static constexpr int kBlockN = Cfg::kBlockN;
   static_assert(!kPaged || kVarlen, "paged K/V is a varlen geometry");
   static_assert(!kGather || kPaged, "the gather loads pages");
-  static_assert(!Cfg::kFp8 || !kPaged, "fp8 K/V load dense or varlen (paged: not yet)");
   // Producer threads: the warpgroup when paged (page boxes, gather) or fp8 (V transpose), else
   // one thread issuing every TMA.
   static constexpr int kThreads = kPaged || Cfg::kFp8 ? 128 : 1;
@@ -121,13 +121,16 @@ struct MainloopLoad {
                                               GatherPagesAhead const* ahead) const {
     const bool write_rows = ahead != nullptr;  // a K load: resolve the keys from their pages
     using E = Element_t<Cfg>;
-    constexpr int kChunks = Cfg::kHeadDim / 8;                  // 16-byte chunks per row
-    constexpr int kThreadsPerRow = kChunks < 16 ? kChunks : 16;  // 8 rows per pass from hd128
+    constexpr int kChunkElems = 16 / int(sizeof(E));
+    constexpr int kChunks = Cfg::kHeadDim / kChunkElems;         // 16-byte chunks per row
+    constexpr int kThreadsPerRow = kChunks < 16 ? kChunks : 16;  // 8 rows per pass from 256 bytes
     constexpr int kPerRow = kChunks / kThreadsPerRow;            // chunks per thread and row
     constexpr int kRowsPerPass = 128 / kThreadsPerRow;           // a multiple of 8
     constexpr int kPasses = kBlockN / kRowsPerPass;
+    // A row's bytes within its swizzle atom: 128, or 64 (e4m3 hd64's 64-byte atoms).
+    constexpr int kAtomRowBytes = kChunks * 16 < 128 ? kChunks * 16 : 128;
     static_assert(kRowsPerPass % 8 == 0 && Cfg::kBlockN % kRowsPerPass == 0);
-    static_assert(sizeof(E) == 2, "128-byte swizzle rows of 64 elements");
+    static_assert(kChunks * 16 == 64 || kChunks * 16 % 128 == 0, "rows of 64 or 128k bytes");
     const int t = int(threadIdx.x);
     int* rows = shared.gather_rows[k_load % 3];
     // Key r's slot: the rows one thread copies (r % kRowsPerPass fixed, pass r / kRowsPerPass)
@@ -151,14 +154,16 @@ struct MainloopLoad {
     }
     // Thread t copies chunks c and c + 16, c + 32, ... (kPerRow of them) of rows t / kThreadsPerRow
     // + kRowsPerPass j: every row it copies has the same row % 8, so under the 128-byte swizzle
-    // (16-byte chunk index ^ row % 8) its smem address moves by 128 bytes a row, and a chunk 16 to
-    // the right is two 64-column blocks of the tile further. A hole copies 0 bytes (zero fill)
-    // and reads nothing: its address (from row -1) is never used.
+    // (16-byte chunk index ^ row % 8; the 64-byte one XORs with row / 2 % 4) its smem address
+    // moves by kAtomRowBytes a row, and a chunk 16 to the right (256 bytes) is two 128-byte
+    // atom columns of the tile further. A hole copies 0 bytes (zero fill) and reads nothing: its
+    // address (from row -1) is never used.
     const int chunk = t % kThreadsPerRow;
-    const uint32_t smem = cute::cast_smem_ptr_to_uint(&sKV(t / kThreadsPerRow, 8 * chunk, stage));
+    const uint32_t smem =
+        cute::cast_smem_ptr_to_uint(&sKV(t / kThreadsPerRow, kChunkElems * chunk, stage));
     const E* head = (kv ? params.v_pool : params.k_pool) +
                     int64_t(kv_head) * (kv ? params.v_head_stride : params.k_head_stride);
-    const uint64_t base = reinterpret_cast<uint64_t>(head + 8 * chunk);
+    const uint64_t base = reinterpret_cast<uint64_t>(head + kChunkElems * chunk);
     // Below 2^32 (dispatch.cc, VarlenUnsupported).
     const uint32_t stride =
         uint32_t((kv ? params.v_row_stride : params.k_row_stride) * int64_t(sizeof(E)));
@@ -195,7 +200,7 @@ struct MainloopLoad {
           asm volatile(
               "{\n .reg .pred p;\n setp.lt.s32 p, %2, 0;\n"
               " cp.async.cg.shared.global [%0], [%1], 16, p;\n}\n" ::"r"(
-                  smem + j * (kRowsPerPass * 128) + k * 2 * (kBlockN * 128)),
+                  smem + j * (kRowsPerPass * kAtomRowBytes) + k * 2 * (kBlockN * 128)),
               "l"(src + 256 * k), "r"(entries[b])
               : "memory");
       }
@@ -205,6 +210,28 @@ struct MainloopLoad {
                  : "memory");
     // The +1 arrival: after the hole words (written before the producer barrier above).
     if (t == 0) cutlass::arch::ClusterBarrier::arrive(bar);
+  }
+
+  // fp8 over paged TMA boxes: the box holding the last key also holds the page's rows after it
+  // (any bits, NaN included). Their scores are masked, but P V would multiply 0 by them, so the
+  // rows of key tile n's staged V from the end of the keys to the box's end are zeroed before
+  // the transpose reads them (the 16-bit kernels' consumers zero them in their V stage,
+  // kernel.cuh zero_v_tail; here the consumers read V^T only). Boxes past the keys, and the
+  // gather's rows past them, hold TMA's / cp.async's zero fill already.
+  __device__ __forceinline__ void ZeroStagedTail(WorkTile const& w, int n, int stage) const {
+    const int tail = scheduler.SeqlenK(w) - n * kBlockN;  // rows from here are past the keys
+    const int box_rows = params.page_box_rows;
+    const int rows = (box_rows - tail % box_rows) % box_rows;
+    if (tail <= 0 || tail >= kBlockN || rows == 0) return;  // warpgroup-uniform
+    using E = Element_t<Cfg>;
+    constexpr int kChunkElems = 16 / int(sizeof(E));
+    constexpr int kChunks = Cfg::kHeadDim / kChunkElems;  // 16-byte chunks stay whole in swizzles
+    Tensor sV = make_tensor(make_smem_ptr(shared.v.data()), typename Cfg::SmemLayoutKVRows{});
+#pragma unroll 1
+    for (int i = int(threadIdx.x); i < rows * kChunks; i += 128)
+      *reinterpret_cast<uint4*>(&sV(tail + i / kChunks, kChunkElems * (i % kChunks), stage)) =
+          make_uint4(0, 0, 0, 0);
+    cutlass::arch::NamedBarrier::sync(128, uint32_t(Barrier::kProducer));
   }
 
   // The producer's whole run (one thread; the warpgroup when paged or fp8): the launch tile
@@ -306,6 +333,16 @@ struct MainloopLoad {
             load_pages(params.k_page_map, shared.k.data(), win_k,
                        pipe_k.producer_get_barrier(write_k), n, write_k.index(),
                        shared.page_holes[write_k.index()]);
+          if constexpr (Cfg::kFp8) {
+            // V of the same tile into the staging slot of the same index, from the same pages
+            // (the gather's rows just published, the page window just filled), as below.
+            auto* staged = reinterpret_cast<uint64_t*>(&shared.v_staged[write_k.index()]);
+            if constexpr (kGather)
+              GatherPages(w, sV, 1, kv_head, staged, n, write_k.index(), k_loads - 1, nullptr);
+            else
+              load_pages(params.v_page_map, shared.v.data(), win_k, staged, n, write_k.index(),
+                         nullptr);
+          }
         } else if constexpr (Cfg::kFp8) {
           // V of the same tile into the staging slot of the same index: the slot's previous
           // tile was transposed (load_v) before this K load, past the producers' barrier there.
@@ -330,9 +367,15 @@ struct MainloopLoad {
           const uint32_t count = k_loads - behind;
           shared.pipe_v.empty_barrier_[write_v.index()].wait(write_v.phase());
           shared.v_staged[write_v.index()].wait((count / Cfg::kStages) & 1u);
-          TransposeV<Cfg>(cute::cast_smem_ptr_to_uint(shared.v.data()),
-                          cute::cast_smem_ptr_to_uint(shared.vt.data()), write_v.index(),
-                          int(threadIdx.x));
+          // Paged TMA boxes fill the staging ring by whole rows (config.h SmemLayoutKVRows).
+          using LayoutV = std::conditional_t<kPaged && !kGather, typename Cfg::SmemLayoutKVRows,
+                                             typename Cfg::SmemLayoutKV>;
+          if constexpr (kPaged && !kGather) {
+            if (n == tiles.n_end - 1) ZeroStagedTail(w, n, write_v.index());
+          }
+          TransposeV<Cfg, LayoutV>(cute::cast_smem_ptr_to_uint(shared.v.data()),
+                                   cute::cast_smem_ptr_to_uint(shared.vt.data()), write_v.index(),
+                                   int(threadIdx.x));
           cutlass::arch::fence_view_async_shared();  // generic-proxy writes -> wgmma reads
           shared.pipe_v.full_barrier_[write_v.index()].arrive();
           // Every thread has read the staging slot before the next K load's TMA refills it.
