@@ -1,7 +1,7 @@
 """fp8 attention on CUDA in every call shape the fp8-KV decode does not take: the portable kernel's
 fp8 form (ffi/cuda/attention/prefill_sm80/kernel.cuh, kFp8; docs/kernels.md "portable_fp8"), and
-on Hopper the e4m3 q/k/v calls the sm90 fp8 forward takes (dense and varlen; its own matrix is
-tests/test_attention_fp8_sm90_gpu.py).
+on Hopper the e4m3 q/k/v calls the sm90 fp8 forward takes (dense, varlen and paged; its own
+matrix is tests/test_attention_fp8_sm90_gpu.py).
 
 Three kinds of fp8 call: e4m3 q/k/v with q/k/v_descale (bf16 out), the v_dequant path (bf16 /
 fp16 q and k over e4m3 V with v_descale) and an fp8 KV cache read by more q rows than a decode

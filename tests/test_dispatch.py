@@ -588,13 +588,14 @@ def _fp8_qkv_fwd(cc, *, layout="dense", b=2, sq=128, h=16, hkv=4, d=128, page=16
     dict(layout="paged", page=1), dict(layout="paged", page=5, causal=True),
     dict(layout="paged", page=16, sq=1), dict(layout="paged", page=64, window=(64, 0)),
     dict(softcap=20.0, causal=True)])
-def test_fp8_qkv_takes_the_portable_fp8_kernel(cc, case):
+def test_fp8_qkv_takes_sm90_on_hopper_else_portable_fp8(cc, case):
   """e4m3 q/k/v: no 16-bit kernel and not the fp8-KV decode (its q is 16-bit), whatever the
-  rows; on Hopper the sm90 fp8 kernel takes its shapes (dense and varlen k/v) first."""
+  rows; on Hopper the sm90 fp8 kernel takes its shapes first: dense, varlen and paged k/v (any
+  page size), except paged calls below its tile rows (one q row, a GQA group of 4)."""
   if not _fp8_built(128):
     pytest.skip("this build left out the hd128 fp8 kernels")
-  sm90 = (cc == HOPPER and case.get("layout", "dense") != "paged" and
-          _built("sm90_fwd", 128, E4M3))
+  few_rows = case.get("layout") == "paged" and case.get("sq", 128) == 1
+  sm90 = cc == HOPPER and not few_rows and _built("sm90_fwd", 128, E4M3)
   assert _fp8_qkv_fwd(cc, **case) == ("sm90" if sm90 else "portable_fp8")
 
 

@@ -3,7 +3,8 @@
 // and ring stage, with models of ldmatrix.x4.trans and stmatrix.x4 (b16): every V^T byte must be
 // V(Fp8KeyOfColumn(k), d) of the same stage, written exactly once, every matrix row 16-byte
 // aligned inside its ring. Prints, per shape, the worst smem bank conflict of one matrix's eight
-// 16-byte rows (1: conflict-free).
+// 16-byte rows (1: conflict-free). Both staging layouts: the dense / varlen ring (SmemLayoutKV)
+// and the paged page boxes' rows form (SmemLayoutKVRows).
 //   nvcc -std=c++17 --expt-relaxed-constexpr -I. -isystem build/cutlass \
 //     -DCUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED=1 -o /tmp/check_fp8_transpose \
 //     tools/check_fp8_transpose.cu && /tmp/check_fp8_transpose
@@ -31,11 +32,12 @@ int WorstBank(const uint32_t (&rows)[8]) {
   return worst;
 }
 
-template <int kHeadDim>
+template <int kHeadDim, bool kRows>
 bool Check() {
   using Cfg = sm90::FlashConfig<cutlass::float_e4m3_t, kHeadDim>;
-  using Map = sm90::Fp8TransposeMap<Cfg>;
-  using LayoutV = typename Cfg::SmemLayoutKV;
+  using LayoutV =
+      std::conditional_t<kRows, typename Cfg::SmemLayoutKVRows, typename Cfg::SmemLayoutKV>;
+  using Map = sm90::Fp8TransposeMap<Cfg, LayoutV>;
   using LayoutVt = typename Cfg::SmemLayoutVtFp8;
   constexpr int kN = Cfg::kBlockN, kD = Cfg::kHeadDim;
   const int v_size = int(cute::cosize_v<LayoutV>), vt_size = int(cute::cosize_v<LayoutVt>);
@@ -105,12 +107,14 @@ bool Check() {
         }
       }
   }
-  std::printf("hd%d, %d-key tiles: %s; worst bank conflict: ldmatrix %d-way, stmatrix %d-way\n",
-              kHeadDim, kN, ok ? "ok" : "WRONG", worst_load, worst_store);
+  std::printf("hd%d, %d-key tiles, %s V: %s; worst bank conflict: ldmatrix %d-way, stmatrix "
+              "%d-way\n", kHeadDim, kN, kRows ? "paged (rows)" : "dense", ok ? "ok" : "WRONG",
+              worst_load, worst_store);
   return ok;
 }
 
 int main() {
-  const bool ok = Check<64>() & Check<128>() & Check<256>();
+  const bool ok = Check<64, false>() & Check<128, false>() & Check<256, false>() &
+                  Check<64, true>() & Check<128, true>() & Check<256, true>();
   return ok ? 0 : 1;
 }
