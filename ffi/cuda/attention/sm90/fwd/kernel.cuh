@@ -309,7 +309,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         // Early rescale: the correction of the latest softmax step waits here until the next
         // step's S is issued (the first one scales O = 0: harmless).
         float correction[2];
-        softmax.Step(tSrS, correction);
+        softmax.Step<Cfg::kTile.max_chains>(tSrS, correction);
         Tensor tOrP = ToA<Cfg>(tSrS);
 
         // Waits for the next K stage, reads its holes (load_holes) and then waits for this
@@ -350,7 +350,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             ++read_k;
           }
           float corr[2];
-          softmax.Step(s, corr);
+          softmax.Step<Cfg::kTile.max_chains>(s, corr);
           warpgroup_wait<0>();
           pipe_v.consumer_release(read_v);
           ++read_v;

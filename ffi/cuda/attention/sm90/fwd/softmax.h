@@ -56,15 +56,12 @@ struct OnlineSoftmax {
   // output are 0 either way) and Exp2Ftz. A branch in the softmax makes ptxas wait for the
   // in-flight P V wgmma before it (SASS: WARPGROUP.DEPBAR.LE gsb0, 0x0 ahead of the whole
   // softmax), which undoes the overlap of the softmax with this warpgroup's P V.
-  template <typename Tensor>
+  // kChains: independent max chains per row (tile_size.h FwdTileSize::max_chains).
+  template <int kChains, typename Tensor>
   __device__ void Step(Tensor& s, float (&correction)[2]) {
     constexpr int kSize = decltype(cute::size(s))::value;
-    float tile_max[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int i = 0; i < kSize; ++i) {
-      const int r = (i / 2) % 2;
-      tile_max[r] = fmaxf(tile_max[r], s(i));
-    }
+    float tile_max[2];
+    RowMax<kChains>(s, tile_max);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const float new_max = fmaxf(row_max[r], QuadMax(tile_max[r]));
@@ -81,6 +78,34 @@ struct OnlineSoftmax {
       const int r = (i / 2) % 2;
       s(i) = Exp2Ftz(fmaf(s(i), scale_log2, -offset[r]));
       row_sum[r] += s(i);
+    }
+  }
+
+  // This thread's maximum of each row's scores. Four chains split a row by column parity c and
+  // group parity g % 2, each starting from its first score (no extra instruction against one).
+  template <int kChains, typename Tensor>
+  __device__ static void RowMax(Tensor const& s, float (&tile_max)[2]) {
+    constexpr int kSize = decltype(cute::size(s))::value;
+    static_assert(kChains == 1 || (kChains == 4 && kSize % 8 == 0), "one or four chains");
+    if constexpr (kChains == 1) {
+      tile_max[0] = tile_max[1] = -INFINITY;
+#pragma unroll
+      for (int i = 0; i < kSize; ++i) {
+        const int r = (i / 2) % 2;
+        tile_max[r] = fmaxf(tile_max[r], s(i));
+      }
+    } else {
+      float chain[2][4];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) chain[(i / 2) % 2][i % 2 + 2 * (i / 4)] = s(i);
+#pragma unroll
+      for (int i = 8; i < kSize; ++i) {
+        const int r = (i / 2) % 2, k = i % 2 + 2 * ((i / 4) % 2);
+        chain[r][k] = fmaxf(chain[r][k], s(i));
+      }
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+        tile_max[r] = fmaxf(fmaxf(chain[r][0], chain[r][1]), fmaxf(chain[r][2], chain[r][3]));
     }
   }
 

@@ -23,6 +23,10 @@ struct FwdTileSize {
   // the 16-bit kernels were measured: three K/V stages ran 3-5% slower there
   // (benchmarks/notes/experiments.md).
   int stages = 2;
+  // Independent chains of the softmax's row max (softmax.h), merged at the end. One chain is N/4
+  // dependent FMNMX a row (4 cycles each in the SASS) ahead of the step's first exponential;
+  // four issue back to back.
+  int max_chains = 1;
 };
 
 // Query rows per work tile (config.h kBlockM: two consumer warpgroups of 64 rows), for the host's
@@ -49,8 +53,12 @@ constexpr FwdTileSize FwdTile(int head_dim) {
   // hd256: O alone takes 128 registers, so keys come in tiles of 80 (Q 64 KiB + 2 stages x
   // 2 x 40 KiB = 224 KiB of smem), one CTA per tile with the early rescale: 1.07x non-causal,
   // 1.09x causal, against 0.96-1.03x persistent.
+  // Four max chains at hd128: H100, 2026-12-07, bench_attention.py --head-dims 128 --seqlens 4096,
+  // three same-call pairs against one chain: +2.9% / +2.4% full, +1.3% / +1.5% causal (16/16 and
+  // 32/8 heads; every run above every one-chain run). The e4m3 kernel lost 2.3% with them
+  // (FwdTileFp8 keeps one); hd64 / hd256 not timed yet.
   return head_dim == 64    ? FwdTileSize{192, true, true}
-         : head_dim == 128 ? FwdTileSize{128, true, false}
+         : head_dim == 128 ? FwdTileSize{128, true, false, 2, 4}
                            : FwdTileSize{80, false, true};
 }
 
