@@ -3,8 +3,12 @@
 // paged sm90 forward's page maps (sm90/fwd/page_map.h).
 #pragma once
 
+#include <type_traits>
+
 #include <cuda.h>
 #include <cuda_runtime.h>
+
+#include "ffi/common/numeric.h"
 
 namespace jax_sgl::cuda {
 
@@ -25,6 +29,15 @@ inline TensorMapEncodeFn TensorMapEncoder() {
     return reinterpret_cast<TensorMapEncodeFn>(fn);
   }();
   return encode;
+}
+
+// A map's element type for a kernel of 16-bit type T: its own (bf16 or f16), or, where the
+// tensor holds e4m3 bytes, UINT8 (a TMA copy moves bytes; nothing converts them).
+template <typename T>
+constexpr CUtensorMapDataType TensorMapType(bool e4m3_bytes) {
+  return e4m3_bytes                  ? CU_TENSOR_MAP_DATA_TYPE_UINT8
+         : std::is_same_v<T, bf16_t> ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                     : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
 }
 
 }  // namespace jax_sgl::cuda

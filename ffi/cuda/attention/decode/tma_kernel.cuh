@@ -321,9 +321,7 @@ cudaError_t Launch(const FlashDecodeArgs& args, cudaStream_t stream) {
   const AttentionParams& p = args.fwd.p;
   Params prm;
   prm.args = args;
-  const CUtensorMapDataType type = kFp8Kv ? CU_TENSOR_MAP_DATA_TYPE_UINT8
-                                   : std::is_same_v<T, bf16_t> ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
-                                                               : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  const CUtensorMapDataType type = TensorMapType<T>(kFp8Kv);
   const int elem_bytes = kFp8Kv ? 1 : 2;
   const int box_d = kFp8Kv ? kD : 64;
   const CUtensorMapSwizzle swizzle = !kFp8Kv || kD == 128 ? CU_TENSOR_MAP_SWIZZLE_128B

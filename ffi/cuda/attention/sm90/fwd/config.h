@@ -75,6 +75,10 @@ struct FlashConfig {
   static constexpr int kStages = kTile.stages;
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static constexpr int kHoleWords = (kBlockN + 31) / 32;  // paged gather: one hole bit per key
+  // 16-byte chunks of a K / V / Q row (the gather's copies, PackGQA's Q rows, the page-tail
+  // zeroing): they stay whole under the 128- and 64-byte swizzles.
+  static constexpr int kChunkElems = 16 / int(sizeof(Element));
+  static constexpr int kRowChunks = kHeadDim / kChunkElems;
   // Registers per thread after setmaxnreg: producers give theirs to the consumers.
   // (24 + 2 * 240) * 128 = 64512 <= 65536, the register file of one SM. fp8 producers keep 32 and
   // the consumers 232 ((32 + 2 * 232) * 128 = 63488): the V transpose (fp8.cuh TransposeV) spilled

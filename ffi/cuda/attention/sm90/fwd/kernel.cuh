@@ -150,8 +150,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     // row (tile row m: q row m / pack of q head tile.head * pack + m % pack; a TMA box cannot
     // gather them for a group size that does not divide 64). Rows past the sequence get zeros.
     [[maybe_unused]] auto load_q_rows = [&](WorkTile const& tile) {
-      constexpr int kChunkElems = 16 / int(sizeof(Element));
-      constexpr int kChunks = Cfg::kHeadDim / kChunkElems;  // 16-byte chunks per row
+      constexpr int kChunkElems = Cfg::kChunkElems;
+      constexpr int kChunks = Cfg::kRowChunks;
       const int pack = scheduler.Pack();
       const int row0 = tile.m_block * kBlockM + consumer * kRows;
       const int64_t row_stride = int64_t(params.num_heads) * Cfg::kHeadDim;
@@ -245,17 +245,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         }
       };
 
-      // Paged: the box holding the last key also holds the rows after it, which belong to no
-      // key of this sequence (a page's unused tail: any bits, NaN included). Their scores are
-      // masked, but P V would still multiply 0 by them, so the first (last-key) tile's V rows
-      // from the end of the keys to the box's end are zeroed before any P V reads them. Both
-      // consumers write the same zeros; each fences its own writes for its wgmma. (fp8: the
-      // producer zeroes them in the staged V before its transpose, mainloop_load.cuh.)
+      // Paged: the first (last-key) tile's page tail (mainloop_load.cuh PageTailRows; scores
+      // masked, but P V would still multiply 0 by them) is zeroed in its V stage before any P V
+      // reads it. Both consumers write the same zeros; each fences its own writes for its
+      // wgmma. (fp8: the producer zeroes it in the staged V before its transpose.)
       [[maybe_unused]] auto zero_v_tail = [&](int n) {
         const int tail = key_end - n * kBlockN;  // keys of tile n; rows from here are past them
-        const int box_rows = params.page_box_rows;
-        const int rows = (box_rows - tail % box_rows) % box_rows;
-        if (tail <= 0 || tail >= kBlockN || rows == 0) return;  // warpgroup-uniform
+        const int rows = PageTailRows(tail, kBlockN, params.page_box_rows);
+        if (rows == 0) return;  // warpgroup-uniform
         pipe_v.consumer_wait(read_v);
         Tensor sV = make_tensor(make_smem_ptr(shared.v.data()), LayoutK{});
 #pragma unroll 1

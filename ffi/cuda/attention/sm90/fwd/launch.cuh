@@ -95,9 +95,7 @@ cudaError_t LaunchFlashFwdSm90(const AttentionParams& p, int key_splits, void* s
   const int page_box_rows = gather ? 1 : wide ? Cfg::kPageBoxRowsWide : Cfg::kPageBoxRows;
   CUtensorMap k_page_map{}, v_page_map{};
   if (paged && !gather) {
-    const CUtensorMapDataType type = Cfg::kFp8                     ? CU_TENSOR_MAP_DATA_TYPE_UINT8
-                                     : std::is_same_v<T, bf16_t> ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
-                                                                 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+    const CUtensorMapDataType type = TensorMapType<T>(Cfg::kFp8);
     constexpr int kBytes = int(sizeof(typename Cfg::Element));
     const int64_t pool_rows = int64_t(p.num_pages) * p.page_size;
     if (!sm90::EncodePageMap(&k_page_map, type, kBytes, p.k, kHeadDim, p.num_kv_heads, pool_rows,

@@ -43,6 +43,15 @@ struct PageWindow {
   int page;
 };
 
+// Paged TMA boxes: the box holding a sequence's last key also holds the page's rows after it (a
+// page's unused tail: any bits, NaN included), which P V must not read. Of key tile n with
+// `tail` = keys - n * block_n keys, the rows from `tail` to the end of its box; 0 when the tile
+// holds no key or ends on a box boundary. (Boxes past the keys hold TMA's zero fill.)
+__device__ __forceinline__ int PageTailRows(int tail, int block_n, int box_rows) {
+  if (tail <= 0 || tail >= block_n) return 0;
+  return (box_rows - tail % box_rows) % box_rows;
+}
+
 template <typename Cfg, bool kVarlen, bool kPaged = false, bool kGather = false>
 struct MainloopLoad {
   using Pipeline = typename Cfg::Pipeline;
@@ -121,8 +130,8 @@ struct MainloopLoad {
                                               GatherPagesAhead const* ahead) const {
     const bool write_rows = ahead != nullptr;  // a K load: resolve the keys from their pages
     using E = Element_t<Cfg>;
-    constexpr int kChunkElems = 16 / int(sizeof(E));
-    constexpr int kChunks = Cfg::kHeadDim / kChunkElems;         // 16-byte chunks per row
+    constexpr int kChunkElems = Cfg::kChunkElems;
+    constexpr int kChunks = Cfg::kRowChunks;                     // 16-byte chunks per row
     constexpr int kThreadsPerRow = kChunks < 16 ? kChunks : 16;  // 8 rows per pass from 256 bytes
     constexpr int kPerRow = kChunks / kThreadsPerRow;            // chunks per thread and row
     constexpr int kRowsPerPass = 128 / kThreadsPerRow;           // a multiple of 8
@@ -212,24 +221,19 @@ struct MainloopLoad {
     if (t == 0) cutlass::arch::ClusterBarrier::arrive(bar);
   }
 
-  // fp8 over paged TMA boxes: the box holding the last key also holds the page's rows after it
-  // (any bits, NaN included). Their scores are masked, but P V would multiply 0 by them, so the
-  // rows of key tile n's staged V from the end of the keys to the box's end are zeroed before
-  // the transpose reads them (the 16-bit kernels' consumers zero them in their V stage,
-  // kernel.cuh zero_v_tail; here the consumers read V^T only). Boxes past the keys, and the
-  // gather's rows past them, hold TMA's / cp.async's zero fill already.
+  // fp8 over paged TMA boxes: key tile n's page tail (PageTailRows; scores masked, but P V would
+  // multiply 0 by them) is zeroed in the staged V before the transpose reads it (the 16-bit
+  // kernels' consumers zero it in their V stage, kernel.cuh zero_v_tail; here the consumers read
+  // V^T only). The gather's rows past the keys hold cp.async's zero fill already.
   __device__ __forceinline__ void ZeroStagedTail(WorkTile const& w, int n, int stage) const {
     const int tail = scheduler.SeqlenK(w) - n * kBlockN;  // rows from here are past the keys
-    const int box_rows = params.page_box_rows;
-    const int rows = (box_rows - tail % box_rows) % box_rows;
-    if (tail <= 0 || tail >= kBlockN || rows == 0) return;  // warpgroup-uniform
-    using E = Element_t<Cfg>;
-    constexpr int kChunkElems = 16 / int(sizeof(E));
-    constexpr int kChunks = Cfg::kHeadDim / kChunkElems;  // 16-byte chunks stay whole in swizzles
+    const int rows = PageTailRows(tail, kBlockN, params.page_box_rows);
+    if (rows == 0) return;  // warpgroup-uniform
+    constexpr int kChunks = Cfg::kRowChunks;
     Tensor sV = make_tensor(make_smem_ptr(shared.v.data()), typename Cfg::SmemLayoutKVRows{});
 #pragma unroll 1
     for (int i = int(threadIdx.x); i < rows * kChunks; i += 128)
-      *reinterpret_cast<uint4*>(&sV(tail + i / kChunks, kChunkElems * (i % kChunks), stage)) =
+      *reinterpret_cast<uint4*>(&sV(tail + i / kChunks, Cfg::kChunkElems * (i % kChunks), stage)) =
           make_uint4(0, 0, 0, 0);
     cutlass::arch::NamedBarrier::sync(128, uint32_t(Barrier::kProducer));
   }
