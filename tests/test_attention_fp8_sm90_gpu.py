@@ -72,6 +72,19 @@ def _quantize(rng, shape, descale, head_axis):
   return np.asarray(q)
 
 
+def _quantize_rows(rng, rows_batch, heads, head_dim, descale):
+  """The packed (varlen) form of _quantize: rows [len(rows_batch), heads, head_dim], row i
+  quantized with its sequence's descales (rows_batch[i] its batch index)."""
+  d = np.asarray(descale)
+  per = np.repeat(d, heads // d.shape[1], axis=1)[rows_batch][:, :, None]  # [rows, heads, 1]
+  x = rng.standard_normal((len(rows_batch), heads, head_dim))
+  return np.asarray(jnp.asarray(x / per, jnp.float32).astype(E4M3))
+
+
+def _cu_seqlens(lens):
+  return np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+
+
 def _descales(rng, batch, hkv):
   # |x| / descale stays well inside e4m3's +-448 for x ~ N(0, 1).
   return [rng.uniform(0.02, 0.05, (batch, hkv)).astype(np.float32) for _ in range(3)]
@@ -260,12 +273,10 @@ def test_varlen(head_dim, causal):
   qd, kd, vd = _descales(rng, batch, hkv)
   rq = np.repeat(np.arange(batch), q_lens)
   rk = np.repeat(np.arange(batch), k_lens)
-  quant = lambda rows, heads, d: np.asarray(jnp.asarray(
-      rng.standard_normal((len(rows), heads, head_dim))
-      / np.repeat(d, heads // hkv, axis=1)[rows][:, :, None], jnp.float32).astype(E4M3))
-  q, k, v = quant(rq, h, qd), quant(rk, hkv, kd), quant(rk, hkv, vd)
-  cu = lambda n: np.concatenate([[0], np.cumsum(n)]).astype(np.int32)
-  arrays = {"cu_seqlens_q": cu(q_lens), "cu_seqlens_k": cu(k_lens), "seqused_k": used}
+  q = _quantize_rows(rng, rq, h, head_dim, qd)
+  k, v = (_quantize_rows(rng, rk, hkv, head_dim, d) for d in (kd, vd))
+  arrays = {"cu_seqlens_q": _cu_seqlens(q_lens), "cu_seqlens_k": _cu_seqlens(k_lens),
+            "seqused_k": used}
   _check(q, k, v, qd, kd, vd, "batch_head", rq, rk, {"causal": causal}, arrays)
 
 
@@ -293,9 +304,7 @@ def _paged_case(seed, q_lens, k_lens, page, head_dim, h, hkv, dense_q=False):
     q64 = _dequantize(q, qd, None)
   else:
     rows = np.repeat(np.arange(b), q_lens)
-    per = np.repeat(qd, h // hkv, axis=1)[rows][:, :, None]  # [rows, heads, 1]
-    x = rng.standard_normal((len(rows), h, head_dim))
-    q = np.asarray(jnp.asarray(x / per, jnp.float32).astype(E4M3))
+    q = _quantize_rows(rng, rows, h, head_dim, qd)
     q64 = _dequantize(q, qd, rows)
   written = np.zeros((num_pages, page), bool)  # the pool rows the sequences' keys occupy
   for seq, length in enumerate(k_lens):
@@ -314,7 +323,7 @@ def _paged_case(seed, q_lens, k_lens, page, head_dim, h, hkv, dense_q=False):
     pools64 = [x[:, 0] for x in pools64]
   arrays = {"page_table": table, "seqused_k": np.asarray(k_lens, np.int32)}
   if not dense_q:
-    arrays["cu_seqlens_q"] = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+    arrays["cu_seqlens_q"] = _cu_seqlens(q_lens)
   descales = dict(q_descale=qd, k_descale=kd, v_descale=vd)
   return (q, *pools), descales, (q64, *pools64), arrays
 
