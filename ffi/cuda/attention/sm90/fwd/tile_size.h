@@ -56,7 +56,8 @@ constexpr FwdTileSize FwdTile(int head_dim) {
   // Four max chains at hd128: H100, 2026-12-07, bench_attention.py --head-dims 128 --seqlens 4096,
   // three same-call pairs against one chain: +2.9% / +2.4% full, +1.3% / +1.5% causal (16/16 and
   // 32/8 heads; every run above every one-chain run). The e4m3 kernel lost 2.3% with them
-  // (FwdTileFp8 keeps one); hd64 / hd256 not timed yet.
+  // (FwdTileFp8 keeps one). hd64 / hd256 keep one too: with four, hd64 lost 0.4-1.7% and hd256
+  // traded +1.5% full for -1% causal (H100, 2026-12-08, S 8k, A/B/B/A; experiments.md).
   return head_dim == 64    ? FwdTileSize{192, true, true}
          : head_dim == 128 ? FwdTileSize{128, true, false, 2, 4}
                            : FwdTileSize{80, false, true};
