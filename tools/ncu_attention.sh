@@ -10,11 +10,12 @@
 #               FlashBwd|sdpa|cudnn to skip our forward in a fwdbwd case
 #   NCU_SOURCE  1: instead, sample warp stalls per SASS instruction (SourceCounters) of the first
 #               kernel matching NCU_KERNEL in each case, and write the source page as
-#               $OUT/ncu/<case>.sass.csv (instruction, samples, stall reasons per line) and
-#               the details page as <case>.csv; for the backward's main kernel name it
-#               (NCU_KERNEL=FlashBwdSm90Kernel: FlashBwd matches the preprocess kernel first);
-#               `tools/ncu_attention.py hot` reads one, `roles` two side by side (producer /
-#               consumer code, the consumers' stalls as time)
+#               <case>.sass.csv (instruction, samples, stall reasons per line) and the details
+#               page as <case>.csv into /tmp/ncu_source, packed after each case as
+#               $OUT/ncu/source.tar.xz (one file: the device returns at most 8 a call); for the
+#               backward's main kernel name it (NCU_KERNEL=FlashBwdSm90Kernel: FlashBwd matches
+#               the preprocess kernel first); `tools/ncu_attention.py hot` reads one, `roles` two
+#               side by side (producer / consumer code, the consumers' stalls as time)
 #   NCU_COUNT   profile only the first N launches that match NCU_KERNEL (a fwd+bwd case ran each
 #               of its kernels 11 times in its range, session 24)
 #   NCU_REPLAY  ncu's --replay-mode (default kernel; application reruns the whole case per pass:
@@ -35,16 +36,19 @@ cd /tmp  # the installed package, not the source tree
 export XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_PYTHON_CLIENT_ALLOCATOR=platform
 for c in $cases; do
   if [ "${NCU_SOURCE:-0}" = 1 ]; then
+    src=/tmp/ncu_source
+    mkdir -p "$src"
     # One launch is enough: the sampler sees every warp of the kernel's ~4k CTAs.
     ncu --clock-control none --profile-from-start off --set none --section SourceCounters \
-        --section WarpStateStats --launch-count 1 -f -o "$dir/$c" \
+        --section WarpStateStats --launch-count 1 -f -o "$src/$c" \
         --kernel-name-base demangled --kernel-name "regex:${NCU_KERNEL:-Flash|sdpa|cudnn}" \
-        "$PY" "$REPO/tools/ncu_attention.py" run "$c" > "$dir/$c.log" 2>&1 \
-      || echo "ncu $c failed: $(tail -2 "$dir/$c.log")"
-    ncu --import "$dir/$c.ncu-rep" --page source --csv --print-source sass \
-      > "$dir/$c.sass.csv" 2>> "$dir/$c.log" || echo "ncu source page of $c failed"
-    ncu --import "$dir/$c.ncu-rep" --page details --csv > "$dir/$c.csv" 2>> "$dir/$c.log"
-    rm -f "$dir/$c.ncu-rep"  # large; the source page and the stall details are kept
+        "$PY" "$REPO/tools/ncu_attention.py" run "$c" > "$src/$c.log" 2>&1 \
+      || echo "ncu $c failed: $(tail -2 "$src/$c.log")"
+    ncu --import "$src/$c.ncu-rep" --page source --csv --print-source sass \
+      > "$src/$c.sass.csv" 2>> "$src/$c.log" || echo "ncu source page of $c failed"
+    ncu --import "$src/$c.ncu-rep" --page details --csv > "$src/$c.csv" 2>> "$src/$c.log"
+    rm -f "$src/$c.ncu-rep"  # large; the source page and the stall details are kept
+    tar cJf "$dir/source.tar.xz" -C "$src" .
     continue
   fi
   # Clocks stay as the machine sets them (METHOD.md); sections give time, throughputs, issue
