@@ -11,7 +11,7 @@
 #   NCU_SOURCE  1: instead, sample warp stalls per SASS instruction (SourceCounters) of the first
 #               kernel matching NCU_KERNEL in each case, and write the source page as
 #               <case>.sass.csv (instruction, samples, stall reasons per line) and the details
-#               page as <case>.csv into /tmp/ncu_source, packed after each case as
+#               page as <case>.csv into a fresh /tmp/ncu_source.*, packed after each case as
 #               $OUT/ncu/source.tar.xz (one file: the device returns at most 8 a call); for the
 #               backward's main kernel name it (NCU_KERNEL=FlashBwdSm90Kernel: FlashBwd matches
 #               the preprocess kernel first); `tools/ncu_attention.py hot` reads one, `roles` two
@@ -34,10 +34,10 @@ cd /tmp  # the installed package, not the source tree
 # and restores the memory a kernel can write, and under the pool the dQ-accumulating backward
 # failed to profile ("Failed to profile FlashBwdSm90Kernel", session 24, H200).
 export XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_PYTHON_CLIENT_ALLOCATOR=platform
+# Source pages of this run only: a warm machine keeps /tmp from the calls before.
+[ "${NCU_SOURCE:-0}" = 1 ] && src="$(mktemp -d /tmp/ncu_source.XXXXXX)"
 for c in $cases; do
   if [ "${NCU_SOURCE:-0}" = 1 ]; then
-    src=/tmp/ncu_source
-    mkdir -p "$src"
     # One launch is enough: the sampler sees every warp of the kernel's ~4k CTAs.
     ncu --clock-control none --profile-from-start off --set none --section SourceCounters \
         --section WarpStateStats --launch-count 1 -f -o "$src/$c" \
